@@ -1,0 +1,41 @@
+// Argument checks shared by the CPU kernel launchers (internal to kernels/cpu).
+#ifndef ZERO_KERNELS_CPU_LAUNCH_CHECKS_H_
+#define ZERO_KERNELS_CPU_LAUNCH_CHECKS_H_
+
+#include "absl/types/span.h"
+#include "kernels/cpu/cpu_exec.h"
+#include "kernels/segments.h"
+#include "zero/status.h"
+
+namespace zero::kernels::cpu {
+
+/// Which optional arrays a kernel reads or writes.
+struct SegmentNeeds {
+  bool grad = true;
+  bool state0 = false;
+  bool state1 = false;
+};
+
+/// The ISA is supported by this CPU and the thread count is not negative.
+Status CheckExec(const CpuExec& exec);
+
+/// Every segment has a non-negative size and the pointers `needs` and `types` call for;
+/// a model_param is present exactly when types.param is bf16/fp16.
+Status CheckSegments(const char* kernel, SegmentTypes types, absl::Span<const Segment> segments,
+                     SegmentNeeds needs);
+
+/// `value` is finite and within [low, high] (or [low, high) when `high_open`).
+Status CheckRange(const char* kernel, const char* name, double value, double low, double high,
+                  bool high_open = false);
+
+/// grad_scale is finite.
+Status CheckCommon(const char* kernel, const StepCommon& common);
+
+/// True when the caller's overflow flag says to leave everything untouched.
+inline bool Skipped(const StepCommon& common) {
+  return common.skip != nullptr && *common.skip != 0;
+}
+
+}  // namespace zero::kernels::cpu
+
+#endif  // ZERO_KERNELS_CPU_LAUNCH_CHECKS_H_

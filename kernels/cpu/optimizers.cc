@@ -1,0 +1,178 @@
+// CPU optimizer launchers: check arguments, compute the step's scalars once, run the loop of
+// the chosen instruction set.
+#include "kernels/cpu/optimizers.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cpu/isa/dispatch.h"
+#include "kernels/cpu/launch_checks.h"
+
+namespace zero::kernels {
+
+using cpu::CheckCommon;
+using cpu::CheckExec;
+using cpu::CheckRange;
+using cpu::CheckSegments;
+using cpu::Skipped;
+
+namespace {
+
+Status CheckStep(const char* kernel, int64_t step) {
+  if (step >= 1) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(kernel, ": step = ", step,
+                                                 " must be ≥ 1 (the count including this step)"));
+}
+
+// 1 - β^t in double, then rounded once (PyTorch computes it in double on the host as well).
+double BiasCorrection(float beta, int64_t step) {
+  return 1.0 - std::pow(static_cast<double>(beta), static_cast<double>(step));
+}
+
+}  // namespace
+
+Status AdamStepCpu(const AdamHyper& h, SegmentTypes types, absl::Span<const Segment> segments,
+                   const CpuExec& exec) {
+  constexpr const char* kName = "AdamStepCpu";
+  ZERO_RETURN_IF_ERROR(CheckExec(exec));
+  ZERO_RETURN_IF_ERROR(CheckSegments(kName, types, segments, {true, true, true}));
+  ZERO_RETURN_IF_ERROR(CheckRange(kName, "lr", h.lr, 0, 1e6));
+  ZERO_RETURN_IF_ERROR(CheckRange(kName, "beta1", h.beta1, 0, 1, true));
+  ZERO_RETURN_IF_ERROR(CheckRange(kName, "beta2", h.beta2, 0, 1, true));
+  ZERO_RETURN_IF_ERROR(CheckRange(kName, "eps", h.eps, 0, 1e6));
+  ZERO_RETURN_IF_ERROR(CheckRange(kName, "weight_decay", h.weight_decay, 0, 1e6));
+  ZERO_RETURN_IF_ERROR(CheckStep(kName, h.step));
+  ZERO_RETURN_IF_ERROR(CheckCommon(kName, h.common));
+  if (Skipped(h.common)) return absl::OkStatus();
+
+  cpu::AdamCoeffs c;
+  c.beta1 = h.beta1;
+  c.beta2 = h.beta2;
+  c.one_minus_beta1 = 1.0f - h.beta1;
+  c.one_minus_beta2 = 1.0f - h.beta2;
+  c.eps = h.eps;
+  c.l2_decay = h.decoupled_weight_decay ? 0.0f : h.weight_decay;
+  c.decay_factor = h.decoupled_weight_decay ? 1.0f - h.lr * h.weight_decay : 1.0f;
+  c.step_size = static_cast<float>(h.lr / BiasCorrection(h.beta1, h.step));
+  c.inv_bc2_sqrt = static_cast<float>(1.0 / std::sqrt(BiasCorrection(h.beta2, h.step)));
+  c.grad_scale = h.common.grad_scale;
+  ZERO_ISA_DISPATCH(exec.isa, AdamLoop, c, types, segments.data(),
+                    static_cast<int64_t>(segments.size()), exec.threads);
+  return absl::OkStatus();
+}
+
+Status SgdStepCpu(const SgdHyper& h, SegmentTypes types, absl::Span<const Segment> segments,
+                  const CpuExec& exec) {
+  constexpr const char* kName = "SgdStepCpu";
+  ZERO_RETURN_IF_ERROR(CheckExec(exec));
+  ZERO_RETURN_IF_ERROR(CheckSegments(kName, types, segments, {true, h.momentum != 0.0f, false}));
+  ZERO_RETURN_IF_ERROR(CheckRange(kName, "lr", h.lr, 0, 1e6));
+  ZERO_RETURN_IF_ERROR(CheckRange(kName, "momentum", h.momentum, 0, 1));
+  ZERO_RETURN_IF_ERROR(CheckRange(kName, "dampening", h.dampening, 0, 1));
+  ZERO_RETURN_IF_ERROR(CheckRange(kName, "weight_decay", h.weight_decay, 0, 1e6));
+  ZERO_RETURN_IF_ERROR(CheckStep(kName, h.step));
+  ZERO_RETURN_IF_ERROR(CheckCommon(kName, h.common));
+  if (h.nesterov && (h.momentum == 0.0f || h.dampening != 0.0f)) {
+    return absl::InvalidArgumentError(
+        "SgdStepCpu: nesterov requires momentum > 0 and dampening = 0 (as torch.optim.SGD)");
+  }
+  if (Skipped(h.common)) return absl::OkStatus();
+
+  const cpu::SgdCoeffs c = {h.lr,           h.momentum, 1.0f - h.dampening, h.weight_decay,
+                            h.common.grad_scale, h.nesterov, h.step == 1};
+  ZERO_ISA_DISPATCH(exec.isa, SgdLoop, c, types, segments.data(),
+                    static_cast<int64_t>(segments.size()), exec.threads);
+  return absl::OkStatus();
+}
+
+Status LionStepCpu(const LionHyper& h, SegmentTypes types, absl::Span<const Segment> segments,
+                   const CpuExec& exec) {
+  constexpr const char* kName = "LionStepCpu";
+  ZERO_RETURN_IF_ERROR(CheckExec(exec));
+  ZERO_RETURN_IF_ERROR(CheckSegments(kName, types, segments, {true, true, false}));
+  ZERO_RETURN_IF_ERROR(CheckRange(kName, "lr", h.lr, 0, 1e6));
+  ZERO_RETURN_IF_ERROR(CheckRange(kName, "beta1", h.beta1, 0, 1));
+  ZERO_RETURN_IF_ERROR(CheckRange(kName, "beta2", h.beta2, 0, 1));
+  ZERO_RETURN_IF_ERROR(CheckRange(kName, "weight_decay", h.weight_decay, 0, 1e6));
+  ZERO_RETURN_IF_ERROR(CheckCommon(kName, h.common));
+  if (Skipped(h.common)) return absl::OkStatus();
+
+  const cpu::LionCoeffs c = {h.lr,         h.beta1,        1.0f - h.beta1,
+                             h.beta2,      1.0f - h.beta2, 1.0f - h.lr * h.weight_decay,
+                             h.common.grad_scale};
+  ZERO_ISA_DISPATCH(exec.isa, LionLoop, c, types, segments.data(),
+                    static_cast<int64_t>(segments.size()), exec.threads);
+  return absl::OkStatus();
+}
+
+Status LambUpdateCpu(const LambHyper& h, SegmentTypes types, absl::Span<const Segment> segments,
+                     absl::Span<float* const> updates, const CpuExec& exec) {
+  constexpr const char* kName = "LambUpdateCpu";
+  ZERO_RETURN_IF_ERROR(CheckExec(exec));
+  ZERO_RETURN_IF_ERROR(CheckSegments(kName, types, segments, {true, true, true}));
+  ZERO_RETURN_IF_ERROR(CheckRange(kName, "beta1", h.beta1, 0, 1, true));
+  ZERO_RETURN_IF_ERROR(CheckRange(kName, "beta2", h.beta2, 0, 1, true));
+  ZERO_RETURN_IF_ERROR(CheckRange(kName, "eps", h.eps, 0, 1e6));
+  ZERO_RETURN_IF_ERROR(CheckRange(kName, "weight_decay", h.weight_decay, 0, 1e6));
+  ZERO_RETURN_IF_ERROR(CheckStep(kName, h.step));
+  ZERO_RETURN_IF_ERROR(CheckCommon(kName, h.common));
+  if (updates.size() != segments.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(kName, ": ", updates.size(),
+                                                   " update buffers for ", segments.size(),
+                                                   " segments"));
+  }
+  for (size_t i = 0; i < segments.size(); ++i) {
+    if (segments[i].numel > 0 && updates[i] == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(kName, ": update buffer ", i, " is null"));
+    }
+  }
+  if (Skipped(h.common)) return absl::OkStatus();
+
+  cpu::LambCoeffs c;
+  c.beta1 = h.beta1;
+  c.beta2 = h.beta2;
+  c.one_minus_beta1 = 1.0f - h.beta1;
+  c.one_minus_beta2 = 1.0f - h.beta2;
+  c.eps = h.eps;
+  c.weight_decay = h.weight_decay;
+  c.inv_bc1 = h.bias_correction ? static_cast<float>(1.0 / BiasCorrection(h.beta1, h.step)) : 1.0f;
+  c.inv_bc2 = h.bias_correction ? static_cast<float>(1.0 / BiasCorrection(h.beta2, h.step)) : 1.0f;
+  c.grad_scale = h.common.grad_scale;
+  ZERO_ISA_DISPATCH(exec.isa, LambUpdateLoop, c, types, segments.data(), updates.data(),
+                    static_cast<int64_t>(segments.size()), exec.threads);
+  return absl::OkStatus();
+}
+
+Status LambApplyCpu(const LambHyper& h, DType param_type, absl::Span<const Segment> segments,
+                    absl::Span<const float* const> updates, absl::Span<const float> trust_ratios,
+                    const CpuExec& exec) {
+  constexpr const char* kName = "LambApplyCpu";
+  ZERO_RETURN_IF_ERROR(CheckExec(exec));
+  ZERO_RETURN_IF_ERROR(
+      CheckSegments(kName, {param_type, DType::kFP32}, segments, {false, false, false}));
+  ZERO_RETURN_IF_ERROR(CheckRange(kName, "lr", h.lr, 0, 1e6));
+  if (updates.size() != segments.size() || trust_ratios.size() != segments.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        kName, ": ", segments.size(), " segments need as many update buffers (got ",
+        updates.size(), ") and trust ratios (got ", trust_ratios.size(), ")"));
+  }
+  for (size_t i = 0; i < segments.size(); ++i) {
+    if (segments[i].numel > 0 && updates[i] == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(kName, ": update buffer ", i, " is null"));
+    }
+    ZERO_RETURN_IF_ERROR(CheckRange(kName, "trust ratio", trust_ratios[i], 0, 1e30));
+  }
+  if (Skipped(h.common)) return absl::OkStatus();
+
+  ZERO_ISA_DISPATCH(exec.isa, LambApplyLoop, h.lr, trust_ratios.data(), param_type,
+                    segments.data(), updates.data(), static_cast<int64_t>(segments.size()),
+                    exec.threads);
+  return absl::OkStatus();
+}
+
+float LambTrustRatio(double weight_sq_norm, double update_sq_norm) {
+  if (weight_sq_norm <= 0.0 || update_sq_norm <= 0.0) return 1.0f;
+  return static_cast<float>(std::sqrt(weight_sq_norm) / std::sqrt(update_sq_norm));
+}
+
+}  // namespace zero::kernels

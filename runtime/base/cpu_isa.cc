@@ -1,0 +1,44 @@
+// CPU instruction-set detection and names.
+#include "runtime/base/cpu_isa.h"
+
+#include <string>
+
+#include "absl/strings/str_cat.h"
+
+namespace zero::base {
+
+const char* CpuIsaName(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::kScalar: return "scalar";
+    case CpuIsa::kAvx2: return "avx2";
+    case CpuIsa::kAvx512: return "avx512";
+  }
+  return "invalid";
+}
+
+StatusOr<CpuIsa> ParseCpuIsa(std::string_view name) {
+  if (name == "scalar") return CpuIsa::kScalar;
+  if (name == "avx2") return CpuIsa::kAvx2;
+  if (name == "avx512") return CpuIsa::kAvx512;
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown CPU ISA \"", std::string(name), "\"; expected avx512, avx2 or scalar"));
+}
+
+CpuIsa DetectCpuIsa() {
+#if defined(__x86_64__) && defined(__GNUC__)
+  // libgcc's feature bits include the XGETBV check that the OS saves the wide registers.
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
+      __builtin_cpu_supports("f16c")) {
+    return CpuIsa::kAvx512;
+  }
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+      __builtin_cpu_supports("f16c")) {
+    return CpuIsa::kAvx2;
+  }
+#endif
+  return CpuIsa::kScalar;
+}
+
+}  // namespace zero::base

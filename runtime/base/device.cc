@@ -1,0 +1,36 @@
+// Device names and CUDA device discovery.
+#include "zero/device.h"
+
+#include <string>
+
+#include "absl/strings/str_cat.h"
+
+#if ZERO_HAVE_CUDA
+#include <cuda_runtime.h>
+#endif
+
+namespace zero {
+
+const char* DeviceName(Device device) { return device == Device::kCuda ? "cuda" : "cpu"; }
+
+StatusOr<Device> ParseDevice(std::string_view name) {
+  if (name == "cpu") return Device::kCpu;
+  if (name == "cuda") return Device::kCuda;
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown device \"", std::string(name), "\"; expected \"cpu\" or \"cuda\""));
+}
+
+int CudaDeviceCount() {
+#if ZERO_HAVE_CUDA
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky "no driver" error
+    return 0;
+  }
+  return count;
+#else
+  return 0;
+#endif
+}
+
+}  // namespace zero

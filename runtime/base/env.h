@@ -1,0 +1,30 @@
+// Every tunable ZeroRT reads from the environment, read in this one place.
+//
+//   ZERO_DEBUG        WARN (default) | INFO | DETAIL   log verbosity
+//   ZERO_CPU_ISA      avx512 | avx2 | scalar           cap the CPU kernels' instruction set
+//   ZERO_CPU_THREADS  N ≥ 0                            threads for CPU kernels (0 = all cores)
+#ifndef ZERO_RUNTIME_BASE_ENV_H_
+#define ZERO_RUNTIME_BASE_ENV_H_
+
+#include <optional>
+
+#include "runtime/base/cpu_isa.h"
+#include "runtime/base/logging.h"
+#include "zero/status.h"
+
+namespace zero::base {
+
+/// The environment's tunables, parsed.
+struct EnvTunables {
+  LogLevel log_level = LogLevel::kWarn;
+  std::optional<CpuIsa> cpu_isa_cap;  ///< unset: the best the CPU supports
+  int cpu_threads = 0;                ///< 0: all cores
+};
+
+/// Reads and validates the variables above. A malformed value is kInvalidArgument naming the
+/// variable and the accepted values; unset variables keep their defaults.
+StatusOr<EnvTunables> ReadEnvTunables();
+
+}  // namespace zero::base
+
+#endif  // ZERO_RUNTIME_BASE_ENV_H_

@@ -1,0 +1,22 @@
+// Untracked allocation primitives behind the accounting allocator: host (64-byte aligned),
+// page-locked host and CUDA device memory. Only allocator.cc calls these.
+#ifndef ZERO_RUNTIME_BASE_RAW_MEMORY_H_
+#define ZERO_RUNTIME_BASE_RAW_MEMORY_H_
+
+#include <cstdint>
+
+#include "zero/device.h"
+#include "zero/status.h"
+
+namespace zero::base {
+
+/// Allocates `bytes` (> 0) in `placement`. kResourceExhausted when memory runs out;
+/// kUnavailable for pinned/device memory without CUDA (build or machine).
+StatusOr<void*> AllocateRaw(int64_t bytes, Placement placement);
+
+/// Frees memory from AllocateRaw with the same placement. Null is a no-op.
+void FreeRaw(void* data, Placement placement);
+
+}  // namespace zero::base
+
+#endif  // ZERO_RUNTIME_BASE_RAW_MEMORY_H_

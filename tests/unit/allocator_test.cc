@@ -1,0 +1,113 @@
+// The accounting allocator: every byte counted under its category, peaks kept, frees and moves
+// un-count exactly once, concurrent use is safe.
+#include "runtime/base/allocator.h"
+
+#include <gtest/gtest.h>
+
+#include <thread>
+#include <vector>
+
+namespace zero::base {
+namespace {
+
+TEST(Allocator, CountsCurrentAndPeakPerCategory) {
+  Allocator allocator;
+  {
+    auto params = allocator.Allocate(1000, MemoryCategory::kParams, Placement::kHost);
+    ASSERT_TRUE(params.ok());
+    auto grads = allocator.Allocate(300, MemoryCategory::kGrads, Placement::kHost);
+    ASSERT_TRUE(grads.ok());
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(params->data()) % 64, 0u);
+    MemoryStats stats = allocator.Stats();
+    EXPECT_EQ(stats.Current(MemoryCategory::kParams), 1000);
+    EXPECT_EQ(stats.Current(MemoryCategory::kGrads), 300);
+    EXPECT_EQ(stats.total_current, 1300);
+    grads->Reset();
+    stats = allocator.Stats();
+    EXPECT_EQ(stats.Current(MemoryCategory::kGrads), 0);
+    EXPECT_EQ(stats.Peak(MemoryCategory::kGrads), 300);
+    auto workspace = allocator.Allocate(100, MemoryCategory::kWorkspace, Placement::kHost);
+    ASSERT_TRUE(workspace.ok());
+    stats = allocator.Stats();
+    EXPECT_EQ(stats.total_peak, 1300);  // 1000 + 100 now; the peak was 1000 + 300
+  }
+  const MemoryStats stats = allocator.Stats();
+  EXPECT_EQ(stats.total_current, 0);
+  EXPECT_EQ(stats.Peak(MemoryCategory::kParams), 1000);
+  EXPECT_EQ(stats.Peak(MemoryCategory::kWorkspace), 100);
+}
+
+TEST(Allocator, MovesTransferOwnershipAndCountOnce) {
+  Allocator allocator;
+  auto a = allocator.Allocate(64, MemoryCategory::kOptimizer, Placement::kHost);
+  ASSERT_TRUE(a.ok());
+  Buffer moved = std::move(*a);
+  Buffer assigned;
+  assigned = std::move(moved);
+  EXPECT_EQ(moved.data(), nullptr);
+  EXPECT_EQ(assigned.bytes(), 64);
+  EXPECT_EQ(allocator.Stats().Current(MemoryCategory::kOptimizer), 64);
+  assigned = Buffer();
+  EXPECT_EQ(allocator.Stats().Current(MemoryCategory::kOptimizer), 0);
+}
+
+TEST(Allocator, CopiesShareOneTracker) {
+  Allocator allocator;
+  Allocator copy = allocator;
+  auto buffer = copy.Allocate(128, MemoryCategory::kCommBuffers, Placement::kHost);
+  ASSERT_TRUE(buffer.ok());
+  EXPECT_EQ(allocator.Stats().Current(MemoryCategory::kCommBuffers), 128);
+}
+
+TEST(Allocator, BuffersMayOutliveTheirAllocator) {
+  Buffer survivor;
+  {
+    Allocator allocator;
+    survivor = std::move(*allocator.Allocate(32, MemoryCategory::kParams, Placement::kHost));
+  }
+  EXPECT_EQ(survivor.bytes(), 32);
+  survivor.Reset();  // must not touch freed tracker memory (run under ASan/valgrind to see)
+}
+
+TEST(Allocator, RejectsBadSizesAndUnavailablePlacements) {
+  Allocator allocator;
+  auto negative = allocator.Allocate(-1, MemoryCategory::kParams, Placement::kHost);
+  EXPECT_EQ(negative.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(negative.status().message().find("params"), std::string::npos);
+  auto empty = allocator.Allocate(0, MemoryCategory::kParams, Placement::kHost);
+  ASSERT_TRUE(empty.ok());
+  EXPECT_EQ(empty->data(), nullptr);
+  auto huge = allocator.Allocate(int64_t{1} << 62, MemoryCategory::kGathered, Placement::kHost);
+  EXPECT_EQ(huge.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(allocator.Stats().total_current, 0);
+  if (CudaDeviceCount() == 0) {
+    auto device = allocator.Allocate(16, MemoryCategory::kParams, Placement::kDevice);
+    EXPECT_FALSE(device.ok());
+    EXPECT_EQ(allocator.Stats().total_current, 0);
+  }
+}
+
+TEST(Allocator, ConcurrentRanksKeepExactTotals) {
+  Allocator allocator;
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 4; ++r) {
+    ranks.emplace_back([&allocator, r] {
+      for (int i = 0; i < 500; ++i) {
+        auto b = allocator.Allocate(8 * (r + 1), static_cast<MemoryCategory>(r), Placement::kHost);
+        ASSERT_TRUE(b.ok());
+      }
+    });
+  }
+  for (auto& t : ranks) t.join();
+  const MemoryStats stats = allocator.Stats();
+  EXPECT_EQ(stats.total_current, 0);
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(stats.peak[r] % (8 * (r + 1)), 0);
+}
+
+TEST(MemoryCategory, Names) {
+  EXPECT_STREQ(MemoryCategoryName(MemoryCategory::kCommBuffers), "comm_buffers");
+  EXPECT_STREQ(MemoryCategoryName(MemoryCategory::kGathered), "gathered");
+}
+
+}  // namespace
+}  // namespace zero::base

@@ -1,0 +1,75 @@
+// Helpers for the CPU kernel tests.
+#include "tests/unit/kernel_test_util.h"
+
+#include <cmath>
+
+#include "runtime/base/cpu_isa.h"
+#include "zero/dtype.h"
+
+namespace zero::testing {
+
+SegmentStorage::SegmentStorage(int64_t numel, SegmentTypes types, std::mt19937_64& rng)
+    : master(numel), state0(numel), state1(numel) {
+  std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
+  std::uniform_real_distribution<float> spread(0.25f, 4.0f);
+  for (int64_t i = 0; i < numel; ++i) {
+    master[i] = unit(rng);
+    state0[i] = 0.1f * unit(rng);
+    state1[i] = state0[i] * state0[i] * spread(rng) + 1e-6f;
+  }
+  if (types.param != DType::kFP32) model_param.assign(numel, 0xffff);
+  if (types.grad == DType::kFP32) {
+    grad32.resize(numel);
+    for (auto& g : grad32) g = unit(rng);
+  } else {
+    grad16.resize(numel);
+    for (auto& g : grad16) g = ToLowPrecision(unit(rng), types.grad);
+  }
+}
+
+float SegmentStorage::Grad(int64_t i, DType dtype) const {
+  switch (dtype) {
+    case DType::kFP32: return grad32[i];
+    case DType::kBF16: return Bf16ToFloat(grad16[i]);
+    case DType::kFP16: return HalfToFloat(grad16[i]);
+  }
+  return NAN;
+}
+
+Segment SegmentStorage::View() {
+  Segment s;
+  s.master = master.data();
+  s.model_param = model_param.empty() ? nullptr : model_param.data();
+  s.grad = grad32.empty() ? static_cast<const void*>(grad16.data()) : grad32.data();
+  s.state0 = state0.data();
+  s.state1 = state1.data();
+  s.numel = static_cast<int64_t>(master.size());
+  return s;
+}
+
+std::vector<base::CpuIsa> SupportedIsas() {
+  std::vector<base::CpuIsa> isas;
+  for (int i = 0; i <= static_cast<int>(base::DetectCpuIsa()); ++i) {
+    isas.push_back(static_cast<base::CpuIsa>(i));
+  }
+  return isas;
+}
+
+std::vector<SegmentTypes> AllTypeCombinations() {
+  std::vector<SegmentTypes> all;
+  for (DType param : {DType::kFP32, DType::kBF16, DType::kFP16}) {
+    for (DType grad : {DType::kFP32, DType::kBF16, DType::kFP16}) all.push_back({param, grad});
+  }
+  return all;
+}
+
+std::string Describe(base::CpuIsa isa, SegmentTypes types) {
+  return std::string(base::CpuIsaName(isa)) + "/param=" + DTypeName(types.param) +
+         "/grad=" + DTypeName(types.grad);
+}
+
+uint16_t ToLowPrecision(float value, DType dtype) {
+  return dtype == DType::kBF16 ? FloatToBf16(value) : FloatToHalf(value);
+}
+
+}  // namespace zero::testing
