@@ -25,6 +25,10 @@ StatusOr<Device> ParseDevice(std::string_view name);
 /// or no driver/device is present (never an error: callers decide whether a GPU is required).
 int CudaDeviceCount();
 
+/// Where `pointer` points: kDevice or kPinnedHost for memory the CUDA runtime knows, kHost
+/// otherwise (always kHost in a build without CUDA or on a machine without a GPU).
+Placement PlacementOf(const void* pointer);
+
 }  // namespace zero
 
 #endif  // ZERO_DEVICE_H_

@@ -33,4 +33,22 @@ int CudaDeviceCount() {
 #endif
 }
 
+Placement PlacementOf(const void* pointer) {
+#if ZERO_HAVE_CUDA
+  if (pointer == nullptr || CudaDeviceCount() == 0) return Placement::kHost;
+  cudaPointerAttributes attributes{};
+  if (cudaPointerGetAttributes(&attributes, pointer) != cudaSuccess) {
+    cudaGetLastError();
+    return Placement::kHost;
+  }
+  if (attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged) {
+    return Placement::kDevice;
+  }
+  return attributes.type == cudaMemoryTypeHost ? Placement::kPinnedHost : Placement::kHost;
+#else
+  (void)pointer;
+  return Placement::kHost;
+#endif
+}
+
 }  // namespace zero

@@ -1,0 +1,105 @@
+// The data-parallel communicator: the only way the runtime talks to other ranks.
+//
+// Collectives are asynchronous: each call returns a Work at once; the buffers must stay valid
+// and untouched until its Wait() returns. A rank's k-th collective matches every other rank's
+// k-th collective, so all ranks must issue the same collectives in the same order (the engine
+// launches buckets in bucket order to guarantee it). Errors, mismatches and peers that never
+// arrive surface from Wait() as a Status; nothing aborts or hangs forever when a timeout is
+// given.
+//
+// Layouts (count = elements per rank):
+//   ReduceScatter  send: size()·count, recv: count; rank r gets the reduction of chunk r.
+//                  In place when recv == send + rank()·count.
+//   AllGather      send: count, recv: size()·count; chunk r of recv is rank r's send.
+//                  In place when send == recv + rank()·count.
+//   AllReduce      send, recv: count each; in place when send == recv.
+//   Broadcast      data: count; the root's values everywhere.
+// Sums of bf16/fp16 accumulate in fp32 (the local backend rounds once; the MPI backend's
+// pairwise user operation rounds at each combining step).
+#ifndef ZERO_COMM_COMMUNICATOR_H_
+#define ZERO_COMM_COMMUNICATOR_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "zero/dtype.h"
+#include "zero/status.h"
+
+namespace zero::comm {
+
+/// Reduction of ReduceScatter and AllReduce.
+enum class ReduceOp : int { kSum = 0, kMax = 1 };
+
+/// Which collective; part of a collective's signature.
+enum class CollectiveKind : int {
+  kReduceScatter = 0,
+  kAllGather = 1,
+  kAllReduce = 2,
+  kBroadcast = 3,
+  kBarrier = 4,
+};
+
+/// What every rank must agree on for one collective. Two ranks whose k-th signatures differ
+/// have diverged; backends that check report both signatures.
+struct CollectiveSignature {
+  CollectiveKind kind = CollectiveKind::kBarrier;
+  int64_t count = 0;
+  DType dtype = DType::kFP32;
+  ReduceOp op = ReduceOp::kSum;
+  int root = 0;
+
+  bool operator==(const CollectiveSignature& other) const;
+  bool operator!=(const CollectiveSignature& other) const { return !(*this == other); }
+  /// e.g. "AllReduce(count=1000, fp32, sum)".
+  std::string ToString() const;
+};
+
+/// Waits forever (the default of Wait()).
+inline constexpr double kNoTimeout = 0.0;
+
+/// A collective in flight.
+class Work {
+ public:
+  virtual ~Work() = default;
+  /// Blocks until the collective completes and returns its outcome. With timeout_s > 0,
+  /// returns kDeadlineExceeded naming the collective (and, where the backend knows them, the
+  /// ranks that never arrived) once that many seconds pass; the collective is then abandoned
+  /// and the communicator should be considered broken.
+  virtual Status Wait(double timeout_s = kNoTimeout) = 0;
+  /// True once the collective has completed (successfully or not); never blocks.
+  virtual bool Test() = 0;
+};
+
+using WorkPtr = std::unique_ptr<Work>;
+
+/// One rank's endpoint of a data-parallel group. Not thread-safe: one rank issues its
+/// collectives from one thread at a time (different ranks may be different threads).
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  /// Backend name: "local", "mpi", "nccl".
+  virtual const char* backend() const = 0;
+
+  virtual WorkPtr ReduceScatter(const void* send, void* recv, int64_t count, DType dtype,
+                                ReduceOp op) = 0;
+  virtual WorkPtr AllGather(const void* send, void* recv, int64_t count, DType dtype) = 0;
+  virtual WorkPtr AllReduce(const void* send, void* recv, int64_t count, DType dtype,
+                            ReduceOp op) = 0;
+  virtual WorkPtr Broadcast(void* data, int64_t count, DType dtype, int root) = 0;
+  virtual WorkPtr Barrier() = 0;
+};
+
+/// A Work that is already complete with `status` (e.g. a launch that failed validation).
+WorkPtr CompletedWork(Status status);
+
+/// Checks the arguments every backend shares: count ≥ 0, non-null buffers when count > 0,
+/// 0 ≤ root < size. kInvalidArgument names the collective and the problem.
+Status ValidateCollective(const CollectiveSignature& signature, const void* a, const void* b,
+                          int size);
+
+}  // namespace zero::comm
+
+#endif  // ZERO_COMM_COMMUNICATOR_H_

@@ -1,0 +1,59 @@
+// A one-shot completion flag with a Status, waited on with an optional timeout: the shared
+// core of the backends' Work objects (internal to comm).
+#ifndef ZERO_COMM_COMPLETION_H_
+#define ZERO_COMM_COMPLETION_H_
+
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+
+#include "zero/status.h"
+
+namespace zero::comm {
+
+class Completion {
+ public:
+  /// Marks the event done with `status` and wakes every waiter. Later calls are ignored.
+  void Complete(Status status) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (done_) return;
+      done_ = true;
+      status_ = std::move(status);
+    }
+    done_signal_.notify_all();
+  }
+
+  /// True once Complete was called.
+  bool done() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return done_;
+  }
+
+  /// Waits for completion; with timeout_s > 0 gives up after that long and returns false.
+  /// On true, `*status` holds the outcome.
+  bool Wait(double timeout_s, Status* status) const {
+    std::unique_lock<std::mutex> lock(mutex_);
+    auto is_done = [this] { return done_; };
+    if (timeout_s > 0) {
+      const auto deadline = std::chrono::steady_clock::now() +
+                            std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                std::chrono::duration<double>(timeout_s));
+      if (!done_signal_.wait_until(lock, deadline, is_done)) return false;
+    } else {
+      done_signal_.wait(lock, is_done);
+    }
+    *status = status_;
+    return true;
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  mutable std::condition_variable done_signal_;
+  bool done_ = false;
+  Status status_;
+};
+
+}  // namespace zero::comm
+
+#endif  // ZERO_COMM_COMPLETION_H_

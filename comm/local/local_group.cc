@@ -1,0 +1,252 @@
+// In-process ranks: each collective is a rendezvous slot that the last arriving rank executes.
+#include "comm/local/local_group.h"
+
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <optional>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "comm/reduce.h"
+#include "zero/device.h"
+
+namespace zero::comm {
+namespace {
+
+// One rank's arrival at a collective.
+struct Arrival {
+  CollectiveSignature signature;
+  const void* send = nullptr;
+  void* recv = nullptr;
+  Status invalid;  // this rank's own arguments were bad: the whole collective fails
+};
+
+// The meeting point of the k-th collective of every rank.
+struct Slot {
+  explicit Slot(int size, int64_t sequence) : arrivals(size), sequence(sequence) {}
+  std::mutex mutex;
+  std::condition_variable completed;
+  std::vector<std::optional<Arrival>> arrivals;
+  int arrived = 0;
+  bool done = false;
+  Status status;
+  int64_t sequence;
+};
+
+const char* ElementBytes(const void* base, int64_t elements, DType dtype) {
+  return static_cast<const char*>(base) + elements * static_cast<int64_t>(DTypeSize(dtype));
+}
+char* ElementBytes(void* base, int64_t elements, DType dtype) {
+  return static_cast<char*>(base) + elements * static_cast<int64_t>(DTypeSize(dtype));
+}
+
+// Moves the data of a complete, consistent slot. Called once, by the last rank to arrive.
+void Execute(const std::vector<std::optional<Arrival>>& arrivals) {
+  const int size = static_cast<int>(arrivals.size());
+  const CollectiveSignature& s = arrivals[0]->signature;
+  const size_t chunk_bytes = static_cast<size_t>(s.count) * DTypeSize(s.dtype);
+  std::vector<const void*> inputs(size);
+  switch (s.kind) {
+    case CollectiveKind::kReduceScatter:
+      for (int r = 0; r < size; ++r) {
+        for (int k = 0; k < size; ++k) inputs[k] = ElementBytes(arrivals[k]->send, r * s.count, s.dtype);
+        ReduceInto(arrivals[r]->recv, inputs.data(), size, s.count, s.dtype, s.op);
+      }
+      return;
+    case CollectiveKind::kAllReduce:
+      for (int k = 0; k < size; ++k) inputs[k] = arrivals[k]->send;
+      ReduceInto(arrivals[0]->recv, inputs.data(), size, s.count, s.dtype, s.op);
+      for (int r = 1; r < size; ++r) {
+        if (arrivals[r]->recv != arrivals[0]->recv) {
+          std::memcpy(arrivals[r]->recv, arrivals[0]->recv, chunk_bytes);
+        }
+      }
+      return;
+    case CollectiveKind::kAllGather:
+      for (int q = 0; q < size; ++q) {
+        for (int i = 0; i < size; ++i) {
+          char* destination = ElementBytes(arrivals[q]->recv, i * s.count, s.dtype);
+          if (destination != arrivals[i]->send) std::memmove(destination, arrivals[i]->send, chunk_bytes);
+        }
+      }
+      return;
+    case CollectiveKind::kBroadcast:
+      for (int r = 0; r < size; ++r) {
+        if (r != s.root && arrivals[r]->recv != arrivals[s.root]->send) {
+          std::memcpy(arrivals[r]->recv, arrivals[s.root]->send, chunk_bytes);
+        }
+      }
+      return;
+    case CollectiveKind::kBarrier:
+      return;
+  }
+}
+
+// State shared by the communicators of one group.
+class Group {
+ public:
+  explicit Group(int size) : size_(size) {}
+  int size() const { return size_; }
+
+  // Records `rank`'s arrival at collective `sequence`; the last arrival executes it.
+  std::shared_ptr<Slot> Arrive(int rank, int64_t sequence, Arrival arrival) {
+    std::shared_ptr<Slot> slot;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto& entry = slots_[sequence];
+      if (entry == nullptr) entry = std::make_shared<Slot>(size_, sequence);
+      slot = entry;
+    }
+    bool last = false;
+    {
+      std::lock_guard<std::mutex> lock(slot->mutex);
+      if (!slot->done) Check(*slot, rank, arrival);
+      slot->arrivals[rank] = std::move(arrival);
+      last = ++slot->arrived == size_;
+      if (last && !slot->done) {
+        Execute(slot->arrivals);
+        slot->done = true;
+      }
+    }
+    slot->completed.notify_all();
+    if (last) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      slots_.erase(sequence);
+    }
+    return slot;
+  }
+
+ private:
+  // Fails the slot (and completes it at once, so waiting ranks return) when this arrival is
+  // invalid or disagrees with an earlier one.
+  void Check(Slot& slot, int rank, const Arrival& arrival) {
+    auto fail = [&slot](Status status) {
+      slot.status = std::move(status);
+      slot.done = true;
+    };
+    if (!arrival.invalid.ok()) {
+      fail(Status(arrival.invalid.code(), absl::StrCat("collective #", slot.sequence, ": rank ",
+                                                       rank, "'s call was invalid: ",
+                                                       arrival.invalid.message())));
+      return;
+    }
+    for (int other = 0; other < size_; ++other) {
+      const auto& earlier = slot.arrivals[other];
+      if (earlier.has_value() && earlier->signature != arrival.signature) {
+        fail(absl::InvalidArgumentError(absl::StrCat(
+            "collective #", slot.sequence, " mismatch: rank ", other, " called ",
+            earlier->signature.ToString(), " but rank ", rank, " called ",
+            arrival.signature.ToString(), "; all ranks must issue the same collectives in the "
+            "same order")));
+        return;
+      }
+    }
+  }
+
+  const int size_;
+  std::mutex mutex_;
+  std::map<int64_t, std::shared_ptr<Slot>> slots_;
+};
+
+class LocalWork final : public Work {
+ public:
+  LocalWork(std::shared_ptr<Slot> slot, int rank, CollectiveSignature signature)
+      : slot_(std::move(slot)), rank_(rank), signature_(signature) {}
+
+  Status Wait(double timeout_s) override {
+    std::unique_lock<std::mutex> lock(slot_->mutex);
+    auto is_done = [this] { return slot_->done; };
+    if (timeout_s > 0) {
+      const auto deadline = std::chrono::steady_clock::now() +
+                            std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                std::chrono::duration<double>(timeout_s));
+      if (!slot_->completed.wait_until(lock, deadline, is_done)) return Timeout(timeout_s);
+    } else {
+      slot_->completed.wait(lock, is_done);
+    }
+    return slot_->status;
+  }
+
+  bool Test() override {
+    std::lock_guard<std::mutex> lock(slot_->mutex);
+    return slot_->done;
+  }
+
+ private:
+  // Called with the slot locked.
+  Status Timeout(double timeout_s) const {
+    std::vector<int> missing;
+    for (size_t r = 0; r < slot_->arrivals.size(); ++r) {
+      if (!slot_->arrivals[r].has_value()) missing.push_back(static_cast<int>(r));
+    }
+    return absl::DeadlineExceededError(absl::StrCat(
+        signature_.ToString(), " (collective #", slot_->sequence, ") on rank ", rank_, " of ",
+        slot_->arrivals.size(), " did not complete within ", timeout_s, " s: rank(s) ",
+        absl::StrJoin(missing, ", "), " never joined it (diverged, stuck, or failed earlier)"));
+  }
+
+  std::shared_ptr<Slot> slot_;
+  int rank_;
+  CollectiveSignature signature_;
+};
+
+class LocalCommunicator final : public Communicator {
+ public:
+  LocalCommunicator(std::shared_ptr<Group> group, int rank) : group_(std::move(group)), rank_(rank) {}
+
+  int rank() const override { return rank_; }
+  int size() const override { return group_->size(); }
+  const char* backend() const override { return "local"; }
+
+  WorkPtr ReduceScatter(const void* send, void* recv, int64_t count, DType dtype,
+                        ReduceOp op) override {
+    return Post({CollectiveKind::kReduceScatter, count, dtype, op, 0}, send, recv);
+  }
+  WorkPtr AllGather(const void* send, void* recv, int64_t count, DType dtype) override {
+    return Post({CollectiveKind::kAllGather, count, dtype, ReduceOp::kSum, 0}, send, recv);
+  }
+  WorkPtr AllReduce(const void* send, void* recv, int64_t count, DType dtype,
+                    ReduceOp op) override {
+    return Post({CollectiveKind::kAllReduce, count, dtype, op, 0}, send, recv);
+  }
+  WorkPtr Broadcast(void* data, int64_t count, DType dtype, int root) override {
+    return Post({CollectiveKind::kBroadcast, count, dtype, ReduceOp::kSum, root}, data, data);
+  }
+  WorkPtr Barrier() override {
+    return Post({CollectiveKind::kBarrier, 0, DType::kFP32, ReduceOp::kSum, 0}, nullptr, nullptr);
+  }
+
+ private:
+  WorkPtr Post(const CollectiveSignature& signature, const void* send, void* recv) {
+    Arrival arrival{signature, send, recv, ValidateCollective(signature, send, recv, size())};
+    if (arrival.invalid.ok() &&
+        (PlacementOf(send) == Placement::kDevice || PlacementOf(recv) == Placement::kDevice)) {
+      arrival.invalid = absl::UnimplementedError(
+          "the local communicator does not support CUDA device buffers yet; use host buffers "
+          "or the nccl backend");
+    }
+    auto slot = group_->Arrive(rank_, next_sequence_++, std::move(arrival));
+    return std::make_unique<LocalWork>(std::move(slot), rank_, signature);
+  }
+
+  std::shared_ptr<Group> group_;
+  int rank_;
+  int64_t next_sequence_ = 0;
+};
+
+}  // namespace
+
+StatusOr<std::vector<std::unique_ptr<Communicator>>> CreateLocalGroup(int size) {
+  if (size < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("local group size ", size, " must be ≥ 1"));
+  }
+  auto group = std::make_shared<Group>(size);
+  std::vector<std::unique_ptr<Communicator>> communicators;
+  for (int r = 0; r < size; ++r) communicators.push_back(std::make_unique<LocalCommunicator>(group, r));
+  return communicators;
+}
+
+}  // namespace zero::comm

@@ -1,0 +1,393 @@
+// The MPI communicator: a progress thread launching and testing non-blocking collectives.
+#include "comm/mpi/mpi_communicator.h"
+
+#include <mpi.h>
+
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "comm/completion.h"
+#include "comm/mpi/mpi_ops.h"
+#include "zero/device.h"
+
+namespace zero::comm {
+namespace {
+
+constexpr int kSignatureWords = 5;
+constexpr double kDrainSecondsAtDestroy = 2.0;
+
+void FinalizeMpiAtExit() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) MPI_Finalize();
+}
+
+// Initialises MPI when the host program has not, and checks the thread level we need.
+Status EnsureMpiInitialized() {
+  int initialized = 0, finalized = 0;
+  ZERO_MPI_RETURN_IF_ERROR(MPI_Initialized(&initialized));
+  ZERO_MPI_RETURN_IF_ERROR(MPI_Finalized(&finalized));
+  if (finalized) return absl::FailedPreconditionError("MPI has already been finalised");
+  if (!initialized) {
+    int provided = 0;
+    ZERO_MPI_RETURN_IF_ERROR(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided));
+    std::atexit(FinalizeMpiAtExit);
+  }
+  int level = 0;
+  ZERO_MPI_RETURN_IF_ERROR(MPI_Query_thread(&level));
+  if (level < MPI_THREAD_SERIALIZED) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "MPI was initialised with thread level ", level, "; ZeroRT's progress thread needs "
+        "MPI_THREAD_SERIALIZED or higher: initialise MPI with MPI_Init_thread(..., "
+        "MPI_THREAD_MULTIPLE, ...) (mpi4py does by default)"));
+  }
+  return absl::OkStatus();
+}
+
+// One collective as the progress thread sees it.
+struct Operation {
+  enum class Phase { kQueued, kChecking, kRunning };
+  CollectiveSignature signature;
+  int64_t sequence = 0;
+  std::function<int(MPI_Request*)> launch;  // issues the non-blocking call
+  std::function<void()> finish;             // after completion: copy out of staging
+  std::vector<char> staging;
+  std::shared_ptr<Completion> completion = std::make_shared<Completion>();
+  Phase phase = Phase::kQueued;
+  MPI_Request request = MPI_REQUEST_NULL;
+  int64_t mine[kSignatureWords] = {};
+  std::vector<int64_t> everyone;  // size × kSignatureWords, for the signature check
+};
+
+void EncodeSignature(const CollectiveSignature& s, int64_t* words) {
+  words[0] = static_cast<int64_t>(s.kind);
+  words[1] = s.count;
+  words[2] = static_cast<int64_t>(s.dtype);
+  words[3] = static_cast<int64_t>(s.op);
+  words[4] = s.root;
+}
+
+CollectiveSignature DecodeSignature(const int64_t* words) {
+  CollectiveSignature s;
+  s.kind = static_cast<CollectiveKind>(words[0]);
+  s.count = words[1];
+  s.dtype = static_cast<DType>(words[2]);
+  s.op = static_cast<ReduceOp>(words[3]);
+  s.root = static_cast<int>(words[4]);
+  return s;
+}
+
+class MpiWork final : public Work {
+ public:
+  MpiWork(std::shared_ptr<Completion> completion, std::string what)
+      : completion_(std::move(completion)), what_(std::move(what)) {}
+
+  Status Wait(double timeout_s) override {
+    Status status;
+    if (completion_->Wait(timeout_s, &status)) return status;
+    return absl::DeadlineExceededError(absl::StrCat(
+        what_, " did not complete within ", timeout_s, " s: at least one peer rank never joined "
+        "it (diverged, stuck, or failed earlier; see that rank's log)"));
+  }
+  bool Test() override { return completion_->done(); }
+
+ private:
+  std::shared_ptr<Completion> completion_;
+  std::string what_;
+};
+
+class MpiCommunicator final : public Communicator {
+ public:
+  MpiCommunicator(MPI_Comm comm, int rank, int size, HalfPrecisionOps ops, MpiOptions options)
+      : comm_(comm), rank_(rank), size_(size), ops_(ops), options_(options),
+        progress_([this] { ProgressLoop(); }) {}
+
+  ~MpiCommunicator() override {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stopping_ = true;
+    }
+    wake_.notify_all();
+    progress_.join();
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) {
+      ops_.Free();
+      MPI_Comm_free(&comm_);
+    }
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const char* backend() const override { return "mpi"; }
+
+  WorkPtr ReduceScatter(const void* send, void* recv, int64_t count, DType dtype,
+                        ReduceOp op) override {
+    const CollectiveSignature s{CollectiveKind::kReduceScatter, count, dtype, op, 0};
+    auto operation = Prepare(s, send, recv);
+    if (!operation.ok()) return CompletedWork(operation.status());
+    Operation& o = **operation;
+    const size_t bytes = static_cast<size_t>(count) * DTypeSize(dtype);
+    const bool in_place = static_cast<const char*>(send) + rank_ * bytes == recv;
+    void* target = recv;
+    if (in_place) {  // MPI's in-place result lands at the start, ours at the rank's chunk
+      o.staging.resize(bytes);
+      target = o.staging.data();
+      o.finish = [&o, recv, bytes] { std::memcpy(recv, o.staging.data(), bytes); };
+    }
+    const MPI_Datatype type = Type(dtype);
+    const MPI_Op mpi_op = Op(dtype, op);
+    o.launch = [this, send, target, count, type, mpi_op](MPI_Request* request) {
+      return MPI_Ireduce_scatter_block(send, target, static_cast<int>(count), type, mpi_op, comm_,
+                                       request);
+    };
+    return Submit(std::move(*operation));
+  }
+
+  WorkPtr AllGather(const void* send, void* recv, int64_t count, DType dtype) override {
+    const CollectiveSignature s{CollectiveKind::kAllGather, count, dtype, ReduceOp::kSum, 0};
+    auto operation = Prepare(s, send, recv);
+    if (!operation.ok()) return CompletedWork(operation.status());
+    const size_t bytes = static_cast<size_t>(count) * DTypeSize(dtype);
+    const bool in_place = static_cast<const char*>(recv) + rank_ * bytes == send;
+    const void* source = in_place ? MPI_IN_PLACE : send;
+    const MPI_Datatype type = Type(dtype);
+    (*operation)->launch = [this, source, recv, count, type](MPI_Request* request) {
+      return MPI_Iallgather(source, static_cast<int>(count), type, recv, static_cast<int>(count),
+                            type, comm_, request);
+    };
+    return Submit(std::move(*operation));
+  }
+
+  WorkPtr AllReduce(const void* send, void* recv, int64_t count, DType dtype,
+                    ReduceOp op) override {
+    const CollectiveSignature s{CollectiveKind::kAllReduce, count, dtype, op, 0};
+    auto operation = Prepare(s, send, recv);
+    if (!operation.ok()) return CompletedWork(operation.status());
+    const void* source = send == recv ? MPI_IN_PLACE : send;
+    const MPI_Datatype type = Type(dtype);
+    const MPI_Op mpi_op = Op(dtype, op);
+    (*operation)->launch = [this, source, recv, count, type, mpi_op](MPI_Request* request) {
+      return MPI_Iallreduce(source, recv, static_cast<int>(count), type, mpi_op, comm_, request);
+    };
+    return Submit(std::move(*operation));
+  }
+
+  WorkPtr Broadcast(void* data, int64_t count, DType dtype, int root) override {
+    const CollectiveSignature s{CollectiveKind::kBroadcast, count, dtype, ReduceOp::kSum, root};
+    auto operation = Prepare(s, data, data);
+    if (!operation.ok()) return CompletedWork(operation.status());
+    const MPI_Datatype type = Type(dtype);
+    (*operation)->launch = [this, data, count, type, root](MPI_Request* request) {
+      return MPI_Ibcast(data, static_cast<int>(count), type, root, comm_, request);
+    };
+    return Submit(std::move(*operation));
+  }
+
+  WorkPtr Barrier() override {
+    const CollectiveSignature s{CollectiveKind::kBarrier, 0, DType::kFP32, ReduceOp::kSum, 0};
+    auto operation = Prepare(s, nullptr, nullptr);
+    if (!operation.ok()) return CompletedWork(operation.status());
+    (*operation)->launch = [this](MPI_Request* request) { return MPI_Ibarrier(comm_, request); };
+    return Submit(std::move(*operation));
+  }
+
+ private:
+  static MPI_Datatype Type(DType dtype) { return dtype == DType::kFP32 ? MPI_FLOAT : MPI_UINT16_T; }
+  MPI_Op Op(DType dtype, ReduceOp op) const {
+    if (dtype != DType::kFP32) return ops_.Get(dtype, op);
+    return op == ReduceOp::kSum ? MPI_SUM : MPI_MAX;
+  }
+
+  StatusOr<std::unique_ptr<Operation>> Prepare(const CollectiveSignature& s, const void* a,
+                                               const void* b) {
+    ZERO_RETURN_IF_ERROR(ValidateCollective(s, a, b, size_));
+    if (s.count > INT_MAX) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          s.ToString(), ": MPI counts are limited to ", INT_MAX, " elements per call"));
+    }
+    if (PlacementOf(a) == Placement::kDevice || PlacementOf(b) == Placement::kDevice) {
+      return absl::UnimplementedError(
+          "the mpi communicator does not stage CUDA device buffers yet; use host buffers or "
+          "the nccl backend");
+    }
+    auto operation = std::make_unique<Operation>();
+    operation->signature = s;
+    return operation;
+  }
+
+  WorkPtr Submit(std::unique_ptr<Operation> operation) {
+    operation->sequence = next_sequence_++;
+    auto work = std::make_unique<MpiWork>(
+        operation->completion,
+        absl::StrCat("MPI ", operation->signature.ToString(), " (collective #",
+                     operation->sequence, ") on rank ", rank_, " of ", size_));
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      submitted_.push_back(std::move(operation));
+    }
+    wake_.notify_all();
+    return work;
+  }
+
+  // Starts the next phase of `o`: the signature all-gather, or the collective itself.
+  void Launch(Operation& o) {
+    int rc;
+    if (options_.check_signatures && o.phase == Operation::Phase::kQueued) {
+      EncodeSignature(o.signature, o.mine);
+      o.everyone.resize(static_cast<size_t>(size_) * kSignatureWords);
+      o.phase = Operation::Phase::kChecking;
+      rc = MPI_Iallgather(o.mine, kSignatureWords, MPI_INT64_T, o.everyone.data(),
+                          kSignatureWords, MPI_INT64_T, comm_, &o.request);
+    } else {
+      o.phase = Operation::Phase::kRunning;
+      rc = o.launch(&o.request);
+    }
+    if (rc != MPI_SUCCESS) o.completion->Complete(MpiStatus(rc, "launching", o));
+  }
+
+  Status MpiStatus(int rc, const char* doing, const Operation& o) const {
+    char text[MPI_MAX_ERROR_STRING] = {0};
+    int length = 0;
+    MPI_Error_string(rc, text, &length);
+    return absl::InternalError(absl::StrCat("MPI error while ", doing, " ", o.signature.ToString(),
+                                            " (collective #", o.sequence, ") on rank ", rank_,
+                                            ": ", text));
+  }
+
+  // After the signature all-gather: the first rank whose signature differs, if any.
+  Status CompareSignatures(const Operation& o) const {
+    for (int r = 0; r < size_; ++r) {
+      const CollectiveSignature theirs = DecodeSignature(&o.everyone[r * kSignatureWords]);
+      if (theirs != o.signature) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "collective #", o.sequence, " mismatch: rank ", rank_, " called ",
+            o.signature.ToString(), " but rank ", r, " called ", theirs.ToString(),
+            "; all ranks must issue the same collectives in the same order"));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // Tests `o`'s request; on completion advances it. Returns true when something happened.
+  bool Advance(Operation& o) {
+    int flag = 0;
+    const int rc = MPI_Test(&o.request, &flag, MPI_STATUS_IGNORE);
+    if (rc != MPI_SUCCESS) {
+      o.completion->Complete(MpiStatus(rc, "running", o));
+      return true;
+    }
+    if (!flag) return false;
+    if (o.phase == Operation::Phase::kChecking) {
+      Status agreed = CompareSignatures(o);
+      if (!agreed.ok()) {
+        o.completion->Complete(std::move(agreed));
+      } else {
+        Launch(o);
+      }
+      return true;
+    }
+    if (o.finish) o.finish();
+    o.completion->Complete(absl::OkStatus());
+    return true;
+  }
+
+  void ProgressLoop() {
+    std::deque<std::unique_ptr<Operation>> active;
+    std::chrono::steady_clock::time_point drain_deadline{};
+    int idle_polls = 0;
+    while (true) {
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        if (active.empty()) wake_.wait(lock, [this] { return stopping_ || !submitted_.empty(); });
+        while (!submitted_.empty()) {
+          active.push_back(std::move(submitted_.front()));
+          submitted_.pop_front();
+        }
+        if (stopping_) {
+          if (active.empty()) return;
+          const auto now = std::chrono::steady_clock::now();
+          if (drain_deadline == std::chrono::steady_clock::time_point{}) {
+            drain_deadline = now + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                       std::chrono::duration<double>(kDrainSecondsAtDestroy));
+          } else if (now > drain_deadline) {
+            // Peers never completed these collectives. MPI may still write into their buffers,
+            // so they are deliberately leaked rather than freed.
+            for (auto& o : active) o.release();
+            return;
+          }
+        }
+      }
+      // Launch in submission order. With signature checks, a collective's check may start only
+      // after every earlier collective is running, so all ranks launch in the same order.
+      for (auto& o : active) {
+        if (o->completion->done()) continue;
+        if (o->phase == Operation::Phase::kChecking) break;
+        if (o->phase == Operation::Phase::kQueued) {
+          Launch(*o);
+          if (o->phase == Operation::Phase::kChecking) break;
+        }
+      }
+      bool progressed = false;
+      for (auto& o : active) {
+        if (!o->completion->done() && o->phase != Operation::Phase::kQueued) {
+          progressed |= Advance(*o);
+        }
+      }
+      while (!active.empty() && active.front()->completion->done()) active.pop_front();
+      // Poll eagerly while work is moving, then back off so waiting ranks do not starve
+      // computing ones on oversubscribed cores.
+      idle_polls = progressed ? 0 : idle_polls + 1;
+      if (idle_polls > 64) {
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      } else {
+        std::this_thread::yield();
+      }
+    }
+  }
+
+  MPI_Comm comm_;
+  const int rank_, size_;
+  HalfPrecisionOps ops_;
+  const MpiOptions options_;
+  int64_t next_sequence_ = 0;
+
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<std::unique_ptr<Operation>> submitted_;
+  bool stopping_ = false;
+  std::thread progress_;  // last: starts after everything above is initialised
+};
+
+}  // namespace
+
+bool MpiAvailable() { return true; }
+
+StatusOr<std::unique_ptr<Communicator>> CreateMpiCommunicator(const void* mpi_comm,
+                                                              MpiOptions options) {
+  ZERO_RETURN_IF_ERROR(EnsureMpiInitialized());
+  const MPI_Comm parent = mpi_comm != nullptr ? *static_cast<const MPI_Comm*>(mpi_comm)
+                                              : MPI_COMM_WORLD;
+  MPI_Comm comm;
+  ZERO_MPI_RETURN_IF_ERROR(MPI_Comm_dup(parent, &comm));
+  ZERO_MPI_RETURN_IF_ERROR(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN));
+  int rank = 0, size = 0;
+  ZERO_MPI_RETURN_IF_ERROR(MPI_Comm_rank(comm, &rank));
+  ZERO_MPI_RETURN_IF_ERROR(MPI_Comm_size(comm, &size));
+  HalfPrecisionOps ops;
+  Status created = ops.Create();
+  if (!created.ok()) {
+    ops.Free();
+    MPI_Comm_free(&comm);
+    return created;
+  }
+  return std::unique_ptr<Communicator>(new MpiCommunicator(comm, rank, size, ops, options));
+}
+
+}  // namespace zero::comm

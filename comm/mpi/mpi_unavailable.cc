@@ -1,0 +1,14 @@
+// The MPI backend in a build without MPI: a clear error instead of a missing symbol.
+#include "comm/mpi/mpi_communicator.h"
+
+namespace zero::comm {
+
+bool MpiAvailable() { return false; }
+
+StatusOr<std::unique_ptr<Communicator>> CreateMpiCommunicator(const void*, MpiOptions) {
+  return absl::UnimplementedError(
+      "this build of ZeroRT has no MPI backend: install libopenmpi-dev and configure with "
+      "-DZERO_MPI=AUTO or ON");
+}
+
+}  // namespace zero::comm

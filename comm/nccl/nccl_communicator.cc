@@ -1,0 +1,175 @@
+// NCCL communicator on a dedicated stream, ordered after the trainer's stream with events.
+#include "comm/nccl/nccl_communicator.h"
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <chrono>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "zero/device.h"
+
+namespace zero::comm {
+namespace {
+
+ncclDataType_t NcclType(DType dtype) {
+  switch (dtype) {
+    case DType::kFP32: return ncclFloat32;
+    case DType::kBF16: return ncclBfloat16;
+    case DType::kFP16: return ncclFloat16;
+  }
+  return ncclFloat32;
+}
+
+ncclRedOp_t NcclOp(ReduceOp op) { return op == ReduceOp::kSum ? ncclSum : ncclMax; }
+
+class NcclWork final : public Work {
+ public:
+  NcclWork(ncclComm_t comm, cudaEvent_t done, std::string what)
+      : comm_(comm), done_(done), what_(std::move(what)) {}
+  ~NcclWork() override { cudaEventDestroy(done_); }
+
+  Status Wait(double timeout_s) override {
+    const auto start = std::chrono::steady_clock::now();
+    while (true) {
+      const cudaError_t state = cudaEventQuery(done_);
+      if (state == cudaSuccess) return AsyncError();
+      if (state != cudaErrorNotReady) {
+        return internal::CudaError(state, cudaGetErrorName(state), cudaGetErrorString(state),
+                                   "cudaEventQuery(done)", __FILE__, __LINE__);
+      }
+      ZERO_RETURN_IF_ERROR(AsyncError());
+      const std::chrono::duration<double> waited = std::chrono::steady_clock::now() - start;
+      if (timeout_s > 0 && waited.count() > timeout_s) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            what_, " did not complete within ", timeout_s, " s: a peer rank never joined it"));
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+  }
+
+  bool Test() override { return cudaEventQuery(done_) != cudaErrorNotReady; }
+
+ private:
+  Status AsyncError() const {
+    ncclResult_t async = ncclSuccess;
+    ZERO_NCCL_RETURN_IF_ERROR(ncclCommGetAsyncError(comm_, &async));
+    ZERO_NCCL_RETURN_IF_ERROR(async);
+    return absl::OkStatus();
+  }
+
+  ncclComm_t comm_;
+  cudaEvent_t done_;
+  std::string what_;
+};
+
+class NcclCommunicator final : public Communicator {
+ public:
+  NcclCommunicator(ncclComm_t comm, int rank, int size, cudaStream_t caller, cudaStream_t own,
+                   float* scratch)
+      : comm_(comm), rank_(rank), size_(size), caller_(caller), own_(own), scratch_(scratch) {}
+
+  ~NcclCommunicator() override {
+    cudaStreamSynchronize(own_);
+    ncclCommDestroy(comm_);
+    cudaStreamDestroy(own_);
+    cudaFree(scratch_);
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const char* backend() const override { return "nccl"; }
+
+  WorkPtr ReduceScatter(const void* send, void* recv, int64_t count, DType dtype,
+                        ReduceOp op) override {
+    return Run({CollectiveKind::kReduceScatter, count, dtype, op, 0}, send, recv, [&] {
+      return ncclReduceScatter(send, recv, count, NcclType(dtype), NcclOp(op), comm_, own_);
+    });
+  }
+  WorkPtr AllGather(const void* send, void* recv, int64_t count, DType dtype) override {
+    return Run({CollectiveKind::kAllGather, count, dtype, ReduceOp::kSum, 0}, send, recv, [&] {
+      return ncclAllGather(send, recv, count, NcclType(dtype), comm_, own_);
+    });
+  }
+  WorkPtr AllReduce(const void* send, void* recv, int64_t count, DType dtype,
+                    ReduceOp op) override {
+    return Run({CollectiveKind::kAllReduce, count, dtype, op, 0}, send, recv, [&] {
+      return ncclAllReduce(send, recv, count, NcclType(dtype), NcclOp(op), comm_, own_);
+    });
+  }
+  WorkPtr Broadcast(void* data, int64_t count, DType dtype, int root) override {
+    return Run({CollectiveKind::kBroadcast, count, dtype, ReduceOp::kSum, root}, data, data, [&] {
+      return ncclBroadcast(data, data, count, NcclType(dtype), root, comm_, own_);
+    });
+  }
+  WorkPtr Barrier() override {
+    return Run({CollectiveKind::kBarrier, 0, DType::kFP32, ReduceOp::kSum, 0}, nullptr, nullptr,
+               [&] { return ncclAllReduce(scratch_, scratch_, 1, ncclFloat32, ncclSum, comm_, own_); });
+  }
+
+ private:
+  template <typename Launch>
+  WorkPtr Run(const CollectiveSignature& s, const void* a, const void* b, Launch launch) {
+    StatusOr<cudaEvent_t> done = Enqueue(s, a, b, launch);
+    if (!done.ok()) return CompletedWork(done.status());
+    return std::make_unique<NcclWork>(comm_, *done,
+                                      absl::StrCat("NCCL ", s.ToString(), " (collective #",
+                                                   next_sequence_++, ") on rank ", rank_, " of ",
+                                                   size_));
+  }
+
+  template <typename Launch>
+  StatusOr<cudaEvent_t> Enqueue(const CollectiveSignature& s, const void* a, const void* b,
+                                Launch launch) {
+    ZERO_RETURN_IF_ERROR(ValidateCollective(s, a, b, size_));
+    if (s.kind != CollectiveKind::kBarrier && s.count > 0 &&
+        (PlacementOf(a) != Placement::kDevice || PlacementOf(b) != Placement::kDevice)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(s.ToString(), ": the nccl communicator needs CUDA device buffers"));
+    }
+    cudaEvent_t ready = nullptr, done = nullptr;
+    ZERO_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
+    ZERO_CUDA_RETURN_IF_ERROR(cudaEventRecord(ready, caller_));
+    ZERO_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(own_, ready, 0));
+    ZERO_CUDA_RETURN_IF_ERROR(cudaEventDestroy(ready));
+    ZERO_NCCL_RETURN_IF_ERROR(launch());
+    ZERO_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+    ZERO_CUDA_RETURN_IF_ERROR(cudaEventRecord(done, own_));
+    return done;
+  }
+
+  ncclComm_t comm_;
+  const int rank_, size_;
+  cudaStream_t caller_, own_;
+  float* scratch_;
+  int64_t next_sequence_ = 0;
+};
+
+}  // namespace
+
+bool NcclAvailable() { return true; }
+
+StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(Communicator& bootstrap,
+                                                               NcclOptions options) {
+  if (CudaDeviceCount() == 0) {
+    return absl::UnavailableError("the nccl communicator needs a CUDA device; none is visible");
+  }
+  if (options.device >= 0) ZERO_CUDA_RETURN_IF_ERROR(cudaSetDevice(options.device));
+  ncclUniqueId id{};
+  static_assert(sizeof(ncclUniqueId) % 2 == 0, "the id travels as 16-bit elements");
+  if (bootstrap.rank() == 0) ZERO_NCCL_RETURN_IF_ERROR(ncclGetUniqueId(&id));
+  ZERO_RETURN_IF_ERROR(
+      bootstrap.Broadcast(&id, sizeof(ncclUniqueId) / 2, DType::kFP16, 0)->Wait());
+  ncclComm_t comm = nullptr;
+  ZERO_NCCL_RETURN_IF_ERROR(ncclCommInitRank(&comm, bootstrap.size(), id, bootstrap.rank()));
+  cudaStream_t own = nullptr;
+  float* scratch = nullptr;
+  ZERO_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&own, cudaStreamNonBlocking));
+  ZERO_CUDA_RETURN_IF_ERROR(cudaMalloc(&scratch, sizeof(float)));
+  return std::unique_ptr<Communicator>(new NcclCommunicator(
+      comm, bootstrap.rank(), bootstrap.size(), static_cast<cudaStream_t>(options.stream), own,
+      scratch));
+}
+
+}  // namespace zero::comm

@@ -1,0 +1,202 @@
+// The communicator conformance suite.
+#include "tests/comm/conformance.h"
+
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+
+namespace zero::testing {
+namespace {
+
+using comm::CollectiveKind;
+using comm::ReduceOp;
+
+// The input every rank contributes, known to every rank: element i of rank r in case `seed`,
+// a fresh value in [-1, 1] rounded to `dtype`.
+double Input(int rank, int64_t i, uint64_t seed, DType dtype) {
+  uint64_t x = (static_cast<uint64_t>(rank) * 0x9E3779B97F4A7C15ull) ^ (i * 0xBF58476D1CE4E5B9ull) ^
+               (seed * 0x94D049BB133111EBull);
+  x ^= x >> 31;
+  x *= 0xD6E8FEB86659FD93ull;
+  x ^= x >> 29;
+  const float value = static_cast<float>(static_cast<double>(x >> 11) / 9007199254740992.0 * 2 - 1);
+  switch (dtype) {
+    case DType::kFP32: return value;
+    case DType::kBF16: return Bf16ToFloat(FloatToBf16(value));
+    case DType::kFP16: return HalfToFloat(FloatToHalf(value));
+  }
+  return value;
+}
+
+// A typed host buffer.
+struct Buffer {
+  DType dtype;
+  std::vector<char> bytes;
+  Buffer(DType d, int64_t n, uint8_t poison) : dtype(d), bytes(n * DTypeSize(d), poison) {}
+  void* at(int64_t i) { return bytes.data() + i * DTypeSize(dtype); }
+  void Set(int64_t i, double v) {
+    if (dtype == DType::kFP32) {
+      const float f = static_cast<float>(v);
+      std::memcpy(at(i), &f, 4);
+    } else {
+      const uint16_t h = dtype == DType::kBF16 ? FloatToBf16(static_cast<float>(v))
+                                               : FloatToHalf(static_cast<float>(v));
+      std::memcpy(at(i), &h, 2);
+    }
+  }
+  double Get(int64_t i) {
+    if (dtype == DType::kFP32) {
+      float f;
+      std::memcpy(&f, at(i), 4);
+      return f;
+    }
+    uint16_t h;
+    std::memcpy(&h, at(i), 2);
+    return dtype == DType::kBF16 ? Bf16ToFloat(h) : HalfToFloat(h);
+  }
+};
+
+double UnitRoundoff(DType dtype) {
+  switch (dtype) {
+    case DType::kFP32: return std::ldexp(1.0, -24);
+    case DType::kBF16: return std::ldexp(1.0, -8);
+    case DType::kFP16: return std::ldexp(1.0, -11);
+  }
+  return 0;
+}
+
+struct Case {
+  CollectiveKind kind;
+  DType dtype;
+  ReduceOp op;
+  int64_t count;
+  bool in_place;
+  int root;
+  uint64_t seed;
+
+  std::string Name() const {
+    return absl::StrCat(comm::CollectiveSignature{kind, count, dtype, op, root}.ToString(),
+                        in_place ? " in place" : "");
+  }
+};
+
+// Reduction of element `i` (global index into the full input) over ranks: the exact float64
+// value, and how far a correct backend may be from it.
+void Expected(const Case& c, int size, int64_t i, bool pairwise, double* value, double* slack) {
+  double sum = 0, magnitude = 0, maximum = -INFINITY;
+  for (int r = 0; r < size; ++r) {
+    const double x = Input(r, i, c.seed, c.dtype);
+    sum += x;
+    magnitude += std::fabs(x);
+    maximum = std::max(maximum, x);
+  }
+  if (c.op == ReduceOp::kMax) {
+    *value = maximum;
+    *slack = 0;
+    return;
+  }
+  *value = sum;
+  // fp32 accumulation, then one rounding to the dtype (or one per combining step).
+  const double roundings = pairwise ? size : 1;
+  *slack = size * std::ldexp(1.0, -24) * magnitude + roundings * UnitRoundoff(c.dtype) * magnitude;
+}
+
+Status Compare(const Case& c, int rank, int64_t i, double got, double want, double slack) {
+  if (std::fabs(got - want) <= slack) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(c.Name(), " on rank ", rank, ": element ", i, " is ",
+                                          got, ", expected ", want, " ± ", slack));
+}
+
+Status RunCase(comm::Communicator& comm, const Case& c, bool pairwise) {
+  const int rank = comm.rank(), size = comm.size();
+  const int64_t n = c.count;
+  switch (c.kind) {
+    case CollectiveKind::kReduceScatter: {
+      Buffer send(c.dtype, size * n, 0);
+      for (int64_t i = 0; i < size * n; ++i) send.Set(i, Input(rank, i, c.seed, c.dtype));
+      Buffer recv(c.dtype, n, 0xff);  // poisoned
+      void* out = c.in_place ? send.at(rank * n) : recv.at(0);
+      ZERO_RETURN_IF_ERROR(comm.ReduceScatter(send.at(0), out, n, c.dtype, c.op)->Wait());
+      Buffer& result = c.in_place ? send : recv;
+      const int64_t offset = c.in_place ? rank * n : 0;
+      for (int64_t i = 0; i < n; ++i) {
+        double want, slack;
+        Expected(c, size, rank * n + i, pairwise, &want, &slack);
+        ZERO_RETURN_IF_ERROR(Compare(c, rank, i, result.Get(offset + i), want, slack));
+      }
+      return absl::OkStatus();
+    }
+    case CollectiveKind::kAllReduce: {
+      Buffer send(c.dtype, n, 0), recv(c.dtype, n, 0xff);
+      for (int64_t i = 0; i < n; ++i) send.Set(i, Input(rank, i, c.seed, c.dtype));
+      Buffer& result = c.in_place ? send : recv;
+      ZERO_RETURN_IF_ERROR(comm.AllReduce(send.at(0), result.at(0), n, c.dtype, c.op)->Wait());
+      for (int64_t i = 0; i < n; ++i) {
+        double want, slack;
+        Expected(c, size, i, pairwise, &want, &slack);
+        ZERO_RETURN_IF_ERROR(Compare(c, rank, i, result.Get(i), want, slack));
+      }
+      return absl::OkStatus();
+    }
+    case CollectiveKind::kAllGather: {
+      Buffer send(c.dtype, n, 0), recv(c.dtype, size * n, 0xff);
+      const void* source = c.in_place ? recv.at(rank * n) : send.at(0);
+      for (int64_t i = 0; i < n; ++i) {
+        (c.in_place ? recv : send).Set(c.in_place ? rank * n + i : i, Input(rank, i, c.seed, c.dtype));
+      }
+      ZERO_RETURN_IF_ERROR(comm.AllGather(source, recv.at(0), n, c.dtype)->Wait());
+      for (int r = 0; r < size; ++r) {
+        for (int64_t i = 0; i < n; ++i) {
+          ZERO_RETURN_IF_ERROR(Compare(c, rank, r * n + i, recv.Get(r * n + i),
+                                       Input(r, i, c.seed, c.dtype), 0));
+        }
+      }
+      return absl::OkStatus();
+    }
+    case CollectiveKind::kBroadcast: {
+      Buffer data(c.dtype, n, 0xff);
+      if (rank == c.root) {
+        for (int64_t i = 0; i < n; ++i) data.Set(i, Input(rank, i, c.seed, c.dtype));
+      }
+      ZERO_RETURN_IF_ERROR(comm.Broadcast(data.at(0), n, c.dtype, c.root)->Wait());
+      for (int64_t i = 0; i < n; ++i) {
+        ZERO_RETURN_IF_ERROR(Compare(c, rank, i, data.Get(i), Input(c.root, i, c.seed, c.dtype), 0));
+      }
+      return absl::OkStatus();
+    }
+    case CollectiveKind::kBarrier:
+      return comm.Barrier()->Wait();
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+Status RunConformanceSuite(comm::Communicator& comm, bool pairwise_rounding) {
+  uint64_t seed = 1;
+  for (DType dtype : {DType::kFP32, DType::kBF16, DType::kFP16}) {
+    for (int64_t count : ConformanceSizes()) {
+      for (bool in_place : {false, true}) {
+        for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax}) {
+          for (CollectiveKind kind : {CollectiveKind::kReduceScatter, CollectiveKind::kAllReduce}) {
+            ZERO_RETURN_IF_ERROR(
+                RunCase(comm, {kind, dtype, op, count, in_place, 0, seed++}, pairwise_rounding));
+          }
+        }
+        ZERO_RETURN_IF_ERROR(RunCase(
+            comm, {CollectiveKind::kAllGather, dtype, ReduceOp::kSum, count, in_place, 0, seed++},
+            pairwise_rounding));
+      }
+      const int root = comm.size() - 1;  // not always rank 0
+      ZERO_RETURN_IF_ERROR(RunCase(
+          comm, {CollectiveKind::kBroadcast, dtype, ReduceOp::kSum, count, false, root, seed++},
+          pairwise_rounding));
+    }
+  }
+  return RunCase(comm, {CollectiveKind::kBarrier, DType::kFP32, ReduceOp::kSum, 0, false, 0, 0},
+                 pairwise_rounding);
+}
+
+}  // namespace zero::testing
