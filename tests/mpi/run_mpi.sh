@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Runs a test binary under OpenMPI's mpirun with N ranks on this one machine:
+#   run_mpi.sh N binary [args...]
+# Oversubscription is allowed (more ranks than cores), waiting ranks yield their core, root is
+# allowed (CI runs as root), and shared-memory transport works inside containers.
+set -euo pipefail
+ranks=$1
+shift
+extra=()
+[ "$(id -u)" -eq 0 ] && extra+=(--allow-run-as-root)
+export OMPI_MCA_mpi_yield_when_idle=1
+export OMPI_MCA_btl_vader_single_copy_mechanism=none
+export OMPI_MCA_rmaps_base_oversubscribe=1
+exec mpirun -np "$ranks" --oversubscribe --bind-to none "${extra[@]}" "$@"
