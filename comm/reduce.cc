@@ -6,30 +6,52 @@
 namespace zero::comm {
 namespace {
 
-float LoadAt(const void* p, int64_t i, DType dtype) {
-  switch (dtype) {
-    case DType::kFP32: return static_cast<const float*>(p)[i];
-    case DType::kBF16: return Bf16ToFloat(static_cast<const uint16_t*>(p)[i]);
-    case DType::kFP16: return HalfToFloat(static_cast<const uint16_t*>(p)[i]);
-  }
-  return 0.0f;
-}
+// Element formats: how to read an element as fp32 and write fp32 back.
+struct F32 {
+  using T = float;
+  static float Load(T x) { return x; }
+  static T Store(float x) { return x; }
+};
+struct Bf16 {
+  using T = uint16_t;
+  static float Load(T x) { return Bf16ToFloat(x); }
+  static T Store(float x) { return FloatToBf16(x); }
+};
+struct Half {
+  using T = uint16_t;
+  static float Load(T x) { return HalfToFloat(x); }
+  static T Store(float x) { return FloatToHalf(x); }
+};
 
-void StoreAt(void* p, int64_t i, DType dtype, float value) {
-  switch (dtype) {
-    case DType::kFP32: static_cast<float*>(p)[i] = value; return;
-    case DType::kBF16: static_cast<uint16_t*>(p)[i] = FloatToBf16(value); return;
-    case DType::kFP16: static_cast<uint16_t*>(p)[i] = FloatToHalf(value); return;
-  }
-}
+// Blocks keep the fp32 accumulator in cache while each input streams through once.
+constexpr int64_t kBlock = 4096;
 
-template <typename Combine>
-void Reduce(void* out, const void* const* inputs, int num_inputs, int64_t count, DType dtype,
+template <typename Format, typename Combine>
+void Reduce(void* out, const void* const* inputs, int num_inputs, int64_t count,
             Combine combine) {
-  for (int64_t i = 0; i < count; ++i) {
-    float acc = LoadAt(inputs[0], i, dtype);
-    for (int k = 1; k < num_inputs; ++k) acc = combine(acc, LoadAt(inputs[k], i, dtype));
-    StoreAt(out, i, dtype, acc);
+  using T = typename Format::T;
+  float acc[kBlock];
+  for (int64_t begin = 0; begin < count; begin += kBlock) {
+    const int64_t n = std::min(kBlock, count - begin);
+    const T* first = static_cast<const T*>(inputs[0]) + begin;
+    for (int64_t i = 0; i < n; ++i) acc[i] = Format::Load(first[i]);
+    for (int k = 1; k < num_inputs; ++k) {
+      const T* in = static_cast<const T*>(inputs[k]) + begin;
+      for (int64_t i = 0; i < n; ++i) acc[i] = combine(acc[i], Format::Load(in[i]));
+    }
+    T* destination = static_cast<T*>(out) + begin;
+    for (int64_t i = 0; i < n; ++i) destination[i] = Format::Store(acc[i]);
+  }
+}
+
+template <typename Format>
+void ReduceFormat(void* out, const void* const* inputs, int num_inputs, int64_t count,
+                  ReduceOp op) {
+  if (op == ReduceOp::kSum) {
+    Reduce<Format>(out, inputs, num_inputs, count, [](float a, float b) { return a + b; });
+  } else {
+    Reduce<Format>(out, inputs, num_inputs, count,
+                   [](float a, float b) { return std::max(a, b); });
   }
 }
 
@@ -37,10 +59,10 @@ void Reduce(void* out, const void* const* inputs, int num_inputs, int64_t count,
 
 void ReduceInto(void* out, const void* const* inputs, int num_inputs, int64_t count, DType dtype,
                 ReduceOp op) {
-  if (op == ReduceOp::kSum) {
-    Reduce(out, inputs, num_inputs, count, dtype, [](float a, float b) { return a + b; });
-  } else {
-    Reduce(out, inputs, num_inputs, count, dtype, [](float a, float b) { return std::max(a, b); });
+  switch (dtype) {
+    case DType::kFP32: return ReduceFormat<F32>(out, inputs, num_inputs, count, op);
+    case DType::kBF16: return ReduceFormat<Bf16>(out, inputs, num_inputs, count, op);
+    case DType::kFP16: return ReduceFormat<Half>(out, inputs, num_inputs, count, op);
   }
 }
 

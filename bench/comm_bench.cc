@@ -1,0 +1,181 @@
+// Communicator bandwidth, nccl-tests definitions: algbw = bytes per rank's full buffer / time;
+// busbw = algbw · (n−1)/n for reduce-scatter and all-gather, · 2(n−1)/n for all-reduce.
+//
+//   zero_bench_comm                       in-process ranks (local backend), 2-4 ranks
+//   mpirun -np N zero_bench_comm          the mpi backend; every MPI benchmark first times the
+//                                         raw blocking MPI call on the same bytes in the same
+//                                         run and reports `ratio_to_raw` = raw time / ours.
+// Under mpirun only rank 0 prints. MPI benchmarks use fixed iteration counts so every rank
+// runs the same number of collectives.
+#include <benchmark/benchmark.h>
+#include <mpi.h>
+
+#include <cstdlib>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "comm/local/local_group.h"
+#include "comm/mpi/mpi_communicator.h"
+
+namespace zero::bench {
+namespace {
+
+using comm::CollectiveKind;
+using comm::Communicator;
+using comm::ReduceOp;
+
+// Bytes of the full (size × chunk) buffer and the bus-bandwidth factor of each collective.
+double BusFactor(CollectiveKind kind, int ranks) {
+  const double n = ranks;
+  return kind == CollectiveKind::kAllReduce ? 2 * (n - 1) / n : (n - 1) / n;
+}
+
+// One collective on `comm` over a full buffer of `elements` floats; waits for it.
+Status RunCollective(Communicator& comm, CollectiveKind kind, std::vector<float>& full,
+                     std::vector<float>& part) {
+  const int64_t chunk = static_cast<int64_t>(part.size());
+  switch (kind) {
+    case CollectiveKind::kReduceScatter:
+      return comm.ReduceScatter(full.data(), part.data(), chunk, DType::kFP32, ReduceOp::kSum)->Wait();
+    case CollectiveKind::kAllGather:
+      return comm.AllGather(part.data(), full.data(), chunk, DType::kFP32)->Wait();
+    default:
+      return comm.AllReduce(full.data(), full.data(), static_cast<int64_t>(full.size()),
+                            DType::kFP32, ReduceOp::kSum)
+          ->Wait();
+  }
+}
+
+void SetBandwidth(benchmark::State& state, CollectiveKind kind, int ranks, double bytes,
+                  double seconds_per_op) {
+  const double algbw = bytes / seconds_per_op;
+  state.counters["algbw_GBps"] = algbw / 1e9;
+  state.counters["busbw_GBps"] = algbw * BusFactor(kind, ranks) / 1e9;
+  state.counters["ranks"] = ranks;
+}
+
+// Local backend: this thread is rank 0; helper threads run ranks 1..n-1 in lockstep.
+void BM_Local(benchmark::State& state, CollectiveKind kind) {
+  const int ranks = static_cast<int>(state.range(1));
+  const int64_t elements = state.range(0) / 4 / ranks * ranks;
+  const int64_t iterations = static_cast<int64_t>(state.max_iterations);
+  auto group = comm::CreateLocalGroup(ranks);
+  std::vector<std::thread> helpers;
+  for (int r = 1; r < ranks; ++r) {
+    helpers.emplace_back([&, r] {
+      std::vector<float> full(elements, 1.0f), part(elements / ranks, 1.0f);
+      for (int64_t i = 0; i < iterations; ++i) (void)RunCollective(*(*group)[r], kind, full, part);
+    });
+  }
+  std::vector<float> full(elements, 1.0f), part(elements / ranks, 1.0f);
+  for (auto _ : state) {
+    const Status status = RunCollective(*(*group)[0], kind, full, part);
+    if (!status.ok()) state.SkipWithError(std::string(status.message()).c_str());
+  }
+  for (auto& t : helpers) t.join();
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * elements * 4);
+  state.counters["busbw_GBps"] = benchmark::Counter(
+      BusFactor(kind, ranks) * elements * 4.0, benchmark::Counter::kIsIterationInvariantRate,
+      benchmark::Counter::kIs1000);
+  state.counters["ranks"] = ranks;
+}
+
+// The raw blocking MPI call on the same bytes, for the ratio.
+void RawMpi(CollectiveKind kind, std::vector<float>& full, std::vector<float>& part) {
+  const int chunk = static_cast<int>(part.size());
+  switch (kind) {
+    case CollectiveKind::kReduceScatter:
+      MPI_Reduce_scatter_block(full.data(), part.data(), chunk, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+      return;
+    case CollectiveKind::kAllGather:
+      MPI_Allgather(part.data(), chunk, MPI_FLOAT, full.data(), chunk, MPI_FLOAT, MPI_COMM_WORLD);
+      return;
+    default:
+      MPI_Allreduce(MPI_IN_PLACE, full.data(), static_cast<int>(full.size()), MPI_FLOAT, MPI_SUM,
+                    MPI_COMM_WORLD);
+      return;
+  }
+}
+
+void BM_Mpi(benchmark::State& state, Communicator* comm, CollectiveKind kind) {
+  const int ranks = comm->size();
+  const int64_t elements = state.range(0) / 4 / ranks * ranks;
+  std::vector<float> full(elements, 1.0f), part(elements / ranks, 1.0f);
+  const int64_t iterations = static_cast<int64_t>(state.max_iterations);
+  RawMpi(kind, full, part);  // warm-up
+  MPI_Barrier(MPI_COMM_WORLD);
+  const double raw_start = MPI_Wtime();
+  for (int64_t i = 0; i < iterations; ++i) RawMpi(kind, full, part);
+  const double raw_seconds = (MPI_Wtime() - raw_start) / iterations;
+  (void)RunCollective(*comm, kind, full, part);  // warm-up
+  MPI_Barrier(MPI_COMM_WORLD);
+  const double start = MPI_Wtime();
+  for (auto _ : state) {
+    const Status status = RunCollective(*comm, kind, full, part);
+    if (!status.ok()) state.SkipWithError(std::string(status.message()).c_str());
+  }
+  const double seconds = (MPI_Wtime() - start) / iterations;
+  SetBandwidth(state, kind, ranks, elements * 4.0, seconds);
+  state.counters["raw_busbw_GBps"] = elements * 4.0 / raw_seconds * BusFactor(kind, ranks) / 1e9;
+  state.counters["ratio_to_raw"] = raw_seconds / seconds;
+}
+
+const char* Name(CollectiveKind kind) {
+  switch (kind) {
+    case CollectiveKind::kReduceScatter: return "ReduceScatter";
+    case CollectiveKind::kAllGather: return "AllGather";
+    default: return "AllReduce";
+  }
+}
+
+class NullReporter : public benchmark::BenchmarkReporter {
+ public:
+  bool ReportContext(const Context&) override { return true; }
+  void ReportRuns(const std::vector<Run>&) override {}
+};
+
+}  // namespace
+}  // namespace zero::bench
+
+int main(int argc, char** argv) {
+  using namespace zero::bench;
+  using zero::comm::CollectiveKind;
+  benchmark::Initialize(&argc, argv);
+  const bool under_mpirun = std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr;
+  const CollectiveKind kinds[] = {CollectiveKind::kReduceScatter, CollectiveKind::kAllGather,
+                                  CollectiveKind::kAllReduce};
+  std::unique_ptr<zero::comm::Communicator> world;
+  if (under_mpirun) {
+    auto created = zero::comm::CreateMpiCommunicator(nullptr);
+    if (!created.ok()) {
+      fprintf(stderr, "%s\n", created.status().ToString().c_str());
+      return 1;
+    }
+    world = std::move(*created);
+    for (CollectiveKind kind : kinds) {
+      auto* b = benchmark::RegisterBenchmark((std::string("BM_") + Name(kind) + "_MPI").c_str(),
+                                             BM_Mpi, world.get(), kind);
+      for (int64_t bytes : {int64_t{1} << 20, int64_t{1} << 24, int64_t{1} << 26}) b->Arg(bytes);
+      b->ArgName("bytes")->Iterations(20)->UseRealTime()->Unit(benchmark::kMillisecond);
+    }
+  } else {
+    for (CollectiveKind kind : kinds) {
+      auto* b = benchmark::RegisterBenchmark((std::string("BM_") + Name(kind) + "_Local").c_str(),
+                                             BM_Local, kind);
+      for (int ranks : {2, 3, 4}) {
+        for (int64_t bytes : {int64_t{1} << 20, int64_t{1} << 24}) b->Args({bytes, ranks});
+      }
+      b->ArgNames({"bytes", "ranks"})->Iterations(10)->UseRealTime()->Unit(benchmark::kMillisecond);
+    }
+  }
+  if (world == nullptr || world->rank() == 0) {
+    benchmark::RunSpecifiedBenchmarks();
+  } else {
+    NullReporter quiet;
+    benchmark::RunSpecifiedBenchmarks(&quiet);
+  }
+  benchmark::Shutdown();
+  world.reset();
+  return 0;
+}
