@@ -11,4 +11,7 @@ extra=()
 export OMPI_MCA_mpi_yield_when_idle=1
 export OMPI_MCA_btl_vader_single_copy_mechanism=none
 export OMPI_MCA_rmaps_base_oversubscribe=1
+# libnbc's default non-blocking all-reduce is 1.5-3× slower than its Rabenseifner variant here
+# (bench/RESULTS.md); keep a caller's own choice.
+export OMPI_MCA_coll_libnbc_iallreduce_algorithm=${OMPI_MCA_coll_libnbc_iallreduce_algorithm:-3}
 exec mpirun -np "$ranks" --oversubscribe --bind-to none "${extra[@]}" "$@"
