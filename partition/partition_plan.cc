@@ -1,0 +1,178 @@
+// Building the partition plan and answering where each param's fragments live.
+#include "partition/partition_plan.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+
+namespace zero::partition {
+namespace {
+
+int64_t RoundUp(int64_t value, int64_t multiple) { return (value + multiple - 1) / multiple * multiple; }
+
+Status CheckConfig(const PlanConfig& c) {
+  auto bad = [](const char* key, int64_t value, const char* rule) {
+    return absl::InvalidArgumentError(absl::StrCat(key, " = ", value, ": ", rule));
+  };
+  if (c.world_size < 1) return bad("world_size", c.world_size, "must be ≥ 1");
+  if (c.stage < 0 || c.stage > 3) return bad("stage", c.stage, "must be 0, 1, 2 or 3");
+  if (c.reduce_bucket_elems < 1) return bad("buckets.reduce_bucket_elems", c.reduce_bucket_elems, "must be ≥ 1");
+  if (c.first_bucket_elems < 1) return bad("buckets.first_bucket_elems", c.first_bucket_elems, "must be ≥ 1");
+  if (c.param_alignment < 1) return bad("param_alignment", c.param_alignment, "must be ≥ 1");
+  if (c.shard_alignment < 1) return bad("shard_alignment", c.shard_alignment, "must be ≥ 1");
+  return absl::OkStatus();
+}
+
+Status CheckParams(const std::vector<ParamInfo>& params) {
+  std::set<std::string> names;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const ParamInfo& p = params[i];
+    if (p.name.empty()) return absl::InvalidArgumentError(absl::StrCat("param ", i, " has an empty name"));
+    if (p.numel < 1) {
+      return absl::InvalidArgumentError(absl::StrCat("param \"", p.name, "\" (index ", i,
+                                                     ") has ", p.numel, " elements; need ≥ 1"));
+    }
+    if (!names.insert(p.name).second) {
+      return absl::InvalidArgumentError(absl::StrCat("param name \"", p.name, "\" (index ", i,
+                                                     ") is registered twice; names must be unique"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Groups param ids (already in layout order) into buckets' param lists.
+std::vector<std::vector<int>> FormBuckets(const std::vector<ParamInfo>& params,
+                                          const std::vector<int>& order, const PlanConfig& c) {
+  std::vector<std::vector<int>> lists;
+  if (c.stage == 3) {  // one bucket per unit, units in order of first appearance
+    std::map<int, size_t> unit_list;
+    for (int id : order) {
+      const int unit = params[id].unit >= 0 ? params[id].unit : -1 - id;
+      auto [it, fresh] = unit_list.emplace(unit, lists.size());
+      if (fresh) lists.emplace_back();
+      lists[it->second].push_back(id);
+    }
+    return lists;
+  }
+  // Stages 0-2: one open bucket for trainable params and one for frozen ones.
+  int open[2] = {-1, -1};
+  int64_t used[2] = {0, 0};
+  bool first_trainable = true;
+  for (int id : order) {
+    const ParamInfo& p = params[id];
+    const int kind = p.requires_grad ? 0 : 1;
+    int& current = open[kind];
+    bool fits = current >= 0;
+    if (fits) {
+      const ParamInfo& head = params[lists[current].front()];
+      const int64_t cap = (kind == 0 && first_trainable) ? c.first_bucket_elems : c.reduce_bucket_elems;
+      fits = head.group == p.group && head.dtype == p.dtype &&
+             RoundUp(used[kind], c.param_alignment) + p.numel <= cap;
+      if (!fits && kind == 0) first_trainable = false;
+    }
+    if (!fits) {
+      current = static_cast<int>(lists.size());
+      lists.emplace_back();
+      used[kind] = 0;
+    }
+    lists[current].push_back(id);
+    used[kind] = RoundUp(used[kind], c.param_alignment) + p.numel;
+  }
+  return lists;
+}
+
+}  // namespace
+
+StatusOr<PartitionPlan> PartitionPlan::Build(std::vector<ParamInfo> params, const PlanConfig& config) {
+  ZERO_RETURN_IF_ERROR(CheckConfig(config));
+  ZERO_RETURN_IF_ERROR(CheckParams(params));
+  PartitionPlan plan;
+  plan.config_ = config;
+  plan.params_ = std::move(params);
+  plan.placements_.resize(plan.params_.size());
+
+  std::vector<int> order(plan.params_.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int>(order.size() - 1 - i);
+
+  const int64_t pad_multiple = config.world_size * config.shard_alignment;
+  for (std::vector<int>& list : FormBuckets(plan.params_, order, config)) {
+    Bucket bucket;
+    bucket.index = static_cast<int>(plan.buckets_.size());
+    const ParamInfo& head = plan.params_[list.front()];
+    bucket.group = head.group;
+    bucket.dtype = head.dtype;
+    bucket.trainable = head.requires_grad;
+    bucket.unit = config.stage == 3 ? head.unit : -1;
+    int64_t used = 0;
+    for (int id : list) {
+      const ParamInfo& p = plan.params_[id];
+      if (p.group != head.group || p.dtype != head.dtype || p.requires_grad != head.requires_grad) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "stage-3 unit ", head.unit, " mixes params that cannot share a bucket: \"", head.name,
+            "\" (group ", head.group, ", ", DTypeName(head.dtype), ", requires_grad ",
+            head.requires_grad, ") and \"", p.name, "\" (group ", p.group, ", ", DTypeName(p.dtype),
+            ", requires_grad ", p.requires_grad, "); put them in different units"));
+      }
+      used = RoundUp(used, config.param_alignment);
+      plan.placements_[id] = {bucket.index, used, p.numel};
+      used += p.numel;
+    }
+    bucket.params = std::move(list);
+    bucket.numel = RoundUp(used, pad_multiple);
+    bucket.shard_numel = bucket.numel / config.world_size;
+    bucket.byte_offset = plan.flat_bytes_;
+    plan.flat_bytes_ += bucket.numel * static_cast<int64_t>(DTypeSize(bucket.dtype));
+    if (bucket.trainable) {
+      bucket.state_offset = plan.state_numel_;
+      plan.state_numel_ += bucket.shard_numel;
+    }
+    plan.buckets_.push_back(std::move(bucket));
+  }
+  return plan;
+}
+
+std::vector<Fragment> PartitionPlan::FragmentsOfParam(int param) const {
+  std::vector<Fragment> fragments;
+  const ParamPlacement& place = placements_[param];
+  const Bucket& bucket = buckets_[place.bucket];
+  const int64_t shard = bucket.shard_numel;
+  const int first_rank = static_cast<int>(place.offset / shard);
+  const int last_rank = static_cast<int>((place.offset + place.numel - 1) / shard);
+  for (int r = first_rank; r <= last_rank; ++r) {
+    const int64_t begin = std::max(place.offset, r * shard);
+    const int64_t end = std::min(place.offset + place.numel, (r + 1) * shard);
+    Fragment f;
+    f.param = param;
+    f.rank = r;
+    f.bucket = place.bucket;
+    f.param_begin = begin - place.offset;
+    f.numel = end - begin;
+    f.bucket_begin = begin;
+    f.shard_begin = begin - r * shard;
+    f.state_begin = bucket.trainable ? bucket.state_offset + f.shard_begin : -1;
+    fragments.push_back(f);
+  }
+  return fragments;
+}
+
+std::vector<Fragment> PartitionPlan::FragmentsOnRank(int rank) const {
+  std::vector<Fragment> fragments;
+  for (const Bucket& bucket : buckets_) {
+    for (int param : bucket.params) {
+      for (const Fragment& f : FragmentsOfParam(param)) {
+        if (f.rank == rank) fragments.push_back(f);
+      }
+    }
+  }
+  return fragments;
+}
+
+int64_t PartitionPlan::param_numel() const {
+  int64_t total = 0;
+  for (const ParamInfo& p : params_) total += p.numel;
+  return total;
+}
+
+}  // namespace zero::partition

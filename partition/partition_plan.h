@@ -1,0 +1,115 @@
+// PartitionPlan: where every byte of every parameter lives, for every stage. Pure host
+// arithmetic — no tensors are allocated here.
+//
+// Trainable params are laid out in reverse registration order (the order backward produces
+// their gradients) into buckets. A bucket holds whole params of one optimizer group and one
+// dtype; a param larger than the bucket cap gets a bucket of its own; at stage 3 a bucket is
+// one unit (the params the trainer gathers together). Param starts are aligned to 64 elements
+// and each bucket is padded to a multiple of world × 128 elements. Each bucket is cut into
+// `world` equal contiguous shards; rank r owns shard r of every bucket. Frozen params
+// (requires_grad = false) are laid out the same way in buckets of their own, never reduced or
+// stepped.
+//
+// A rank's optimizer state is the concatenation of its shards of the trainable buckets, in
+// bucket order. A Fragment is the part of one param one rank owns, in four coordinates.
+#ifndef ZERO_PARTITION_PARTITION_PLAN_H_
+#define ZERO_PARTITION_PARTITION_PLAN_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "zero/dtype.h"
+#include "zero/status.h"
+
+namespace zero::partition {
+
+/// What the plan needs to know of a registered param. Ids are registration indices.
+struct ParamInfo {
+  std::string name;
+  int64_t numel = 0;
+  DType dtype = DType::kFP32;
+  bool requires_grad = true;
+  int group = 0;  ///< optimizer group
+  int unit = -1;  ///< stage-3 unit; -1: a unit of its own
+};
+
+/// Layout settings.
+struct PlanConfig {
+  int world_size = 1;
+  int stage = 0;
+  int64_t reduce_bucket_elems = 25'000'000;  ///< cap of every bucket but the first
+  int64_t first_bucket_elems = 1'000'000;    ///< cap of the first bucket (the first to fill)
+  int64_t param_alignment = 64;              ///< param starts, in elements
+  int64_t shard_alignment = 128;             ///< bucket size is a multiple of world × this
+};
+
+/// One bucket: whole params, one group, one dtype, trainable or frozen.
+struct Bucket {
+  int index = 0;
+  int group = 0;
+  DType dtype = DType::kFP32;
+  bool trainable = true;
+  int unit = -1;              ///< stage 3: the unit this bucket is; -1 otherwise
+  std::vector<int> params;    ///< ids, in layout order
+  int64_t numel = 0;          ///< padded size
+  int64_t shard_numel = 0;    ///< numel / world
+  int64_t byte_offset = 0;    ///< start within the flat parameter buffer (all dtypes share it)
+  int64_t state_offset = 0;   ///< start of every rank's shard within its optimizer state
+                              ///< (trainable buckets only)
+};
+
+/// Where one param sits.
+struct ParamPlacement {
+  int bucket = 0;
+  int64_t offset = 0;  ///< element offset within the bucket
+  int64_t numel = 0;
+};
+
+/// The part of one param that one rank owns.
+struct Fragment {
+  int param = 0;
+  int rank = 0;
+  int bucket = 0;
+  int64_t param_begin = 0;   ///< first element within the param
+  int64_t numel = 0;
+  int64_t bucket_begin = 0;  ///< first element within the bucket
+  int64_t shard_begin = 0;   ///< first element within the rank's shard of the bucket
+  int64_t state_begin = 0;   ///< first element within the rank's optimizer state (trainable)
+};
+
+class PartitionPlan {
+ public:
+  /// Builds the plan. Errors name the offending param: empty name, numel < 1, a stage-3 unit
+  /// whose params differ in group, dtype or requires_grad. Configuration errors name the field.
+  static StatusOr<PartitionPlan> Build(std::vector<ParamInfo> params, const PlanConfig& config);
+
+  const PlanConfig& config() const { return config_; }
+  const std::vector<ParamInfo>& params() const { return params_; }
+  const std::vector<Bucket>& buckets() const { return buckets_; }
+  const ParamPlacement& placement(int param) const { return placements_[param]; }
+
+  /// The fragments of `param`, one per rank that owns part of it, in rank order.
+  std::vector<Fragment> FragmentsOfParam(int param) const;
+  /// Every fragment `rank` owns, in optimizer-state order.
+  std::vector<Fragment> FragmentsOnRank(int rank) const;
+
+  /// Elements of each rank's optimizer state (the same on every rank).
+  int64_t state_numel() const { return state_numel_; }
+  /// Bytes of the flat parameter buffer holding every bucket unsharded.
+  int64_t flat_bytes() const { return flat_bytes_; }
+  /// Sum of the params' own sizes (no padding).
+  int64_t param_numel() const;
+
+ private:
+  PlanConfig config_;
+  std::vector<ParamInfo> params_;
+  std::vector<Bucket> buckets_;
+  std::vector<ParamPlacement> placements_;
+  int64_t state_numel_ = 0;
+  int64_t flat_bytes_ = 0;
+};
+
+}  // namespace zero::partition
+
+#endif  // ZERO_PARTITION_PARTITION_PLAN_H_

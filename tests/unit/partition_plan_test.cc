@@ -1,0 +1,197 @@
+// PartitionPlan: a worked example, property tests over random param lists, world sizes 1-9,
+// bucket caps and stages (every element of every param has exactly one owner, shards are
+// equal, alignment, caps, reverse order, homogeneous buckets), and errors that name the param.
+#include "partition/partition_plan.h"
+
+#include <gtest/gtest.h>
+
+#include <random>
+
+namespace zero::partition {
+namespace {
+
+TEST(PartitionPlan, WorkedExample) {
+  // Registration order a, b, c; backward order c, b, a. Cap 300 for the first bucket.
+  std::vector<ParamInfo> params = {{"a", 200}, {"b", 100}, {"c", 150}};
+  PlanConfig config;
+  config.world_size = 2;
+  config.first_bucket_elems = 300;
+  config.reduce_bucket_elems = 1000;
+  auto plan = PartitionPlan::Build(params, config);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_EQ(plan->buckets().size(), 2u);
+  // Bucket 0: c at 0, b at 192 (150 rounded up to 64) → used 292 ≤ 300, padded to 512.
+  const Bucket& b0 = plan->buckets()[0];
+  EXPECT_EQ(b0.params, (std::vector<int>{2, 1}));
+  EXPECT_EQ(b0.numel, 512);
+  EXPECT_EQ(b0.shard_numel, 256);
+  EXPECT_EQ(plan->placement(1).offset, 192);
+  // Bucket 1: a alone (292 rounded to 320 + 200 > 300), padded to 256.
+  const Bucket& b1 = plan->buckets()[1];
+  EXPECT_EQ(b1.params, (std::vector<int>{0}));
+  EXPECT_EQ(b1.numel, 256);
+  EXPECT_EQ(b1.byte_offset, 512 * 4);
+  EXPECT_EQ(b1.state_offset, 256);
+  EXPECT_EQ(plan->state_numel(), 256 + 128);
+  // b straddles the shard boundary at 256: rank 0 owns [0, 64), rank 1 owns [64, 100).
+  const auto fragments = plan->FragmentsOfParam(1);
+  ASSERT_EQ(fragments.size(), 2u);
+  EXPECT_EQ(fragments[0].rank, 0);
+  EXPECT_EQ(fragments[0].numel, 64);
+  EXPECT_EQ(fragments[0].shard_begin, 192);
+  EXPECT_EQ(fragments[1].rank, 1);
+  EXPECT_EQ(fragments[1].param_begin, 64);
+  EXPECT_EQ(fragments[1].shard_begin, 0);
+  EXPECT_EQ(fragments[1].state_begin, 0);
+}
+
+std::vector<ParamInfo> RandomParams(std::mt19937& rng, int stage) {
+  std::uniform_int_distribution<int> count(1, 40), group(0, 2), unit(0, 5), frozen(0, 9);
+  std::uniform_int_distribution<int64_t> small(1, 300), large(1, 20000);
+  std::vector<ParamInfo> params;
+  const int n = count(rng);
+  for (int i = 0; i < n; ++i) {
+    ParamInfo p;
+    p.name = "layer" + std::to_string(i) + ".weight";
+    p.numel = (rng() % 4 == 0) ? large(rng) : small(rng);
+    if (stage == 3) {
+      p.unit = unit(rng);  // a unit's params share group, dtype and trainability
+      p.group = p.unit % 2;
+      p.dtype = p.unit % 3 == 0 ? DType::kBF16 : DType::kFP32;
+      p.requires_grad = p.unit != 5;
+    } else {
+      p.group = group(rng);
+      p.dtype = static_cast<DType>(rng() % 3);
+      p.requires_grad = frozen(rng) != 0;
+    }
+    params.push_back(p);
+  }
+  return params;
+}
+
+void CheckInvariants(const PartitionPlan& plan) {
+  const PlanConfig& c = plan.config();
+  const int world = c.world_size;
+  // Buckets: padded, equal shards, homogeneous, byte offsets contiguous.
+  int64_t bytes = 0, state = 0;
+  for (const Bucket& b : plan.buckets()) {
+    ASSERT_EQ(b.numel % (world * c.shard_alignment), 0);
+    ASSERT_EQ(b.shard_numel * world, b.numel);
+    ASSERT_EQ(b.byte_offset, bytes);
+    bytes += b.numel * static_cast<int64_t>(DTypeSize(b.dtype));
+    if (b.trainable) {
+      ASSERT_EQ(b.state_offset, state);
+      state += b.shard_numel;
+    }
+    int64_t end = 0;
+    for (int id : b.params) {
+      const ParamInfo& p = plan.params()[id];
+      const ParamPlacement& place = plan.placement(id);
+      ASSERT_EQ(place.bucket, b.index);
+      ASSERT_EQ(p.group, b.group);
+      ASSERT_EQ(p.dtype, b.dtype);
+      ASSERT_EQ(p.requires_grad, b.trainable);
+      ASSERT_EQ(place.offset % c.param_alignment, 0) << p.name;
+      ASSERT_GE(place.offset, end) << "params overlap in bucket " << b.index;
+      end = place.offset + p.numel;
+    }
+    ASSERT_LE(end, b.numel);
+    if (c.stage != 3 && b.params.size() > 1) {
+      const int64_t cap = std::max(c.first_bucket_elems, c.reduce_bucket_elems);
+      ASSERT_LE(end, cap) << "bucket " << b.index << " exceeds its cap";
+    }
+  }
+  ASSERT_EQ(plan.flat_bytes(), bytes);
+  ASSERT_EQ(plan.state_numel(), state);
+  // Every element of every param: exactly one owner, inside that owner's shard.
+  for (size_t id = 0; id < plan.params().size(); ++id) {
+    const auto fragments = plan.FragmentsOfParam(static_cast<int>(id));
+    const Bucket& b = plan.buckets()[plan.placement(id).bucket];
+    int64_t covered = 0;
+    for (const Fragment& f : fragments) {
+      ASSERT_EQ(f.param_begin, covered) << "gap or overlap in " << plan.params()[id].name;
+      ASSERT_GT(f.numel, 0);
+      ASSERT_GE(f.shard_begin, 0);
+      ASSERT_LE(f.shard_begin + f.numel, b.shard_numel);
+      ASSERT_EQ(f.bucket_begin, f.rank * b.shard_numel + f.shard_begin);
+      covered += f.numel;
+    }
+    ASSERT_EQ(covered, plan.params()[id].numel);
+  }
+  // Per rank: fragments tile disjoint parts of the optimizer state, in increasing order.
+  for (int r = 0; r < world; ++r) {
+    int64_t last_end = 0;
+    for (const Fragment& f : plan.FragmentsOnRank(r)) {
+      ASSERT_EQ(f.rank, r);
+      if (!plan.buckets()[f.bucket].trainable) continue;
+      ASSERT_GE(f.state_begin, last_end);
+      last_end = f.state_begin + f.numel;
+      ASSERT_LE(last_end, plan.state_numel());
+    }
+  }
+  // Backward order: trainable params appear in decreasing registration index (stages 0-2).
+  if (c.stage != 3) {
+    int previous = INT32_MAX;
+    for (const Bucket& b : plan.buckets()) {
+      if (!b.trainable) continue;
+      for (int id : b.params) {
+        ASSERT_LT(id, previous);
+        previous = id;
+      }
+    }
+  }
+}
+
+TEST(PartitionPlan, PropertiesHoldForRandomModelsWorldsCapsAndStages) {
+  std::mt19937 rng(2026);
+  for (int trial = 0; trial < 400; ++trial) {
+    const int stage = trial % 4;
+    PlanConfig config;
+    config.world_size = 1 + trial % 9;
+    config.stage = stage;
+    config.first_bucket_elems = 1 + rng() % 5000;
+    config.reduce_bucket_elems = 1 + rng() % 30000;
+    auto plan = PartitionPlan::Build(RandomParams(rng, stage), config);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    SCOPED_TRACE(::testing::Message() << "trial " << trial << " world " << config.world_size
+                                      << " stage " << stage);
+    CheckInvariants(*plan);
+    if (HasFatalFailure()) return;
+  }
+}
+
+TEST(PartitionPlan, Stage3BucketIsOneUnit) {
+  std::vector<ParamInfo> params = {{"l0.w", 100, DType::kFP32, true, 0, 0},
+                                   {"l0.b", 10, DType::kFP32, true, 0, 0},
+                                   {"l1.w", 100, DType::kFP32, true, 0, 1},
+                                   {"l1.b", 10, DType::kFP32, true, 0, 1}};
+  PlanConfig config;
+  config.world_size = 3;
+  config.stage = 3;
+  config.reduce_bucket_elems = 5;  // caps do not split units
+  auto plan = PartitionPlan::Build(params, config);
+  ASSERT_TRUE(plan.ok());
+  ASSERT_EQ(plan->buckets().size(), 2u);
+  EXPECT_EQ(plan->buckets()[0].unit, 1);
+  EXPECT_EQ(plan->buckets()[0].params, (std::vector<int>{3, 2}));
+  EXPECT_EQ(plan->buckets()[1].unit, 0);
+}
+
+TEST(PartitionPlan, ErrorsNameTheParamOrKey) {
+  PlanConfig config;
+  auto empty = PartitionPlan::Build({{"w", 0}}, config);
+  EXPECT_NE(empty.status().message().find("\"w\""), std::string::npos);
+  auto twice = PartitionPlan::Build({{"w", 3}, {"w", 4}}, config);
+  EXPECT_NE(twice.status().message().find("twice"), std::string::npos);
+  config.stage = 4;
+  EXPECT_NE(PartitionPlan::Build({{"w", 3}}, config).status().message().find("stage"),
+            std::string::npos);
+  config.stage = 3;
+  auto mixed = PartitionPlan::Build(
+      {{"a", 3, DType::kFP32, true, 0, 7}, {"b", 3, DType::kBF16, true, 0, 7}}, config);
+  EXPECT_EQ(mixed.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(mixed.status().message().find("\"b\""), std::string::npos) << mixed.status();
+}
+
+}  // namespace
+}  // namespace zero::partition
