@@ -18,6 +18,15 @@ namespace zero {
 using absl::Status;
 using absl::StatusOr;
 
+/// A gradient arrived twice for one param in one iteration (C ABI code 100). Carried as
+/// kAlreadyExists with a payload, so it survives absl::Status and can be told apart.
+Status DuplicateGradientError(std::string_view message);
+/// Params got no gradient in an iteration (C ABI code 101): kFailedPrecondition + payload.
+Status UnusedParametersError(std::string_view message);
+/// True for statuses made by DuplicateGradientError / UnusedParametersError.
+bool IsDuplicateGradient(const Status& status);
+bool IsUnusedParameters(const Status& status);
+
 namespace internal {
 
 /// Builds the Status for a failed CUDA runtime call. `code` is the cudaError_t value; `name`

@@ -1,7 +1,40 @@
 // Converters from backend error codes (CUDA, NCCL, MPI) to absl::Status.
 #include "zero/status.h"
 
+#include <string>
+
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
+
+namespace zero {
+namespace {
+
+constexpr char kErrorKindUrl[] = "zerort.dev/error_kind";
+constexpr char kDuplicateGradient[] = "duplicate_gradient";
+constexpr char kUnusedParameters[] = "unused_parameters";
+
+Status WithKind(Status status, const char* kind) {
+  status.SetPayload(kErrorKindUrl, absl::Cord(kind));
+  return status;
+}
+
+bool HasKind(const Status& status, const char* kind) {
+  const auto payload = status.GetPayload(kErrorKindUrl);
+  return payload.has_value() && *payload == kind;
+}
+
+}  // namespace
+
+Status DuplicateGradientError(std::string_view message) {
+  return WithKind(absl::AlreadyExistsError(std::string(message)), kDuplicateGradient);
+}
+Status UnusedParametersError(std::string_view message) {
+  return WithKind(absl::FailedPreconditionError(std::string(message)), kUnusedParameters);
+}
+bool IsDuplicateGradient(const Status& status) { return HasKind(status, kDuplicateGradient); }
+bool IsUnusedParameters(const Status& status) { return HasKind(status, kUnusedParameters); }
+
+}  // namespace zero
 
 namespace zero::internal {
 namespace {

@@ -1,0 +1,68 @@
+// In-order launching of bucket collectives.
+#include "comm/bucket_scheduler.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace zero::comm {
+
+BucketScheduler::BucketScheduler(int num_buckets, OnLaunch on_launch)
+    : entries_(num_buckets), on_launch_(std::move(on_launch)) {}
+
+Status BucketScheduler::Reset() {
+  if (!in_flight_.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        in_flight_.size(), " bucket collective(s) still in flight (first: bucket ",
+        in_flight_.front().bucket, ")"));
+  }
+  for (Entry& e : entries_) e = Entry{};
+  next_ = 0;
+  return absl::OkStatus();
+}
+
+Status BucketScheduler::MarkReady(int bucket, Launch launch, Finish finish) {
+  if (bucket < 0 || bucket >= static_cast<int>(entries_.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("bucket ", bucket, " does not exist"));
+  }
+  Entry& entry = entries_[bucket];
+  if (entry.ready) {
+    return absl::FailedPreconditionError(absl::StrCat("bucket ", bucket, " was already marked ready"));
+  }
+  entry = Entry{true, std::move(launch), std::move(finish)};
+  while (next_ < static_cast<int>(entries_.size()) && entries_[next_].ready) {
+    Entry& e = entries_[next_];
+    if (e.launch) {
+      if (on_launch_) on_launch_(next_);
+      in_flight_.push_back({next_, e.launch(), std::move(e.finish)});
+    } else if (e.finish) {
+      ZERO_RETURN_IF_ERROR(e.finish());
+    }
+    ++next_;
+  }
+  return absl::OkStatus();
+}
+
+Status BucketScheduler::WaitOldest(double timeout_s) {
+  if (in_flight_.empty()) return absl::FailedPreconditionError("no bucket collective in flight");
+  Flight flight = std::move(in_flight_.front());
+  in_flight_.pop_front();
+  Status status = flight.work->Wait(timeout_s);
+  if (!status.ok()) {
+    return Status(status.code(), absl::StrCat("bucket ", flight.bucket, ": ", status.message()));
+  }
+  return flight.finish ? flight.finish() : absl::OkStatus();
+}
+
+Status BucketScheduler::WaitAll(double timeout_s) {
+  while (!in_flight_.empty()) ZERO_RETURN_IF_ERROR(WaitOldest(timeout_s));
+  return absl::OkStatus();
+}
+
+std::vector<int> BucketScheduler::Waiting() const {
+  std::vector<int> waiting;
+  for (int b = next_; b < static_cast<int>(entries_.size()); ++b) {
+    if (entries_[b].ready) waiting.push_back(b);
+  }
+  return waiting;
+}
+
+}  // namespace zero::comm

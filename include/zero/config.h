@@ -1,0 +1,110 @@
+// Engine configuration: the JSON of DESIGN.md, or the same fields set in C++.
+//
+//   { "stage": 2, "device": "cpu",
+//     "optimizer": {"type": "adamw", "lr": 1e-3, "betas": [0.9, 0.999], "eps": 1e-8,
+//                   "weight_decay": 0.01, "momentum": 0.0, "dampening": 0.0, "nesterov": false},
+//     "precision": {"param": "fp32", "grad": "fp32", "reduce": "fp32", "master_weights": true},
+//     "buckets": {"reduce_bucket_elems": 25000000, "first_bucket_elems": 1000000,
+//                 "overlap": true, "pool_buffers": 4},
+//     "stage3": {"prefetch_elems": 50000000, "max_live_elems": 1000000000,
+//                "persistence_threshold": 100000},
+//     "gradient_accumulation_steps": 1, "clip_grad_norm": 0.0,
+//     "loss_scale": {"mode": "none", "initial_power": 16, "window": 1000, "hysteresis": 2,
+//                    "min": 1.0},
+//     "guard": {"on_duplicate": "error", "on_unused": "error", "consistency_check": false,
+//               "timeout_s": 600} }
+//
+// Every key is optional. Unknown keys, wrong types and out-of-range values are
+// kInvalidArgument naming the key (e.g. `buckets.reduce_bucket_elems`).
+#ifndef ZERO_CONFIG_H_
+#define ZERO_CONFIG_H_
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "zero/device.h"
+#include "zero/dtype.h"
+#include "zero/status.h"
+
+namespace zero {
+
+/// optimizer.type
+enum class OptimizerType : int { kAdam, kAdamW, kSgd, kLamb, kLion };
+/// loss_scale.mode
+enum class LossScaleMode : int { kNone, kStatic, kDynamic };
+/// guard.on_duplicate: a second gradient for a param in one iteration.
+enum class DuplicatePolicy : int { kError, kCount };
+/// guard.on_unused: a param that got no gradient in an iteration.
+enum class UnusedPolicy : int { kError, kZero };
+
+struct OptimizerConfig {
+  OptimizerType type = OptimizerType::kAdamW;
+  float lr = 1e-3f;
+  float beta1 = 0.9f, beta2 = 0.999f;  ///< "betas"; SGD ignores them
+  float eps = 1e-8f;
+  float weight_decay = 0.01f;
+  float momentum = 0.0f, dampening = 0.0f;  ///< SGD
+  bool nesterov = false;                    ///< SGD
+};
+
+struct PrecisionConfig {
+  DType param = DType::kFP32;   ///< the dtype params are expected in (each ParamSpec says its own)
+  DType grad = DType::kFP32;    ///< gradient dtype; must equal each param's dtype for now
+  DType reduce = DType::kFP32;  ///< dtype on the wire; must equal the gradient dtype for now
+  bool master_weights = true;   ///< fp32 master copy for 16-bit params (false: unimplemented)
+};
+
+struct BucketConfig {
+  int64_t reduce_bucket_elems = 25'000'000;
+  int64_t first_bucket_elems = 1'000'000;
+  bool overlap = true;    ///< launch a bucket's reduction as soon as it is ready
+  int pool_buffers = 4;   ///< stage 2: bucket buffers being filled or in flight at once
+};
+
+struct Stage3Config {
+  int64_t prefetch_elems = 50'000'000;
+  int64_t max_live_elems = 1'000'000'000;
+  int64_t persistence_threshold = 100'000;
+};
+
+struct LossScaleConfig {
+  LossScaleMode mode = LossScaleMode::kNone;
+  int initial_power = 16;  ///< initial scale 2^initial_power
+  int window = 1000;       ///< steps without overflow before the scale doubles
+  int hysteresis = 2;      ///< overflows tolerated before the scale halves
+  float min = 1.0f;        ///< the scale never drops below this
+};
+
+struct GuardConfig {
+  DuplicatePolicy on_duplicate = DuplicatePolicy::kError;
+  UnusedPolicy on_unused = UnusedPolicy::kError;
+  bool consistency_check = false;
+  double timeout_s = 600.0;  ///< a collective that takes longer is kDeadlineExceeded; 0: wait forever
+};
+
+/// The whole configuration.
+struct Config {
+  int stage = 2;
+  Device device = Device::kCpu;
+  OptimizerConfig optimizer;
+  PrecisionConfig precision;
+  BucketConfig buckets;
+  Stage3Config stage3;
+  int gradient_accumulation_steps = 1;
+  float clip_grad_norm = 0.0f;  ///< 0: no clipping
+  LossScaleConfig loss_scale;
+  GuardConfig guard;
+
+  /// Parses the JSON above; missing keys keep their defaults. Then Validate().
+  static StatusOr<Config> FromJson(std::string_view json);
+  /// Checks every value's range; errors name the key.
+  Status Validate() const;
+};
+
+/// Names as the JSON spells them.
+const char* OptimizerTypeName(OptimizerType type);
+
+}  // namespace zero
+
+#endif  // ZERO_CONFIG_H_

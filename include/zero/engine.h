@@ -1,0 +1,125 @@
+// The ZeroRT engine: owns a model's params, gradients and optimizer states as flat sharded
+// buffers, reduces gradients across data-parallel ranks while backward runs, and steps fused
+// optimizer kernels on each rank's shard.
+//
+// One Engine per rank. The iteration protocol (DESIGN.md):
+//
+//   auto engine = Engine::Create(config, communicator);      // one per rank
+//   id = engine->RegisterParam({"layer0.weight", {out, in}, DType::kFP32});
+//   engine->Finalize();                                        // plan + allocation
+//   engine->SetParam(id, initial_values);
+//   loop over steps:
+//     repeat gradient_accumulation_steps times (micro-batches):
+//       engine->BeginIteration();
+//       ... forward using ParamData(id) ...
+//       ... backward: for each param as its gradient is produced:
+//             add it into GradBuffer(id), then GradReady(id)     (or AccumulateGrad(id, g))
+//       engine->EndBackward();
+//     info = engine->Step();
+//
+// Gradients are *added* into GradBuffer(id) (as PyTorch accumulates into .grad); the engine
+// zeroes them at the start of each optimizer step's first micro-batch. Gradients are averaged
+// over ranks (sum / world, as DDP); micro-batches are summed (divide the loss by the number of
+// micro-batches, as in PyTorch). Calls out of order are kFailedPrecondition naming the call
+// and the state; nothing is modified by a failed call.
+//
+// Implemented: stages 0, 1 and 2 on device "cpu" (any communicator with host buffers).
+// Stage 3, device "cuda", checkpoints and the optimizers LAMB return kUnimplemented.
+#ifndef ZERO_ENGINE_H_
+#define ZERO_ENGINE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "zero/config.h"
+#include "zero/dtype.h"
+#include "zero/memory.h"
+#include "zero/status.h"
+
+namespace zero {
+
+namespace comm {
+class Communicator;
+}
+
+/// A registered parameter's handle: its registration index.
+using ParamId = int64_t;
+
+/// What the trainer declares about a parameter.
+struct ParamSpec {
+  std::string name;             ///< unique; used in every message about the param
+  std::vector<int64_t> shape;   ///< all dimensions ≥ 1
+  DType dtype = DType::kFP32;
+  bool requires_grad = true;    ///< false: laid out, never reduced or stepped
+  int group = 0;                ///< optimizer group (≥ 0); groups never share a bucket
+  int unit = -1;                ///< stage 3: params with the same unit are gathered together
+};
+
+/// The outcome of one Step().
+struct StepInfo {
+  int64_t step = 0;         ///< optimizer steps taken so far (skipped ones not counted)
+  bool skipped = false;     ///< an Inf/NaN gradient was found on some rank: nothing changed
+  float grad_norm = 0.0f;   ///< global L2 norm of the averaged, unscaled gradient (before clipping)
+  float loss_scale = 1.0f;  ///< the loss scale to multiply the next loss by
+};
+
+/// Counters that show what the engine did; for tests, logs and benchmarks.
+struct EngineCounters {
+  int64_t reductions_launched = 0;            ///< bucket collectives started
+  int64_t reductions_before_end_backward = 0; ///< ... of which before EndBackward() was called
+  int64_t pool_waits = 0;                     ///< stage 2: GradBuffer calls that waited for a buffer
+};
+
+class Engine {
+ public:
+  /// Creates an engine for this rank. `communicator` must outlive the engine. Config errors
+  /// name the key; unsupported combinations are kUnimplemented.
+  static StatusOr<std::unique_ptr<Engine>> Create(const Config& config,
+                                                  comm::Communicator& communicator);
+  virtual ~Engine() = default;
+
+  /// Declares a parameter (before Finalize). Returns its id (0, 1, 2, … in order).
+  virtual StatusOr<ParamId> RegisterParam(const ParamSpec& spec) = 0;
+  /// Builds the partition plan and allocates every buffer. All ranks must register the same
+  /// params in the same order.
+  virtual Status Finalize() = 0;
+
+  /// Copies a full initial value (host memory, the param's dtype) into the param; resets
+  /// the fp32 master copy of the rank's part. After Finalize, before or between steps.
+  virtual Status SetParam(ParamId id, const void* values) = 0;
+  /// Copies the param's full current value into `out` (host, the param's dtype).
+  virtual Status GetParam(ParamId id, void* out) const = 0;
+  /// A view of the param's full value (stages 0-2), valid until the engine is destroyed.
+  virtual StatusOr<void*> ParamData(ParamId id) = 0;
+
+  /// Starts a micro-batch.
+  virtual Status BeginIteration() = 0;
+  /// A view into which this micro-batch's gradient for `id` is added. At stage 2 it lives in
+  /// a bucket buffer; when the pool of buffers is exhausted the call waits for an in-flight
+  /// reduction.
+  virtual StatusOr<void*> GradBuffer(ParamId id) = 0;
+  /// Declares `id`'s gradient for this micro-batch complete; its bucket's reduction starts
+  /// once every param of the bucket and of every earlier bucket is ready.
+  virtual Status GradReady(ParamId id) = 0;
+  /// Adds `grad` (host, the param's dtype, full shape) into the gradient and marks it ready.
+  virtual Status AccumulateGrad(ParamId id, const void* grad) = 0;
+  /// Ends the micro-batch's backward: launches what is left, waits for the reductions.
+  virtual Status EndBackward() = 0;
+  /// Unscales, checks for overflow, clips, steps the rank's shard and gathers the params.
+  virtual StatusOr<StepInfo> Step() = 0;
+
+  /// Bytes held now and at peak, per category.
+  virtual MemoryStats GetMemoryStats() const = 0;
+  /// What the engine has done so far.
+  virtual EngineCounters counters() const = 0;
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+  /// Number of registered params.
+  virtual int64_t num_params() const = 0;
+};
+
+}  // namespace zero
+
+#endif  // ZERO_ENGINE_H_

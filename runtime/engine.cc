@@ -1,0 +1,175 @@
+// Engine creation, registration, Finalize and parameter access.
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "runtime/base/env.h"
+#include "runtime/engine_impl.h"
+
+namespace zero {
+
+StatusOr<std::unique_ptr<Engine>> Engine::Create(const Config& config,
+                                                 comm::Communicator& communicator) {
+  ZERO_RETURN_IF_ERROR(config.Validate());
+  if (config.stage == 3) {
+    return absl::UnimplementedError("stage 3 is not implemented yet; use stage 0, 1 or 2");
+  }
+  if (config.device != Device::kCpu) {
+    return absl::UnimplementedError("device \"cuda\" is not implemented in the engine yet; use \"cpu\"");
+  }
+  if (config.optimizer.type == OptimizerType::kLamb) {
+    return absl::UnimplementedError("optimizer.type \"lamb\" is not wired into the engine yet");
+  }
+  if (config.guard.on_duplicate != DuplicatePolicy::kError ||
+      config.guard.on_unused != UnusedPolicy::kError || config.guard.consistency_check) {
+    return absl::UnimplementedError(
+        "guard.on_duplicate = \"count\", guard.on_unused = \"zero\" and "
+        "guard.consistency_check are not implemented yet (the defaults are)");
+  }
+  if (!config.precision.master_weights) {
+    return absl::UnimplementedError("precision.master_weights = false is not implemented");
+  }
+  if (config.precision.reduce != config.precision.grad) {
+    return absl::UnimplementedError(absl::StrCat(
+        "precision.reduce (", DTypeName(config.precision.reduce), ") must equal precision.grad (",
+        DTypeName(config.precision.grad), "): reducing in another dtype is not implemented"));
+  }
+  ZERO_ASSIGN_OR_RETURN(base::EnvTunables env, base::ReadEnvTunables());
+  base::Logger logger(env.log_level, communicator.rank());
+  return std::unique_ptr<Engine>(
+      new runtime::EngineImpl(config, communicator, logger, kernels::CpuExecFromEnv(env)));
+}
+
+namespace runtime {
+
+EngineImpl::EngineImpl(const Config& config, comm::Communicator& comm, base::Logger logger,
+                       kernels::CpuExec exec)
+    : config_(config), comm_(comm), logger_(logger), exec_(exec), loss_scaler_(config.loss_scale) {}
+
+Status EngineImpl::RequirePhase(Phase wanted, const char* call) const {
+  if (phase_ == wanted) return absl::OkStatus();
+  auto name = [](Phase p) {
+    switch (p) {
+      case Phase::kRegistering: return "before Finalize()";
+      case Phase::kIdle: return "between iterations";
+      case Phase::kBackward: return "inside an iteration (after BeginIteration, before EndBackward)";
+    }
+    return "?";
+  };
+  return absl::FailedPreconditionError(absl::StrCat(call, " must be called ", name(wanted),
+                                                    "; the engine is ", name(phase_)));
+}
+
+Status EngineImpl::CheckParamId(ParamId id, const char* call) const {
+  if (id >= 0 && id < num_params()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(call, ": param id ", id, " does not exist (",
+                                                 num_params(), " params registered)"));
+}
+
+std::string EngineImpl::ParamLabel(int param) const {
+  return absl::StrCat("\"", specs_[param].name, "\" (index ", param, ")");
+}
+
+int64_t EngineImpl::ParamBytes(int param) const {
+  return plan_->placement(param).numel * static_cast<int64_t>(DTypeSize(specs_[param].dtype));
+}
+
+char* EngineImpl::ParamAddress(int param) {
+  const auto& place = plan_->placement(param);
+  const auto& bucket = plan_->buckets()[place.bucket];
+  return params_.as<char>() + bucket.byte_offset + place.offset * static_cast<int64_t>(DTypeSize(bucket.dtype));
+}
+
+StatusOr<ParamId> EngineImpl::RegisterParam(const ParamSpec& spec) {
+  ZERO_RETURN_IF_ERROR(RequirePhase(Phase::kRegistering, "RegisterParam"));
+  if (spec.shape.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("param \"", spec.name, "\": shape is empty"));
+  }
+  for (int64_t d : spec.shape) {
+    if (d < 1) {
+      return absl::InvalidArgumentError(absl::StrCat("param \"", spec.name, "\": dimension ", d,
+                                                     " is not ≥ 1"));
+    }
+  }
+  if (spec.group < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("param \"", spec.name, "\": group ", spec.group, " < 0"));
+  }
+  if (spec.requires_grad && spec.dtype != config_.precision.grad) {
+    return absl::UnimplementedError(absl::StrCat(
+        "param \"", spec.name, "\" is ", DTypeName(spec.dtype), " but precision.grad is ",
+        DTypeName(config_.precision.grad), ": gradients in a dtype other than the param's are not "
+        "implemented yet; set precision.grad and precision.reduce to ", DTypeName(spec.dtype)));
+  }
+  for (const ParamSpec& other : specs_) {
+    if (other.name == spec.name) {
+      return absl::InvalidArgumentError(absl::StrCat("param name \"", spec.name, "\" is already registered"));
+    }
+  }
+  specs_.push_back(spec);
+  return static_cast<ParamId>(specs_.size() - 1);
+}
+
+Status EngineImpl::Finalize() {
+  ZERO_RETURN_IF_ERROR(RequirePhase(Phase::kRegistering, "Finalize"));
+  if (specs_.empty()) return absl::FailedPreconditionError("Finalize: no params registered");
+  std::vector<partition::ParamInfo> infos;
+  for (const ParamSpec& s : specs_) {
+    int64_t numel = 1;
+    for (int64_t d : s.shape) numel *= d;
+    infos.push_back({s.name, numel, s.dtype, s.requires_grad, s.group, s.unit});
+  }
+  partition::PlanConfig plan_config;
+  plan_config.world_size = comm_.size();
+  plan_config.stage = config_.stage;
+  plan_config.reduce_bucket_elems = config_.buckets.reduce_bucket_elems;
+  plan_config.first_bucket_elems = config_.buckets.first_bucket_elems;
+  ZERO_ASSIGN_OR_RETURN(partition::PartitionPlan plan, partition::PartitionPlan::Build(infos, plan_config));
+  plan_.emplace(std::move(plan));
+
+  ZERO_ASSIGN_OR_RETURN(params_, allocator_.Allocate(plan_->flat_bytes(), MemoryCategory::kParams, Placement::kHost));
+  std::memset(params_.data(), 0, static_cast<size_t>(params_.bytes()));
+  const int num_buckets = static_cast<int>(plan_->buckets().size());
+  scheduler_ = std::make_unique<comm::BucketScheduler>(num_buckets, [this](int bucket) {
+    ++counters_.reductions_launched;
+    if (phase_ == Phase::kBackward) ++counters_.reductions_before_end_backward;
+    ZERO_LOG(logger_, kDetail) << "iteration " << iteration_ << ": bucket " << bucket << " launched";
+  });
+  ZERO_ASSIGN_OR_RETURN(grads_, GradStore::Create(config_.stage, *plan_, config_.buckets.pool_buffers, comm_,
+                                                  allocator_, [this] { return scheduler_->WaitOldest(config_.guard.timeout_s); }));
+  ZERO_ASSIGN_OR_RETURN(optimizer_, OptimizerState::Create(config_, *plan_, comm_.rank(), params_.as<char>(),
+                                                           *grads_, allocator_, exec_));
+  arrival_.assign(specs_.size(), -1);
+  pending_.assign(num_buckets, 0);
+  phase_ = Phase::kIdle;
+  ZERO_LOG(logger_, kInfo) << "finalized: " << specs_.size() << " params, " << num_buckets
+                           << " buckets, stage " << config_.stage << ", world " << comm_.size();
+  return absl::OkStatus();
+}
+
+Status EngineImpl::SetParam(ParamId id, const void* values) {
+  ZERO_RETURN_IF_ERROR(RequirePhase(Phase::kIdle, "SetParam"));
+  ZERO_RETURN_IF_ERROR(CheckParamId(id, "SetParam"));
+  if (values == nullptr) return absl::InvalidArgumentError("SetParam: values is null");
+  std::memcpy(ParamAddress(static_cast<int>(id)), values, static_cast<size_t>(ParamBytes(static_cast<int>(id))));
+  optimizer_->RefreshMaster(static_cast<int>(id));
+  return absl::OkStatus();
+}
+
+Status EngineImpl::GetParam(ParamId id, void* out) const {
+  if (phase_ == Phase::kRegistering) return RequirePhase(Phase::kIdle, "GetParam");
+  ZERO_RETURN_IF_ERROR(CheckParamId(id, "GetParam"));
+  if (out == nullptr) return absl::InvalidArgumentError("GetParam: out is null");
+  const auto& place = plan_->placement(static_cast<int>(id));
+  const auto& bucket = plan_->buckets()[place.bucket];
+  const char* source = params_.as<char>() + bucket.byte_offset + place.offset * static_cast<int64_t>(DTypeSize(bucket.dtype));
+  std::memcpy(out, source, static_cast<size_t>(ParamBytes(static_cast<int>(id))));
+  return absl::OkStatus();
+}
+
+StatusOr<void*> EngineImpl::ParamData(ParamId id) {
+  if (phase_ == Phase::kRegistering) return RequirePhase(Phase::kIdle, "ParamData");
+  ZERO_RETURN_IF_ERROR(CheckParamId(id, "ParamData"));
+  return static_cast<void*>(ParamAddress(static_cast<int>(id)));
+}
+
+}  // namespace runtime
+}  // namespace zero

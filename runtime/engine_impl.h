@@ -1,0 +1,89 @@
+// The Engine's implementation (internal to runtime): state machine, buffers, and the pieces it
+// orchestrates — the partition plan, the gradient store of the stage, the bucket scheduler,
+// the optimizer state and the loss scaler.
+#ifndef ZERO_RUNTIME_ENGINE_IMPL_H_
+#define ZERO_RUNTIME_ENGINE_IMPL_H_
+
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "comm/bucket_scheduler.h"
+#include "comm/communicator.h"
+#include "kernels/cpu/cpu_exec.h"
+#include "partition/partition_plan.h"
+#include "runtime/base/allocator.h"
+#include "runtime/base/logging.h"
+#include "runtime/grad_store.h"
+#include "runtime/loss_scaler.h"
+#include "runtime/optimizer_state.h"
+#include "zero/engine.h"
+
+namespace zero::runtime {
+
+class EngineImpl final : public Engine {
+ public:
+  EngineImpl(const Config& config, comm::Communicator& comm, base::Logger logger,
+             kernels::CpuExec exec);
+
+  StatusOr<ParamId> RegisterParam(const ParamSpec& spec) override;
+  Status Finalize() override;
+  Status SetParam(ParamId id, const void* values) override;
+  Status GetParam(ParamId id, void* out) const override;
+  StatusOr<void*> ParamData(ParamId id) override;
+  Status BeginIteration() override;
+  StatusOr<void*> GradBuffer(ParamId id) override;
+  Status GradReady(ParamId id) override;
+  Status AccumulateGrad(ParamId id, const void* grad) override;
+  Status EndBackward() override;
+  StatusOr<StepInfo> Step() override;
+  MemoryStats GetMemoryStats() const override { return allocator_.Stats(); }
+  EngineCounters counters() const override { return counters_; }
+  int rank() const override { return comm_.rank(); }
+  int world_size() const override { return comm_.size(); }
+  int64_t num_params() const override { return static_cast<int64_t>(specs_.size()); }
+
+ private:
+  enum class Phase {
+    kRegistering,  // before Finalize
+    kIdle,         // between micro-batches / steps
+    kBackward,     // between BeginIteration and EndBackward
+  };
+
+  Status RequirePhase(Phase wanted, const char* call) const;
+  Status CheckParamId(ParamId id, const char* call) const;
+  std::string ParamLabel(int param) const;
+  int64_t ParamBytes(int param) const;
+  char* ParamAddress(int param);
+  // Marks a bucket whose params are all ready, handing its reduction to the scheduler.
+  Status BucketReady(int bucket);
+  bool LastMicroBatch() const { return micro_batch_ + 1 == config_.gradient_accumulation_steps; }
+  Status AllGatherParams();
+
+  const Config config_;
+  comm::Communicator& comm_;
+  base::Logger logger_;
+  const kernels::CpuExec exec_;
+  base::Allocator allocator_;
+  LossScaler loss_scaler_;
+
+  std::vector<ParamSpec> specs_;
+  std::optional<partition::PartitionPlan> plan_;
+  base::Buffer params_;
+  std::unique_ptr<GradStore> grads_;
+  std::unique_ptr<comm::BucketScheduler> scheduler_;
+  std::unique_ptr<OptimizerState> optimizer_;
+
+  Phase phase_ = Phase::kRegistering;
+  int micro_batch_ = 0;        // micro-batches completed since the last Step
+  int64_t iteration_ = 0;      // micro-batches begun in total
+  int64_t step_ = 0;           // optimizer steps taken
+  std::vector<int> arrival_;   // per param: arrival position this micro-batch, or -1
+  int arrivals_ = 0;           // arrivals this micro-batch
+  std::vector<int> pending_;   // per bucket: params not yet ready this micro-batch
+  EngineCounters counters_;
+};
+
+}  // namespace zero::runtime
+
+#endif  // ZERO_RUNTIME_ENGINE_IMPL_H_

@@ -1,0 +1,69 @@
+// Step(): overflow check and global norm, loss scaling, clipping, the fused optimizer step on
+// the rank's owned ranges, then the all-gather of the updated params (stages 1-2).
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "runtime/engine_impl.h"
+
+namespace zero::runtime {
+
+StatusOr<StepInfo> EngineImpl::Step() {
+  ZERO_RETURN_IF_ERROR(RequirePhase(Phase::kIdle, "Step"));
+  if (micro_batch_ != config_.gradient_accumulation_steps) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "Step: ", micro_batch_, " of ", config_.gradient_accumulation_steps,
+        " micro-batches are done (gradient_accumulation_steps); finish them with "
+        "BeginIteration … EndBackward first"));
+  }
+  // The overflow flag and the norm in one read-only pass over the rank's shard, summed over
+  // ranks (an Inf/NaN anywhere makes the sum non-finite everywhere).
+  ZERO_ASSIGN_OR_RETURN(kernels::NormResult local, optimizer_->GradNorm());
+  float sq_norm = static_cast<float>(local.sq_norm);
+  ZERO_RETURN_IF_ERROR(comm_.AllReduce(&sq_norm, &sq_norm, 1, DType::kFP32, comm::ReduceOp::kSum)
+                           ->Wait(config_.guard.timeout_s));
+  const bool overflow = !std::isfinite(sq_norm);
+  const float loss_scale = loss_scaler_.scale();
+  const double divisor = static_cast<double>(comm_.size()) * loss_scale;
+  StepInfo info;
+  info.grad_norm = static_cast<float>(std::sqrt(static_cast<double>(sq_norm)) / divisor);
+  micro_batch_ = 0;
+
+  if (overflow && loss_scaler_.skips_on_overflow()) {
+    loss_scaler_.Update(true);
+    grads_->Zero();
+    info.step = step_;
+    info.skipped = true;
+    info.loss_scale = loss_scaler_.scale();
+    ZERO_LOG(logger_, kInfo) << "step skipped: Inf/NaN gradient; loss scale now " << info.loss_scale;
+    return info;
+  }
+  double clip = 1.0;
+  if (config_.clip_grad_norm > 0 && info.grad_norm > config_.clip_grad_norm) {
+    clip = config_.clip_grad_norm / (info.grad_norm + 1e-6);
+  }
+  ++step_;
+  ZERO_RETURN_IF_ERROR(optimizer_->Step(step_, static_cast<float>(clip / divisor)));
+  if (config_.stage != 0) ZERO_RETURN_IF_ERROR(AllGatherParams());
+  loss_scaler_.Update(false);
+  grads_->Zero();
+  info.step = step_;
+  info.loss_scale = loss_scaler_.scale();
+  return info;
+}
+
+Status EngineImpl::AllGatherParams() {
+  std::vector<comm::WorkPtr> works;
+  for (const partition::Bucket& b : plan_->buckets()) {
+    if (!b.trainable) continue;
+    char* base = params_.as<char>() + b.byte_offset;
+    char* own = base + comm_.rank() * b.shard_numel * static_cast<int64_t>(DTypeSize(b.dtype));
+    works.push_back(comm_.AllGather(own, base, b.shard_numel, b.dtype));
+  }
+  for (comm::WorkPtr& work : works) {
+    Status status = work->Wait(config_.guard.timeout_s);
+    if (!status.ok()) return Status(status.code(), absl::StrCat("gathering updated params: ", status.message()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace zero::runtime

@@ -1,0 +1,179 @@
+// The stage-0/1 full gradient buffer and the stage-2 shard with its bucket-buffer pool.
+#include "runtime/grad_store.h"
+
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "comm/reduce.h"
+
+namespace zero::runtime {
+namespace {
+
+using comm::BucketScheduler;
+using partition::Bucket;
+
+int64_t ElementSize(const Bucket& b) { return static_cast<int64_t>(DTypeSize(b.dtype)); }
+
+// Stages 0 and 1: gradients laid out exactly like the params.
+class FullGradStore final : public GradStore {
+ public:
+  FullGradStore(int stage, const partition::PartitionPlan& plan, comm::Communicator& comm,
+                base::Buffer buffer)
+      : stage_(stage), plan_(plan), comm_(comm), buffer_(std::move(buffer)) {
+    Zero();
+  }
+
+  StatusOr<void*> View(int param) override {
+    const auto& place = plan_.placement(param);
+    return BucketBase(place.bucket) + place.offset * ElementSize(plan_.buckets()[place.bucket]);
+  }
+
+  StatusOr<std::pair<BucketScheduler::Launch, BucketScheduler::Finish>> Reduction(
+      int bucket, bool reduce) override {
+    if (!reduce) return std::pair<BucketScheduler::Launch, BucketScheduler::Finish>{};
+    const Bucket& b = plan_.buckets()[bucket];
+    char* base = BucketBase(bucket);
+    BucketScheduler::Launch launch;
+    if (stage_ == 0) {
+      launch = [this, base, &b] {
+        return comm_.AllReduce(base, base, b.numel, b.dtype, comm::ReduceOp::kSum);
+      };
+    } else {
+      char* own = base + comm_.rank() * b.shard_numel * ElementSize(b);
+      launch = [this, base, own, &b] {
+        return comm_.ReduceScatter(base, own, b.shard_numel, b.dtype, comm::ReduceOp::kSum);
+      };
+    }
+    return std::make_pair(std::move(launch), BucketScheduler::Finish());
+  }
+
+  void* OwnedGrad(int bucket) override {
+    const Bucket& b = plan_.buckets()[bucket];
+    return stage_ == 0 ? BucketBase(bucket)
+                       : BucketBase(bucket) + comm_.rank() * b.shard_numel * ElementSize(b);
+  }
+
+  void Zero() override { std::memset(buffer_.data(), 0, static_cast<size_t>(buffer_.bytes())); }
+
+ private:
+  char* BucketBase(int bucket) {
+    return buffer_.as<char>() + plan_.buckets()[bucket].byte_offset;
+  }
+
+  const int stage_;
+  const partition::PartitionPlan& plan_;
+  comm::Communicator& comm_;
+  base::Buffer buffer_;
+};
+
+// Stage 2: the rank's shard persists; bucket gradients pass through pooled buffers.
+class ShardedGradStore final : public GradStore {
+ public:
+  ShardedGradStore(const partition::PartitionPlan& plan, comm::Communicator& comm,
+                   base::Buffer shard, std::vector<int64_t> shard_offsets,
+                   std::vector<base::Buffer> pool, WaitForBuffer wait_for_buffer)
+      : plan_(plan), comm_(comm), shard_(std::move(shard)), shard_offsets_(std::move(shard_offsets)),
+        pool_(std::move(pool)), holder_(plan.buckets().size(), -1),
+        wait_for_buffer_(std::move(wait_for_buffer)) {
+    for (int i = static_cast<int>(pool_.size()) - 1; i >= 0; --i) free_.push_back(i);
+    Zero();
+  }
+
+  StatusOr<void*> View(int param) override {
+    const auto& place = plan_.placement(param);
+    ZERO_ASSIGN_OR_RETURN(char* base, BucketBuffer(place.bucket));
+    return base + place.offset * ElementSize(plan_.buckets()[place.bucket]);
+  }
+
+  StatusOr<std::pair<BucketScheduler::Launch, BucketScheduler::Finish>> Reduction(
+      int bucket, bool) override {
+    const Bucket& b = plan_.buckets()[bucket];
+    ZERO_ASSIGN_OR_RETURN(char* base, BucketBuffer(bucket));  // a bucket nobody wrote: zeros
+    char* own = base + comm_.rank() * b.shard_numel * ElementSize(b);
+    BucketScheduler::Launch launch = [this, base, own, &b] {
+      return comm_.ReduceScatter(base, own, b.shard_numel, b.dtype, comm::ReduceOp::kSum);
+    };
+    BucketScheduler::Finish finish = [this, bucket, own, &b] {
+      void* accumulated = OwnedGrad(bucket);
+      const void* inputs[2] = {accumulated, own};
+      comm::ReduceInto(accumulated, inputs, 2, b.shard_numel, b.dtype, comm::ReduceOp::kSum);
+      free_.push_back(holder_[bucket]);
+      holder_[bucket] = -1;
+      return absl::OkStatus();
+    };
+    return std::make_pair(std::move(launch), std::move(finish));
+  }
+
+  void* OwnedGrad(int bucket) override { return shard_.as<char>() + shard_offsets_[bucket]; }
+
+  void Zero() override { std::memset(shard_.data(), 0, static_cast<size_t>(shard_.bytes())); }
+
+ private:
+  // The pool buffer holding `bucket` this micro-batch, taking (and zeroing) one if needed.
+  StatusOr<char*> BucketBuffer(int bucket) {
+    if (holder_[bucket] < 0) {
+      while (free_.empty()) {
+        Status waited = wait_for_buffer_();
+        if (absl::IsFailedPrecondition(waited)) {
+          return absl::ResourceExhaustedError(absl::StrCat(
+              "stage-2 gradient buffers exhausted: all ", pool_.size(),
+              " bucket buffers (buckets.pool_buffers) are held by buckets still being filled, "
+              "so none can be freed. Gradients are arriving far from backward order; raise "
+              "buckets.pool_buffers or buckets.reduce_bucket_elems"));
+        }
+        ZERO_RETURN_IF_ERROR(waited);
+      }
+      holder_[bucket] = free_.back();
+      free_.pop_back();
+      const Bucket& b = plan_.buckets()[bucket];
+      std::memset(pool_[holder_[bucket]].data(), 0, static_cast<size_t>(b.numel * ElementSize(b)));
+    }
+    return pool_[holder_[bucket]].as<char>();
+  }
+
+  const partition::PartitionPlan& plan_;
+  comm::Communicator& comm_;
+  base::Buffer shard_;
+  std::vector<int64_t> shard_offsets_;  // byte offset of each trainable bucket's shard
+  std::vector<base::Buffer> pool_;
+  std::vector<int> holder_;  // pool buffer index per bucket this micro-batch, or -1
+  std::vector<int> free_;
+  WaitForBuffer wait_for_buffer_;
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<GradStore>> GradStore::Create(int stage,
+                                                       const partition::PartitionPlan& plan,
+                                                       int pool_buffers, comm::Communicator& comm,
+                                                       base::Allocator& allocator,
+                                                       WaitForBuffer wait_for_buffer) {
+  if (stage <= 1) {
+    ZERO_ASSIGN_OR_RETURN(base::Buffer buffer,
+                          allocator.Allocate(plan.flat_bytes(), MemoryCategory::kGrads, Placement::kHost));
+    return std::unique_ptr<GradStore>(new FullGradStore(stage, plan, comm, std::move(buffer)));
+  }
+  std::vector<int64_t> offsets(plan.buckets().size(), -1);
+  int64_t shard_bytes = 0, largest_bucket = 0;
+  int trainable = 0;
+  for (const Bucket& b : plan.buckets()) {
+    if (!b.trainable) continue;
+    ++trainable;
+    offsets[b.index] = shard_bytes;
+    shard_bytes += b.shard_numel * ElementSize(b);
+    largest_bucket = std::max(largest_bucket, b.numel * ElementSize(b));
+  }
+  ZERO_ASSIGN_OR_RETURN(base::Buffer shard,
+                        allocator.Allocate(shard_bytes, MemoryCategory::kGrads, Placement::kHost));
+  std::vector<base::Buffer> pool;
+  for (int i = 0; i < std::min(pool_buffers, trainable); ++i) {
+    ZERO_ASSIGN_OR_RETURN(base::Buffer buffer, allocator.Allocate(largest_bucket, MemoryCategory::kCommBuffers,
+                                                                  Placement::kHost));
+    pool.push_back(std::move(buffer));
+  }
+  return std::unique_ptr<GradStore>(new ShardedGradStore(plan, comm, std::move(shard), std::move(offsets),
+                                                         std::move(pool), std::move(wait_for_buffer)));
+}
+
+}  // namespace zero::runtime

@@ -1,0 +1,38 @@
+// Loss scaling for fp16 training, with DeepSpeed's dynamic semantics: the scale starts at
+// 2^initial_power; an overflow (Inf/NaN in any rank's gradient) skips the step and halves the
+// scale once `hysteresis` overflows have been absorbed (never below `min`); `window` steps
+// without overflow double it again.
+#ifndef ZERO_RUNTIME_LOSS_SCALER_H_
+#define ZERO_RUNTIME_LOSS_SCALER_H_
+
+#include <cstdint>
+
+#include "zero/config.h"
+
+namespace zero::runtime {
+
+class LossScaler {
+ public:
+  explicit LossScaler(const LossScaleConfig& config);
+
+  /// The scale the trainer multiplies its loss by (1 with mode "none").
+  float scale() const { return scale_; }
+  /// True when overflowing gradients make the step skip (static and dynamic modes).
+  bool skips_on_overflow() const { return mode_ != LossScaleMode::kNone; }
+  /// Records one step's outcome and adjusts the scale (dynamic mode only).
+  void Update(bool overflow);
+
+ private:
+  LossScaleMode mode_;
+  float scale_;
+  int window_;
+  int hysteresis_;
+  int remaining_hysteresis_;
+  float min_;
+  int64_t iteration_ = 0;
+  int64_t last_overflow_ = -1;
+};
+
+}  // namespace zero::runtime
+
+#endif  // ZERO_RUNTIME_LOSS_SCALER_H_

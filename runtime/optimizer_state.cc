@@ -1,0 +1,163 @@
+// Owned ranges, master copies, moments, and the fused step over them.
+#include "runtime/optimizer_state.h"
+
+#include <algorithm>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cpu/norms.h"
+#include "kernels/cpu/optimizers.h"
+
+namespace zero::runtime {
+namespace {
+
+bool NeedsState0(const OptimizerConfig& o) {
+  return o.type != OptimizerType::kSgd || o.momentum != 0.0f;
+}
+bool NeedsState1(const OptimizerConfig& o) {
+  return o.type == OptimizerType::kAdam || o.type == OptimizerType::kAdamW;
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<OptimizerState>> OptimizerState::Create(
+    const Config& config, const partition::PartitionPlan& plan, int rank, char* params,
+    GradStore& grads, base::Allocator& allocator, const kernels::CpuExec& exec) {
+  std::unique_ptr<OptimizerState> s(new OptimizerState(config, plan, exec));
+  s->params_ = params;
+  int64_t state_numel = 0, master_numel = 0;
+  for (const partition::Bucket& b : plan.buckets()) {
+    if (!b.trainable) continue;
+    const int64_t begin = config.stage == 0 ? 0 : rank * b.shard_numel;
+    const int64_t numel = config.stage == 0 ? b.numel : b.shard_numel;
+    s->ranges_.push_back({b.index, begin, numel, nullptr});
+    state_numel += numel;
+    if (b.dtype != DType::kFP32) master_numel += numel;
+  }
+  auto allocate = [&](int64_t floats, base::Buffer* out) -> Status {
+    ZERO_ASSIGN_OR_RETURN(*out, allocator.Allocate(floats * 4, MemoryCategory::kOptimizer, Placement::kHost));
+    std::fill_n(out->as<float>(), floats, 0.0f);
+    return absl::OkStatus();
+  };
+  ZERO_RETURN_IF_ERROR(allocate(master_numel, &s->master_));
+  ZERO_RETURN_IF_ERROR(allocate(NeedsState0(config.optimizer) ? state_numel : 0, &s->state0_));
+  ZERO_RETURN_IF_ERROR(allocate(NeedsState1(config.optimizer) ? state_numel : 0, &s->state1_));
+
+  // Segments, grouped by (group, dtype) in bucket order.
+  std::map<std::pair<int, int>, size_t> batch_of;
+  int64_t state_offset = 0, master_offset = 0;
+  for (OwnedRange& r : s->ranges_) {
+    const partition::Bucket& b = plan.buckets()[r.bucket];
+    const int64_t element = static_cast<int64_t>(DTypeSize(b.dtype));
+    char* param_part = params + b.byte_offset + r.begin * element;
+    kernels::Segment segment;
+    if (b.dtype == DType::kFP32) {
+      r.master = reinterpret_cast<float*>(param_part);
+    } else {
+      r.master = s->master_.as<float>() + master_offset;
+      master_offset += r.numel;
+      segment.model_param = param_part;
+    }
+    segment.master = r.master;
+    segment.grad = grads.OwnedGrad(r.bucket);
+    segment.state0 = s->state0_.bytes() > 0 ? s->state0_.as<float>() + state_offset : nullptr;
+    segment.state1 = s->state1_.bytes() > 0 ? s->state1_.as<float>() + state_offset : nullptr;
+    segment.numel = r.numel;
+    state_offset += r.numel;
+    auto [it, fresh] = batch_of.emplace(std::make_pair(b.group, static_cast<int>(b.dtype)), s->batches_.size());
+    if (fresh) s->batches_.push_back({b.group, {b.dtype, b.dtype}, {}, {}});
+    s->batches_[it->second].segments.push_back(segment);
+    const int64_t shard_begin = rank * b.shard_numel - r.begin;  // 0 except at stage 0
+    s->batches_[it->second].norm_spans.push_back(
+        {static_cast<const char*>(segment.grad) + shard_begin * element, b.shard_numel});
+  }
+  // Norm workspace: the largest need of any batch.
+  for (const Batch& batch : s->batches_) {
+    size_t bytes = 0;
+    ZERO_RETURN_IF_ERROR(kernels::SquaredNormsCpu(nullptr, &bytes, batch.norm_spans, batch.types.grad,
+                                                  {}, nullptr, exec));
+    s->workspace_bytes_ = std::max(s->workspace_bytes_, bytes);
+  }
+  ZERO_ASSIGN_OR_RETURN(s->workspace_, allocator.Allocate(static_cast<int64_t>(s->workspace_bytes_),
+                                                          MemoryCategory::kWorkspace, Placement::kHost));
+  return s;
+}
+
+void OptimizerState::RefreshMaster(int param) {
+  const auto& place = plan_.placement(param);
+  const partition::Bucket& b = plan_.buckets()[place.bucket];
+  if (b.dtype == DType::kFP32) return;  // the params are the master
+  for (const OwnedRange& r : ranges_) {
+    if (r.bucket != place.bucket) continue;
+    const int64_t begin = std::max(r.begin, place.offset);
+    const int64_t end = std::min(r.begin + r.numel, place.offset + place.numel);
+    const uint16_t* source = reinterpret_cast<const uint16_t*>(params_ + b.byte_offset);
+    for (int64_t i = begin; i < end; ++i) {
+      r.master[i - r.begin] = b.dtype == DType::kBF16 ? Bf16ToFloat(source[i]) : HalfToFloat(source[i]);
+    }
+  }
+}
+
+StatusOr<kernels::NormResult> OptimizerState::GradNorm() {
+  kernels::NormResult total;
+  for (const Batch& batch : batches_) {
+    kernels::NormResult part;
+    size_t bytes = workspace_bytes_;
+    ZERO_RETURN_IF_ERROR(kernels::SquaredNormsCpu(workspace_.data(), &bytes, batch.norm_spans,
+                                                  batch.types.grad, {}, &part, exec_));
+    total.sq_norm += part.sq_norm;
+    total.nonfinite |= part.nonfinite;
+  }
+  return total;
+}
+
+Status OptimizerState::Step(int64_t step, float grad_scale) {
+  const OptimizerConfig& o = config_.optimizer;
+  for (const Batch& batch : batches_) {
+    switch (o.type) {
+      case OptimizerType::kAdam:
+      case OptimizerType::kAdamW: {
+        kernels::AdamHyper h;
+        h.lr = o.lr;
+        h.beta1 = o.beta1;
+        h.beta2 = o.beta2;
+        h.eps = o.eps;
+        h.weight_decay = o.weight_decay;
+        h.decoupled_weight_decay = o.type == OptimizerType::kAdamW;
+        h.step = step;
+        h.common.grad_scale = grad_scale;
+        ZERO_RETURN_IF_ERROR(kernels::AdamStepCpu(h, batch.types, batch.segments, exec_));
+        break;
+      }
+      case OptimizerType::kSgd: {
+        kernels::SgdHyper h;
+        h.lr = o.lr;
+        h.momentum = o.momentum;
+        h.dampening = o.dampening;
+        h.weight_decay = o.weight_decay;
+        h.nesterov = o.nesterov;
+        h.step = step;
+        h.common.grad_scale = grad_scale;
+        ZERO_RETURN_IF_ERROR(kernels::SgdStepCpu(h, batch.types, batch.segments, exec_));
+        break;
+      }
+      case OptimizerType::kLion: {
+        kernels::LionHyper h;
+        h.lr = o.lr;
+        h.beta1 = o.beta1;
+        h.beta2 = o.beta2;
+        h.weight_decay = o.weight_decay;
+        h.common.grad_scale = grad_scale;
+        ZERO_RETURN_IF_ERROR(kernels::LionStepCpu(h, batch.types, batch.segments, exec_));
+        break;
+      }
+      case OptimizerType::kLamb:
+        return absl::UnimplementedError(
+            "optimizer.type \"lamb\" is not wired into the engine yet (its kernels exist; the "
+            "per-parameter trust ratios need cross-rank norms per param)");
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace zero::runtime

@@ -1,0 +1,73 @@
+// The rank's optimizer state and the fused step over it (internal to runtime).
+//
+// The rank steps an owned range of every trainable bucket: the whole bucket at stage 0, its
+// shard otherwise. For fp32 buckets the fp32 weights are the params themselves; 16-bit buckets
+// get an fp32 master copy of the owned range. Moments are concatenated over the owned ranges
+// (the rank's optimizer state, DESIGN.md). Ranges are grouped by (optimizer group, dtype) into
+// segment lists so each kernel launch sees few, long segments.
+#ifndef ZERO_RUNTIME_OPTIMIZER_STATE_H_
+#define ZERO_RUNTIME_OPTIMIZER_STATE_H_
+
+#include <vector>
+
+#include "kernels/cpu/cpu_exec.h"
+#include "kernels/segments.h"
+#include "partition/partition_plan.h"
+#include "runtime/base/allocator.h"
+#include "runtime/grad_store.h"
+#include "zero/config.h"
+
+namespace zero::runtime {
+
+class OptimizerState {
+ public:
+  /// Allocates masters, moments and norm workspace for the rank's owned ranges. `params` is the
+  /// flat parameter buffer; `grads` gives each bucket's owned gradient.
+  static StatusOr<std::unique_ptr<OptimizerState>> Create(const Config& config,
+                                                          const partition::PartitionPlan& plan,
+                                                          int rank, char* params, GradStore& grads,
+                                                          base::Allocator& allocator,
+                                                          const kernels::CpuExec& exec);
+
+  /// Copies the params' current values of `param`'s owned part into the fp32 master.
+  void RefreshMaster(int param);
+  /// Sum of squares (float64) of the rank's shard of the gradients (sum over ranks for the
+  /// global value), and whether any element is Inf/NaN.
+  StatusOr<kernels::NormResult> GradNorm();
+  /// One optimizer step over the owned ranges (step ≥ 1), gradients multiplied by grad_scale.
+  Status Step(int64_t step, float grad_scale);
+
+ private:
+  struct OwnedRange {
+    int bucket;
+    int64_t begin;  // within the bucket
+    int64_t numel;
+    float* master;
+  };
+  struct Batch {  // one kernel launch: segments of one group and dtype
+    int group;
+    kernels::SegmentTypes types;
+    std::vector<kernels::Segment> segments;
+    // The gradient of the rank's shard of each bucket (at stage 0 a sub-range of the owned
+    // whole bucket): every stage takes the norm over the same spans, then sums over ranks, so
+    // stages 0, 1 and 2 produce bit-identical norms.
+    std::vector<kernels::ConstSpan> norm_spans;
+  };
+
+  OptimizerState(const Config& config, const partition::PartitionPlan& plan,
+                 const kernels::CpuExec& exec)
+      : config_(config), plan_(plan), exec_(exec) {}
+
+  const Config config_;
+  const partition::PartitionPlan& plan_;
+  const kernels::CpuExec exec_;
+  char* params_ = nullptr;
+  std::vector<OwnedRange> ranges_;
+  std::vector<Batch> batches_;
+  base::Buffer master_, state0_, state1_, workspace_;
+  size_t workspace_bytes_ = 0;
+};
+
+}  // namespace zero::runtime
+
+#endif  // ZERO_RUNTIME_OPTIMIZER_STATE_H_

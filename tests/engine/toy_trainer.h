@@ -1,0 +1,40 @@
+// A small but real data-parallel trainer for the engine tests, written against the public API
+// only: a two-layer tanh MLP (odd sizes) learning a fixed random teacher on synthetic data.
+// Each step draws a global batch; rank r computes the gradient of its slice, micro-batch by
+// micro-batch, and hands it to the engine in backward order (layer 2 before layer 1).
+#ifndef ZERO_TESTS_ENGINE_TOY_TRAINER_H_
+#define ZERO_TESTS_ENGINE_TOY_TRAINER_H_
+
+#include <vector>
+
+#include "zero/engine.h"
+
+namespace zero::testing {
+
+struct ToyOptions {
+  int steps = 50;
+  int inputs = 13, hidden = 37, outputs = 5;
+  int global_batch = 12;       ///< divisible by every world size tested (1-4)
+  int micro_batches = 1;       ///< must equal the config's gradient_accumulation_steps
+  DType dtype = DType::kFP32;  ///< params and gradients
+  uint64_t seed = 7;
+};
+
+struct ToyResult {
+  std::vector<double> losses;   ///< global-batch loss before each step (same on every rank)
+  std::vector<StepInfo> infos;
+  std::vector<std::vector<float>> final_params;  ///< decoded to fp32
+};
+
+/// The engine config the tests start from: AdamW, small buckets so params straddle shards.
+Config ToyConfig(int stage);
+
+/// Registers the model, finalizes, trains. Every rank of the engine's group must call it.
+Status TrainToy(Engine& engine, const ToyOptions& options, ToyResult* result);
+
+/// The same training without ZeroRT: one process, full batch, AdamW in float64.
+std::vector<double> ReferenceLosses(const ToyOptions& options, const Config& config);
+
+}  // namespace zero::testing
+
+#endif  // ZERO_TESTS_ENGINE_TOY_TRAINER_H_
