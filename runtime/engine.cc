@@ -133,7 +133,9 @@ Status EngineImpl::Finalize() {
     if (phase_ == Phase::kBackward) ++counters_.reductions_before_end_backward;
     ZERO_LOG(logger_, kDetail) << "iteration " << iteration_ << ": bucket " << bucket << " launched";
   });
-  ZERO_ASSIGN_OR_RETURN(grads_, GradStore::Create(config_.stage, *plan_, config_.buckets.pool_buffers, comm_,
+  // Without overlap every bucket is held until EndBackward, so stage 2 needs one buffer each.
+  const int pool = config_.buckets.overlap ? config_.buckets.pool_buffers : num_buckets;
+  ZERO_ASSIGN_OR_RETURN(grads_, GradStore::Create(config_.stage, *plan_, pool, comm_,
                                                   allocator_, [this] { return scheduler_->WaitOldest(config_.guard.timeout_s); }));
   ZERO_ASSIGN_OR_RETURN(optimizer_, OptimizerState::Create(config_, *plan_, comm_.rank(), params_.as<char>(),
                                                            *grads_, allocator_, exec_));

@@ -60,6 +60,7 @@ struct BucketConfig {
   int64_t first_bucket_elems = 1'000'000;
   bool overlap = true;    ///< launch a bucket's reduction as soon as it is ready
   int pool_buffers = 4;   ///< stage 2: bucket buffers being filled or in flight at once
+                          ///< (without overlap: one per bucket, whatever this says)
 };
 
 struct Stage3Config {
