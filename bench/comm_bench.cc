@@ -15,8 +15,7 @@
 #include <thread>
 #include <vector>
 
-#include "comm/local/local_group.h"
-#include "comm/mpi/mpi_communicator.h"
+#include "zero/communicator.h"
 
 namespace zero::bench {
 namespace {

@@ -8,7 +8,7 @@
 #include <functional>
 #include <vector>
 
-#include "comm/communicator.h"
+#include "zero/communicator.h"
 
 namespace zero::comm {
 

@@ -1,5 +1,5 @@
 // Signatures, completed works and shared argument checks.
-#include "comm/communicator.h"
+#include "zero/communicator.h"
 
 #include "absl/strings/str_cat.h"
 

@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "comm/communicator.h"
+#include "zero/communicator.h"
 
 namespace zero::comm {
 

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "comm/bucket_scheduler.h"
-#include "comm/communicator.h"
+#include "zero/communicator.h"
 #include "kernels/cpu/cpu_exec.h"
 #include "partition/partition_plan.h"
 #include "runtime/base/allocator.h"

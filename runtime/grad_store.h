@@ -13,7 +13,7 @@
 #include <memory>
 
 #include "comm/bucket_scheduler.h"
-#include "comm/communicator.h"
+#include "zero/communicator.h"
 #include "partition/partition_plan.h"
 #include "runtime/base/allocator.h"
 

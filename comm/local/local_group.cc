@@ -1,5 +1,5 @@
 // In-process ranks: each collective is a rendezvous slot that the last arriving rank executes.
-#include "comm/local/local_group.h"
+#include "zero/communicator.h"
 
 #include <chrono>
 #include <condition_variable>

@@ -1,5 +1,5 @@
 // The MPI communicator: a progress thread launching and testing non-blocking collectives.
-#include "comm/mpi/mpi_communicator.h"
+#include "zero/communicator.h"
 
 #include <mpi.h>
 

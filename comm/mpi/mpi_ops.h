@@ -4,7 +4,7 @@
 
 #include <mpi.h>
 
-#include "comm/communicator.h"
+#include "zero/communicator.h"
 
 namespace zero::comm {
 

@@ -1,5 +1,5 @@
 // The MPI backend in a build without MPI: a clear error instead of a missing symbol.
-#include "comm/mpi/mpi_communicator.h"
+#include "zero/communicator.h"
 
 namespace zero::comm {
 

@@ -1,5 +1,5 @@
 // NCCL communicator on a dedicated stream, ordered after the trainer's stream with events.
-#include "comm/nccl/nccl_communicator.h"
+#include "zero/communicator.h"
 
 #include <cuda_runtime.h>
 #include <nccl.h>

@@ -1,5 +1,5 @@
 // The NCCL backend in a build without CUDA/NCCL: a clear error instead of a missing symbol.
-#include "comm/nccl/nccl_communicator.h"
+#include "zero/communicator.h"
 
 namespace zero::comm {
 

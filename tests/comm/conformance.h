@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "comm/communicator.h"
+#include "zero/communicator.h"
 
 namespace zero::testing {
 

@@ -4,7 +4,7 @@
 
 #include <vector>
 
-#include "comm/mpi/mpi_communicator.h"
+#include "zero/communicator.h"
 #include "tests/comm/conformance.h"
 
 namespace zero::comm {

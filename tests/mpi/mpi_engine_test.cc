@@ -5,7 +5,7 @@
 
 #include <cmath>
 
-#include "comm/mpi/mpi_communicator.h"
+#include "zero/communicator.h"
 #include "tests/engine/toy_trainer.h"
 
 namespace zero {

@@ -7,7 +7,7 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
-#include "comm/mpi/mpi_communicator.h"
+#include "zero/communicator.h"
 
 int main(int argc, char** argv) {
 #if ZERO_TEST_INIT_MPI

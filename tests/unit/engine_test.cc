@@ -8,7 +8,7 @@
 #include <functional>
 #include <thread>
 
-#include "comm/local/local_group.h"
+#include "zero/communicator.h"
 #include "tests/engine/toy_trainer.h"
 #include "zero/engine.h"
 

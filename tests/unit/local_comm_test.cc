@@ -7,7 +7,7 @@
 #include <functional>
 #include <thread>
 
-#include "comm/local/local_group.h"
+#include "zero/communicator.h"
 #include "tests/comm/conformance.h"
 
 namespace zero::comm {

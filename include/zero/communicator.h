@@ -16,12 +16,13 @@
 //   Broadcast      data: count; the root's values everywhere.
 // Sums of bf16/fp16 accumulate in fp32 (the local backend rounds once; the MPI backend's
 // pairwise user operation rounds at each combining step).
-#ifndef ZERO_COMM_COMMUNICATOR_H_
-#define ZERO_COMM_COMMUNICATOR_H_
+#ifndef ZERO_COMMUNICATOR_H_
+#define ZERO_COMMUNICATOR_H_
 
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "zero/dtype.h"
 #include "zero/status.h"
@@ -95,6 +96,45 @@ class Communicator {
 /// A Work that is already complete with `status` (e.g. a launch that failed validation).
 WorkPtr CompletedWork(Status status);
 
+/// Creates the `size` (≥ 1) communicators of one in-process group (backend "local": N ranks
+/// as threads of one process); element r is rank r. Each is used by one thread; the group
+/// lives as long as any of its communicators. Deterministic: reductions are taken in rank
+/// order 0..N-1 and rounded once, so a reduce-scatter and an all-reduce of the same data give
+/// identical bits. Host buffers only for now (CUDA device buffers: kUnimplemented).
+StatusOr<std::vector<std::unique_ptr<Communicator>>> CreateLocalGroup(int size);
+
+/// Options of the MPI communicator.
+struct MpiOptions {
+  /// Agree on each collective's signature before running it (one extra small all-gather), so
+  /// ranks that diverge get kInvalidArgument naming both sides instead of a hang.
+  bool check_signatures = false;
+};
+
+/// Creates a communicator (backend "mpi") over a duplicate of `*mpi_comm` (an MPI_Comm*; null
+/// means MPI_COMM_WORLD). Initialises MPI when the program has not (and finalises it at exit).
+/// Host buffers only for now. kUnimplemented in builds without MPI.
+StatusOr<std::unique_ptr<Communicator>> CreateMpiCommunicator(const void* mpi_comm,
+                                                              MpiOptions options = {});
+
+/// Options of the NCCL communicator.
+struct NcclOptions {
+  /// The cudaStream_t the trainer computes on (null: the legacy default stream). Each
+  /// collective starts after the work queued there before the call.
+  void* stream = nullptr;
+  /// CUDA device of this rank; -1 keeps the current device.
+  int device = -1;
+};
+
+/// Creates this rank's NCCL communicator (backend "nccl", device buffers, one rank per GPU)
+/// over the same ranks as `bootstrap`, which carries the ncclUniqueId from rank 0.
+/// kUnimplemented in builds without NCCL, kUnavailable without a GPU.
+StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(Communicator& bootstrap,
+                                                               NcclOptions options = {});
+
+/// Whether this build has the MPI / NCCL backends.
+bool MpiAvailable();
+bool NcclAvailable();
+
 /// Checks the arguments every backend shares: count ≥ 0, non-null buffers when count > 0,
 /// 0 ≤ root < size. kInvalidArgument names the collective and the problem.
 Status ValidateCollective(const CollectiveSignature& signature, const void* a, const void* b,
@@ -102,4 +142,4 @@ Status ValidateCollective(const CollectiveSignature& signature, const void* a, c
 
 }  // namespace zero::comm
 
-#endif  // ZERO_COMM_COMMUNICATOR_H_
+#endif  // ZERO_COMMUNICATOR_H_

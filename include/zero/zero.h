@@ -1,0 +1,128 @@
+/* ZeroRT's C ABI: the engine from C, and from Python through ctypes with no compiled glue.
+ *
+ * Every call returns a zero_status (0 = ZERO_OK); zero_last_error() gives the calling
+ * thread's message for its last failed call. Objects are opaque handles created and
+ * destroyed here. The calls mirror the C++ API (zero/engine.h) one to one; the config is the
+ * JSON of DESIGN.md (NULL or "" for the defaults).
+ *
+ *   zero_comm* comms[2];  zero_comm_local_group(2, comms);        // or zero_comm_mpi(NULL, &c)
+ *   zero_engine* e;       zero_engine_create("{\"stage\": 2}", comms[rank], &e);
+ *   int64_t shape[2] = {out, in}, id;
+ *   zero_register_param(e, "fc.weight", shape, 2, ZERO_FP32, 1, 0, -1, &id);
+ *   zero_finalize(e);  zero_set_param(e, id, values);
+ *   loop: zero_begin_iteration(e); ... zero_accumulate_grad(e, id, grad); ...
+ *         zero_end_backward(e); zero_step(e, &info);
+ */
+#ifndef ZERO_ZERO_H_
+#define ZERO_ZERO_H_
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define ZERO_API __attribute__((visibility("default")))
+#else
+#define ZERO_API
+#endif
+
+typedef enum { ZERO_FP32 = 0, ZERO_BF16 = 1, ZERO_FP16 = 2 } zero_dtype;
+
+typedef enum {
+  ZERO_OK = 0,
+  ZERO_UNKNOWN = 2,
+  ZERO_INVALID_ARGUMENT = 3,
+  ZERO_DEADLINE_EXCEEDED = 4,
+  ZERO_NOT_FOUND = 5,
+  ZERO_ALREADY_EXISTS = 6,
+  ZERO_RESOURCE_EXHAUSTED = 8,
+  ZERO_FAILED_PRECONDITION = 9,
+  ZERO_UNIMPLEMENTED = 12,
+  ZERO_INTERNAL = 13,
+  ZERO_UNAVAILABLE = 14,
+  ZERO_DUPLICATE_GRADIENT = 100,
+  ZERO_UNUSED_PARAMETERS = 101
+} zero_status;
+
+/** One Step()'s outcome. */
+typedef struct {
+  int64_t step;      /* optimizer steps taken so far */
+  int skipped;       /* 1: an Inf/NaN gradient was found, nothing changed */
+  float grad_norm;   /* global L2 norm of the averaged, unscaled gradient */
+  float loss_scale;  /* multiply the next loss by this */
+} zero_step_info;
+
+enum {
+  ZERO_MEM_PARAMS,
+  ZERO_MEM_GRADS,
+  ZERO_MEM_OPTIMIZER,
+  ZERO_MEM_COMM,
+  ZERO_MEM_GATHERED,
+  ZERO_MEM_WORKSPACE,
+  ZERO_MEM_CATEGORIES
+};
+
+/** Bytes held now and at peak, per ZERO_MEM_* category. DESIGN.md names both this struct and
+ * the function that fills it `zero_memory_stats`; C allows that only for a struct tag, so the
+ * type is spelled `struct zero_memory_stats` (no typedef). */
+struct zero_memory_stats {
+  int64_t current[ZERO_MEM_CATEGORIES];
+  int64_t peak[ZERO_MEM_CATEGORIES];
+};
+
+typedef struct zero_comm zero_comm;
+typedef struct zero_engine zero_engine;
+
+/** The calling thread's message for its last failed call ("" if none). */
+ZERO_API const char* zero_last_error(void);
+/** "ZeroRT 0.1.0 (cuda: …, mpi: …, cpu isa: …)". */
+ZERO_API const char* zero_version(void);
+
+/** Creates `world` in-process ranks; comms[r] is rank r (use each from one thread). */
+ZERO_API zero_status zero_comm_local_group(int world, zero_comm** comms);
+/** An MPI communicator over `*(MPI_Comm*)mpi_comm`, or MPI_COMM_WORLD when NULL. */
+ZERO_API zero_status zero_comm_mpi(const void* mpi_comm, zero_comm** out);
+ZERO_API int zero_comm_rank(const zero_comm* comm);
+ZERO_API int zero_comm_size(const zero_comm* comm);
+ZERO_API void zero_comm_destroy(zero_comm* comm);
+
+/** An engine for this rank; `comm` must outlive it. */
+ZERO_API zero_status zero_engine_create(const char* config_json, zero_comm* comm, zero_engine** out);
+ZERO_API void zero_engine_destroy(zero_engine* engine);
+
+ZERO_API zero_status zero_register_param(zero_engine* engine, const char* name, const int64_t* shape,
+                                         int ndim, zero_dtype dtype, int requires_grad, int group,
+                                         int unit, int64_t* id);
+ZERO_API zero_status zero_finalize(zero_engine* engine);
+/** Copies a full value (host memory, the param's dtype) into the param. */
+ZERO_API zero_status zero_set_param(zero_engine* engine, int64_t id, const void* host_src);
+/** Copies the param's full value out (collective at stage 3). */
+ZERO_API zero_status zero_get_param(zero_engine* engine, int64_t id, void* host_dst);
+/** A view of the param's full value (stages 0-2). */
+ZERO_API zero_status zero_param_data(zero_engine* engine, int64_t id, void** view);
+/** A view into which this micro-batch's gradient is added; then zero_grad_ready. */
+ZERO_API zero_status zero_grad_buffer(zero_engine* engine, int64_t id, void** view);
+ZERO_API zero_status zero_grad_ready(zero_engine* engine, int64_t id);
+/** Adds a full gradient (host, the param's dtype) and marks the param ready. */
+ZERO_API zero_status zero_accumulate_grad(zero_engine* engine, int64_t id, const void* grad);
+ZERO_API zero_status zero_begin_iteration(zero_engine* engine);
+ZERO_API zero_status zero_end_backward(zero_engine* engine);
+ZERO_API zero_status zero_step(zero_engine* engine, zero_step_info* info);
+/** Stage 3 (not implemented yet: ZERO_UNIMPLEMENTED). */
+ZERO_API zero_status zero_gather(zero_engine* engine, int unit);
+ZERO_API zero_status zero_release(zero_engine* engine, int unit);
+/** Checkpoints (not implemented yet: ZERO_UNIMPLEMENTED). */
+ZERO_API zero_status zero_save_checkpoint(zero_engine* engine, const char* dir);
+ZERO_API zero_status zero_load_checkpoint(zero_engine* engine, const char* dir);
+ZERO_API zero_status zero_memory_stats(const zero_engine* engine, struct zero_memory_stats* out);
+/** Rank and world size of the engine's group. */
+ZERO_API int zero_engine_rank(const zero_engine* engine);
+ZERO_API int zero_engine_world_size(const zero_engine* engine);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* ZERO_ZERO_H_ */

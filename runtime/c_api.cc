@@ -1,0 +1,204 @@
+// The C ABI: thin wrappers that turn each Status into a zero_status and a thread-local message.
+#include "zero/zero.h"
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "zero/communicator.h"
+#include "zero/engine.h"
+#include "zero/version.h"
+
+struct zero_comm {
+  std::unique_ptr<zero::comm::Communicator> comm;
+};
+
+struct zero_engine {
+  std::unique_ptr<zero::Engine> engine;
+};
+
+namespace {
+
+thread_local std::string last_error;
+
+zero_status Report(const zero::Status& status) {
+  if (status.ok()) return ZERO_OK;
+  last_error = std::string(status.message());
+  if (zero::IsDuplicateGradient(status)) return ZERO_DUPLICATE_GRADIENT;
+  if (zero::IsUnusedParameters(status)) return ZERO_UNUSED_PARAMETERS;
+  return static_cast<zero_status>(static_cast<int>(status.code()));
+}
+
+zero_status NullArgument(const char* call, const char* what) {
+  return Report(absl::InvalidArgumentError(absl::StrCat(call, ": ", what, " is NULL")));
+}
+
+#define ZERO_C_REQUIRE(pointer, call) \
+  if ((pointer) == nullptr) return NullArgument(call, #pointer)
+
+}  // namespace
+
+extern "C" {
+
+const char* zero_last_error(void) { return last_error.c_str(); }
+const char* zero_version(void) { return zero::BuildSummary(); }
+
+zero_status zero_comm_local_group(int world, zero_comm** comms) {
+  ZERO_C_REQUIRE(comms, "zero_comm_local_group");
+  auto group = zero::comm::CreateLocalGroup(world);
+  if (!group.ok()) return Report(group.status());
+  for (int r = 0; r < world; ++r) comms[r] = new zero_comm{std::move((*group)[r])};
+  return ZERO_OK;
+}
+
+zero_status zero_comm_mpi(const void* mpi_comm, zero_comm** out) {
+  ZERO_C_REQUIRE(out, "zero_comm_mpi");
+  auto comm = zero::comm::CreateMpiCommunicator(mpi_comm);
+  if (!comm.ok()) return Report(comm.status());
+  *out = new zero_comm{std::move(*comm)};
+  return ZERO_OK;
+}
+
+int zero_comm_rank(const zero_comm* comm) { return comm ? comm->comm->rank() : -1; }
+int zero_comm_size(const zero_comm* comm) { return comm ? comm->comm->size() : -1; }
+void zero_comm_destroy(zero_comm* comm) { delete comm; }
+
+zero_status zero_engine_create(const char* config_json, zero_comm* comm, zero_engine** out) {
+  ZERO_C_REQUIRE(comm, "zero_engine_create");
+  ZERO_C_REQUIRE(out, "zero_engine_create");
+  zero::Config config;
+  if (config_json != nullptr && config_json[0] != '\0') {
+    auto parsed = zero::Config::FromJson(config_json);
+    if (!parsed.ok()) return Report(parsed.status());
+    config = *parsed;
+  }
+  auto engine = zero::Engine::Create(config, *comm->comm);
+  if (!engine.ok()) return Report(engine.status());
+  *out = new zero_engine{std::move(*engine)};
+  return ZERO_OK;
+}
+
+void zero_engine_destroy(zero_engine* engine) { delete engine; }
+
+zero_status zero_register_param(zero_engine* engine, const char* name, const int64_t* shape, int ndim,
+                                 zero_dtype dtype, int requires_grad, int group, int unit, int64_t* id) {
+  ZERO_C_REQUIRE(engine, "zero_register_param");
+  ZERO_C_REQUIRE(name, "zero_register_param");
+  ZERO_C_REQUIRE(id, "zero_register_param");
+  if (ndim < 1 || shape == nullptr) {
+    return Report(absl::InvalidArgumentError(absl::StrCat("zero_register_param(\"", name,
+                                                          "\"): need ndim ≥ 1 and a shape")));
+  }
+  if (dtype < ZERO_FP32 || dtype > ZERO_FP16) {
+    return Report(absl::InvalidArgumentError(absl::StrCat("zero_register_param(\"", name,
+                                                          "\"): unknown dtype ", static_cast<int>(dtype))));
+  }
+  zero::ParamSpec spec{name, std::vector<int64_t>(shape, shape + ndim), static_cast<zero::DType>(dtype),
+                       requires_grad != 0, group, unit};
+  auto registered = engine->engine->RegisterParam(spec);
+  if (!registered.ok()) return Report(registered.status());
+  *id = *registered;
+  return ZERO_OK;
+}
+
+zero_status zero_finalize(zero_engine* engine) {
+  ZERO_C_REQUIRE(engine, "zero_finalize");
+  return Report(engine->engine->Finalize());
+}
+
+zero_status zero_set_param(zero_engine* engine, int64_t id, const void* host_src) {
+  ZERO_C_REQUIRE(engine, "zero_set_param");
+  return Report(engine->engine->SetParam(id, host_src));
+}
+
+zero_status zero_get_param(zero_engine* engine, int64_t id, void* host_dst) {
+  ZERO_C_REQUIRE(engine, "zero_get_param");
+  return Report(engine->engine->GetParam(id, host_dst));
+}
+
+zero_status zero_param_data(zero_engine* engine, int64_t id, void** view) {
+  ZERO_C_REQUIRE(engine, "zero_param_data");
+  ZERO_C_REQUIRE(view, "zero_param_data");
+  auto data = engine->engine->ParamData(id);
+  if (!data.ok()) return Report(data.status());
+  *view = *data;
+  return ZERO_OK;
+}
+
+zero_status zero_grad_buffer(zero_engine* engine, int64_t id, void** view) {
+  ZERO_C_REQUIRE(engine, "zero_grad_buffer");
+  ZERO_C_REQUIRE(view, "zero_grad_buffer");
+  auto data = engine->engine->GradBuffer(id);
+  if (!data.ok()) return Report(data.status());
+  *view = *data;
+  return ZERO_OK;
+}
+
+zero_status zero_grad_ready(zero_engine* engine, int64_t id) {
+  ZERO_C_REQUIRE(engine, "zero_grad_ready");
+  return Report(engine->engine->GradReady(id));
+}
+
+zero_status zero_accumulate_grad(zero_engine* engine, int64_t id, const void* grad) {
+  ZERO_C_REQUIRE(engine, "zero_accumulate_grad");
+  return Report(engine->engine->AccumulateGrad(id, grad));
+}
+
+zero_status zero_begin_iteration(zero_engine* engine) {
+  ZERO_C_REQUIRE(engine, "zero_begin_iteration");
+  return Report(engine->engine->BeginIteration());
+}
+
+zero_status zero_end_backward(zero_engine* engine) {
+  ZERO_C_REQUIRE(engine, "zero_end_backward");
+  return Report(engine->engine->EndBackward());
+}
+
+zero_status zero_step(zero_engine* engine, zero_step_info* info) {
+  ZERO_C_REQUIRE(engine, "zero_step");
+  auto step = engine->engine->Step();
+  if (!step.ok()) return Report(step.status());
+  if (info != nullptr) *info = {step->step, step->skipped ? 1 : 0, step->grad_norm, step->loss_scale};
+  return ZERO_OK;
+}
+
+zero_status zero_gather(zero_engine* engine, int unit) {
+  ZERO_C_REQUIRE(engine, "zero_gather");
+  return Report(absl::UnimplementedError(absl::StrCat("zero_gather(unit ", unit, "): stage 3 is not implemented yet")));
+}
+
+zero_status zero_release(zero_engine* engine, int unit) {
+  ZERO_C_REQUIRE(engine, "zero_release");
+  return Report(absl::UnimplementedError(absl::StrCat("zero_release(unit ", unit, "): stage 3 is not implemented yet")));
+}
+
+zero_status zero_save_checkpoint(zero_engine* engine, const char* dir) {
+  ZERO_C_REQUIRE(engine, "zero_save_checkpoint");
+  ZERO_C_REQUIRE(dir, "zero_save_checkpoint");
+  return Report(absl::UnimplementedError("zero_save_checkpoint: checkpoints are not implemented yet"));
+}
+
+zero_status zero_load_checkpoint(zero_engine* engine, const char* dir) {
+  ZERO_C_REQUIRE(engine, "zero_load_checkpoint");
+  ZERO_C_REQUIRE(dir, "zero_load_checkpoint");
+  return Report(absl::UnimplementedError("zero_load_checkpoint: checkpoints are not implemented yet"));
+}
+
+zero_status zero_memory_stats(const zero_engine* engine, struct zero_memory_stats* out) {
+  ZERO_C_REQUIRE(engine, "zero_memory_stats");
+  ZERO_C_REQUIRE(out, "zero_memory_stats");
+  const zero::MemoryStats stats = engine->engine->GetMemoryStats();
+  static_assert(ZERO_MEM_CATEGORIES == zero::kMemoryCategoryCount, "categories match");
+  for (int c = 0; c < ZERO_MEM_CATEGORIES; ++c) {
+    out->current[c] = stats.current[c];
+    out->peak[c] = stats.peak[c];
+  }
+  return ZERO_OK;
+}
+
+int zero_engine_rank(const zero_engine* engine) { return engine ? engine->engine->rank() : -1; }
+int zero_engine_world_size(const zero_engine* engine) { return engine ? engine->engine->world_size() : -1; }
+
+}  // extern "C"
