@@ -5,8 +5,8 @@
 
 namespace zero::comm {
 
-BucketScheduler::BucketScheduler(int num_buckets, OnLaunch on_launch)
-    : entries_(num_buckets), on_launch_(std::move(on_launch)) {}
+BucketScheduler::BucketScheduler(int num_buckets, OnLaunch on_launch, Describe describe)
+    : entries_(num_buckets), on_launch_(std::move(on_launch)), describe_(std::move(describe)) {}
 
 Status BucketScheduler::Reset() {
   if (!in_flight_.empty()) {
@@ -47,7 +47,8 @@ Status BucketScheduler::WaitOldest(double timeout_s) {
   in_flight_.pop_front();
   Status status = flight.work->Wait(timeout_s);
   if (!status.ok()) {
-    return Status(status.code(), absl::StrCat("bucket ", flight.bucket, ": ", status.message()));
+    const std::string what = describe_ ? describe_(flight.bucket) : absl::StrCat("bucket ", flight.bucket);
+    return Status(status.code(), absl::StrCat(what, ": ", status.message()));
   }
   return flight.finish ? flight.finish() : absl::OkStatus();
 }

@@ -6,6 +6,7 @@
 
 #include <deque>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "zero/communicator.h"
@@ -20,8 +21,10 @@ class BucketScheduler {
   using Finish = std::function<Status()>;
   /// Called for each bucket as it is launched (bucket index), for counters and logs.
   using OnLaunch = std::function<void(int)>;
+  /// Describes a bucket in error messages (e.g. its params); default "bucket N".
+  using Describe = std::function<std::string(int)>;
 
-  explicit BucketScheduler(int num_buckets, OnLaunch on_launch = nullptr);
+  explicit BucketScheduler(int num_buckets, OnLaunch on_launch = nullptr, Describe describe = nullptr);
 
   /// Forgets the previous round; every bucket becomes not ready. Requires nothing in flight.
   Status Reset();
@@ -55,6 +58,7 @@ class BucketScheduler {
   std::deque<Flight> in_flight_;
   int next_ = 0;
   OnLaunch on_launch_;
+  Describe describe_;
 };
 
 }  // namespace zero::comm

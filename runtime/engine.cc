@@ -19,12 +19,6 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const Config& config,
   if (config.optimizer.type == OptimizerType::kLamb) {
     return absl::UnimplementedError("optimizer.type \"lamb\" is not wired into the engine yet");
   }
-  if (config.guard.on_duplicate != DuplicatePolicy::kError ||
-      config.guard.on_unused != UnusedPolicy::kError || config.guard.consistency_check) {
-    return absl::UnimplementedError(
-        "guard.on_duplicate = \"count\", guard.on_unused = \"zero\" and "
-        "guard.consistency_check are not implemented yet (the defaults are)");
-  }
   if (!config.precision.master_weights) {
     return absl::UnimplementedError("precision.master_weights = false is not implemented");
   }
@@ -45,6 +39,15 @@ EngineImpl::EngineImpl(const Config& config, comm::Communicator& comm, base::Log
                        kernels::CpuExec exec)
     : config_(config), comm_(comm), logger_(logger), exec_(exec), loss_scaler_(config.loss_scale) {}
 
+EngineImpl::~EngineImpl() {
+  if (scheduler_ != nullptr && scheduler_->in_flight() > 0) {
+    const Status drained = scheduler_->WaitAll(config_.guard.timeout_s);
+    if (!drained.ok()) {
+      ZERO_LOG(logger_, kWarn) << "destroying the engine: " << drained.message();
+    }
+  }
+}
+
 Status EngineImpl::RequirePhase(Phase wanted, const char* call) const {
   if (phase_ == wanted) return absl::OkStatus();
   auto name = [](Phase p) {
@@ -63,10 +66,6 @@ Status EngineImpl::CheckParamId(ParamId id, const char* call) const {
   if (id >= 0 && id < num_params()) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(call, ": param id ", id, " does not exist (",
                                                  num_params(), " params registered)"));
-}
-
-std::string EngineImpl::ParamLabel(int param) const {
-  return absl::StrCat("\"", specs_[param].name, "\" (index ", param, ")");
 }
 
 int64_t EngineImpl::ParamBytes(int param) const {
@@ -124,23 +123,38 @@ Status EngineImpl::Finalize() {
   plan_config.first_bucket_elems = config_.buckets.first_bucket_elems;
   ZERO_ASSIGN_OR_RETURN(partition::PartitionPlan plan, partition::PartitionPlan::Build(infos, plan_config));
   plan_.emplace(std::move(plan));
+  std::vector<std::string> names;
+  std::vector<int> bucket_of;
+  for (size_t p = 0; p < specs_.size(); ++p) {
+    names.push_back(specs_[p].name);
+    bucket_of.push_back(specs_[p].requires_grad ? plan_->placement(static_cast<int>(p)).bucket : -1);
+  }
+  guard_ = std::make_unique<GradGuard>(config_.guard, std::move(names), std::move(bucket_of));
+  ZERO_RETURN_IF_ERROR(CheckRegistryAgrees());
 
   ZERO_ASSIGN_OR_RETURN(params_, allocator_.Allocate(plan_->flat_bytes(), MemoryCategory::kParams, Placement::kHost));
   std::memset(params_.data(), 0, static_cast<size_t>(params_.bytes()));
   const int num_buckets = static_cast<int>(plan_->buckets().size());
-  scheduler_ = std::make_unique<comm::BucketScheduler>(num_buckets, [this](int bucket) {
-    ++counters_.reductions_launched;
-    if (phase_ == Phase::kBackward) ++counters_.reductions_before_end_backward;
-    ZERO_LOG(logger_, kDetail) << "iteration " << iteration_ << ": bucket " << bucket << " launched";
-  });
-  // Without overlap every bucket is held until EndBackward, so stage 2 needs one buffer each.
-  const int pool = config_.buckets.overlap ? config_.buckets.pool_buffers : num_buckets;
+  scheduler_ = std::make_unique<comm::BucketScheduler>(
+      num_buckets,
+      [this](int bucket) {
+        ++counters_.reductions_launched;
+        if (phase_ == Phase::kBackward) ++counters_.reductions_before_end_backward;
+        if (iteration_ <= kDetailedIterations) {
+          ZERO_LOG(logger_, kDetail) << "iteration " << iteration_ << ": launching " << DescribeBucket(bucket);
+        }
+      },
+      [this](int bucket) { return DescribeBucket(bucket); });
+  // Without overlap, and while guard.on_duplicate = "count" learns the graph, every bucket is
+  // held until EndBackward, so stage 2 then needs one buffer per bucket.
+  const bool hold_all = !config_.buckets.overlap || config_.guard.on_duplicate == DuplicatePolicy::kCount;
+  const int pool = hold_all ? num_buckets : config_.buckets.pool_buffers;
   ZERO_ASSIGN_OR_RETURN(grads_, GradStore::Create(config_.stage, *plan_, pool, comm_,
                                                   allocator_, [this] { return scheduler_->WaitOldest(config_.guard.timeout_s); }));
   ZERO_ASSIGN_OR_RETURN(optimizer_, OptimizerState::Create(config_, *plan_, comm_.rank(), params_.as<char>(),
                                                            *grads_, allocator_, exec_));
-  arrival_.assign(specs_.size(), -1);
   pending_.assign(num_buckets, 0);
+  handed_.assign(num_buckets, 0);
   phase_ = Phase::kIdle;
   ZERO_LOG(logger_, kInfo) << "finalized: " << specs_.size() << " params, " << num_buckets
                            << " buckets, stage " << config_.stage << ", world " << comm_.size();

@@ -14,6 +14,7 @@
 #include "partition/partition_plan.h"
 #include "runtime/base/allocator.h"
 #include "runtime/base/logging.h"
+#include "runtime/grad_guard.h"
 #include "runtime/grad_store.h"
 #include "runtime/loss_scaler.h"
 #include "runtime/optimizer_state.h"
@@ -25,6 +26,8 @@ class EngineImpl final : public Engine {
  public:
   EngineImpl(const Config& config, comm::Communicator& comm, base::Logger logger,
              kernels::CpuExec exec);
+  /// Waits (up to guard.timeout_s) for collectives still writing into the engine's buffers.
+  ~EngineImpl() override;
 
   StatusOr<ParamId> RegisterParam(const ParamSpec& spec) override;
   Status Finalize() override;
@@ -44,6 +47,9 @@ class EngineImpl final : public Engine {
   int64_t num_params() const override { return static_cast<int64_t>(specs_.size()); }
 
  private:
+  // ZERO_DEBUG=DETAIL logs arrivals and launches of this many first micro-batches.
+  static constexpr int64_t kDetailedIterations = 3;
+
   enum class Phase {
     kRegistering,  // before Finalize
     kIdle,         // between micro-batches / steps
@@ -52,7 +58,16 @@ class EngineImpl final : public Engine {
 
   Status RequirePhase(Phase wanted, const char* call) const;
   Status CheckParamId(ParamId id, const char* call) const;
-  std::string ParamLabel(int param) const;
+  std::string ParamLabel(int param) const { return guard_->Label(param); }
+  // A param became complete: its bucket may launch once all its params are.
+  Status ParamComplete(int param);
+  // Every rank registered the same params in the same way; else names the first difference.
+  Status CheckRegistryAgrees();
+  // Before a bucket's collective (guard.consistency_check): all ranks are at the same
+  // (iteration, bucket, numel); else names both sides.
+  Status CheckRanksAgree(int bucket);
+  // For error messages: a bucket and its params.
+  std::string DescribeBucket(int bucket) const;
   int64_t ParamBytes(int param) const;
   char* ParamAddress(int param);
   // Marks a bucket whose params are all ready, handing its reduction to the scheduler.
@@ -78,10 +93,11 @@ class EngineImpl final : public Engine {
   int micro_batch_ = 0;        // micro-batches completed since the last Step
   int64_t iteration_ = 0;      // micro-batches begun in total
   int64_t step_ = 0;           // optimizer steps taken
-  std::vector<int> arrival_;   // per param: arrival position this micro-batch, or -1
-  int arrivals_ = 0;           // arrivals this micro-batch
-  std::vector<int> pending_;   // per bucket: params not yet ready this micro-batch
+  std::unique_ptr<GradGuard> guard_;
+  std::vector<int> pending_;   // per bucket: params not yet complete this micro-batch
+  std::vector<char> handed_;   // per bucket: reduction handed to the scheduler this micro-batch
   EngineCounters counters_;
+  Status diverged_;  // set once guard.consistency_check found ranks apart; later checks fail fast
 };
 
 }  // namespace zero::runtime

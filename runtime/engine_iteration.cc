@@ -1,4 +1,4 @@
-// The micro-batch protocol: BeginIteration, gradient arrival, EndBackward.
+// The micro-batch protocol: BeginIteration, gradient arrival (through the guard), EndBackward.
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "comm/reduce.h"
@@ -13,7 +13,7 @@ Status EngineImpl::BeginIteration() {
       if (pending_[b] == 0) continue;
       std::vector<std::string> missing;
       for (int p : plan_->buckets()[b].params) {
-        if (arrival_[p] < 0 && missing.size() < 8) missing.push_back(ParamLabel(p));
+        if (guard_->arrival(p) < 0 && missing.size() < 8) missing.push_back(ParamLabel(p));
       }
       waiting.push_back(absl::StrCat("bucket ", b, " (still waiting for ", absl::StrJoin(missing, ", "),
                                      pending_[b] > 8 ? ", …" : "", ")"));
@@ -29,16 +29,19 @@ Status EngineImpl::BeginIteration() {
         "BeginIteration: ", micro_batch_, " micro-batches are done (gradient_accumulation_steps = ",
         config_.gradient_accumulation_steps, "); call Step() first"));
   }
-  std::fill(arrival_.begin(), arrival_.end(), -1);
-  arrivals_ = 0;
   ZERO_RETURN_IF_ERROR(scheduler_->Reset());
+  ++iteration_;
+  guard_->BeginMicroBatch(iteration_);
   for (const partition::Bucket& b : plan_->buckets()) {
     pending_[b.index] = b.trainable ? static_cast<int>(b.params.size()) : 0;
+    handed_[b.index] = 0;
   }
-  ++iteration_;
   phase_ = Phase::kBackward;
   for (const partition::Bucket& b : plan_->buckets()) {  // frozen buckets have nothing to send
-    if (!b.trainable) ZERO_RETURN_IF_ERROR(scheduler_->MarkReady(b.index, nullptr, nullptr));
+    if (!b.trainable) {
+      handed_[b.index] = 1;
+      ZERO_RETURN_IF_ERROR(scheduler_->MarkReady(b.index, nullptr, nullptr));
+    }
   }
   return absl::OkStatus();
 }
@@ -51,12 +54,7 @@ StatusOr<void*> EngineImpl::GradBuffer(ParamId id) {
     return absl::FailedPreconditionError(absl::StrCat("GradBuffer: param ", ParamLabel(param),
                                                       " is frozen (requires_grad = false)"));
   }
-  if (arrival_[param] >= 0) {
-    return DuplicateGradientError(absl::StrCat(
-        "GradBuffer: param ", ParamLabel(param), " was already marked ready in iteration ", iteration_,
-        " (arrival #", arrival_[param], "); its gradient may already be on the wire. Add every "
-        "contribution before calling GradReady, or set guard.on_duplicate = \"count\""));
-  }
+  ZERO_RETURN_IF_ERROR(guard_->CheckWritable(param, handed_[plan_->placement(param).bucket] != 0));
   return grads_->View(param);
 }
 
@@ -69,22 +67,21 @@ Status EngineImpl::GradReady(ParamId id) {
                                                       " is frozen (requires_grad = false)"));
   }
   const int bucket = plan_->placement(param).bucket;
-  if (arrival_[param] >= 0) {
-    const bool reduced = scheduler_->next_to_launch() > bucket;
-    return DuplicateGradientError(absl::StrCat(
-        "param ", ParamLabel(param), " received a second gradient in iteration ", iteration_,
-        " (arrivals #", arrival_[param], " and #", arrivals_, " of this iteration); its bucket ", bucket,
-        reduced ? " had already been reduced" : " was still waiting for other params",
-        ". The first gradient is intact. Likely causes: reentrant activation checkpointing "
-        "(use_reentrant=True) runs backward through this param twice — use non-reentrant "
-        "checkpointing; or the weight is used twice (tied embeddings, a module called twice) — add "
-        "both contributions before calling GradReady, or set guard.on_duplicate = \"count\""));
+  bool complete = false;
+  ZERO_RETURN_IF_ERROR(guard_->Arrive(param, handed_[bucket] != 0, &complete));
+  if (iteration_ <= kDetailedIterations) {
+    ZERO_LOG(logger_, kDetail) << "iteration " << iteration_ << ": " << ParamLabel(param) << " arrived (#"
+                               << guard_->arrival(param) << ", bucket " << bucket
+                               << (complete ? ", complete)" : ", more expected)");
   }
-  arrival_[param] = arrivals_++;
-  ZERO_LOG(logger_, kDetail) << "iteration " << iteration_ << ": " << ParamLabel(param)
-                             << " ready (arrival #" << arrival_[param] << ", bucket " << bucket << ")";
-  if (--pending_[bucket] == 0 && config_.buckets.overlap) return BucketReady(bucket);
-  return absl::OkStatus();
+  return complete ? ParamComplete(param) : absl::OkStatus();
+}
+
+Status EngineImpl::ParamComplete(int param) {
+  const int bucket = plan_->placement(param).bucket;
+  if (--pending_[bucket] > 0 || !config_.buckets.overlap || phase_ != Phase::kBackward) return absl::OkStatus();
+  handed_[bucket] = 1;
+  return BucketReady(bucket);
 }
 
 Status EngineImpl::AccumulateGrad(ParamId id, const void* grad) {
@@ -99,29 +96,26 @@ Status EngineImpl::AccumulateGrad(ParamId id, const void* grad) {
 Status EngineImpl::BucketReady(int bucket) {
   const bool reduce = config_.stage == 2 || LastMicroBatch();
   ZERO_ASSIGN_OR_RETURN(auto reduction, grads_->Reduction(bucket, reduce));
-  return scheduler_->MarkReady(bucket, std::move(reduction.first), std::move(reduction.second));
+  comm::BucketScheduler::Launch launch = std::move(reduction.first);
+  if (launch && config_.guard.consistency_check) {
+    launch = [this, bucket, inner = std::move(launch)]() -> comm::WorkPtr {
+      Status agreed = CheckRanksAgree(bucket);
+      return agreed.ok() ? inner() : comm::CompletedWork(std::move(agreed));
+    };
+  }
+  return scheduler_->MarkReady(bucket, std::move(launch), std::move(reduction.second));
 }
 
 Status EngineImpl::EndBackward() {
   ZERO_RETURN_IF_ERROR(RequirePhase(Phase::kBackward, "EndBackward"));
-  std::vector<std::string> unused;
-  int unused_count = 0;
-  for (size_t p = 0; p < specs_.size(); ++p) {
-    if (!specs_[p].requires_grad || arrival_[p] >= 0) continue;
-    if (++unused_count <= 20) unused.push_back(ParamLabel(static_cast<int>(p)));
-  }
-  if (unused_count > 0) {
-    return UnusedParametersError(absl::StrCat(
-        "rank ", comm_.rank(), ": ", unused_count, " param(s) got no gradient in iteration ", iteration_,
-        ": ", absl::StrJoin(unused, ", "), unused_count > 20 ? ", …" : "",
-        ". Call GradReady for them (with a zero gradient if the branch was skipped), mark them "
-        "requires_grad = false if they are never trained, or set guard.on_unused = \"zero\""));
-  }
+  std::vector<int> to_complete;
+  ZERO_RETURN_IF_ERROR(guard_->AtEndBackward(comm_.rank(), &to_complete));
   phase_ = Phase::kIdle;  // launches from here on count as after EndBackward
-  if (!config_.buckets.overlap) {
-    for (const partition::Bucket& b : plan_->buckets()) {
-      if (b.trainable) ZERO_RETURN_IF_ERROR(BucketReady(b.index));
-    }
+  for (int param : to_complete) --pending_[plan_->placement(param).bucket];
+  for (const partition::Bucket& b : plan_->buckets()) {
+    if (handed_[b.index] || pending_[b.index] > 0) continue;
+    handed_[b.index] = 1;
+    ZERO_RETURN_IF_ERROR(BucketReady(b.index));
   }
   Status waited = scheduler_->WaitAll(config_.guard.timeout_s);
   if (!waited.ok()) {

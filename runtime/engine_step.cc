@@ -29,6 +29,7 @@ StatusOr<StepInfo> EngineImpl::Step() {
   micro_batch_ = 0;
 
   if (overflow && loss_scaler_.skips_on_overflow()) {
+    guard_->EndStep();
     loss_scaler_.Update(true);
     grads_->Zero();
     info.step = step_;
@@ -41,8 +42,24 @@ StatusOr<StepInfo> EngineImpl::Step() {
   if (config_.clip_grad_norm > 0 && info.grad_norm > config_.clip_grad_norm) {
     clip = config_.clip_grad_norm / (info.grad_norm + 1e-6);
   }
+  // guard.on_unused = "zero": a param no rank used since the last step is left untouched.
+  std::vector<std::pair<int, std::vector<float>>> untouched;
+  if (config_.guard.on_unused == UnusedPolicy::kZero) {
+    std::vector<float> used(specs_.size());
+    for (size_t p = 0; p < specs_.size(); ++p) used[p] = guard_->UsedThisStep(static_cast<int>(p)) ? 1.0f : 0.0f;
+    ZERO_RETURN_IF_ERROR(comm_.AllReduce(used.data(), used.data(), static_cast<int64_t>(used.size()),
+                                         DType::kFP32, comm::ReduceOp::kMax)
+                             ->Wait(config_.guard.timeout_s));
+    for (size_t p = 0; p < specs_.size(); ++p) {
+      if (specs_[p].requires_grad && used[p] == 0.0f) {
+        untouched.emplace_back(static_cast<int>(p), optimizer_->SaveOwned(static_cast<int>(p)));
+      }
+    }
+  }
+  guard_->EndStep();
   ++step_;
   ZERO_RETURN_IF_ERROR(optimizer_->Step(step_, static_cast<float>(clip / divisor)));
+  for (const auto& [param, saved] : untouched) optimizer_->RestoreOwned(param, saved);
   if (config_.stage != 0) ZERO_RETURN_IF_ERROR(AllGatherParams());
   loss_scaler_.Update(false);
   grads_->Zero();

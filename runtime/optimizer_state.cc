@@ -30,7 +30,7 @@ StatusOr<std::unique_ptr<OptimizerState>> OptimizerState::Create(
     if (!b.trainable) continue;
     const int64_t begin = config.stage == 0 ? 0 : rank * b.shard_numel;
     const int64_t numel = config.stage == 0 ? b.numel : b.shard_numel;
-    s->ranges_.push_back({b.index, begin, numel, nullptr});
+    s->ranges_.push_back({b.index, begin, numel, nullptr, state_numel});
     state_numel += numel;
     if (b.dtype != DType::kFP32) master_numel += numel;
   }
@@ -83,19 +83,55 @@ StatusOr<std::unique_ptr<OptimizerState>> OptimizerState::Create(
   return s;
 }
 
-void OptimizerState::RefreshMaster(int param) {
+template <typename Fn>
+void OptimizerState::ForOwnedPart(int param, Fn fn) const {
   const auto& place = plan_.placement(param);
-  const partition::Bucket& b = plan_.buckets()[place.bucket];
-  if (b.dtype == DType::kFP32) return;  // the params are the master
   for (const OwnedRange& r : ranges_) {
     if (r.bucket != place.bucket) continue;
     const int64_t begin = std::max(r.begin, place.offset);
     const int64_t end = std::min(r.begin + r.numel, place.offset + place.numel);
-    const uint16_t* source = reinterpret_cast<const uint16_t*>(params_ + b.byte_offset);
+    if (begin < end) fn(r, begin, end);
+  }
+}
+
+void OptimizerState::RefreshMaster(int param) {
+  const partition::Bucket& b = plan_.buckets()[plan_.placement(param).bucket];
+  if (b.dtype == DType::kFP32) return;  // the params are the master
+  const uint16_t* source = reinterpret_cast<const uint16_t*>(params_ + b.byte_offset);
+  ForOwnedPart(param, [&](const OwnedRange& r, int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       r.master[i - r.begin] = b.dtype == DType::kBF16 ? Bf16ToFloat(source[i]) : HalfToFloat(source[i]);
     }
-  }
+  });
+}
+
+std::vector<float> OptimizerState::SaveOwned(int param) const {
+  std::vector<float> saved;
+  ForOwnedPart(param, [&](const OwnedRange& r, int64_t begin, int64_t end) {
+    const int64_t at = begin - r.begin, n = end - begin;
+    saved.insert(saved.end(), r.master + at, r.master + at + n);
+    if (state0_.bytes() > 0) saved.insert(saved.end(), state0_.as<float>() + r.state_begin + at, state0_.as<float>() + r.state_begin + at + n);
+    if (state1_.bytes() > 0) saved.insert(saved.end(), state1_.as<float>() + r.state_begin + at, state1_.as<float>() + r.state_begin + at + n);
+  });
+  return saved;
+}
+
+void OptimizerState::RestoreOwned(int param, const std::vector<float>& saved) {
+  const partition::Bucket& b = plan_.buckets()[plan_.placement(param).bucket];
+  const float* from = saved.data();
+  ForOwnedPart(param, [&](const OwnedRange& r, int64_t begin, int64_t end) {
+    const int64_t at = begin - r.begin, n = end - begin;
+    from = std::copy(from, from + n, r.master + at);
+    if (state0_.bytes() > 0) from = std::copy(from, from + n, state0_.as<float>() + r.state_begin + at);
+    if (state1_.bytes() > 0) from = std::copy(from, from + n, state1_.as<float>() + r.state_begin + at);
+    if (b.dtype != DType::kFP32) {
+      uint16_t* copy = reinterpret_cast<uint16_t*>(params_ + b.byte_offset);
+      for (int64_t i = begin; i < end; ++i) {
+        const float value = r.master[i - r.begin];
+        copy[i] = b.dtype == DType::kBF16 ? FloatToBf16(value) : FloatToHalf(value);
+      }
+    }
+  });
 }
 
 StatusOr<kernels::NormResult> OptimizerState::GradNorm() {

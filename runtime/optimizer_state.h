@@ -36,6 +36,11 @@ class OptimizerState {
   StatusOr<kernels::NormResult> GradNorm();
   /// One optimizer step over the owned ranges (step ≥ 1), gradients multiplied by grad_scale.
   Status Step(int64_t step, float grad_scale);
+  /// The fp32 weights and moments of `param`'s owned part, to put back with RestoreOwned (so
+  /// that a step leaves a param untouched, as PyTorch skips params without a gradient).
+  std::vector<float> SaveOwned(int param) const;
+  /// Puts back what SaveOwned returned, and the bf16/fp16 model copy rounded from it.
+  void RestoreOwned(int param, const std::vector<float>& saved);
 
  private:
   struct OwnedRange {
@@ -43,7 +48,12 @@ class OptimizerState {
     int64_t begin;  // within the bucket
     int64_t numel;
     float* master;
+    int64_t state_begin;  // within state0_/state1_
   };
+  // Calls fn(range, first, end) for the part [first, end) (bucket coordinates) of `param`
+  // inside each owned range.
+  template <typename Fn>
+  void ForOwnedPart(int param, Fn fn) const;
   struct Batch {  // one kernel launch: segments of one group and dtype
     int group;
     kernels::SegmentTypes types;

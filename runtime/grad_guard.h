@@ -1,0 +1,80 @@
+// The gradient guard: every gradient reduced exactly once, or a clear error and a way out
+// (DESIGN.md, "The gradient guard"). Internal to runtime; the engine consults it on every
+// arrival and at EndBackward.
+//
+// Per micro-batch it tracks, per param, the number of arrivals, the position of the first, and
+// whether the param is complete (its bucket may launch). O(1) per arrival, no allocation.
+//
+//   on_duplicate = error  a second arrival is DuplicateGradient, naming the param, bucket,
+//                         iteration, both positions and the fixes; nothing is corrupted.
+//   on_duplicate = count  the first micro-batch learns each param's number of arrivals (its
+//                         reductions wait for EndBackward); later ones complete a param when
+//                         that count is reached; a different count is "the graph changed".
+//   on_unused = error     params without a gradient at EndBackward: UnusedParameters.
+//   on_unused = zero      they contribute zeros; a param no rank used in a whole step is left
+//                         untouched by it (the engine asks UsedThisStep()).
+#ifndef ZERO_RUNTIME_GRAD_GUARD_H_
+#define ZERO_RUNTIME_GRAD_GUARD_H_
+
+#include <string>
+#include <vector>
+
+#include "zero/config.h"
+#include "zero/status.h"
+
+namespace zero::runtime {
+
+class GradGuard {
+ public:
+  /// `names[p]` and `bucket_of[p]` for every param; frozen params have bucket_of = -1.
+  GradGuard(const GuardConfig& config, std::vector<std::string> names, std::vector<int> bucket_of);
+
+  /// Starts micro-batch number `iteration` (1-based, counted over the whole run).
+  void BeginMicroBatch(int64_t iteration);
+  /// True while the first micro-batch learns arrival counts (count policy only).
+  bool learning() const { return learning_; }
+
+  /// May the trainer still add into `param`'s gradient? DuplicateGradient once it is complete.
+  Status CheckWritable(int param, bool bucket_launched) const;
+  /// Records one arrival of `param`. `*complete` tells whether the param just became complete
+  /// (its bucket's pending count drops). `bucket_launched` only shapes the message.
+  Status Arrive(int param, bool bucket_launched, bool* complete);
+
+  /// At EndBackward: checks counts and unused params per the policies. On success `*to_complete`
+  /// lists params the engine must now treat as complete (all params after a learning
+  /// micro-batch; the unused ones under on_unused = zero). `rank` is for messages.
+  Status AtEndBackward(int rank, std::vector<int>* to_complete);
+
+  /// Whether `param` got a gradient on this rank in any micro-batch since the last step.
+  bool UsedThisStep(int param) const { return used_in_step_[param] != 0; }
+  /// Forgets the step's usage (after Step()).
+  void EndStep();
+
+  /// For messages: `"name" (index p)`.
+  std::string Label(int param) const;
+  /// Arrival position of `param` this micro-batch, or -1.
+  int arrival(int param) const { return first_arrival_[param]; }
+
+ private:
+  // The DuplicateGradient message: the param, its bucket, both arrivals, causes and fixes.
+  Status Duplicate(int param, bool bucket_launched) const;
+  // The count policy's message when a param gets more gradients than it did at first.
+  Status GraphChanged(int param) const;
+
+  const GuardConfig config_;
+  const std::vector<std::string> names_;
+  const std::vector<int> bucket_of_;
+  int64_t iteration_ = 0;
+  bool learning_ = false;
+  bool learned_ = false;
+  int arrivals_ = 0;
+  std::vector<int> count_;          // arrivals this micro-batch
+  std::vector<int> first_arrival_;  // position of the first arrival, or -1
+  std::vector<char> complete_;
+  std::vector<int> expected_;       // count policy: learned arrivals per micro-batch
+  std::vector<char> used_in_step_;
+};
+
+}  // namespace zero::runtime
+
+#endif  // ZERO_RUNTIME_GRAD_GUARD_H_

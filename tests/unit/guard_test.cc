@@ -1,0 +1,38 @@
+// The gradient guard's scenarios on in-process ranks (1, 2 and 3 ranks), each on a fresh group.
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "tests/engine/guard_scenarios.h"
+
+namespace zero::testing {
+namespace {
+
+class GuardTest : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
+
+TEST_P(GuardTest, BehavesAsPromised) {
+  const auto& [name, world] = GetParam();
+  for (const GuardScenario& scenario : GuardScenarios()) {
+    if (scenario.name != name) continue;
+    auto group = comm::CreateLocalGroup(world);
+    ASSERT_TRUE(group.ok());
+    std::vector<Status> results(world);
+    std::vector<std::thread> ranks;
+    for (int r = 0; r < world; ++r) ranks.emplace_back([&, r] { results[r] = scenario.run(*(*group)[r]); });
+    for (auto& t : ranks) t.join();
+    for (int r = 0; r < world; ++r) EXPECT_TRUE(results[r].ok()) << "rank " << r << ": " << results[r];
+    return;
+  }
+  FAIL() << "no scenario " << name;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Scenarios, GuardTest,
+    ::testing::Combine(::testing::Values("ReentrantCheckpointing", "TiedEmbedding", "BranchUnusedOnOneRank",
+                                         "ParamNoRankUsed", "RankSkipsEndBackward",
+                                         "DifferentRegistrationOrder", "DivergedBucketLayout"),
+                       ::testing::Values(1, 2, 3)),
+    [](const auto& info) { return std::get<0>(info.param) + "_" + std::to_string(std::get<1>(info.param)) + "ranks"; });
+
+}  // namespace
+}  // namespace zero::testing
