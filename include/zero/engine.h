@@ -23,8 +23,14 @@
 // micro-batches, as in PyTorch). Calls out of order are kFailedPrecondition naming the call
 // and the state; nothing is modified by a failed call.
 //
+// The gradient guard (config "guard", DESIGN.md): a second gradient for a param is
+// DuplicateGradient (IsDuplicateGradient) or, with on_duplicate = "count", summed; params with
+// no gradient at EndBackward are UnusedParameters (IsUnusedParameters) or, with on_unused =
+// "zero", zeros; Finalize compares the registries of all ranks; consistency_check makes ranks
+// agree before each bucket's collective; timeout_s bounds every wait.
+//
 // Implemented: stages 0, 1 and 2 on device "cpu" (any communicator with host buffers).
-// Stage 3, device "cuda", checkpoints and the optimizers LAMB return kUnimplemented.
+// Stage 3, device "cuda", checkpoints and the optimizer LAMB return kUnimplemented.
 #ifndef ZERO_ENGINE_H_
 #define ZERO_ENGINE_H_
 
