@@ -10,26 +10,19 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "comm/local/arrival.h"
 #include "comm/reduce.h"
 #include "zero/device.h"
 
 namespace zero::comm {
 namespace {
 
-// One rank's arrival at a collective.
-struct Arrival {
-  CollectiveSignature signature;
-  const void* send = nullptr;
-  void* recv = nullptr;
-  Status invalid;  // this rank's own arguments were bad: the whole collective fails
-};
-
 // The meeting point of the k-th collective of every rank.
 struct Slot {
   explicit Slot(int size, int64_t sequence) : arrivals(size), sequence(sequence) {}
   std::mutex mutex;
   std::condition_variable completed;
-  std::vector<std::optional<Arrival>> arrivals;
+  Arrivals arrivals;
   int arrived = 0;
   bool done = false;
   Status status;
@@ -43,8 +36,9 @@ char* ElementBytes(void* base, int64_t elements, DType dtype) {
   return static_cast<char*>(base) + elements * static_cast<int64_t>(DTypeSize(dtype));
 }
 
-// Moves the data of a complete, consistent slot. Called once, by the last rank to arrive.
-void Execute(const std::vector<std::optional<Arrival>>& arrivals) {
+// Moves the data of a complete, consistent slot of host buffers. Called once, by the last rank
+// to arrive.
+void ExecuteOnHost(const Arrivals& arrivals) {
   const int size = static_cast<int>(arrivals.size());
   const CollectiveSignature& s = arrivals[0]->signature;
   const size_t chunk_bytes = static_cast<size_t>(s.count) * DTypeSize(s.dtype);
@@ -107,7 +101,11 @@ class Group {
       slot->arrivals[rank] = std::move(arrival);
       last = ++slot->arrived == size_;
       if (last && !slot->done) {
-        Execute(slot->arrivals);
+        if (slot->arrivals[0]->on_device) {
+          slot->status = ExecuteOnDevice(slot->arrivals);
+        } else {
+          ExecuteOnHost(slot->arrivals);
+        }
         slot->done = true;
       }
     }
@@ -135,6 +133,13 @@ class Group {
     }
     for (int other = 0; other < size_; ++other) {
       const auto& earlier = slot.arrivals[other];
+      if (earlier.has_value() && earlier->on_device != arrival.on_device) {
+        fail(absl::InvalidArgumentError(absl::StrCat(
+            "collective #", slot.sequence, ": rank ", other, " passed ", earlier->on_device ? "CUDA device" : "host",
+            " buffers but rank ", rank, " passed ", arrival.on_device ? "CUDA device" : "host",
+            " buffers; all ranks must use the same kind")));
+        return;
+      }
       if (earlier.has_value() && earlier->signature != arrival.signature) {
         fail(absl::InvalidArgumentError(absl::StrCat(
             "collective #", slot.sequence, " mismatch: rank ", other, " called ",
@@ -221,12 +226,14 @@ class LocalCommunicator final : public Communicator {
 
  private:
   WorkPtr Post(const CollectiveSignature& signature, const void* send, void* recv) {
-    Arrival arrival{signature, send, recv, ValidateCollective(signature, send, recv, size())};
-    if (arrival.invalid.ok() &&
-        (PlacementOf(send) == Placement::kDevice || PlacementOf(recv) == Placement::kDevice)) {
-      arrival.invalid = absl::UnimplementedError(
-          "the local communicator does not support CUDA device buffers yet; use host buffers "
-          "or the nccl backend");
+    const bool send_device = PlacementOf(send) == Placement::kDevice;
+    const bool recv_device = PlacementOf(recv) == Placement::kDevice;
+    Arrival arrival{signature, send, recv, send_device || recv_device,
+                    ValidateCollective(signature, send, recv, size())};
+    if (arrival.invalid.ok() && signature.kind != CollectiveKind::kBarrier && send_device != recv_device) {
+      arrival.invalid = absl::InvalidArgumentError(absl::StrCat(
+          signature.ToString(), ": one buffer is CUDA device memory and the other host memory; "
+          "pass both on the same side"));
     }
     auto slot = group_->Arrive(rank_, next_sequence_++, std::move(arrival));
     return std::make_unique<LocalWork>(std::move(slot), rank_, signature);

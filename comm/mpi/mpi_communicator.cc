@@ -11,6 +11,13 @@
 #include <thread>
 #include <vector>
 
+#if ZERO_HAVE_CUDA
+#include <cuda_runtime.h>
+#if __has_include(<mpi-ext.h>)
+#include <mpi-ext.h>
+#endif
+#endif
+
 #include "absl/strings/str_cat.h"
 #include "comm/completion.h"
 #include "comm/mpi/mpi_ops.h"
@@ -51,6 +58,41 @@ Status EnsureMpiInitialized() {
   return absl::OkStatus();
 }
 
+// Page-locked host memory for staging CUDA device buffers (freed with the operation).
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+  ~PinnedBuffer() {
+#if ZERO_HAVE_CUDA
+    if (data_ != nullptr) cudaFreeHost(data_);
+#endif
+  }
+  Status Allocate(size_t bytes) {
+#if ZERO_HAVE_CUDA
+    ZERO_CUDA_RETURN_IF_ERROR(cudaMallocHost(&data_, bytes > 0 ? bytes : 1));
+    return absl::OkStatus();
+#else
+    (void)bytes;
+    return absl::UnimplementedError("staging device buffers needs a build with CUDA");
+#endif
+  }
+  void* data() const { return data_; }
+
+ private:
+  void* data_ = nullptr;
+};
+
+// True when this MPI reports that it accepts CUDA device pointers.
+bool MpiIsCudaAware() {
+#if defined(MPIX_CUDA_AWARE_SUPPORT) && MPIX_CUDA_AWARE_SUPPORT
+  return MPIX_Query_cuda_support() == 1;
+#else
+  return false;
+#endif
+}
+
 // One collective as the progress thread sees it.
 struct Operation {
   enum class Phase { kQueued, kChecking, kRunning };
@@ -59,6 +101,8 @@ struct Operation {
   std::function<int(MPI_Request*)> launch;  // issues the non-blocking call
   std::function<void()> finish;             // after completion: copy out of staging
   std::vector<char> staging;
+  PinnedBuffer staged_send, staged_recv;  // CUDA device buffers copied through host memory
+  int device = -1;                        // their CUDA device, for the copy back
   std::shared_ptr<Completion> completion = std::make_shared<Completion>();
   Phase phase = Phase::kQueued;
   MPI_Request request = MPI_REQUEST_NULL;
@@ -106,7 +150,7 @@ class MpiWork final : public Work {
 class MpiCommunicator final : public Communicator {
  public:
   MpiCommunicator(MPI_Comm comm, int rank, int size, HalfPrecisionOps ops, MpiOptions options)
-      : comm_(comm), rank_(rank), size_(size), ops_(ops), options_(options),
+      : comm_(comm), rank_(rank), size_(size), ops_(ops), options_(options), cuda_aware_(MpiIsCudaAware()),
         progress_([this] { ProgressLoop(); }) {}
 
   ~MpiCommunicator() override {
@@ -135,6 +179,8 @@ class MpiCommunicator final : public Communicator {
     if (!operation.ok()) return CompletedWork(operation.status());
     Operation& o = **operation;
     const size_t bytes = static_cast<size_t>(count) * DTypeSize(dtype);
+    const Status staged = StageIfOnDevice(o, &send, &recv, bytes * size_, bytes);
+    if (!staged.ok()) return CompletedWork(staged);
     const bool in_place = static_cast<const char*>(send) + rank_ * bytes == recv;
     void* target = recv;
     if (in_place) {  // MPI's in-place result lands at the start, ours at the rank's chunk
@@ -156,6 +202,8 @@ class MpiCommunicator final : public Communicator {
     auto operation = Prepare(s, send, recv);
     if (!operation.ok()) return CompletedWork(operation.status());
     const size_t bytes = static_cast<size_t>(count) * DTypeSize(dtype);
+    const Status staged = StageIfOnDevice(**operation, &send, &recv, bytes, bytes * size_);
+    if (!staged.ok()) return CompletedWork(staged);
     const bool in_place = static_cast<const char*>(recv) + rank_ * bytes == send;
     const void* source = in_place ? MPI_IN_PLACE : send;
     const MPI_Datatype type = Type(dtype);
@@ -171,6 +219,9 @@ class MpiCommunicator final : public Communicator {
     const CollectiveSignature s{CollectiveKind::kAllReduce, count, dtype, op, 0};
     auto operation = Prepare(s, send, recv);
     if (!operation.ok()) return CompletedWork(operation.status());
+    const size_t bytes = static_cast<size_t>(count) * DTypeSize(dtype);
+    const Status staged = StageIfOnDevice(**operation, &send, &recv, bytes, bytes);
+    if (!staged.ok()) return CompletedWork(staged);
     const void* source = send == recv ? MPI_IN_PLACE : send;
     const MPI_Datatype type = Type(dtype);
     const MPI_Op mpi_op = Op(dtype, op);
@@ -184,9 +235,15 @@ class MpiCommunicator final : public Communicator {
     const CollectiveSignature s{CollectiveKind::kBroadcast, count, dtype, ReduceOp::kSum, root};
     auto operation = Prepare(s, data, data);
     if (!operation.ok()) return CompletedWork(operation.status());
+    const size_t bytes = static_cast<size_t>(count) * DTypeSize(dtype);
+    const void* source = data;
+    void* target = data;
+    const Status staged = StageIfOnDevice(**operation, &source, &target, bytes, bytes);
+    if (!staged.ok()) return CompletedWork(staged);
+    if (target != data) std::memcpy(target, source, bytes);  // staged: broadcast the host copy
     const MPI_Datatype type = Type(dtype);
-    (*operation)->launch = [this, data, count, type, root](MPI_Request* request) {
-      return MPI_Ibcast(data, static_cast<int>(count), type, root, comm_, request);
+    (*operation)->launch = [this, target, count, type, root](MPI_Request* request) {
+      return MPI_Ibcast(target, static_cast<int>(count), type, root, comm_, request);
     };
     return Submit(std::move(*operation));
   }
@@ -213,14 +270,39 @@ class MpiCommunicator final : public Communicator {
       return absl::InvalidArgumentError(absl::StrCat(
           s.ToString(), ": MPI counts are limited to ", INT_MAX, " elements per call"));
     }
-    if (PlacementOf(a) == Placement::kDevice || PlacementOf(b) == Placement::kDevice) {
-      return absl::UnimplementedError(
-          "the mpi communicator does not stage CUDA device buffers yet; use host buffers or "
-          "the nccl backend");
-    }
     auto operation = std::make_unique<Operation>();
     operation->signature = s;
     return operation;
+  }
+
+  // When `send`/`recv` are CUDA device memory (and MPI cannot take them directly), copies the
+  // input into pinned host memory now, points the collective at host buffers, and arranges the
+  // copy back after completion. `send_bytes`/`recv_bytes` are the buffers' full sizes.
+  Status StageIfOnDevice(Operation& o, const void** send, void** recv, size_t send_bytes,
+                         size_t recv_bytes) {
+    const bool device = PlacementOf(*send) == Placement::kDevice || PlacementOf(*recv) == Placement::kDevice;
+    if (!device) return absl::OkStatus();
+    const bool builtin_op = o.signature.dtype == DType::kFP32 || o.signature.kind == CollectiveKind::kAllGather ||
+                            o.signature.kind == CollectiveKind::kBroadcast;
+    if (cuda_aware_ && builtin_op) return absl::OkStatus();  // MPI reads device memory itself
+#if ZERO_HAVE_CUDA
+    ZERO_CUDA_RETURN_IF_ERROR(cudaGetDevice(&o.device));
+    ZERO_RETURN_IF_ERROR(o.staged_send.Allocate(send_bytes));
+    ZERO_RETURN_IF_ERROR(o.staged_recv.Allocate(recv_bytes));
+    ZERO_CUDA_RETURN_IF_ERROR(cudaMemcpy(o.staged_send.data(), *send, send_bytes, cudaMemcpyDefault));
+    void* device_recv = *recv;
+    *send = o.staged_send.data();
+    *recv = o.staged_recv.data();
+    o.finish = [&o, device_recv, recv_bytes] {
+      cudaSetDevice(o.device);  // the progress thread copies back
+      cudaMemcpy(device_recv, o.staged_recv.data(), recv_bytes, cudaMemcpyDefault);
+    };
+    return absl::OkStatus();
+#else
+    (void)send_bytes;
+    (void)recv_bytes;
+    return absl::UnimplementedError("CUDA device buffers need a build with CUDA");
+#endif
   }
 
   WorkPtr Submit(std::unique_ptr<Operation> operation) {
@@ -358,6 +440,7 @@ class MpiCommunicator final : public Communicator {
   const int rank_, size_;
   HalfPrecisionOps ops_;
   const MpiOptions options_;
+  const bool cuda_aware_;
   int64_t next_sequence_ = 0;
 
   std::mutex mutex_;

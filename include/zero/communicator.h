@@ -100,7 +100,8 @@ WorkPtr CompletedWork(Status status);
 /// as threads of one process); element r is rank r. Each is used by one thread; the group
 /// lives as long as any of its communicators. Deterministic: reductions are taken in rank
 /// order 0..N-1 and rounded once, so a reduce-scatter and an all-reduce of the same data give
-/// identical bits. Host buffers only for now (CUDA device buffers: kUnimplemented).
+/// identical bits. Buffers may be host memory or CUDA device memory (all ranks' of one kind,
+/// on one GPU or peer-accessible GPUs: device copies plus a reduction kernel).
 StatusOr<std::vector<std::unique_ptr<Communicator>>> CreateLocalGroup(int size);
 
 /// Options of the MPI communicator.
@@ -112,7 +113,8 @@ struct MpiOptions {
 
 /// Creates a communicator (backend "mpi") over a duplicate of `*mpi_comm` (an MPI_Comm*; null
 /// means MPI_COMM_WORLD). Initialises MPI when the program has not (and finalises it at exit).
-/// Host buffers only for now. kUnimplemented in builds without MPI.
+/// CUDA device buffers are staged through pinned host memory, unless the MPI reports CUDA
+/// awareness and the reduction is a built-in one (fp32). kUnimplemented in builds without MPI.
 StatusOr<std::unique_ptr<Communicator>> CreateMpiCommunicator(const void* mpi_comm,
                                                               MpiOptions options = {});
 

@@ -3,6 +3,7 @@
 #include "runtime/base/raw_memory.h"
 
 #include <cstdlib>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 
@@ -68,6 +69,18 @@ void FreeRaw(void* data, Placement placement) {
       return;
 #endif
   }
+}
+
+Status CopyBytes(void* destination, const void* source, int64_t bytes) {
+  if (bytes <= 0) return absl::OkStatus();
+#if ZERO_HAVE_CUDA
+  if (PlacementOf(destination) == Placement::kDevice || PlacementOf(source) == Placement::kDevice) {
+    ZERO_CUDA_RETURN_IF_ERROR(cudaMemcpy(destination, source, static_cast<size_t>(bytes), cudaMemcpyDefault));
+    return absl::OkStatus();
+  }
+#endif
+  std::memcpy(destination, source, static_cast<size_t>(bytes));
+  return absl::OkStatus();
 }
 
 }  // namespace zero::base

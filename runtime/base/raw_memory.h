@@ -17,6 +17,10 @@ StatusOr<void*> AllocateRaw(int64_t bytes, Placement placement);
 /// Frees memory from AllocateRaw with the same placement. Null is a no-op.
 void FreeRaw(void* data, Placement placement);
 
+/// Copies `bytes` between any two placements (cudaMemcpy with cudaMemcpyDefault when CUDA is
+/// built in, memcpy otherwise); synchronous.
+Status CopyBytes(void* destination, const void* source, int64_t bytes);
+
 }  // namespace zero::base
 
 #endif  // ZERO_RUNTIME_BASE_RAW_MEMORY_H_

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "runtime/base/raw_memory.h"
 
 namespace zero::testing {
 namespace {
@@ -30,30 +31,47 @@ double Input(int rank, int64_t i, uint64_t seed, DType dtype) {
   return value;
 }
 
-// A typed host buffer.
+// A typed buffer: values are set and read on the host; collectives see `at()`, which is a CUDA
+// device mirror when the suite runs on device buffers (Upload before, Download after).
 struct Buffer {
   DType dtype;
   std::vector<char> bytes;
-  Buffer(DType d, int64_t n, uint8_t poison) : dtype(d), bytes(n * DTypeSize(d), poison) {}
-  void* at(int64_t i) { return bytes.data() + i * DTypeSize(dtype); }
+  void* device = nullptr;
+  Status allocated;  // a device allocation that failed fails the case at Upload
+  Buffer(DType d, int64_t n, uint8_t poison, Placement placement) : dtype(d), bytes(n * DTypeSize(d), poison) {
+    if (placement == Placement::kDevice && !bytes.empty()) {
+      auto memory = base::AllocateRaw(static_cast<int64_t>(bytes.size()), Placement::kDevice);
+      if (memory.ok()) device = *memory; else allocated = memory.status();
+    }
+  }
+  ~Buffer() { base::FreeRaw(device, Placement::kDevice); }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  void* at(int64_t i) { return (device ? static_cast<char*>(device) : bytes.data()) + i * DTypeSize(dtype); }
+  Status Upload() {
+    ZERO_RETURN_IF_ERROR(allocated);
+    return device ? base::CopyBytes(device, bytes.data(), bytes.size()) : absl::OkStatus();
+  }
+  Status Download() { return device ? base::CopyBytes(bytes.data(), device, bytes.size()) : absl::OkStatus(); }
+  void* host(int64_t i) { return bytes.data() + i * DTypeSize(dtype); }
   void Set(int64_t i, double v) {
     if (dtype == DType::kFP32) {
       const float f = static_cast<float>(v);
-      std::memcpy(at(i), &f, 4);
+      std::memcpy(host(i), &f, 4);
     } else {
       const uint16_t h = dtype == DType::kBF16 ? FloatToBf16(static_cast<float>(v))
                                                : FloatToHalf(static_cast<float>(v));
-      std::memcpy(at(i), &h, 2);
+      std::memcpy(host(i), &h, 2);
     }
   }
   double Get(int64_t i) {
     if (dtype == DType::kFP32) {
       float f;
-      std::memcpy(&f, at(i), 4);
+      std::memcpy(&f, host(i), 4);
       return f;
     }
     uint16_t h;
-    std::memcpy(&h, at(i), 2);
+    std::memcpy(&h, host(i), 2);
     return dtype == DType::kBF16 ? Bf16ToFloat(h) : HalfToFloat(h);
   }
 };
@@ -109,17 +127,20 @@ Status Compare(const Case& c, int rank, int64_t i, double got, double want, doub
                                           got, ", expected ", want, " ± ", slack));
 }
 
-Status RunCase(comm::Communicator& comm, const Case& c, bool pairwise) {
+Status RunCase(comm::Communicator& comm, const Case& c, bool pairwise, Placement placement) {
   const int rank = comm.rank(), size = comm.size();
   const int64_t n = c.count;
   switch (c.kind) {
     case CollectiveKind::kReduceScatter: {
-      Buffer send(c.dtype, size * n, 0);
+      Buffer send(c.dtype, size * n, 0, placement);
       for (int64_t i = 0; i < size * n; ++i) send.Set(i, Input(rank, i, c.seed, c.dtype));
-      Buffer recv(c.dtype, n, 0xff);  // poisoned
+      Buffer recv(c.dtype, n, 0xff, placement);  // poisoned
+      ZERO_RETURN_IF_ERROR(send.Upload());
+      ZERO_RETURN_IF_ERROR(recv.Upload());
       void* out = c.in_place ? send.at(rank * n) : recv.at(0);
       ZERO_RETURN_IF_ERROR(comm.ReduceScatter(send.at(0), out, n, c.dtype, c.op)->Wait());
       Buffer& result = c.in_place ? send : recv;
+      ZERO_RETURN_IF_ERROR(result.Download());
       const int64_t offset = c.in_place ? rank * n : 0;
       for (int64_t i = 0; i < n; ++i) {
         double want, slack;
@@ -129,10 +150,13 @@ Status RunCase(comm::Communicator& comm, const Case& c, bool pairwise) {
       return absl::OkStatus();
     }
     case CollectiveKind::kAllReduce: {
-      Buffer send(c.dtype, n, 0), recv(c.dtype, n, 0xff);
+      Buffer send(c.dtype, n, 0, placement), recv(c.dtype, n, 0xff, placement);
       for (int64_t i = 0; i < n; ++i) send.Set(i, Input(rank, i, c.seed, c.dtype));
+      ZERO_RETURN_IF_ERROR(send.Upload());
+      ZERO_RETURN_IF_ERROR(recv.Upload());
       Buffer& result = c.in_place ? send : recv;
       ZERO_RETURN_IF_ERROR(comm.AllReduce(send.at(0), result.at(0), n, c.dtype, c.op)->Wait());
+      ZERO_RETURN_IF_ERROR(result.Download());
       for (int64_t i = 0; i < n; ++i) {
         double want, slack;
         Expected(c, size, i, pairwise, &want, &slack);
@@ -141,12 +165,15 @@ Status RunCase(comm::Communicator& comm, const Case& c, bool pairwise) {
       return absl::OkStatus();
     }
     case CollectiveKind::kAllGather: {
-      Buffer send(c.dtype, n, 0), recv(c.dtype, size * n, 0xff);
+      Buffer send(c.dtype, n, 0, placement), recv(c.dtype, size * n, 0xff, placement);
       const void* source = c.in_place ? recv.at(rank * n) : send.at(0);
       for (int64_t i = 0; i < n; ++i) {
         (c.in_place ? recv : send).Set(c.in_place ? rank * n + i : i, Input(rank, i, c.seed, c.dtype));
       }
+      ZERO_RETURN_IF_ERROR(send.Upload());
+      ZERO_RETURN_IF_ERROR(recv.Upload());
       ZERO_RETURN_IF_ERROR(comm.AllGather(source, recv.at(0), n, c.dtype)->Wait());
+      ZERO_RETURN_IF_ERROR(recv.Download());
       for (int r = 0; r < size; ++r) {
         for (int64_t i = 0; i < n; ++i) {
           ZERO_RETURN_IF_ERROR(Compare(c, rank, r * n + i, recv.Get(r * n + i),
@@ -156,11 +183,13 @@ Status RunCase(comm::Communicator& comm, const Case& c, bool pairwise) {
       return absl::OkStatus();
     }
     case CollectiveKind::kBroadcast: {
-      Buffer data(c.dtype, n, 0xff);
+      Buffer data(c.dtype, n, 0xff, placement);
       if (rank == c.root) {
         for (int64_t i = 0; i < n; ++i) data.Set(i, Input(rank, i, c.seed, c.dtype));
       }
+      ZERO_RETURN_IF_ERROR(data.Upload());
       ZERO_RETURN_IF_ERROR(comm.Broadcast(data.at(0), n, c.dtype, c.root)->Wait());
+      ZERO_RETURN_IF_ERROR(data.Download());
       for (int64_t i = 0; i < n; ++i) {
         ZERO_RETURN_IF_ERROR(Compare(c, rank, i, data.Get(i), Input(c.root, i, c.seed, c.dtype), 0));
       }
@@ -174,7 +203,7 @@ Status RunCase(comm::Communicator& comm, const Case& c, bool pairwise) {
 
 }  // namespace
 
-Status RunConformanceSuite(comm::Communicator& comm, bool pairwise_rounding) {
+Status RunConformanceSuite(comm::Communicator& comm, bool pairwise_rounding, Placement placement) {
   uint64_t seed = 1;
   for (DType dtype : {DType::kFP32, DType::kBF16, DType::kFP16}) {
     for (int64_t count : ConformanceSizes()) {
@@ -182,21 +211,21 @@ Status RunConformanceSuite(comm::Communicator& comm, bool pairwise_rounding) {
         for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax}) {
           for (CollectiveKind kind : {CollectiveKind::kReduceScatter, CollectiveKind::kAllReduce}) {
             ZERO_RETURN_IF_ERROR(
-                RunCase(comm, {kind, dtype, op, count, in_place, 0, seed++}, pairwise_rounding));
+                RunCase(comm, {kind, dtype, op, count, in_place, 0, seed++}, pairwise_rounding, placement));
           }
         }
         ZERO_RETURN_IF_ERROR(RunCase(
             comm, {CollectiveKind::kAllGather, dtype, ReduceOp::kSum, count, in_place, 0, seed++},
-            pairwise_rounding));
+            pairwise_rounding, placement));
       }
       const int root = comm.size() - 1;  // not always rank 0
       ZERO_RETURN_IF_ERROR(RunCase(
           comm, {CollectiveKind::kBroadcast, dtype, ReduceOp::kSum, count, false, root, seed++},
-          pairwise_rounding));
+          pairwise_rounding, placement));
     }
   }
   return RunCase(comm, {CollectiveKind::kBarrier, DType::kFP32, ReduceOp::kSum, 0, false, 0, 0},
-                 pairwise_rounding);
+                 pairwise_rounding, placement);
 }
 
 }  // namespace zero::testing

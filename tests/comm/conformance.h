@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "zero/communicator.h"
+#include "zero/device.h"
 
 namespace zero::testing {
 
@@ -21,7 +22,10 @@ inline const std::vector<int64_t>& ConformanceSizes() {
 /// failure (naming collective, dtype, size, element, got and expected), or OK.
 /// `pairwise_rounding`: the backend rounds 16-bit sums after each combining step (MPI's user
 /// operations) rather than once; the tolerance widens accordingly.
-Status RunConformanceSuite(comm::Communicator& comm, bool pairwise_rounding);
+/// `placement` kDevice runs every collective on CUDA device buffers (inputs uploaded, results
+/// downloaded and checked on the host).
+Status RunConformanceSuite(comm::Communicator& comm, bool pairwise_rounding,
+                           Placement placement = Placement::kHost);
 
 }  // namespace zero::testing
 
