@@ -158,15 +158,18 @@ Status TiedEmbedding(comm::Communicator& comm) {
 Status BranchUnusedOnOneRank(comm::Communicator& comm) {
   const int rank = comm.rank(), last = comm.size() - 1;
   const std::vector<float> branch = rank == last ? std::vector<float>{} : kOnce;
-  // on_unused = "zero": the rank that skipped the branch contributes zeros; nobody hangs.
+  // on_unused = "zero": ranks that skipped a param contribute zeros; nobody hangs — also when
+  // different ranks skip different params (the last skips the branch, rank 0 the block).
   Config config = BaseConfig();
   config.guard.on_unused = UnusedPolicy::kZero;
   {
     ZERO_ASSIGN_OR_RETURN(auto e, MakeEngine(comm, config));
-    ZERO_RETURN_IF_ERROR(Backward(*e, rank, {kOnce, kOnce, branch, kOnce}));
+    const std::vector<float> block = rank == 0 ? std::vector<float>{} : kOnce;
+    ZERO_RETURN_IF_ERROR(Backward(*e, rank, {kOnce, block, branch, kOnce}));
     ZERO_RETURN_IF_ERROR(e->Step().status());
     ZERO_RETURN_IF_ERROR(ExpectSgdResult(*e, kBranch, [last](int r) { return r == last ? 0.0 : 1.0; }));
-    ZERO_RETURN_IF_ERROR(ExpectSgdResult(*e, kBlock, [](int) { return 1.0; }));
+    ZERO_RETURN_IF_ERROR(ExpectSgdResult(*e, kBlock, [](int r) { return r == 0 ? 0.0 : 1.0; }));
+    ZERO_RETURN_IF_ERROR(ExpectSgdResult(*e, kHead, [](int) { return 1.0; }));
   }
   // The default: the rank that skipped it is told which param and how to fix it; the others
   // are not left hanging: their wait ends with DeadlineExceeded naming the bucket's param.
