@@ -121,9 +121,13 @@ void OptimizerState::RestoreOwned(int param, const std::vector<float>& saved) {
   const float* from = saved.data();
   ForOwnedPart(param, [&](const OwnedRange& r, int64_t begin, int64_t end) {
     const int64_t at = begin - r.begin, n = end - begin;
-    from = std::copy(from, from + n, r.master + at);
-    if (state0_.bytes() > 0) from = std::copy(from, from + n, state0_.as<float>() + r.state_begin + at);
-    if (state1_.bytes() > 0) from = std::copy(from, from + n, state1_.as<float>() + r.state_begin + at);
+    auto take = [&from, n](float* destination) {
+      std::copy(from, from + n, destination);
+      from += n;
+    };
+    take(r.master + at);
+    if (state0_.bytes() > 0) take(state0_.as<float>() + r.state_begin + at);
+    if (state1_.bytes() > 0) take(state1_.as<float>() + r.state_begin + at);
     if (b.dtype != DType::kFP32) {
       uint16_t* copy = reinterpret_cast<uint16_t*>(params_ + b.byte_offset);
       for (int64_t i = begin; i < end; ++i) {

@@ -248,6 +248,11 @@ class MpiCommunicator final : public Communicator {
     return Submit(std::move(*operation));
   }
 
+  Status AbortJob(int exit_code) override {
+    ZERO_MPI_RETURN_IF_ERROR(MPI_Abort(comm_, exit_code));
+    return absl::OkStatus();
+  }
+
   WorkPtr Barrier() override {
     const CollectiveSignature s{CollectiveKind::kBarrier, 0, DType::kFP32, ReduceOp::kSum, 0};
     auto operation = Prepare(s, nullptr, nullptr);

@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "zero/dtype.h"
 #include "zero/status.h"
 
@@ -91,6 +92,15 @@ class Communicator {
                             ReduceOp op) = 0;
   virtual WorkPtr Broadcast(void* data, int64_t count, DType dtype, int root) = 0;
   virtual WorkPtr Barrier() = 0;
+
+  /// Ends every process of the job with `exit_code` (MPI_Abort), so a batch job with one
+  /// failed rank ends instead of hanging. For command-line tools after a fatal error; the
+  /// library itself never calls it. Backends without a job to end (local, nccl) return
+  /// kUnimplemented and the caller exits normally.
+  virtual Status AbortJob(int exit_code) {
+    (void)exit_code;
+    return absl::UnimplementedError(absl::StrCat("the ", backend(), " communicator has no job to abort"));
+  }
 };
 
 /// A Work that is already complete with `status` (e.g. a launch that failed validation).

@@ -1,0 +1,39 @@
+// zero-train's output: a live progress line on a terminal (plain lines otherwise), one JSON
+// object per step with --json, and the final summary.
+#ifndef ZERO_TOOLS_ZERO_TRAIN_REPORT_H_
+#define ZERO_TOOLS_ZERO_TRAIN_REPORT_H_
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "zero/engine.h"
+
+namespace zero::tools {
+
+/// Peak bytes per category of one rank.
+struct RankMemory {
+  int rank = 0;
+  int64_t peak[kMemoryCategoryCount] = {};
+};
+
+class Report {
+ public:
+  Report(int steps, bool json);
+
+  /// After each step (rank 0 only).
+  void Step(int step, double loss, const StepInfo& info, const RankMemory& memory);
+  /// At the end (rank 0 only).
+  void Finish(double final_loss, double checksum, const std::vector<RankMemory>& memory,
+              const std::string& setup);
+
+ private:
+  const int steps_;
+  const bool json_, terminal_;
+  const std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+};
+
+}  // namespace zero::tools
+
+#endif  // ZERO_TOOLS_ZERO_TRAIN_REPORT_H_
