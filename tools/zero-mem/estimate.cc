@@ -1,0 +1,39 @@
+// Memory formulas.
+#include "estimate.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace zero::tools {
+
+StatusOr<StateBytes> BytesPerParam(const std::string& precision, const std::string& optimizer) {
+  // Moment bytes: Adam/AdamW keep m and v, SGD (momentum) and Lion one buffer.
+  double moments;
+  if (optimizer == "adam" || optimizer == "adamw") {
+    moments = 8;
+  } else if (optimizer == "sgd" || optimizer == "lion") {
+    moments = 4;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat("--optimizer ", optimizer, ": expected adamw, adam, sgd or lion"));
+  }
+  if (precision == "mixed") return StateBytes{2, 2, 4 + moments};  // + fp32 master
+  if (precision == "fp32") return StateBytes{4, 4, moments};       // the params are the master
+  return absl::InvalidArgumentError(absl::StrCat("--precision ", precision, ": expected mixed or fp32"));
+}
+
+double StageBytes(int stage, double params, int ranks, const StateBytes& b) {
+  const double n = ranks;
+  switch (stage) {
+    case 0: return (b.param + b.grad + b.optimizer) * params;
+    case 1: return (b.param + b.grad) * params + b.optimizer * params / n;
+    case 2: return b.param * params + (b.grad + b.optimizer) * params / n;
+    default: return (b.param + b.grad + b.optimizer) * params / n;
+  }
+}
+
+double DeepSpeedZero2Bytes(double params, int ranks) { return 2 * params + 18 * params / ranks; }
+
+double DeepSpeedZero3Bytes(double params, double largest_layer, int ranks) {
+  return 4 * largest_layer + 18 * params / ranks;
+}
+
+}  // namespace zero::tools

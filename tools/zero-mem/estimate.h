@@ -1,0 +1,33 @@
+// Per-rank memory of model states by ZeRO stage (DESIGN.md's table, the ZeRO paper's
+// formulas) and DeepSpeed's own estimator figures, for zero-mem.
+#ifndef ZERO_TOOLS_ZERO_MEM_ESTIMATE_H_
+#define ZERO_TOOLS_ZERO_MEM_ESTIMATE_H_
+
+#include <string>
+
+#include "zero/status.h"
+
+namespace zero::tools {
+
+/// Bytes per parameter of each kind of model state.
+struct StateBytes {
+  double param = 2, grad = 2;  ///< the model copy and its gradient
+  double optimizer = 12;       ///< K: fp32 master (if any) + moments
+};
+
+/// Bytes per parameter for `precision` ("mixed": 16-bit params/grads with fp32 master, or
+/// "fp32") and `optimizer` (adamw, adam, sgd = with momentum, lion).
+StatusOr<StateBytes> BytesPerParam(const std::string& precision, const std::string& optimizer);
+
+/// Per-rank bytes of model states at `stage` with `params` parameters over `ranks` ranks:
+/// 0 (P+G+K)Ψ, 1 (P+G)Ψ + KΨ/N, 2 PΨ + (G+K)Ψ/N, 3 (P+G+K)Ψ/N.
+double StageBytes(int stage, double params, int ranks, const StateBytes& b);
+
+/// DeepSpeed's estimators (mixed precision Adam): ZeRO-2 2P + 18P/N, ZeRO-3 4·L + 18P/N with L
+/// the largest layer's parameter count.
+double DeepSpeedZero2Bytes(double params, int ranks);
+double DeepSpeedZero3Bytes(double params, double largest_layer, int ranks);
+
+}  // namespace zero::tools
+
+#endif  // ZERO_TOOLS_ZERO_MEM_ESTIMATE_H_

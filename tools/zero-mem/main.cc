@@ -1,0 +1,225 @@
+// zero-mem: how much memory each rank needs for model states at ZeRO stages 0-3.
+//
+//   zero-mem estimate --params 7.5e9 --ranks 64          # the ZeRO paper's Table 1 row
+//   zero-mem estimate --preset llama-7b --ranks 1,8,64,512 --plot memory.png
+//   zero-mem measure --layers 8 --width 1024 --ranks 1,2,4 --csv
+//
+// `estimate` evaluates DESIGN.md's per-rank formulas and prints DeepSpeed's estimator beside
+// them; `measure` runs the engine on in-process ranks and reports the accounting allocator's
+// peak bytes per category next to the formula, so the extra (bucket buffers, gathered units)
+// is visible. `--plot FILE.png|FILE.svg` draws per-rank memory against rank count with gnuplot.
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "estimate.h"
+#include "measure.h"
+
+ABSL_FLAG(double, params, 0, "estimate: parameter count Ψ (e.g. 7.5e9)");
+ABSL_FLAG(std::string, preset, "", "estimate: zero-paper (7.5B), gpt2-xl (1.56B), llama-7b (6.74B), llama-70b (69B)");
+ABSL_FLAG(double, largest_layer, 0, "estimate: parameters of the largest layer (DeepSpeed's ZeRO-3 figure); default 1% of Ψ");
+ABSL_FLAG(std::string, ranks, "", "rank counts, comma-separated (estimate default 64; measure default 1,2,4)");
+ABSL_FLAG(std::string, precision, "mixed", "mixed (16-bit params/grads + fp32 master) or fp32");
+ABSL_FLAG(std::string, optimizer, "adamw", "adamw, adam, sgd (momentum) or lion");
+ABSL_FLAG(int, layers, 8, "measure: square layers in the model");
+ABSL_FLAG(int, width, 512, "measure: layer width");
+ABSL_FLAG(int, steps, 2, "measure: optimizer steps before reading the peaks");
+ABSL_FLAG(bool, csv, false, "print CSV instead of a table");
+ABSL_FLAG(std::string, plot, "", "draw per-rank memory against rank count into FILE.png or FILE.svg (gnuplot)");
+
+namespace zero::tools {
+namespace {
+
+std::string Gb(double bytes) {
+  const double gb = bytes / 1e9;
+  if (gb >= 10) return absl::StrFormat("%.1f GB", gb);
+  if (gb >= 1) return absl::StrFormat("%.2f GB", gb);
+  return absl::StrFormat("%.1f MB", bytes / 1e6);
+}
+
+StatusOr<std::vector<int>> RankList(const std::string& fallback) {
+  const std::string text = absl::GetFlag(FLAGS_ranks).empty() ? fallback : absl::GetFlag(FLAGS_ranks);
+  std::vector<int> ranks;
+  for (absl::string_view part : absl::StrSplit(text, ',')) {
+    int n = 0;
+    if (!absl::SimpleAtoi(part, &n) || n < 1) {
+      return absl::InvalidArgumentError(absl::StrCat("--ranks ", text, ": expected positive integers"));
+    }
+    ranks.push_back(n);
+  }
+  return ranks;
+}
+
+// Rows of (ranks, per-stage bytes) drawn as one line per stage; `measured` adds points.
+Status Plot(const std::string& path, const std::vector<int>& ranks, const std::vector<std::vector<double>>& bytes,
+            const std::vector<std::vector<double>>& measured, const std::string& title) {
+  const std::string data = path + ".dat", script = path + ".gp";
+  std::ofstream out(data);
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    out << ranks[i];
+    for (double b : bytes[i]) out << " " << b / 1e9;
+    for (size_t s = 0; s < 4; ++s) out << " " << (measured.empty() || measured[i][s] < 0 ? NAN : measured[i][s] / 1e9);
+    out << "\n";
+  }
+  out.close();
+  const bool svg = path.size() > 4 && path.substr(path.size() - 4) == ".svg";
+  std::ofstream gp(script);
+  gp << "set terminal " << (svg ? "svg size 900,560" : "pngcairo size 900,560") << "\n"
+     << "set output '" << path << "'\nset title '" << title << "'\n"
+     << "set xlabel 'data-parallel ranks'\nset ylabel 'GB per rank (model states)'\n"
+     << "set logscale x 2\nset logscale y\nset grid\nset key outside right\n"
+     << "plot for [s=0:3] '" << data << "' using 1:(column(s+2)) with linespoints lw 2 lc (s+1) title sprintf('stage %d (formula)', s)";
+  if (!measured.empty()) gp << ", for [s=0:3] '" << data << "' using 1:(column(s+6)) with points pt 7 ps 1.5 lc (s+1) title sprintf('stage %d (measured)', s)";
+  gp << "\n";
+  gp.close();
+  const std::string command = absl::StrCat("gnuplot '", script, "' 2>&1");
+  if (std::system(command.c_str()) != 0) {
+    return absl::UnavailableError("gnuplot failed or is not installed (scripts/setup.sh installs gnuplot-nox)");
+  }
+  std::remove(data.c_str());
+  std::remove(script.c_str());
+  std::fprintf(stderr, "zero-mem: wrote %s\n", path.c_str());
+  return absl::OkStatus();
+}
+
+Status Estimate() {
+  const std::map<std::string, double> presets = {
+      {"zero-paper", 7.5e9}, {"gpt2-xl", 1.558e9}, {"llama-7b", 6.738e9}, {"llama-70b", 68.98e9}};
+  double params = absl::GetFlag(FLAGS_params);
+  if (!absl::GetFlag(FLAGS_preset).empty()) {
+    auto it = presets.find(absl::GetFlag(FLAGS_preset));
+    if (it == presets.end()) return absl::InvalidArgumentError(absl::StrCat("unknown --preset ", absl::GetFlag(FLAGS_preset)));
+    params = it->second;
+  }
+  if (params <= 0) return absl::InvalidArgumentError("give --params Ψ (e.g. 7.5e9) or --preset");
+  ZERO_ASSIGN_OR_RETURN(StateBytes b, BytesPerParam(absl::GetFlag(FLAGS_precision), absl::GetFlag(FLAGS_optimizer)));
+  ZERO_ASSIGN_OR_RETURN(std::vector<int> ranks, RankList("64"));
+  const double largest = absl::GetFlag(FLAGS_largest_layer) > 0 ? absl::GetFlag(FLAGS_largest_layer) : 0.01 * params;
+  const bool deepspeed = absl::GetFlag(FLAGS_precision) == "mixed" && absl::GetFlag(FLAGS_optimizer).rfind("adam", 0) == 0;
+  std::vector<std::vector<double>> rows;
+  if (absl::GetFlag(FLAGS_csv)) {
+    std::printf("ranks,stage0_bytes,stage1_bytes,stage2_bytes,stage3_bytes%s\n",
+                deepspeed ? ",deepspeed_zero2_bytes,deepspeed_zero3_bytes" : "");
+  } else {
+    std::printf("zero-mem estimate: Ψ = %.4g params, %s precision, %s: bytes/param params %g, grads %g, optimizer K = %g\n",
+                params, absl::GetFlag(FLAGS_precision).c_str(), absl::GetFlag(FLAGS_optimizer).c_str(), b.param, b.grad,
+                b.optimizer);
+    std::printf("%8s %12s %12s %12s %12s", "ranks", "stage 0", "stage 1", "stage 2", "stage 3");
+    if (deepspeed) std::printf("   %18s %18s", "DeepSpeed ZeRO-2", "DeepSpeed ZeRO-3");
+    std::printf("\n");
+  }
+  for (int n : ranks) {
+    std::vector<double> row;
+    for (int stage = 0; stage < 4; ++stage) row.push_back(StageBytes(stage, params, n, b));
+    rows.push_back(row);
+    if (absl::GetFlag(FLAGS_csv)) {
+      std::printf("%d,%.0f,%.0f,%.0f,%.0f", n, row[0], row[1], row[2], row[3]);
+      if (deepspeed) std::printf(",%.0f,%.0f", DeepSpeedZero2Bytes(params, n), DeepSpeedZero3Bytes(params, largest, n));
+      std::printf("\n");
+      continue;
+    }
+    std::printf("%8d %12s %12s %12s %12s", n, Gb(row[0]).c_str(), Gb(row[1]).c_str(), Gb(row[2]).c_str(), Gb(row[3]).c_str());
+    if (deepspeed) {
+      std::printf("   %18s %18s", Gb(DeepSpeedZero2Bytes(params, n)).c_str(), Gb(DeepSpeedZero3Bytes(params, largest, n)).c_str());
+    }
+    std::printf("\n");
+  }
+  if (deepspeed && !absl::GetFlag(FLAGS_csv)) {
+    std::printf("DeepSpeed's estimators count 2 fp16 + 4 fp32 grad + 4 fp32 param + 8 Adam bytes (18/param sharded);"
+                " ZeRO-3 adds 4 bytes × the largest layer (%.3g params%s).\n",
+                largest, absl::GetFlag(FLAGS_largest_layer) > 0 ? "" : ", assumed 1% of Ψ");
+  }
+  if (!absl::GetFlag(FLAGS_plot).empty()) {
+    ZERO_RETURN_IF_ERROR(Plot(absl::GetFlag(FLAGS_plot), ranks, rows, {}, absl::StrFormat("model states per rank, %.3g params", params)));
+  }
+  return absl::OkStatus();
+}
+
+Status Measure() {
+  MeasureOptions o;
+  o.layers = absl::GetFlag(FLAGS_layers);
+  o.width = absl::GetFlag(FLAGS_width);
+  o.steps = absl::GetFlag(FLAGS_steps);
+  const std::string precision = absl::GetFlag(FLAGS_precision);
+  o.dtype = precision == "fp32" ? DType::kFP32 : DType::kBF16;
+  ZERO_ASSIGN_OR_RETURN(StateBytes b, BytesPerParam(precision, absl::GetFlag(FLAGS_optimizer)));
+  ZERO_ASSIGN_OR_RETURN(Config parsed, Config::FromJson(absl::StrCat("{\"optimizer\": {\"type\": \"", absl::GetFlag(FLAGS_optimizer), "\"}}")));
+  o.optimizer = parsed.optimizer.type;
+  ZERO_ASSIGN_OR_RETURN(std::vector<int> ranks, RankList("1,2,4"));
+  const double params = double(o.layers) * o.width * o.width;
+  const bool csv = absl::GetFlag(FLAGS_csv);
+  if (csv) {
+    std::printf("stage,ranks,params_bytes,grads_bytes,optimizer_bytes,comm_buffers_bytes,gathered_bytes,workspace_bytes,total_bytes,estimate_bytes\n");
+  } else {
+    std::printf("zero-mem measure: %d layers × %d² = %.4g params, %s, %s; peak bytes per rank (rank 0), after %d steps\n",
+                o.layers, o.width, params, precision.c_str(), absl::GetFlag(FLAGS_optimizer).c_str(), o.steps);
+    std::printf("%5s %5s %11s %11s %11s %11s %11s %11s | %11s %11s %8s\n", "stage", "ranks", "params", "grads", "optimizer",
+                "comm_bufs", "gathered", "workspace", "measured", "formula", "extra");
+  }
+  std::vector<std::vector<double>> formula(ranks.size()), measured(ranks.size());
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    for (int stage = 0; stage < 4; ++stage) {
+      const double estimate = StageBytes(stage, params, ranks[i], b);
+      formula[i].push_back(estimate);
+      auto stats = MeasureLocal(o, stage, ranks[i]);
+      if (!stats.ok()) {
+        measured[i].push_back(-1);
+        if (!csv) std::printf("%5d %5d  not measured: %s\n", stage, ranks[i], std::string(stats.status().message()).c_str());
+        continue;
+      }
+      const double total = static_cast<double>(stats->total_peak);
+      measured[i].push_back(total);
+      if (csv) {
+        std::printf("%d,%d", stage, ranks[i]);
+        for (int64_t p : stats->peak) std::printf(",%lld", static_cast<long long>(p));
+        std::printf(",%.0f,%.0f\n", total, estimate);
+      } else {
+        std::printf("%5d %5d", stage, ranks[i]);
+        for (int64_t p : stats->peak) std::printf(" %11s", Gb(double(p)).c_str());
+        std::printf(" | %11s %11s %+7.1f%%\n", Gb(total).c_str(), Gb(estimate).c_str(), 100.0 * (total - estimate) / estimate);
+      }
+    }
+  }
+  if (!csv) {
+    std::printf("extra = measured total peak − formula: bucket buffers (stage 2), padding, norm workspace.\n");
+  }
+  if (!absl::GetFlag(FLAGS_plot).empty()) {
+    ZERO_RETURN_IF_ERROR(Plot(absl::GetFlag(FLAGS_plot), ranks, formula, measured,
+                              absl::StrFormat("model states per rank, %.3g params: formula and measured", params)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace zero::tools
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("zero-mem estimate|measure [flags]; see --helpfull");
+  const std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
+  const std::string command = positional.size() > 1 ? positional[1] : "";
+  zero::Status status;
+  if (command == "estimate") {
+    status = zero::tools::Estimate();
+  } else if (command == "measure") {
+    status = zero::tools::Measure();
+  } else {
+    std::fprintf(stderr, "usage: zero-mem estimate|measure [flags] (see --helpfull)\n");
+    return 2;
+  }
+  if (!status.ok()) {
+    std::fprintf(stderr, "zero-mem: %s\n", std::string(status.message()).c_str());
+    return 1;
+  }
+  return 0;
+}
