@@ -151,8 +151,13 @@ Status EngineImpl::Finalize() {
   const int pool = hold_all ? num_buckets : config_.buckets.pool_buffers;
   ZERO_ASSIGN_OR_RETURN(grads_, GradStore::Create(config_.stage, *plan_, pool, comm_,
                                                   allocator_, [this] { return scheduler_->WaitOldest(config_.guard.timeout_s); }));
-  ZERO_ASSIGN_OR_RETURN(optimizer_, OptimizerState::Create(config_, *plan_, comm_.rank(), params_.as<char>(),
-                                                           *grads_, allocator_, exec_));
+  auto owned_params = [this](int bucket) {
+    const partition::Bucket& b = plan_->buckets()[bucket];
+    const int64_t begin = config_.stage == 0 ? 0 : comm_.rank() * b.shard_numel;
+    return params_.as<char>() + b.byte_offset + begin * static_cast<int64_t>(DTypeSize(b.dtype));
+  };
+  ZERO_ASSIGN_OR_RETURN(optimizer_, OptimizerState::Create(config_, *plan_, comm_.rank(), owned_params, *grads_,
+                                                           allocator_, exec_));
   pending_.assign(num_buckets, 0);
   handed_.assign(num_buckets, 0);
   phase_ = Phase::kIdle;

@@ -21,16 +21,15 @@ bool NeedsState1(const OptimizerConfig& o) {
 }  // namespace
 
 StatusOr<std::unique_ptr<OptimizerState>> OptimizerState::Create(
-    const Config& config, const partition::PartitionPlan& plan, int rank, char* params,
+    const Config& config, const partition::PartitionPlan& plan, int rank, const OwnedParams& params,
     GradStore& grads, base::Allocator& allocator, const kernels::CpuExec& exec) {
   std::unique_ptr<OptimizerState> s(new OptimizerState(config, plan, exec));
-  s->params_ = params;
   int64_t state_numel = 0, master_numel = 0;
   for (const partition::Bucket& b : plan.buckets()) {
     if (!b.trainable) continue;
     const int64_t begin = config.stage == 0 ? 0 : rank * b.shard_numel;
     const int64_t numel = config.stage == 0 ? b.numel : b.shard_numel;
-    s->ranges_.push_back({b.index, begin, numel, nullptr, state_numel});
+    s->ranges_.push_back({b.index, begin, numel, nullptr, state_numel, params(b.index)});
     state_numel += numel;
     if (b.dtype != DType::kFP32) master_numel += numel;
   }
@@ -49,7 +48,7 @@ StatusOr<std::unique_ptr<OptimizerState>> OptimizerState::Create(
   for (OwnedRange& r : s->ranges_) {
     const partition::Bucket& b = plan.buckets()[r.bucket];
     const int64_t element = static_cast<int64_t>(DTypeSize(b.dtype));
-    char* param_part = params + b.byte_offset + r.begin * element;
+    char* param_part = r.params;
     kernels::Segment segment;
     if (b.dtype == DType::kFP32) {
       r.master = reinterpret_cast<float*>(param_part);
@@ -97,10 +96,10 @@ void OptimizerState::ForOwnedPart(int param, Fn fn) const {
 void OptimizerState::RefreshMaster(int param) {
   const partition::Bucket& b = plan_.buckets()[plan_.placement(param).bucket];
   if (b.dtype == DType::kFP32) return;  // the params are the master
-  const uint16_t* source = reinterpret_cast<const uint16_t*>(params_ + b.byte_offset);
   ForOwnedPart(param, [&](const OwnedRange& r, int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      r.master[i - r.begin] = b.dtype == DType::kBF16 ? Bf16ToFloat(source[i]) : HalfToFloat(source[i]);
+    const uint16_t* source = reinterpret_cast<const uint16_t*>(r.params);
+    for (int64_t i = begin - r.begin; i < end - r.begin; ++i) {
+      r.master[i] = b.dtype == DType::kBF16 ? Bf16ToFloat(source[i]) : HalfToFloat(source[i]);
     }
   });
 }
@@ -129,10 +128,9 @@ void OptimizerState::RestoreOwned(int param, const std::vector<float>& saved) {
     if (state0_.bytes() > 0) take(state0_.as<float>() + r.state_begin + at);
     if (state1_.bytes() > 0) take(state1_.as<float>() + r.state_begin + at);
     if (b.dtype != DType::kFP32) {
-      uint16_t* copy = reinterpret_cast<uint16_t*>(params_ + b.byte_offset);
-      for (int64_t i = begin; i < end; ++i) {
-        const float value = r.master[i - r.begin];
-        copy[i] = b.dtype == DType::kBF16 ? FloatToBf16(value) : FloatToHalf(value);
+      uint16_t* copy = reinterpret_cast<uint16_t*>(r.params);
+      for (int64_t i = begin - r.begin; i < end - r.begin; ++i) {
+        copy[i] = b.dtype == DType::kBF16 ? FloatToBf16(r.master[i]) : FloatToHalf(r.master[i]);
       }
     }
   });

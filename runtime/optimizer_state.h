@@ -8,6 +8,7 @@
 #ifndef ZERO_RUNTIME_OPTIMIZER_STATE_H_
 #define ZERO_RUNTIME_OPTIMIZER_STATE_H_
 
+#include <functional>
 #include <vector>
 
 #include "kernels/cpu/cpu_exec.h"
@@ -21,11 +22,16 @@ namespace zero::runtime {
 
 class OptimizerState {
  public:
-  /// Allocates masters, moments and norm workspace for the rank's owned ranges. `params` is the
-  /// flat parameter buffer; `grads` gives each bucket's owned gradient.
+  /// Where the rank's owned params of a bucket start (the whole bucket at stage 0, its shard
+  /// otherwise), wherever the stage keeps them.
+  using OwnedParams = std::function<char*(int bucket)>;
+
+  /// Allocates masters, moments and norm workspace for the rank's owned ranges; `grads` gives
+  /// each bucket's owned gradient.
   static StatusOr<std::unique_ptr<OptimizerState>> Create(const Config& config,
                                                           const partition::PartitionPlan& plan,
-                                                          int rank, char* params, GradStore& grads,
+                                                          int rank, const OwnedParams& params,
+                                                          GradStore& grads,
                                                           base::Allocator& allocator,
                                                           const kernels::CpuExec& exec);
 
@@ -49,6 +55,7 @@ class OptimizerState {
     int64_t numel;
     float* master;
     int64_t state_begin;  // within state0_/state1_
+    char* params;         // the owned params (element `begin` of the bucket)
   };
   // Calls fn(range, first, end) for the part [first, end) (bucket coordinates) of `param`
   // inside each owned range.
@@ -71,7 +78,6 @@ class OptimizerState {
   const Config config_;
   const partition::PartitionPlan& plan_;
   const kernels::CpuExec exec_;
-  char* params_ = nullptr;
   std::vector<OwnedRange> ranges_;
   std::vector<Batch> batches_;
   base::Buffer master_, state0_, state1_, workspace_;
