@@ -166,12 +166,12 @@ zero_status zero_step(zero_engine* engine, zero_step_info* info) {
 
 zero_status zero_gather(zero_engine* engine, int unit) {
   ZERO_C_REQUIRE(engine, "zero_gather");
-  return Report(absl::UnimplementedError(absl::StrCat("zero_gather(unit ", unit, "): stage 3 is not implemented yet")));
+  return Report(engine->engine->Gather(unit));
 }
 
 zero_status zero_release(zero_engine* engine, int unit) {
   ZERO_C_REQUIRE(engine, "zero_release");
-  return Report(absl::UnimplementedError(absl::StrCat("zero_release(unit ", unit, "): stage 3 is not implemented yet")));
+  return Report(engine->engine->Release(unit));
 }
 
 zero_status zero_save_checkpoint(zero_engine* engine, const char* dir) {

@@ -10,9 +10,6 @@ namespace zero {
 StatusOr<std::unique_ptr<Engine>> Engine::Create(const Config& config,
                                                  comm::Communicator& communicator) {
   ZERO_RETURN_IF_ERROR(config.Validate());
-  if (config.stage == 3) {
-    return absl::UnimplementedError("stage 3 is not implemented yet; use stage 0, 1 or 2");
-  }
   if (config.device != Device::kCpu) {
     return absl::UnimplementedError("device \"cuda\" is not implemented in the engine yet; use \"cpu\"");
   }
@@ -42,6 +39,12 @@ EngineImpl::EngineImpl(const Config& config, comm::Communicator& comm, base::Log
 EngineImpl::~EngineImpl() {
   if (scheduler_ != nullptr && scheduler_->in_flight() > 0) {
     const Status drained = scheduler_->WaitAll(config_.guard.timeout_s);
+    if (!drained.ok()) {
+      ZERO_LOG(logger_, kWarn) << "destroying the engine: " << drained.message();
+    }
+  }
+  for (size_t b = 0; b < units_.size(); ++b) {  // stage 3 all-gathers still writing into units
+    const Status drained = FinishGather(static_cast<int>(b));
     if (!drained.ok()) {
       ZERO_LOG(logger_, kWarn) << "destroying the engine: " << drained.message();
     }
@@ -132,8 +135,12 @@ Status EngineImpl::Finalize() {
   guard_ = std::make_unique<GradGuard>(config_.guard, std::move(names), std::move(bucket_of));
   ZERO_RETURN_IF_ERROR(CheckRegistryAgrees());
 
-  ZERO_ASSIGN_OR_RETURN(params_, allocator_.Allocate(plan_->flat_bytes(), MemoryCategory::kParams, Placement::kHost));
-  std::memset(params_.data(), 0, static_cast<size_t>(params_.bytes()));
+  if (config_.stage == 3) {
+    ZERO_RETURN_IF_ERROR(SetupUnits());  // params live as this rank's shards
+  } else {
+    ZERO_ASSIGN_OR_RETURN(params_, allocator_.Allocate(plan_->flat_bytes(), MemoryCategory::kParams, Placement::kHost));
+    std::memset(params_.data(), 0, static_cast<size_t>(params_.bytes()));
+  }
   const int num_buckets = static_cast<int>(plan_->buckets().size());
   scheduler_ = std::make_unique<comm::BucketScheduler>(
       num_buckets,
@@ -152,6 +159,7 @@ Status EngineImpl::Finalize() {
   ZERO_ASSIGN_OR_RETURN(grads_, GradStore::Create(config_.stage, *plan_, pool, comm_,
                                                   allocator_, [this] { return scheduler_->WaitOldest(config_.guard.timeout_s); }));
   auto owned_params = [this](int bucket) {
+    if (config_.stage == 3) return ShardOf(bucket);
     const partition::Bucket& b = plan_->buckets()[bucket];
     const int64_t begin = config_.stage == 0 ? 0 : comm_.rank() * b.shard_numel;
     return params_.as<char>() + b.byte_offset + begin * static_cast<int64_t>(DTypeSize(b.dtype));
@@ -170,8 +178,24 @@ Status EngineImpl::SetParam(ParamId id, const void* values) {
   ZERO_RETURN_IF_ERROR(RequirePhase(Phase::kIdle, "SetParam"));
   ZERO_RETURN_IF_ERROR(CheckParamId(id, "SetParam"));
   if (values == nullptr) return absl::InvalidArgumentError("SetParam: values is null");
-  std::memcpy(ParamAddress(static_cast<int>(id)), values, static_cast<size_t>(ParamBytes(static_cast<int>(id))));
-  optimizer_->RefreshMaster(static_cast<int>(id));
+  const int param = static_cast<int>(id);
+  if (config_.stage == 3) {  // this rank's fragment into its shard, and any gathered copy
+    const int64_t element = static_cast<int64_t>(DTypeSize(specs_[param].dtype));
+    for (const partition::Fragment& f : plan_->FragmentsOfParam(param)) {
+      if (f.rank != comm_.rank()) continue;
+      std::memcpy(ShardOf(f.bucket) + f.shard_begin * element, static_cast<const char*>(values) + f.param_begin * element,
+                  static_cast<size_t>(f.numel * element));
+    }
+    const int bucket = plan_->placement(param).bucket;
+    ZERO_RETURN_IF_ERROR(FinishGather(bucket));
+    if (units_[bucket].buffer.data() != nullptr) {
+      std::memcpy(units_[bucket].buffer.as<char>() + plan_->placement(param).offset * element, values,
+                  static_cast<size_t>(ParamBytes(param)));
+    }
+  } else {
+    std::memcpy(ParamAddress(param), values, static_cast<size_t>(ParamBytes(param)));
+  }
+  optimizer_->RefreshMaster(param);
   return absl::OkStatus();
 }
 
@@ -179,6 +203,7 @@ Status EngineImpl::GetParam(ParamId id, void* out) const {
   if (phase_ == Phase::kRegistering) return RequirePhase(Phase::kIdle, "GetParam");
   ZERO_RETURN_IF_ERROR(CheckParamId(id, "GetParam"));
   if (out == nullptr) return absl::InvalidArgumentError("GetParam: out is null");
+  if (config_.stage == 3) return const_cast<EngineImpl*>(this)->GetParamStage3(static_cast<int>(id), out);
   const auto& place = plan_->placement(static_cast<int>(id));
   const auto& bucket = plan_->buckets()[place.bucket];
   const char* source = params_.as<char>() + bucket.byte_offset + place.offset * static_cast<int64_t>(DTypeSize(bucket.dtype));
@@ -189,7 +214,27 @@ Status EngineImpl::GetParam(ParamId id, void* out) const {
 StatusOr<void*> EngineImpl::ParamData(ParamId id) {
   if (phase_ == Phase::kRegistering) return RequirePhase(Phase::kIdle, "ParamData");
   ZERO_RETURN_IF_ERROR(CheckParamId(id, "ParamData"));
-  return static_cast<void*>(ParamAddress(static_cast<int>(id)));
+  if (config_.stage != 3) return static_cast<void*>(ParamAddress(static_cast<int>(id)));
+  char* gathered = GatheredParam(static_cast<int>(id));
+  if (gathered == nullptr) {
+    const int unit = plan_->buckets()[plan_->placement(static_cast<int>(id)).bucket].unit;
+    return absl::FailedPreconditionError(absl::StrCat(
+        "ParamData: param ", ParamLabel(static_cast<int>(id)), " belongs to unit ", unit,
+        ", which is not gathered at stage 3; call Gather(", unit, ") first and use the view until Release(", unit, ")"));
+  }
+  return static_cast<void*>(gathered);
+}
+
+Status EngineImpl::GetParamStage3(int param, void* out) {
+  const int bucket = plan_->placement(param).bucket;
+  const bool held = units_[bucket].buffer.data() != nullptr;
+  if (!held) ZERO_RETURN_IF_ERROR(StartGather(bucket));  // a collective: every rank calls GetParam
+  ZERO_RETURN_IF_ERROR(FinishGather(bucket));
+  const int64_t element = static_cast<int64_t>(DTypeSize(specs_[param].dtype));
+  std::memcpy(out, units_[bucket].buffer.as<char>() + plan_->placement(param).offset * element,
+              static_cast<size_t>(ParamBytes(param)));
+  if (!held) FreeUnit(bucket);
+  return absl::OkStatus();
 }
 
 }  // namespace runtime

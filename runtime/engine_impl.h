@@ -34,6 +34,8 @@ class EngineImpl final : public Engine {
   Status SetParam(ParamId id, const void* values) override;
   Status GetParam(ParamId id, void* out) const override;
   StatusOr<void*> ParamData(ParamId id) override;
+  Status Gather(int unit) override;
+  Status Release(int unit) override;
   Status BeginIteration() override;
   StatusOr<void*> GradBuffer(ParamId id) override;
   Status GradReady(ParamId id) override;
@@ -75,6 +77,31 @@ class EngineImpl final : public Engine {
   bool LastMicroBatch() const { return micro_batch_ + 1 == config_.gradient_accumulation_steps; }
   Status AllGatherParams();
 
+  // Stage 3 (engine_units.cc).
+  struct Unit {
+    base::Buffer buffer;    // the gathered full bucket, or empty
+    comm::WorkPtr pending;  // its all-gather, until waited for
+    int holders = 0;        // Gathers not yet Released
+    bool persistent = false;
+  };
+  enum class Trace { kRecording, kValid, kInvalid };
+  Status SetupUnits();
+  StatusOr<int> BucketOfUnit(int unit, const char* call) const;
+  // Allocates the bucket's buffer within max_live_elems and starts its all-gather.
+  Status StartGather(int bucket);
+  Status FinishGather(int bucket);
+  void FreeUnit(int bucket);
+  // Drops prefetched units nobody asked for yet (after their all-gathers complete).
+  Status DropPrefetched();
+  void Prefetch();
+  // After a step: every gathered unit's buffer gets the new values.
+  Status RefreshGathered();
+  char* ShardOf(int bucket) { return params_.as<char>() + shard_offset_[bucket]; }
+  // The param's full value at stage 3 while its unit is gathered, else null.
+  char* GatheredParam(int param);
+  // GetParam at stage 3: from the gathered unit, gathering it for the call if needed.
+  Status GetParamStage3(int param, void* out);
+
   const Config config_;
   comm::Communicator& comm_;
   base::Logger logger_;
@@ -97,6 +124,12 @@ class EngineImpl final : public Engine {
   std::vector<int> pending_;   // per bucket: params not yet complete this micro-batch
   std::vector<char> handed_;   // per bucket: reduction handed to the scheduler this micro-batch
   EngineCounters counters_;
+  std::vector<Unit> units_;            // stage 3, per bucket
+  std::vector<int64_t> shard_offset_;  // stage 3: byte offset of each bucket's shard in params_
+  int64_t live_elems_ = 0, prefetched_elems_ = 0;
+  Trace trace_state_ = Trace::kRecording;
+  std::vector<int> trace_;  // buckets in the order the first iteration gathered them
+  size_t trace_position_ = 0;
   Status diverged_;  // set once guard.consistency_check found ranks apart; later checks fail fast
 };
 

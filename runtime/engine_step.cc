@@ -30,6 +30,7 @@ StatusOr<StepInfo> EngineImpl::Step() {
 
   if (overflow && loss_scaler_.skips_on_overflow()) {
     guard_->EndStep();
+    if (config_.stage == 3) ZERO_RETURN_IF_ERROR(RefreshGathered());  // the trace restarts
     loss_scaler_.Update(true);
     grads_->Zero();
     info.step = step_;
@@ -60,7 +61,11 @@ StatusOr<StepInfo> EngineImpl::Step() {
   ++step_;
   ZERO_RETURN_IF_ERROR(optimizer_->Step(step_, static_cast<float>(clip / divisor)));
   for (const auto& [param, saved] : untouched) optimizer_->RestoreOwned(param, saved);
-  if (config_.stage != 0) ZERO_RETURN_IF_ERROR(AllGatherParams());
+  if (config_.stage == 3) {
+    ZERO_RETURN_IF_ERROR(RefreshGathered());  // the next Gather brings the rest
+  } else if (config_.stage != 0) {
+    ZERO_RETURN_IF_ERROR(AllGatherParams());
+  }
   loss_scaler_.Update(false);
   grads_->Zero();
   info.step = step_;

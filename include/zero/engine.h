@@ -29,8 +29,8 @@
 // "zero", zeros; Finalize compares the registries of all ranks; consistency_check makes ranks
 // agree before each bucket's collective; timeout_s bounds every wait.
 //
-// Implemented: stages 0, 1 and 2 on device "cpu" (any communicator with host buffers).
-// Stage 3, device "cuda", checkpoints and the optimizer LAMB return kUnimplemented.
+// Implemented: stages 0, 1, 2 and 3 on device "cpu" (any communicator with host buffers).
+// Device "cuda", checkpoints and the optimizer LAMB return kUnimplemented.
 #ifndef ZERO_ENGINE_H_
 #define ZERO_ENGINE_H_
 
@@ -76,6 +76,9 @@ struct EngineCounters {
   int64_t reductions_launched = 0;            ///< bucket collectives started
   int64_t reductions_before_end_backward = 0; ///< ... of which before EndBackward() was called
   int64_t pool_waits = 0;                     ///< stage 2: GradBuffer calls that waited for a buffer
+  int64_t gathers_prefetched = 0;  ///< stage 3: Gathers whose all-gather prefetch had started
+  int64_t gathers_on_demand = 0;   ///< stage 3: Gathers that had to start their all-gather
+  int64_t trace_invalidations = 0; ///< stage 3: times a changed gather order dropped the trace
 };
 
 class Engine {
@@ -95,10 +98,25 @@ class Engine {
   /// Copies a full initial value (host memory, the param's dtype) into the param; resets
   /// the fp32 master copy of the rank's part. After Finalize, before or between steps.
   virtual Status SetParam(ParamId id, const void* values) = 0;
-  /// Copies the param's full current value into `out` (host, the param's dtype).
+  /// Copies the param's full current value into `out` (host, the param's dtype). At stage 3 a
+  /// param whose unit is not gathered is gathered for the call: every rank must call it.
   virtual Status GetParam(ParamId id, void* out) const = 0;
-  /// A view of the param's full value (stages 0-2), valid until the engine is destroyed.
+  /// A view of the param's full value, valid until the engine is destroyed (stages 0-2) or
+  /// until its unit is released (stage 3: kFailedPrecondition when the unit is not gathered).
   virtual StatusOr<void*> ParamData(ParamId id) = 0;
+
+  /// Stage 3: gathers `unit`'s params (every rank's shard) so that ParamData views of them are
+  /// valid until Release(unit). Collective: all ranks gather the same units in the same order.
+  /// The first optimizer step's gathers (Finalize to the first Step, forward and backward) are
+  /// recorded; from then on each Gather prefetches the units the recorded order says come next
+  /// (up to stage3.prefetch_elems), so the all-gathers overlap compute; a changed order drops
+  /// the trace (an INFO log line) and gathers on demand. Never holds more than stage3.max_live_elems
+  /// gathered elements: prefetched units are dropped first, then kResourceExhausted.
+  /// A no-op at stages 0-2 and for persistent units (smaller than persistence_threshold, or
+  /// params registered without a unit), which stay gathered.
+  virtual Status Gather(int unit) = 0;
+  /// Stage 3: the trainer is done with `unit` for now; its buffer is freed.
+  virtual Status Release(int unit) = 0;
 
   /// Starts a micro-batch.
   virtual Status BeginIteration() = 0;

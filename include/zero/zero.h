@@ -110,7 +110,7 @@ ZERO_API zero_status zero_accumulate_grad(zero_engine* engine, int64_t id, const
 ZERO_API zero_status zero_begin_iteration(zero_engine* engine);
 ZERO_API zero_status zero_end_backward(zero_engine* engine);
 ZERO_API zero_status zero_step(zero_engine* engine, zero_step_info* info);
-/** Stage 3 (not implemented yet: ZERO_UNIMPLEMENTED). */
+/** Stage 3: gather a unit's params for compute / release them (no-ops at stages 0-2). */
 ZERO_API zero_status zero_gather(zero_engine* engine, int unit);
 ZERO_API zero_status zero_release(zero_engine* engine, int unit);
 /** Checkpoints (not implemented yet: ZERO_UNIMPLEMENTED). */

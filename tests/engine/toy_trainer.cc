@@ -121,6 +121,7 @@ Config ToyConfig(int stage) {
   c.buckets.reduce_bucket_elems = 300;
   c.buckets.pool_buffers = 2;
   c.guard.timeout_s = 60;
+  c.stage3.persistence_threshold = 0;
   return c;
 }
 
@@ -131,7 +132,8 @@ Status TrainToy(Engine& engine, const ToyOptions& o, ToyResult* result) {
   const char* names[] = {"fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"};
   std::vector<ParamId> ids;
   for (int p = 0; p < 4; ++p) {
-    ZERO_ASSIGN_OR_RETURN(ParamId id, engine.RegisterParam({names[p], dims[p], o.dtype}));
+    // Each layer is a stage-3 unit (ignored at stages 0-2).
+    ZERO_ASSIGN_OR_RETURN(ParamId id, engine.RegisterParam({names[p], dims[p], o.dtype, true, 0, p / 2}));
     ids.push_back(id);
   }
   ZERO_RETURN_IF_ERROR(engine.Finalize());
@@ -144,14 +146,24 @@ Status TrainToy(Engine& engine, const ToyOptions& o, ToyResult* result) {
     ZERO_RETURN_IF_ERROR(engine.SetParam(ids[p], encoded.data()));
   }
   const int world = engine.world_size(), rank = engine.rank();
+  std::vector<std::vector<float>> last_unit0(2);
   const int local = o.global_batch / world;
   for (int step = 0; step < o.steps; ++step) {
-    // Current params, decoded, from the engine's full views.
+    // Forward: the current params, decoded from the engine's full views, unit by unit.
     Model<float> m = Zeros<float>(o);
     std::vector<std::vector<float>*> parts = {&m.w1, &m.b1, &m.w2, &m.b2};
-    for (int p = 0; p < 4; ++p) {
-      ZERO_ASSIGN_OR_RETURN(void* view, engine.ParamData(ids[p]));
-      for (int64_t i = 0; i < numel[p]; ++i) (*parts[p])[i] = Decode(view, i, o.dtype);
+    for (int unit = 0; unit < 2; ++unit) {
+      if (!o.skip_unit0_on_odd_steps || unit != 0 || step % 2 == 0) ZERO_RETURN_IF_ERROR(engine.Gather(unit));
+      for (int p = 2 * unit; p < 2 * unit + 2; ++p) {
+        if (o.skip_unit0_on_odd_steps && unit == 0 && step % 2 == 1) {
+          *parts[p] = last_unit0[p];  // data-dependent control flow: this step reuses the cached layer
+          continue;
+        }
+        ZERO_ASSIGN_OR_RETURN(void* view, engine.ParamData(ids[p]));
+        for (int64_t i = 0; i < numel[p]; ++i) (*parts[p])[i] = Decode(view, i, o.dtype);
+        if (unit == 0) last_unit0[p] = *parts[p];
+      }
+      if (!o.skip_unit0_on_odd_steps || unit != 0 || step % 2 == 0) ZERO_RETURN_IF_ERROR(engine.Release(unit));
     }
     double loss = 0;
     for (int s = 0; s < o.global_batch; ++s) loss += SampleGrad<float>(o, m, step, s, 0, nullptr);
@@ -166,11 +178,14 @@ Status TrainToy(Engine& engine, const ToyOptions& o, ToyResult* result) {
         SampleGrad<float>(o, m, step, s, 1.0f / local, &g);
       }
       std::vector<std::vector<float>*> gparts = {&g.w1, &g.b1, &g.w2, &g.b2};
-      for (int p = 3; p >= 0; --p) {  // backward order
+      // Backward: layer 2's unit, then layer 1's, gathered again as a ZeRO-3 backward does.
+      for (int p = 3; p >= 0; --p) {
+        if (p == 3 || p == 1) ZERO_RETURN_IF_ERROR(engine.Gather(p / 2));
         if (p == 2) {  // one param through AccumulateGrad, the others through GradBuffer
           std::vector<char> encoded(numel[p] * DTypeSize(o.dtype));
           for (int64_t i = 0; i < numel[p]; ++i) Encode(encoded.data(), i, o.dtype, (*gparts[p])[i]);
           ZERO_RETURN_IF_ERROR(engine.AccumulateGrad(ids[p], encoded.data()));
+          ZERO_RETURN_IF_ERROR(engine.Release(p / 2));
           continue;
         }
         ZERO_ASSIGN_OR_RETURN(void* view, engine.GradBuffer(ids[p]));
@@ -178,6 +193,7 @@ Status TrainToy(Engine& engine, const ToyOptions& o, ToyResult* result) {
           Encode(view, i, o.dtype, Decode(view, i, o.dtype) + (*gparts[p])[i]);
         }
         ZERO_RETURN_IF_ERROR(engine.GradReady(ids[p]));
+        if (p == 0 || p == 2) ZERO_RETURN_IF_ERROR(engine.Release(p / 2));
       }
       ZERO_RETURN_IF_ERROR(engine.EndBackward());
     }

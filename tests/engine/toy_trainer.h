@@ -16,6 +16,9 @@ struct ToyOptions {
   int inputs = 13, hidden = 37, outputs = 5;
   int global_batch = 12;       ///< divisible by every world size tested (1-4)
   int micro_batches = 1;       ///< must equal the config's gradient_accumulation_steps
+  /// Data-dependent control flow: on odd steps the forward pass does not gather layer 1's
+  /// unit (it reuses the values read on the step before), so the gather order changes.
+  bool skip_unit0_on_odd_steps = false;
   DType dtype = DType::kFP32;  ///< params and gradients
   uint64_t seed = 7;
 };
@@ -26,7 +29,8 @@ struct ToyResult {
   std::vector<std::vector<float>> final_params;  ///< decoded to fp32
 };
 
-/// The engine config the tests start from: AdamW, small buckets so params straddle shards.
+/// The engine config the tests start from: AdamW, small buckets so params straddle shards;
+/// at stage 3 every unit is gathered on demand (no persistent units).
 Config ToyConfig(int stage);
 
 /// Registers the model, finalizes, trains. Every rank of the engine's group must call it.
