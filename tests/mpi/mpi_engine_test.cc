@@ -1,4 +1,4 @@
-// The engine under mpirun: the stage equivalence test on the MPI communicator (stages 0, 1, 2
+// The engine under mpirun: the stage equivalence test on the MPI communicator (stages 0-3
 // agree within 1e-5 relative and match a float64 single-process AdamW), with every rank
 // holding identical params after each step.
 #include <gtest/gtest.h>
@@ -17,7 +17,7 @@ TEST(MpiEngine, StagesFollowTheSameLossTrajectory) {
   testing::ToyOptions options;
   const std::vector<double> reference = testing::ReferenceLosses(options, testing::ToyConfig(0));
   std::vector<double> stage0;
-  for (int stage : {0, 1, 2}) {
+  for (int stage : {0, 1, 2, 3}) {
     auto engine = Engine::Create(testing::ToyConfig(stage), **comm);
     ASSERT_TRUE(engine.ok()) << engine.status();
     testing::ToyResult result;

@@ -47,18 +47,21 @@ void Affine(const float* w, const float* b, const float* x, float* y, int n) {
 
 Status Mlp::Setup(Engine& engine) {
   const int64_t n = o_.width;
+  int unit = 0;  // one stage-3 unit per layer: its weight and bias
   auto add = [&](const std::string& name, std::vector<int64_t> shape) -> StatusOr<int> {
-    ZERO_ASSIGN_OR_RETURN(ParamId id, engine.RegisterParam({name, shape, o_.dtype}));
+    ZERO_ASSIGN_OR_RETURN(ParamId id, engine.RegisterParam({name, shape, o_.dtype, true, 0, unit}));
     ids_.push_back(id);
+    unit_.push_back(unit);
     numel_.push_back(shape.size() == 2 ? shape[0] * shape[1] : shape[0]);
     return static_cast<int>(ids_.size() - 1);
   };
-  for (int l = 0; l < o_.depth; ++l) {
+  for (int l = 0; l < o_.depth; ++l, ++unit) {
     ZERO_RETURN_IF_ERROR(add("layer" + std::to_string(l) + ".weight", {n, n}).status());
     ZERO_RETURN_IF_ERROR(add("layer" + std::to_string(l) + ".bias", {n}).status());
   }
   if (o_.branch) {
     ZERO_ASSIGN_OR_RETURN(branch_, add("branch.weight", {n, n}));
+    ++unit;
   }
   if (!o_.tied) {
     ZERO_ASSIGN_OR_RETURN(head_weight_, add("head.weight", {n, n}));
@@ -81,10 +84,13 @@ int Mlp::head_weight() const { return o_.tied ? 0 : head_weight_; }
 StatusOr<std::vector<std::vector<float>>> Mlp::ReadParams(Engine& engine) const {
   std::vector<std::vector<float>> params(ids_.size());
   for (size_t p = 0; p < ids_.size(); ++p) {
-    std::vector<char> raw(numel_[p] * DTypeSize(o_.dtype));
-    ZERO_RETURN_IF_ERROR(engine.GetParam(ids_[p], raw.data()));
+    const bool first_of_unit = p == 0 || unit_[p] != unit_[p - 1];
+    const bool last_of_unit = p + 1 == ids_.size() || unit_[p + 1] != unit_[p];
+    if (first_of_unit) ZERO_RETURN_IF_ERROR(engine.Gather(unit_[p]));
+    ZERO_ASSIGN_OR_RETURN(void* view, engine.ParamData(ids_[p]));
     params[p].resize(numel_[p]);
-    for (int64_t i = 0; i < numel_[p]; ++i) params[p][i] = Decode(raw.data(), i, o_.dtype);
+    for (int64_t i = 0; i < numel_[p]; ++i) params[p][i] = Decode(view, i, o_.dtype);
+    if (last_of_unit) ZERO_RETURN_IF_ERROR(engine.Release(unit_[p]));
   }
   return params;
 }
@@ -172,6 +178,7 @@ StatusOr<double> Mlp::TrainStep(Engine& engine, int step, float loss_scale) {
     if (branch_active) ZERO_RETURN_IF_ERROR(Hand(engine, branch_, g[branch_], loss_scale));
     const int recomputed = depth / 2;
     for (int l = depth - 1; l >= 0; --l) {
+      ZERO_RETURN_IF_ERROR(engine.Gather(unit_[2 * l]));  // backward needs the layer's weights again
       ZERO_RETURN_IF_ERROR(Hand(engine, 2 * l + 1, g[2 * l + 1], loss_scale));
       if (o_.recompute && l == recomputed) {  // the hook fires again for the recomputed segment
         ZERO_RETURN_IF_ERROR(Hand(engine, 2 * l, g[2 * l], 0.5f * loss_scale));
@@ -179,6 +186,7 @@ StatusOr<double> Mlp::TrainStep(Engine& engine, int step, float loss_scale) {
       } else {
         ZERO_RETURN_IF_ERROR(Hand(engine, 2 * l, g[2 * l], loss_scale));
       }
+      ZERO_RETURN_IF_ERROR(engine.Release(unit_[2 * l]));
     }
     ZERO_RETURN_IF_ERROR(engine.EndBackward());
   }

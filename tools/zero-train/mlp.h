@@ -42,12 +42,15 @@ class Mlp {
  private:
   struct Grads;
   int head_weight() const;  // the param whose weight projects to the output
+  // Every param's full value, read unit by unit through Gather/ParamData/Release (stage 3
+  // gathers each layer's shards; at stages 0-2 the calls are free).
   StatusOr<std::vector<std::vector<float>>> ReadParams(Engine& engine) const;
   Status Hand(Engine& engine, int param, const std::vector<float>& grad, float scale) const;
 
   MlpOptions o_;
   std::vector<ParamId> ids_;
   std::vector<int64_t> numel_;
+  std::vector<int> unit_;  // per param: its stage-3 unit (one per layer)
   int branch_ = -1, head_weight_ = -1, head_bias_ = -1;
 };
 
