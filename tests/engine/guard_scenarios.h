@@ -17,7 +17,8 @@ namespace zero::testing {
 
 struct GuardScenario {
   std::string name;
-  std::function<Status(comm::Communicator&)> run;
+  /// Runs the scenario on this rank with the engine at `stage` (2 or 3).
+  std::function<Status(comm::Communicator&, int stage)> run;
 };
 
 /// Reentrant checkpointing (a hook firing twice), tied embeddings, a branch unused on one rank,

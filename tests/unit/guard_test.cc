@@ -1,4 +1,5 @@
-// The gradient guard's scenarios on in-process ranks (1, 2 and 3 ranks), each on a fresh group.
+// The gradient guard's scenarios on in-process ranks (1, 2 and 3 ranks; stages 2 and 3), each on
+// a fresh group.
 #include <gtest/gtest.h>
 
 #include <thread>
@@ -8,17 +9,17 @@
 namespace zero::testing {
 namespace {
 
-class GuardTest : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
+class GuardTest : public ::testing::TestWithParam<std::tuple<std::string, int, int>> {};
 
 TEST_P(GuardTest, BehavesAsPromised) {
-  const auto& [name, world] = GetParam();
+  const auto& [name, world, stage] = GetParam();
   for (const GuardScenario& scenario : GuardScenarios()) {
     if (scenario.name != name) continue;
     auto group = comm::CreateLocalGroup(world);
     ASSERT_TRUE(group.ok());
     std::vector<Status> results(world);
     std::vector<std::thread> ranks;
-    for (int r = 0; r < world; ++r) ranks.emplace_back([&, r] { results[r] = scenario.run(*(*group)[r]); });
+    for (int r = 0; r < world; ++r) ranks.emplace_back([&, r] { results[r] = scenario.run(*(*group)[r], stage); });
     for (auto& t : ranks) t.join();
     for (int r = 0; r < world; ++r) EXPECT_TRUE(results[r].ok()) << "rank " << r << ": " << results[r];
     return;
@@ -31,8 +32,11 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Combine(::testing::Values("ReentrantCheckpointing", "TiedEmbedding", "BranchUnusedOnOneRank",
                                          "ParamNoRankUsed", "RankSkipsEndBackward",
                                          "DifferentRegistrationOrder", "DivergedBucketLayout"),
-                       ::testing::Values(1, 2, 3)),
-    [](const auto& info) { return std::get<0>(info.param) + "_" + std::to_string(std::get<1>(info.param)) + "ranks"; });
+                       ::testing::Values(1, 2, 3), ::testing::Values(2, 3)),
+    [](const auto& info) {
+      return std::get<0>(info.param) + "_" + std::to_string(std::get<1>(info.param)) + "ranks_stage" +
+             std::to_string(std::get<2>(info.param));
+    });
 
 }  // namespace
 }  // namespace zero::testing
