@@ -192,7 +192,8 @@ Status Measure() {
     }
   }
   if (!csv) {
-    std::printf("extra = measured total peak − formula: bucket buffers (stage 2), padding, norm workspace.\n");
+    std::printf("extra = measured total peak − formula: bucket buffers (stages 2-3), gathered units (stage 3: one\n"
+                "unit per layer, prefetching two layers ahead), padding, norm workspace.\n");
   }
   if (!absl::GetFlag(FLAGS_plot).empty()) {
     ZERO_RETURN_IF_ERROR(Plot(absl::GetFlag(FLAGS_plot), ranks, formula, measured,

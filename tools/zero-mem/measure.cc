@@ -17,16 +17,28 @@ Status TrainRank(comm::Communicator& comm, const MeasureOptions& o, int stage, M
   config.precision.param = config.precision.grad = config.precision.reduce = o.dtype;
   if (o.dtype == DType::kFP16) config.loss_scale.mode = LossScaleMode::kDynamic;
   config.guard.timeout_s = 120;
+  // Stage 3: one unit per layer, prefetching two layers ahead (the live window of the table).
+  config.stage3.persistence_threshold = 0;
+  config.stage3.prefetch_elems = 2 * int64_t{o.width} * o.width;
   ZERO_ASSIGN_OR_RETURN(auto engine, Engine::Create(config, comm));
   const int64_t numel = int64_t{o.width} * o.width;
   for (int l = 0; l < o.layers; ++l) {
-    ZERO_RETURN_IF_ERROR(engine->RegisterParam({"layer" + std::to_string(l) + ".weight", {o.width, o.width}, o.dtype}).status());
+    ZERO_RETURN_IF_ERROR(
+        engine->RegisterParam({"layer" + std::to_string(l) + ".weight", {o.width, o.width}, o.dtype, true, 0, l}).status());
   }
   ZERO_RETURN_IF_ERROR(engine->Finalize());
   std::vector<char> grad(numel * DTypeSize(o.dtype), 0);  // zeros: the bytes, not the values, matter here
   for (int step = 0; step < o.steps; ++step) {
     ZERO_RETURN_IF_ERROR(engine->BeginIteration());
-    for (int l = o.layers - 1; l >= 0; --l) ZERO_RETURN_IF_ERROR(engine->AccumulateGrad(l, grad.data()));
+    for (int l = 0; l < o.layers; ++l) {  // forward: each layer gathered while it computes
+      ZERO_RETURN_IF_ERROR(engine->Gather(l));
+      ZERO_RETURN_IF_ERROR(engine->Release(l));
+    }
+    for (int l = o.layers - 1; l >= 0; --l) {  // backward: gathered again for its gradient
+      ZERO_RETURN_IF_ERROR(engine->Gather(l));
+      ZERO_RETURN_IF_ERROR(engine->AccumulateGrad(l, grad.data()));
+      ZERO_RETURN_IF_ERROR(engine->Release(l));
+    }
     ZERO_RETURN_IF_ERROR(engine->EndBackward());
     ZERO_RETURN_IF_ERROR(engine->Step().status());
   }
