@@ -60,6 +60,8 @@ class EngineImpl final : public Engine {
 
   Status RequirePhase(Phase wanted, const char* call) const;
   Status CheckParamId(ParamId id, const char* call) const;
+  // Inside an iteration, a registered and trainable param.
+  Status CheckGradientCall(ParamId id, const char* call) const;
   std::string ParamLabel(int param) const { return guard_->Label(param); }
   // A param became complete: its bucket may launch once all its params are.
   Status ParamComplete(int param);

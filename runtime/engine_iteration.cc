@@ -46,26 +46,24 @@ Status EngineImpl::BeginIteration() {
   return absl::OkStatus();
 }
 
+Status EngineImpl::CheckGradientCall(ParamId id, const char* call) const {
+  ZERO_RETURN_IF_ERROR(RequirePhase(Phase::kBackward, call));
+  ZERO_RETURN_IF_ERROR(CheckParamId(id, call));
+  if (specs_[id].requires_grad) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(call, ": param ", ParamLabel(static_cast<int>(id)),
+                                                    " is frozen (requires_grad = false)"));
+}
+
 StatusOr<void*> EngineImpl::GradBuffer(ParamId id) {
-  ZERO_RETURN_IF_ERROR(RequirePhase(Phase::kBackward, "GradBuffer"));
-  ZERO_RETURN_IF_ERROR(CheckParamId(id, "GradBuffer"));
+  ZERO_RETURN_IF_ERROR(CheckGradientCall(id, "GradBuffer"));
   const int param = static_cast<int>(id);
-  if (!specs_[param].requires_grad) {
-    return absl::FailedPreconditionError(absl::StrCat("GradBuffer: param ", ParamLabel(param),
-                                                      " is frozen (requires_grad = false)"));
-  }
   ZERO_RETURN_IF_ERROR(guard_->CheckWritable(param, handed_[plan_->placement(param).bucket] != 0));
   return grads_->View(param);
 }
 
 Status EngineImpl::GradReady(ParamId id) {
-  ZERO_RETURN_IF_ERROR(RequirePhase(Phase::kBackward, "GradReady"));
-  ZERO_RETURN_IF_ERROR(CheckParamId(id, "GradReady"));
+  ZERO_RETURN_IF_ERROR(CheckGradientCall(id, "GradReady"));
   const int param = static_cast<int>(id);
-  if (!specs_[param].requires_grad) {
-    return absl::FailedPreconditionError(absl::StrCat("GradReady: param ", ParamLabel(param),
-                                                      " is frozen (requires_grad = false)"));
-  }
   const int bucket = plan_->placement(param).bucket;
   bool complete = false;
   ZERO_RETURN_IF_ERROR(guard_->Arrive(param, handed_[bucket] != 0, &complete));
