@@ -13,9 +13,6 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const Config& config,
   if (config.device != Device::kCpu) {
     return absl::UnimplementedError("device \"cuda\" is not implemented in the engine yet; use \"cpu\"");
   }
-  if (config.optimizer.type == OptimizerType::kLamb) {
-    return absl::UnimplementedError("optimizer.type \"lamb\" is not wired into the engine yet");
-  }
   if (!config.precision.master_weights) {
     return absl::UnimplementedError("precision.master_weights = false is not implemented");
   }
@@ -164,8 +161,16 @@ Status EngineImpl::Finalize() {
     const int64_t begin = config_.stage == 0 ? 0 : comm_.rank() * b.shard_numel;
     return params_.as<char>() + b.byte_offset + begin * static_cast<int64_t>(DTypeSize(b.dtype));
   };
+  OptimizerState::SumOverRanks sum_over_ranks;
+  if (config_.stage != 0) {  // LAMB's per-param norms: each rank holds only part of a param
+    sum_over_ranks = [this](std::vector<float>& values) {
+      return comm_.AllReduce(values.data(), values.data(), static_cast<int64_t>(values.size()), DType::kFP32,
+                             comm::ReduceOp::kSum)
+          ->Wait(config_.guard.timeout_s);
+    };
+  }
   ZERO_ASSIGN_OR_RETURN(optimizer_, OptimizerState::Create(config_, *plan_, comm_.rank(), owned_params, *grads_,
-                                                           allocator_, exec_));
+                                                           allocator_, exec_, std::move(sum_over_ranks)));
   pending_.assign(num_buckets, 0);
   handed_.assign(num_buckets, 0);
   phase_ = Phase::kIdle;

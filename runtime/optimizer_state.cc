@@ -15,15 +15,16 @@ bool NeedsState0(const OptimizerConfig& o) {
   return o.type != OptimizerType::kSgd || o.momentum != 0.0f;
 }
 bool NeedsState1(const OptimizerConfig& o) {
-  return o.type == OptimizerType::kAdam || o.type == OptimizerType::kAdamW;
+  return o.type == OptimizerType::kAdam || o.type == OptimizerType::kAdamW || o.type == OptimizerType::kLamb;
 }
 
 }  // namespace
 
 StatusOr<std::unique_ptr<OptimizerState>> OptimizerState::Create(
     const Config& config, const partition::PartitionPlan& plan, int rank, const OwnedParams& params,
-    GradStore& grads, base::Allocator& allocator, const kernels::CpuExec& exec) {
+    GradStore& grads, base::Allocator& allocator, const kernels::CpuExec& exec, SumOverRanks sum_over_ranks) {
   std::unique_ptr<OptimizerState> s(new OptimizerState(config, plan, exec));
+  s->sum_over_ranks_ = std::move(sum_over_ranks);
   int64_t state_numel = 0, master_numel = 0;
   for (const partition::Bucket& b : plan.buckets()) {
     if (!b.trainable) continue;
@@ -70,11 +71,24 @@ StatusOr<std::unique_ptr<OptimizerState>> OptimizerState::Create(
     s->batches_[it->second].norm_spans.push_back(
         {static_cast<const char*>(segment.grad) + shard_begin * element, b.shard_numel});
   }
-  // Norm workspace: the largest need of any batch.
+  if (config.optimizer.type == OptimizerType::kLamb) {
+    ZERO_ASSIGN_OR_RETURN(s->lamb_updates_, allocator.Allocate(state_numel * 4, MemoryCategory::kWorkspace, Placement::kHost));
+    std::vector<kernels::Segment> range_segments;
+    for (const Batch& batch : s->batches_) range_segments.insert(range_segments.end(), batch.segments.begin(), batch.segments.end());
+    ZERO_RETURN_IF_ERROR(s->BuildLambBatches(range_segments));
+  }
+  // Norm workspace: the largest need of any batch (LAMB's per-fragment spans included).
   for (const Batch& batch : s->batches_) {
     size_t bytes = 0;
     ZERO_RETURN_IF_ERROR(kernels::SquaredNormsCpu(nullptr, &bytes, batch.norm_spans, batch.types.grad,
                                                   {}, nullptr, exec));
+    s->workspace_bytes_ = std::max(s->workspace_bytes_, bytes);
+  }
+  for (const LambBatch& batch : s->lamb_batches_) {
+    std::vector<kernels::ConstSpan> spans;
+    for (const kernels::Segment& seg : batch.segments) spans.push_back({seg.master, seg.numel});
+    size_t bytes = 0;
+    ZERO_RETURN_IF_ERROR(kernels::SquaredNormsCpu(nullptr, &bytes, spans, DType::kFP32, {}, nullptr, exec));
     s->workspace_bytes_ = std::max(s->workspace_bytes_, bytes);
   }
   ZERO_ASSIGN_OR_RETURN(s->workspace_, allocator.Allocate(static_cast<int64_t>(s->workspace_bytes_),
@@ -190,10 +204,80 @@ Status OptimizerState::Step(int64_t step, float grad_scale) {
         break;
       }
       case OptimizerType::kLamb:
-        return absl::UnimplementedError(
-            "optimizer.type \"lamb\" is not wired into the engine yet (its kernels exist; the "
-            "per-parameter trust ratios need cross-rank norms per param)");
+        return LambStep(step, grad_scale);
     }
+  }
+  return absl::OkStatus();
+}
+
+Status OptimizerState::BuildLambBatches(const std::vector<kernels::Segment>& range_segments) {
+  std::map<std::pair<int, int>, size_t> batch_of;
+  for (size_t k = 0; k < ranges_.size(); ++k) {
+    const OwnedRange& r = ranges_[k];
+    const kernels::Segment& whole = range_segments[k];
+    const partition::Bucket& b = plan_.buckets()[r.bucket];
+    const int64_t element = static_cast<int64_t>(DTypeSize(b.dtype));
+    auto [it, fresh] = batch_of.emplace(std::make_pair(b.group, static_cast<int>(b.dtype)), lamb_batches_.size());
+    if (fresh) lamb_batches_.push_back({{b.dtype, b.dtype}, {}, {}, {}});
+    LambBatch& batch = lamb_batches_[it->second];
+    for (int param : b.params) {  // padding between params is left out: it never moves
+      ForOwnedPart(param, [&](const OwnedRange& range, int64_t begin, int64_t end) {
+        if (&range != &r) return;
+        const int64_t at = begin - r.begin;
+        kernels::Segment seg = whole;
+        seg.master = whole.master + at;
+        seg.model_param = whole.model_param ? static_cast<char*>(whole.model_param) + at * element : nullptr;
+        seg.grad = static_cast<const char*>(whole.grad) + at * element;
+        seg.state0 = whole.state0 + at;
+        seg.state1 = whole.state1 + at;
+        seg.numel = end - begin;
+        batch.segments.push_back(seg);
+        batch.param_of.push_back(param);
+        batch.updates.push_back(lamb_updates_.as<float>() + r.state_begin + at);
+      });
+    }
+  }
+  return absl::OkStatus();
+}
+
+Status OptimizerState::LambStep(int64_t step, float grad_scale) {
+  const OptimizerConfig& o = config_.optimizer;
+  kernels::LambHyper h;
+  h.lr = o.lr;
+  h.beta1 = o.beta1;
+  h.beta2 = o.beta2;
+  h.eps = o.eps;
+  h.weight_decay = o.weight_decay;
+  h.step = step;
+  h.common.grad_scale = grad_scale;
+  // Pass 1: moments and the update direction; then ‖w‖² and ‖u‖² per param, summed over ranks.
+  std::vector<float> sums(2 * plan_.params().size(), 0.0f);
+  for (const LambBatch& batch : lamb_batches_) {
+    ZERO_RETURN_IF_ERROR(kernels::LambUpdateCpu(h, batch.types, batch.segments, batch.updates, exec_));
+    std::vector<kernels::ConstSpan> weights, updates;
+    for (size_t i = 0; i < batch.segments.size(); ++i) {
+      weights.push_back({batch.segments[i].master, batch.segments[i].numel});
+      updates.push_back({batch.updates[i], batch.segments[i].numel});
+    }
+    std::vector<double> weight_norms(weights.size()), update_norms(updates.size());
+    kernels::NormResult total;
+    size_t bytes = workspace_bytes_;
+    ZERO_RETURN_IF_ERROR(kernels::SquaredNormsCpu(workspace_.data(), &bytes, weights, DType::kFP32,
+                                                  absl::MakeSpan(weight_norms), &total, exec_));
+    ZERO_RETURN_IF_ERROR(kernels::SquaredNormsCpu(workspace_.data(), &bytes, updates, DType::kFP32,
+                                                  absl::MakeSpan(update_norms), &total, exec_));
+    for (size_t i = 0; i < batch.segments.size(); ++i) {
+      sums[2 * batch.param_of[i]] += static_cast<float>(weight_norms[i]);
+      sums[2 * batch.param_of[i] + 1] += static_cast<float>(update_norms[i]);
+    }
+  }
+  if (sum_over_ranks_) ZERO_RETURN_IF_ERROR(sum_over_ranks_(sums));
+  // Pass 2: w -= lr · ‖w‖/‖u‖ · u, per param.
+  for (const LambBatch& batch : lamb_batches_) {
+    std::vector<float> ratios;
+    for (int param : batch.param_of) ratios.push_back(kernels::LambTrustRatio(sums[2 * param], sums[2 * param + 1]));
+    std::vector<const float*> updates(batch.updates.begin(), batch.updates.end());
+    ZERO_RETURN_IF_ERROR(kernels::LambApplyCpu(h, batch.types.param, batch.segments, updates, ratios, exec_));
   }
   return absl::OkStatus();
 }

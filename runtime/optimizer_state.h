@@ -25,6 +25,9 @@ class OptimizerState {
   /// Where the rank's owned params of a bucket start (the whole bucket at stage 0, its shard
   /// otherwise), wherever the stage keeps them.
   using OwnedParams = std::function<char*(int bucket)>;
+  /// Sums a float vector over all ranks in place (LAMB's per-param norms); null when the rank
+  /// owns whole params already (stage 0).
+  using SumOverRanks = std::function<Status(std::vector<float>&)>;
 
   /// Allocates masters, moments and norm workspace for the rank's owned ranges; `grads` gives
   /// each bucket's owned gradient.
@@ -33,7 +36,8 @@ class OptimizerState {
                                                           int rank, const OwnedParams& params,
                                                           GradStore& grads,
                                                           base::Allocator& allocator,
-                                                          const kernels::CpuExec& exec);
+                                                          const kernels::CpuExec& exec,
+                                                          SumOverRanks sum_over_ranks);
 
   /// Copies the params' current values of `param`'s owned part into the fp32 master.
   void RefreshMaster(int param);
@@ -70,6 +74,15 @@ class OptimizerState {
     // stages 0, 1 and 2 produce bit-identical norms.
     std::vector<kernels::ConstSpan> norm_spans;
   };
+  // LAMB needs a trust ratio per param, so its segments are cut per param fragment.
+  struct LambBatch {
+    kernels::SegmentTypes types;
+    std::vector<kernels::Segment> segments;
+    std::vector<int> param_of;       // per segment
+    std::vector<float*> updates;     // per segment, into lamb_updates_
+  };
+  Status BuildLambBatches(const std::vector<kernels::Segment>& range_segments);
+  Status LambStep(int64_t step, float grad_scale);
 
   OptimizerState(const Config& config, const partition::PartitionPlan& plan,
                  const kernels::CpuExec& exec)
@@ -82,6 +95,9 @@ class OptimizerState {
   std::vector<Batch> batches_;
   base::Buffer master_, state0_, state1_, workspace_;
   size_t workspace_bytes_ = 0;
+  SumOverRanks sum_over_ranks_;
+  std::vector<LambBatch> lamb_batches_;
+  base::Buffer lamb_updates_;  // the update direction between LAMB's two passes
 };
 
 }  // namespace zero::runtime

@@ -223,6 +223,20 @@ std::vector<double> ReferenceLosses(const ToyOptions& o, const Config& config) {
     const double bc1 = 1 - std::pow(double(opt.beta1), t), bc2 = 1 - std::pow(double(opt.beta2), t);
     auto update = [&](std::vector<double>& w, const std::vector<double>& grad, std::vector<double>& mm,
                       std::vector<double>& vv) {
+      if (opt.type == OptimizerType::kLamb) {  // NVIDIA FusedLAMB: trust ratio per param tensor
+        std::vector<double> u(w.size());
+        double w_sq = 0, u_sq = 0;
+        for (size_t i = 0; i < w.size(); ++i) {
+          mm[i] = opt.beta1 * mm[i] + (1 - opt.beta1) * grad[i];
+          vv[i] = opt.beta2 * vv[i] + (1 - opt.beta2) * grad[i] * grad[i];
+          u[i] = (mm[i] / bc1) / (std::sqrt(vv[i] / bc2) + opt.eps) + opt.weight_decay * w[i];
+          w_sq += w[i] * w[i];
+          u_sq += u[i] * u[i];
+        }
+        const double ratio = (w_sq > 0 && u_sq > 0) ? std::sqrt(w_sq) / std::sqrt(u_sq) : 1.0;
+        for (size_t i = 0; i < w.size(); ++i) w[i] -= opt.lr * ratio * u[i];
+        return;
+      }
       for (size_t i = 0; i < w.size(); ++i) {
         w[i] *= 1 - double(opt.lr) * opt.weight_decay;
         mm[i] = opt.beta1 * mm[i] + (1 - opt.beta1) * grad[i];

@@ -36,7 +36,8 @@ Config ToyConfig(int stage);
 /// Registers the model, finalizes, trains. Every rank of the engine's group must call it.
 Status TrainToy(Engine& engine, const ToyOptions& options, ToyResult* result);
 
-/// The same training without ZeroRT: one process, full batch, AdamW in float64.
+/// The same training without ZeroRT: one process, full batch, AdamW (or LAMB when the config
+/// says so) in float64.
 std::vector<double> ReferenceLosses(const ToyOptions& options, const Config& config);
 
 }  // namespace zero::testing

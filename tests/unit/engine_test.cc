@@ -79,6 +79,29 @@ TEST(EngineStages, SameLossTrajectoryAtEveryStageAndWorldSize) {
   }
 }
 
+// LAMB's trust ratio needs each param's whole norm, summed over the ranks holding its parts.
+TEST(EngineStages, LambMatchesFloat64ReferenceAtEveryStage) {
+  ToyOptions options;
+  options.steps = 30;
+  Config base = ToyConfig(0);
+  base.optimizer.type = OptimizerType::kLamb;
+  base.optimizer.eps = 1e-6f;
+  const std::vector<double> reference = ReferenceLosses(options, base);
+  ASSERT_LT(reference.back(), 0.7 * reference.front());
+  for (int world : {1, 2, 3}) {
+    for (int stage : {0, 1, 2, 3}) {
+      Config config = ToyConfig(stage);
+      config.optimizer = base.optimizer;
+      const auto runs = TrainOnLocalRanks(world, config, options);
+      if (HasFailure()) return;
+      for (size_t i = 0; i < reference.size(); ++i) {
+        ASSERT_NEAR(runs[0].result.losses[i], reference[i], 1e-4 * reference[i])
+            << "world " << world << " stage " << stage << " step " << i;
+      }
+    }
+  }
+}
+
 TEST(EngineStages, Bf16ParamsWithFp32MasterAgreeAcrossStages) {
   ToyOptions options;
   options.dtype = DType::kBF16;
