@@ -30,7 +30,7 @@
 // agree before each bucket's collective; timeout_s bounds every wait.
 //
 // Implemented: stages 0, 1, 2 and 3 on device "cpu" (any communicator with host buffers).
-// Device "cuda", checkpoints and the optimizer LAMB return kUnimplemented.
+// Device "cuda" and checkpoints return kUnimplemented.
 #ifndef ZERO_ENGINE_H_
 #define ZERO_ENGINE_H_
 

@@ -27,7 +27,7 @@
 
 ABSL_FLAG(int, ranks, 4, "in-process ranks (under mpirun every process is one rank instead)");
 ABSL_FLAG(int, stage, 2, "ZeRO stage: 0 (data parallel), 1, 2 or 3");
-ABSL_FLAG(std::string, optimizer, "adamw", "adamw, adam, sgd or lion");
+ABSL_FLAG(std::string, optimizer, "adamw", "adamw, adam, sgd, lion or lamb");
 ABSL_FLAG(double, lr, 2e-3, "learning rate");
 ABSL_FLAG(double, weight_decay, 0.01, "weight decay");
 ABSL_FLAG(std::string, precision, "fp32",
