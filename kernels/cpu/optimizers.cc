@@ -24,11 +24,6 @@ Status CheckStep(const char* kernel, int64_t step) {
                                                  " must be ≥ 1 (the count including this step)"));
 }
 
-// 1 - β^t in double, then rounded once (PyTorch computes it in double on the host as well).
-double BiasCorrection(float beta, int64_t step) {
-  return 1.0 - std::pow(static_cast<double>(beta), static_cast<double>(step));
-}
-
 }  // namespace
 
 Status AdamStepCpu(const AdamHyper& h, SegmentTypes types, absl::Span<const Segment> segments,
@@ -45,17 +40,7 @@ Status AdamStepCpu(const AdamHyper& h, SegmentTypes types, absl::Span<const Segm
   ZERO_RETURN_IF_ERROR(CheckCommon(kName, h.common));
   if (Skipped(h.common)) return absl::OkStatus();
 
-  cpu::AdamCoeffs c;
-  c.beta1 = h.beta1;
-  c.beta2 = h.beta2;
-  c.one_minus_beta1 = 1.0f - h.beta1;
-  c.one_minus_beta2 = 1.0f - h.beta2;
-  c.eps = h.eps;
-  c.l2_decay = h.decoupled_weight_decay ? 0.0f : h.weight_decay;
-  c.decay_factor = h.decoupled_weight_decay ? 1.0f - h.lr * h.weight_decay : 1.0f;
-  c.step_size = static_cast<float>(h.lr / BiasCorrection(h.beta1, h.step));
-  c.inv_bc2_sqrt = static_cast<float>(1.0 / std::sqrt(BiasCorrection(h.beta2, h.step)));
-  c.grad_scale = h.common.grad_scale;
+  const cpu::AdamCoeffs c = cpu::MakeAdamCoeffs(h);
   ZERO_ISA_DISPATCH(exec.isa, AdamLoop, c, types, segments.data(),
                     static_cast<int64_t>(segments.size()), exec.threads);
   return absl::OkStatus();
@@ -78,8 +63,7 @@ Status SgdStepCpu(const SgdHyper& h, SegmentTypes types, absl::Span<const Segmen
   }
   if (Skipped(h.common)) return absl::OkStatus();
 
-  const cpu::SgdCoeffs c = {h.lr,           h.momentum, 1.0f - h.dampening, h.weight_decay,
-                            h.common.grad_scale, h.nesterov, h.step == 1};
+  const cpu::SgdCoeffs c = cpu::MakeSgdCoeffs(h);
   ZERO_ISA_DISPATCH(exec.isa, SgdLoop, c, types, segments.data(),
                     static_cast<int64_t>(segments.size()), exec.threads);
   return absl::OkStatus();
@@ -97,9 +81,7 @@ Status LionStepCpu(const LionHyper& h, SegmentTypes types, absl::Span<const Segm
   ZERO_RETURN_IF_ERROR(CheckCommon(kName, h.common));
   if (Skipped(h.common)) return absl::OkStatus();
 
-  const cpu::LionCoeffs c = {h.lr,         h.beta1,        1.0f - h.beta1,
-                             h.beta2,      1.0f - h.beta2, 1.0f - h.lr * h.weight_decay,
-                             h.common.grad_scale};
+  const cpu::LionCoeffs c = cpu::MakeLionCoeffs(h);
   ZERO_ISA_DISPATCH(exec.isa, LionLoop, c, types, segments.data(),
                     static_cast<int64_t>(segments.size()), exec.threads);
   return absl::OkStatus();
@@ -135,8 +117,8 @@ Status LambUpdateCpu(const LambHyper& h, SegmentTypes types, absl::Span<const Se
   c.one_minus_beta2 = 1.0f - h.beta2;
   c.eps = h.eps;
   c.weight_decay = h.weight_decay;
-  c.inv_bc1 = h.bias_correction ? static_cast<float>(1.0 / BiasCorrection(h.beta1, h.step)) : 1.0f;
-  c.inv_bc2 = h.bias_correction ? static_cast<float>(1.0 / BiasCorrection(h.beta2, h.step)) : 1.0f;
+  c.inv_bc1 = h.bias_correction ? static_cast<float>(1.0 / cpu::BiasCorrection(h.beta1, h.step)) : 1.0f;
+  c.inv_bc2 = h.bias_correction ? static_cast<float>(1.0 / cpu::BiasCorrection(h.beta2, h.step)) : 1.0f;
   c.grad_scale = h.common.grad_scale;
   ZERO_ISA_DISPATCH(exec.isa, LambUpdateLoop, c, types, segments.data(), updates.data(),
                     static_cast<int64_t>(segments.size()), exec.threads);

@@ -20,6 +20,8 @@ using testing::Describe;
 using testing::OddSizes;
 using testing::SegmentStorage;
 using testing::SupportedIsas;
+using testing::AdamReference;
+using testing::SgdReference;
 using testing::ToLowPrecision;
 
 /// Absolute slack per quantity on top of a relative 2e-6: a few fp32 ulps of the largest
@@ -88,22 +90,6 @@ AdamHyper TestAdam(bool adamw) {
   return h;
 }
 
-// torch.optim.Adam / AdamW, one element, in float64.
-bool AdamReference(const AdamHyper& h, double& w, double& m, double& v, double g) {
-  g *= h.common.grad_scale;
-  if (h.decoupled_weight_decay) {
-    w *= 1.0 - double{h.lr} * h.weight_decay;
-  } else {
-    g += double{h.weight_decay} * w;
-  }
-  m = h.beta1 * m + (1.0 - h.beta1) * g;
-  v = h.beta2 * v + (1.0 - h.beta2) * g * g;
-  const double bc1 = 1.0 - std::pow(double{h.beta1}, h.step);
-  const double bc2 = 1.0 - std::pow(double{h.beta2}, h.step);
-  w -= h.lr / bc1 * m / (std::sqrt(v) / std::sqrt(bc2) + h.eps);
-  return true;
-}
-
 TEST(CpuAdam, AdamWMatchesFloat64Reference) {
   const AdamHyper h = TestAdam(true);
   CheckAgainstReference(
@@ -122,17 +108,6 @@ TEST(CpuAdam, AdamWithL2DecayMatchesFloat64Reference) {
       },
       [&](double& w, double& m, double& v, double g) { return AdamReference(h, w, m, v, g); },
       true);
-}
-
-// torch.optim.SGD, one element, in float64.
-bool SgdReference(const SgdHyper& h, double& w, double& buf, double g) {
-  g = g * h.common.grad_scale + double{h.weight_decay} * w;
-  if (h.momentum != 0.0f) {
-    buf = h.step == 1 ? g : h.momentum * buf + (1.0 - h.dampening) * g;
-    g = h.nesterov ? g + double{h.momentum} * buf : buf;
-  }
-  w -= double{h.lr} * g;
-  return true;
 }
 
 TEST(CpuSgd, MomentumDampeningNesterovMatchFloat64Reference) {

@@ -47,6 +47,13 @@ std::string Describe(base::CpuIsa isa, SegmentTypes types);
 /// Converts fp32 to the bits of `dtype` (bf16 or fp16) exactly.
 uint16_t ToLowPrecision(float value, DType dtype);
 
+/// torch.optim.Adam / AdamW for one element in float64: updates w, m, v given the gradient as
+/// the kernel reads it.
+bool AdamReference(const kernels::AdamHyper& h, double& w, double& m, double& v, double g);
+
+/// torch.optim.SGD for one element in float64 (`buf` is the momentum buffer).
+bool SgdReference(const kernels::SgdHyper& h, double& w, double& buf, double g);
+
 /// Sizes every kernel test covers: one element, a ragged few, and a large odd count that goes
 /// multi-threaded and ends in a partial vector and a partial chunk.
 inline const std::vector<int64_t>& OddSizes() {

@@ -9,37 +9,10 @@
 
 #include <cstdint>
 
+#include "kernels/coefficients.h"
 #include "kernels/segments.h"
 
 namespace zero::kernels::cpu {
-
-/// Adam/AdamW scalars, computed once on the host.
-struct AdamCoeffs {
-  float beta1, beta2, one_minus_beta1, one_minus_beta2, eps;
-  float l2_decay;          ///< added as wd·p to the gradient (Adam); 0 for AdamW
-  float decay_factor;      ///< p *= this before the update (AdamW: 1 - lr·wd); 1 for Adam
-  float step_size;         ///< lr / (1 - β1^t)
-  float inv_bc2_sqrt;      ///< 1 / sqrt(1 - β2^t)
-  float grad_scale;
-};
-
-/// SGD scalars.
-struct SgdCoeffs {
-  float lr, momentum, one_minus_dampening, weight_decay, grad_scale;
-  bool nesterov, first_step;
-};
-
-/// Lion scalars.
-struct LionCoeffs {
-  float lr, beta1, one_minus_beta1, beta2, one_minus_beta2, decay_factor, grad_scale;
-};
-
-/// LAMB update-direction scalars.
-struct LambCoeffs {
-  float beta1, beta2, one_minus_beta1, one_minus_beta2, eps, weight_decay;
-  float inv_bc1, inv_bc2;  ///< 1 / (1 - β^t), or 1 without bias correction
-  float grad_scale;
-};
 
 /// Elements per work chunk: the unit of threading and of norm partials. Fixed, so results do
 /// not depend on the thread count.

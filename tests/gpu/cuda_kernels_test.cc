@@ -1,0 +1,164 @@
+// The CUDA optimizer kernels against the float64 references on fresh random inputs (label gpu:
+// skips without a device): every (param, grad) dtype combination, odd sizes, low-precision
+// outputs poisoned before each run and checked bit-exactly against the host conversion of the
+// fp32 result; the skip flag read on the device; deterministic norms.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "kernels/cuda/optimizers_cuda.h"
+#include "tests/unit/kernel_test_util.h"
+#include "zero/device.h"
+
+namespace zero::kernels {
+namespace {
+
+using testing::AllTypeCombinations;
+using testing::OddSizes;
+using testing::SegmentStorage;
+
+template <typename T>
+T* ToDevice(const std::vector<T>& host) {
+  if (host.empty()) return nullptr;
+  T* device = nullptr;
+  EXPECT_EQ(cudaMalloc(&device, host.size() * sizeof(T)), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(device, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+  return device;
+}
+template <typename T>
+void ToHost(std::vector<T>& host, const T* device) {
+  if (!host.empty()) {
+    EXPECT_EQ(cudaMemcpy(host.data(), device, host.size() * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+  }
+}
+
+// A SegmentStorage mirrored on the device.
+struct DeviceSegment {
+  float *master, *state0, *state1;
+  uint16_t* model_param;
+  void* grad;
+  explicit DeviceSegment(const SegmentStorage& h)
+      : master(ToDevice(h.master)), state0(ToDevice(h.state0)), state1(ToDevice(h.state1)),
+        model_param(ToDevice(h.model_param)),
+        grad(h.grad32.empty() ? static_cast<void*>(ToDevice(h.grad16)) : ToDevice(h.grad32)) {}
+  ~DeviceSegment() {
+    cudaFree(master); cudaFree(state0); cudaFree(state1); cudaFree(model_param); cudaFree(grad);
+  }
+  Segment View(int64_t numel) const { return {master, model_param, grad, state0, state1, numel}; }
+  void Download(SegmentStorage& h) const {
+    ToHost(h.master, master); ToHost(h.state0, state0); ToHost(h.state1, state1); ToHost(h.model_param, model_param);
+  }
+};
+
+bool HaveDevice() { return CudaDeviceCount() > 0; }
+
+TEST(CudaKernels, AdamWMatchesFloat64Reference) {
+  if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";
+  AdamHyper h;
+  h.lr = 1e-2f;
+  h.beta2 = 0.99f;
+  h.weight_decay = 0.1f;
+  h.step = 3;
+  h.common.grad_scale = 0.5f;
+  for (SegmentTypes types : AllTypeCombinations()) {
+    for (int64_t n : OddSizes()) {
+      std::mt19937_64 rng(n + static_cast<int>(types.param) * 3 + static_cast<int>(types.grad));
+      SegmentStorage got(n, types, rng);
+      const SegmentStorage init = got;
+      DeviceSegment device(got);
+      ASSERT_TRUE(AdamStepCuda(h, types, {device.View(n)}, nullptr).ok());
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      device.Download(got);
+      for (int64_t i = 0; i < n; ++i) {
+        double w = init.master[i], m = init.state0[i], v = init.state1[i];
+        testing::AdamReference(h, w, m, v, init.Grad(i, types.grad));
+        ASSERT_NEAR(got.master[i], w, 2e-6 * std::fabs(w) + 5e-7) << i;
+        ASSERT_NEAR(got.state0[i], m, 2e-6 * std::fabs(m) + 5e-8) << i;
+        ASSERT_NEAR(got.state1[i], v, 2e-6 * std::fabs(v) + 1e-9) << i;
+        if (types.param != DType::kFP32) {
+          ASSERT_EQ(got.model_param[i], testing::ToLowPrecision(got.master[i], types.param));
+        }
+      }
+    }
+  }
+}
+
+TEST(CudaKernels, SgdMatchesFloat64ReferenceAndSkipFlagStopsEverything) {
+  if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";
+  SgdHyper h;
+  h.lr = 0.05f;
+  h.momentum = 0.9f;
+  h.dampening = 0.1f;
+  h.weight_decay = 0.01f;
+  h.step = 4;
+  const SegmentTypes types{DType::kBF16, DType::kFP16};
+  std::mt19937_64 rng(9);
+  SegmentStorage got(1000003, types, rng);
+  const SegmentStorage init = got;
+  DeviceSegment device(got);
+  int32_t* skip = nullptr;
+  ASSERT_EQ(cudaMalloc(&skip, sizeof(int32_t)), cudaSuccess);
+  const int32_t one = 1;
+  ASSERT_EQ(cudaMemcpy(skip, &one, sizeof one, cudaMemcpyHostToDevice), cudaSuccess);
+  SgdHyper skipped = h;
+  skipped.common.skip = skip;
+  ASSERT_TRUE(SgdStepCuda(skipped, types, {device.View(got.master.size())}, nullptr).ok());
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  device.Download(got);
+  EXPECT_EQ(got.master, init.master);
+  EXPECT_EQ(got.model_param, init.model_param);
+  ASSERT_TRUE(SgdStepCuda(h, types, {device.View(got.master.size())}, nullptr).ok());
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  device.Download(got);
+  for (size_t i = 0; i < got.master.size(); ++i) {
+    double w = init.master[i], buf = init.state0[i];
+    testing::SgdReference(h, w, buf, init.Grad(i, types.grad));
+    ASSERT_NEAR(got.master[i], w, 2e-6 * std::fabs(w) + 5e-7) << i;
+    ASSERT_NEAR(got.state0[i], buf, 2e-6 * std::fabs(buf) + 5e-8) << i;
+  }
+  cudaFree(skip);
+}
+
+TEST(CudaKernels, SquaredNormIsExactEnoughAndDeterministic) {
+  if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937_64 rng(3);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  std::vector<float> a(3000017), b(777);
+  double want = 0;
+  for (float& x : a) { x = normal(rng); want += double(x) * x; }
+  for (float& x : b) { x = normal(rng); want += double(x) * x; }
+  float* da = ToDevice(a);
+  float* db = ToDevice(b);
+  const std::vector<ConstSpan> spans = {{da, static_cast<int64_t>(a.size())}, {db, static_cast<int64_t>(b.size())}};
+  size_t bytes = 0;
+  ASSERT_TRUE(SquaredNormCuda(nullptr, &bytes, spans, DType::kFP32, nullptr, nullptr, nullptr).ok());
+  void* workspace = nullptr;
+  double* total = nullptr;
+  int32_t* nonfinite = nullptr;
+  ASSERT_EQ(cudaMalloc(&workspace, bytes), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&total, sizeof(double)), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&nonfinite, sizeof(int32_t)), cudaSuccess);
+  double first = 0;
+  for (int run = 0; run < 3; ++run) {
+    ASSERT_TRUE(SquaredNormCuda(workspace, &bytes, spans, DType::kFP32, total, nonfinite, nullptr).ok());
+    double got = 0;
+    int32_t flag = -1;
+    ASSERT_EQ(cudaMemcpy(&got, total, sizeof got, cudaMemcpyDeviceToHost), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(&flag, nonfinite, sizeof flag, cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_NEAR(got, want, 1e-12 * want);
+    EXPECT_EQ(flag, 0);
+    if (run == 0) first = got; else EXPECT_EQ(0, std::memcmp(&first, &got, sizeof got));
+  }
+  const float inf = INFINITY;
+  ASSERT_EQ(cudaMemcpy(db + 776, &inf, sizeof inf, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_TRUE(SquaredNormCuda(workspace, &bytes, spans, DType::kFP32, total, nonfinite, nullptr).ok());
+  int32_t flag = 0;
+  ASSERT_EQ(cudaMemcpy(&flag, nonfinite, sizeof flag, cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(flag, 1);
+  cudaFree(da); cudaFree(db); cudaFree(workspace); cudaFree(total); cudaFree(nonfinite);
+}
+
+}  // namespace
+}  // namespace zero::kernels
