@@ -177,13 +177,13 @@ zero_status zero_release(zero_engine* engine, int unit) {
 zero_status zero_save_checkpoint(zero_engine* engine, const char* dir) {
   ZERO_C_REQUIRE(engine, "zero_save_checkpoint");
   ZERO_C_REQUIRE(dir, "zero_save_checkpoint");
-  return Report(absl::UnimplementedError("zero_save_checkpoint: checkpoints are not implemented yet"));
+  return Report(engine->engine->SaveCheckpoint(dir));
 }
 
 zero_status zero_load_checkpoint(zero_engine* engine, const char* dir) {
   ZERO_C_REQUIRE(engine, "zero_load_checkpoint");
   ZERO_C_REQUIRE(dir, "zero_load_checkpoint");
-  return Report(absl::UnimplementedError("zero_load_checkpoint: checkpoints are not implemented yet"));
+  return Report(engine->engine->LoadCheckpoint(dir));
 }
 
 zero_status zero_memory_stats(const zero_engine* engine, struct zero_memory_stats* out) {

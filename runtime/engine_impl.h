@@ -42,6 +42,8 @@ class EngineImpl final : public Engine {
   Status AccumulateGrad(ParamId id, const void* grad) override;
   Status EndBackward() override;
   StatusOr<StepInfo> Step() override;
+  Status SaveCheckpoint(const std::string& dir) override;
+  Status LoadCheckpoint(const std::string& dir) override;
   MemoryStats GetMemoryStats() const override { return allocator_.Stats(); }
   EngineCounters counters() const override { return counters_; }
   int rank() const override { return comm_.rank(); }

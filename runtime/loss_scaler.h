@@ -22,6 +22,20 @@ class LossScaler {
   /// Records one step's outcome and adjusts the scale (dynamic mode only).
   void Update(bool overflow);
 
+  /// Everything that evolves, for checkpoints.
+  struct State {
+    float scale;
+    int remaining_hysteresis;
+    int64_t iteration, last_overflow;
+  };
+  State state() const { return {scale_, remaining_hysteresis_, iteration_, last_overflow_}; }
+  void set_state(const State& s) {
+    scale_ = s.scale;
+    remaining_hysteresis_ = s.remaining_hysteresis;
+    iteration_ = s.iteration;
+    last_overflow_ = s.last_overflow;
+  }
+
  private:
   LossScaleMode mode_;
   float scale_;

@@ -118,6 +118,28 @@ void OptimizerState::RefreshMaster(int param) {
   });
 }
 
+void OptimizerState::ForEachOwnedPart(int param,
+                                      const std::function<void(int64_t, int64_t, float*, float*, float*)>& fn) {
+  const int64_t offset = plan_.placement(param).offset;
+  ForOwnedPart(param, [&](const OwnedRange& r, int64_t begin, int64_t end) {
+    const int64_t at = begin - r.begin;
+    float* s0 = state0_.bytes() > 0 ? state0_.as<float>() + r.state_begin + at : nullptr;
+    float* s1 = state1_.bytes() > 0 ? state1_.as<float>() + r.state_begin + at : nullptr;
+    fn(begin - offset, end - begin, r.master + at, s0, s1);
+  });
+}
+
+void OptimizerState::RoundModelCopy(int param) {
+  const partition::Bucket& b = plan_.buckets()[plan_.placement(param).bucket];
+  if (b.dtype == DType::kFP32) return;  // the master is the model copy
+  ForOwnedPart(param, [&](const OwnedRange& r, int64_t begin, int64_t end) {
+    uint16_t* copy = reinterpret_cast<uint16_t*>(r.params);
+    for (int64_t i = begin - r.begin; i < end - r.begin; ++i) {
+      copy[i] = b.dtype == DType::kBF16 ? FloatToBf16(r.master[i]) : FloatToHalf(r.master[i]);
+    }
+  });
+}
+
 std::vector<float> OptimizerState::SaveOwned(int param) const {
   std::vector<float> saved;
   ForOwnedPart(param, [&](const OwnedRange& r, int64_t begin, int64_t end) {
@@ -130,7 +152,6 @@ std::vector<float> OptimizerState::SaveOwned(int param) const {
 }
 
 void OptimizerState::RestoreOwned(int param, const std::vector<float>& saved) {
-  const partition::Bucket& b = plan_.buckets()[plan_.placement(param).bucket];
   const float* from = saved.data();
   ForOwnedPart(param, [&](const OwnedRange& r, int64_t begin, int64_t end) {
     const int64_t at = begin - r.begin, n = end - begin;
@@ -141,13 +162,8 @@ void OptimizerState::RestoreOwned(int param, const std::vector<float>& saved) {
     take(r.master + at);
     if (state0_.bytes() > 0) take(state0_.as<float>() + r.state_begin + at);
     if (state1_.bytes() > 0) take(state1_.as<float>() + r.state_begin + at);
-    if (b.dtype != DType::kFP32) {
-      uint16_t* copy = reinterpret_cast<uint16_t*>(r.params);
-      for (int64_t i = begin - r.begin; i < end - r.begin; ++i) {
-        copy[i] = b.dtype == DType::kBF16 ? FloatToBf16(r.master[i]) : FloatToHalf(r.master[i]);
-      }
-    }
   });
+  RoundModelCopy(param);
 }
 
 StatusOr<kernels::NormResult> OptimizerState::GradNorm() {

@@ -52,6 +52,14 @@ class OptimizerState {
   /// Puts back what SaveOwned returned, and the bf16/fp16 model copy rounded from it.
   void RestoreOwned(int param, const std::vector<float>& saved);
 
+  /// The rank's owned parts of `param` in param coordinates, for checkpoints: fn(param_begin,
+  /// numel, master, state0, state1) with null states where the optimizer keeps none.
+  void ForEachOwnedPart(int param, const std::function<void(int64_t, int64_t, float*, float*, float*)>& fn);
+  /// Number of moment buffers the optimizer keeps (0, 1 or 2).
+  int state_count() const { return (state0_.bytes() > 0 ? 1 : 0) + (state1_.bytes() > 0 ? 1 : 0); }
+  /// Rewrites the bf16/fp16 model copy of `param`'s owned part from the fp32 master.
+  void RoundModelCopy(int param);
+
  private:
   struct OwnedRange {
     int bucket;

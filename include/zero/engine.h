@@ -30,7 +30,7 @@
 // agree before each bucket's collective; timeout_s bounds every wait.
 //
 // Implemented: stages 0, 1, 2 and 3 on device "cpu" (any communicator with host buffers).
-// Device "cuda" and checkpoints return kUnimplemented.
+// Device "cuda" returns kUnimplemented.
 #ifndef ZERO_ENGINE_H_
 #define ZERO_ENGINE_H_
 
@@ -133,6 +133,16 @@ class Engine {
   virtual Status EndBackward() = 0;
   /// Unscales, checks for overflow, clips, steps the rank's shard and gathers the params.
   virtual StatusOr<StepInfo> Step() = 0;
+
+  /// Writes a checkpoint into directory `dir` (created if missing): every rank its own shard of
+  /// the fp32 weights and optimizer moments (`rank-R-of-N.bin`), rank 0 the metadata
+  /// (`meta.json`: params, step, loss scale). Collective; between steps (after Step()).
+  virtual Status SaveCheckpoint(const std::string& dir) = 0;
+  /// Restores a checkpoint written at any world size and any stage: each rank reads the parts
+  /// of every file that fall in its own shard. The params registered must match the checkpoint
+  /// (names, shapes, dtypes; errors name the first difference). Collective; after Finalize,
+  /// between steps.
+  virtual Status LoadCheckpoint(const std::string& dir) = 0;
 
   /// Bytes held now and at peak, per category.
   virtual MemoryStats GetMemoryStats() const = 0;

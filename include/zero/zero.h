@@ -113,7 +113,7 @@ ZERO_API zero_status zero_step(zero_engine* engine, zero_step_info* info);
 /** Stage 3: gather a unit's params for compute / release them (no-ops at stages 0-2). */
 ZERO_API zero_status zero_gather(zero_engine* engine, int unit);
 ZERO_API zero_status zero_release(zero_engine* engine, int unit);
-/** Checkpoints (not implemented yet: ZERO_UNIMPLEMENTED). */
+/** Checkpoints: collective; load works at any world size and stage (see zero/engine.h). */
 ZERO_API zero_status zero_save_checkpoint(zero_engine* engine, const char* dir);
 ZERO_API zero_status zero_load_checkpoint(zero_engine* engine, const char* dir);
 ZERO_API zero_status zero_memory_stats(const zero_engine* engine, struct zero_memory_stats* out);

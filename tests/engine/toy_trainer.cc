@@ -145,10 +145,11 @@ Status TrainToy(Engine& engine, const ToyOptions& o, ToyResult* result) {
     for (int64_t i = 0; i < numel[p]; ++i) Encode(encoded.data(), i, o.dtype, (*init_parts[p])[i]);
     ZERO_RETURN_IF_ERROR(engine.SetParam(ids[p], encoded.data()));
   }
+  if (!o.load_dir.empty()) ZERO_RETURN_IF_ERROR(engine.LoadCheckpoint(o.load_dir));
   const int world = engine.world_size(), rank = engine.rank();
   std::vector<std::vector<float>> last_unit0(2);
   const int local = o.global_batch / world;
-  for (int step = 0; step < o.steps; ++step) {
+  for (int step = o.first_step; step < o.first_step + o.steps; ++step) {
     // Forward: the current params, decoded from the engine's full views, unit by unit.
     Model<float> m = Zeros<float>(o);
     std::vector<std::vector<float>*> parts = {&m.w1, &m.b1, &m.w2, &m.b2};
@@ -199,6 +200,7 @@ Status TrainToy(Engine& engine, const ToyOptions& o, ToyResult* result) {
     }
     ZERO_ASSIGN_OR_RETURN(StepInfo info, engine.Step());
     result->infos.push_back(info);
+    if (step == o.save_after) ZERO_RETURN_IF_ERROR(engine.SaveCheckpoint(o.save_dir));
   }
   result->final_params.assign(4, {});
   for (int p = 0; p < 4; ++p) {

@@ -5,6 +5,7 @@
 #ifndef ZERO_TESTS_ENGINE_TOY_TRAINER_H_
 #define ZERO_TESTS_ENGINE_TOY_TRAINER_H_
 
+#include <string>
 #include <vector>
 
 #include "zero/engine.h"
@@ -19,6 +20,11 @@ struct ToyOptions {
   /// Data-dependent control flow: on odd steps the forward pass does not gather layer 1's
   /// unit (it reuses the values read on the step before), so the gather order changes.
   bool skip_unit0_on_odd_steps = false;
+  /// Checkpoints: start at this step's data, after loading `load_dir` if set; save to
+  /// `save_dir` once step `save_after` (counted like first_step) is done.
+  int first_step = 0;
+  std::string load_dir, save_dir;
+  int save_after = -1;
   DType dtype = DType::kFP32;  ///< params and gradients
   uint64_t seed = 7;
 };
