@@ -46,6 +46,8 @@ class EngineImpl final : public Engine {
   Status LoadCheckpoint(const std::string& dir) override;
   MemoryStats GetMemoryStats() const override { return allocator_.Stats(); }
   EngineCounters counters() const override { return counters_; }
+  int64_t steps_taken() const override { return step_; }
+  float loss_scale() const override { return loss_scaler_.scale(); }
   int rank() const override { return comm_.rank(); }
   int world_size() const override { return comm_.size(); }
   int64_t num_params() const override { return static_cast<int64_t>(specs_.size()); }

@@ -148,6 +148,11 @@ class Engine {
   virtual MemoryStats GetMemoryStats() const = 0;
   /// What the engine has done so far.
   virtual EngineCounters counters() const = 0;
+  /// The loss scale to multiply the next loss by (1 without loss scaling); after
+  /// LoadCheckpoint, the checkpoint's.
+  virtual float loss_scale() const = 0;
+  /// Optimizer steps taken (skipped steps not counted), including those of a loaded checkpoint.
+  virtual int64_t steps_taken() const = 0;
   virtual int rank() const = 0;
   virtual int world_size() const = 0;
   /// Number of registered params.

@@ -68,6 +68,13 @@ if MODE == "local":
     patterns = train(["--steps", "60", "--tied", "--branch", "--recompute", "--precision", "bf16"])
     check(patterns is not None and patterns[1]["final_loss"] < patterns[0][0]["loss"],
           "tied weights, an unused branch and re-fired gradients train under the guard policies")
+    with tempfile.TemporaryDirectory() as ckpt:
+        first = train(["--steps", "20", "--precision", "fp16", "--checkpoint_dir", ckpt, "--save_every", "10"])
+        resumed = train(["--steps", "40", "--precision", "fp16", "--checkpoint_dir", ckpt, "--resume", "--stage", "3"])
+        whole = train(["--steps", "40", "--precision", "fp16"])
+        check(first is not None and resumed is not None and whole is not None and len(resumed[0]) == 20
+              and (resumed[1]["final_loss"], resumed[1]["checksum"]) == (whole[1]["final_loss"], whole[1]["checksum"]),
+              "checkpoint after 20 steps, resume at stage 3 to 40: identical to the uninterrupted run (fp16 scaler included)")
     fp16 = train(["--steps", "40", "--precision", "fp16"])
     check(fp16 is not None and fp16[1]["final_loss"] < fp16[0][0]["loss"], "fp16 with dynamic loss scaling trains")
 
@@ -90,6 +97,12 @@ else:
             base = mpi[0][1]
             check(all(close(r[1]["final_loss"], base["final_loss"], 1e-5) and close(r[1]["checksum"], base["checksum"], 1e-5)
                       for r in mpi.values()), f"np {ranks}: stages agree on final loss and checksum within 1e-5")
+            with tempfile.TemporaryDirectory() as ckpt:
+                half = train(["--stage", "2", "--steps", "15", "--checkpoint_dir", ckpt, "--save_every", "15"],
+                             (RUN_MPI, str(ranks)))
+                rest = train(["--stage", "1", "--steps", "30", "--checkpoint_dir", ckpt, "--resume"], (RUN_MPI, str(ranks)))
+                check(half is not None and rest is not None and close(rest[1]["final_loss"], base["final_loss"], 1e-5),
+                      f"np {ranks}: checkpoint at step 15 (stage 2), resumed at stage 1: the same run within 1e-5")
             local = train(["--stage", "2", "--steps", "30", "--ranks", str(ranks)])
             check(local is not None and close(local[1]["final_loss"], base["final_loss"], 1e-5),
                   f"np {ranks}: the MPI run matches the same run on {ranks} in-process ranks")

@@ -41,6 +41,9 @@ ABSL_FLAG(uint64_t, seed, 1, "seed of data, teacher and initial weights");
 ABSL_FLAG(std::string, config, "", "a JSON config (DESIGN.md keys); flags given on the command line override it");
 ABSL_FLAG(std::string, device, "cpu", "cpu or cuda");
 ABSL_FLAG(bool, json, false, "one JSON object per step on stdout, then a summary object");
+ABSL_FLAG(std::string, checkpoint_dir, "", "where to save checkpoints (each rank its shard; loads at any rank count)");
+ABSL_FLAG(int, save_every, 0, "save a checkpoint every N steps (and after the last) into --checkpoint_dir");
+ABSL_FLAG(bool, resume, false, "continue from --checkpoint_dir if it holds a checkpoint");
 ABSL_FLAG(int, depth, 4, "hidden layers");
 ABSL_FLAG(int, width, 64, "layer width");
 ABSL_FLAG(int, batch, 16, "samples per rank per step");
@@ -128,16 +131,31 @@ Status RunRank(comm::Communicator& comm, const Config& config, const MlpOptions&
   ZERO_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(config, comm));
   Mlp model(options);
   ZERO_RETURN_IF_ERROR(model.Setup(*engine));
-  float loss_scale = config.loss_scale.mode == LossScaleMode::kNone ? 1.0f : std::ldexp(1.0f, config.loss_scale.initial_power);
   const int steps = absl::GetFlag(FLAGS_steps);
+  const std::string checkpoints = absl::GetFlag(FLAGS_checkpoint_dir);
+  const int save_every = absl::GetFlag(FLAGS_save_every);
+  int first = 0;
+  // The trainer keeps its own position (steps skipped for overflow count here, not in the
+  // engine's step count) beside the engine's checkpoint, as a data loader would.
+  const std::string position = checkpoints + "/zero-train.step";
+  if (absl::GetFlag(FLAGS_resume) && std::ifstream(checkpoints + "/meta.json").good()) {
+    ZERO_RETURN_IF_ERROR(engine->LoadCheckpoint(checkpoints));
+    std::ifstream(position) >> first;
+    if (report != nullptr) std::fprintf(stderr, "zero-train: resumed from %s at step %d\n", checkpoints.c_str(), first);
+  }
+  float loss_scale = engine->loss_scale();
   double loss = 0;
-  for (int step = 0; step < steps; ++step) {
+  for (int step = first; step < steps; ++step) {
     ZERO_ASSIGN_OR_RETURN(double local_loss, model.TrainStep(*engine, step, loss_scale));
     ZERO_ASSIGN_OR_RETURN(StepInfo info, engine->Step());
     loss_scale = info.loss_scale;
     float summed = static_cast<float>(local_loss);
     ZERO_RETURN_IF_ERROR(comm.AllReduce(&summed, &summed, 1, DType::kFP32, comm::ReduceOp::kSum)->Wait(config.guard.timeout_s));
     loss = summed / comm.size();
+    if (!checkpoints.empty() && save_every > 0 && ((step + 1) % save_every == 0 || step + 1 == steps)) {
+      ZERO_RETURN_IF_ERROR(engine->SaveCheckpoint(checkpoints));
+      if (comm.rank() == 0) std::ofstream(position) << step + 1 << "\n";
+    }
     if (report != nullptr) {
       RankMemory mine;
       const MemoryStats stats = engine->GetMemoryStats();
