@@ -58,12 +58,4 @@ Status BucketScheduler::WaitAll(double timeout_s) {
   return absl::OkStatus();
 }
 
-std::vector<int> BucketScheduler::Waiting() const {
-  std::vector<int> waiting;
-  for (int b = next_; b < static_cast<int>(entries_.size()); ++b) {
-    if (entries_[b].ready) waiting.push_back(b);
-  }
-  return waiting;
-}
-
 }  // namespace zero::comm

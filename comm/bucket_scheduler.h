@@ -40,8 +40,6 @@ class BucketScheduler {
   int in_flight() const { return static_cast<int>(in_flight_.size()); }
   /// The first bucket not launched yet (num_buckets when all are).
   int next_to_launch() const { return next_; }
-  /// Buckets marked ready but waiting for an earlier bucket.
-  std::vector<int> Waiting() const;
 
  private:
   struct Entry {

@@ -72,7 +72,7 @@ int64_t EngineImpl::ParamBytes(int param) const {
   return plan_->placement(param).numel * static_cast<int64_t>(DTypeSize(specs_[param].dtype));
 }
 
-char* EngineImpl::ParamAddress(int param) {
+char* EngineImpl::ParamAddress(int param) const {
   const auto& place = plan_->placement(param);
   const auto& bucket = plan_->buckets()[place.bucket];
   return params_.as<char>() + bucket.byte_offset + place.offset * static_cast<int64_t>(DTypeSize(bucket.dtype));
@@ -153,8 +153,12 @@ Status EngineImpl::Finalize() {
   // held until EndBackward, so stage 2 then needs one buffer per bucket.
   const bool hold_all = !config_.buckets.overlap || config_.guard.on_duplicate == DuplicatePolicy::kCount;
   const int pool = hold_all ? num_buckets : config_.buckets.pool_buffers;
-  ZERO_ASSIGN_OR_RETURN(grads_, GradStore::Create(config_.stage, *plan_, pool, comm_,
-                                                  allocator_, [this] { return scheduler_->WaitOldest(config_.guard.timeout_s); }));
+  auto wait_for_buffer = [this] {
+    Status waited = scheduler_->WaitOldest(config_.guard.timeout_s);
+    if (waited.ok()) ++counters_.pool_waits;
+    return waited;
+  };
+  ZERO_ASSIGN_OR_RETURN(grads_, GradStore::Create(config_.stage, *plan_, pool, comm_, allocator_, wait_for_buffer));
   auto owned_params = [this](int bucket) {
     if (config_.stage == 3) return ShardOf(bucket);
     const partition::Bucket& b = plan_->buckets()[bucket];
@@ -209,10 +213,7 @@ Status EngineImpl::GetParam(ParamId id, void* out) const {
   ZERO_RETURN_IF_ERROR(CheckParamId(id, "GetParam"));
   if (out == nullptr) return absl::InvalidArgumentError("GetParam: out is null");
   if (config_.stage == 3) return const_cast<EngineImpl*>(this)->GetParamStage3(static_cast<int>(id), out);
-  const auto& place = plan_->placement(static_cast<int>(id));
-  const auto& bucket = plan_->buckets()[place.bucket];
-  const char* source = params_.as<char>() + bucket.byte_offset + place.offset * static_cast<int64_t>(DTypeSize(bucket.dtype));
-  std::memcpy(out, source, static_cast<size_t>(ParamBytes(static_cast<int>(id))));
+  std::memcpy(out, ParamAddress(static_cast<int>(id)), static_cast<size_t>(ParamBytes(static_cast<int>(id))));
   return absl::OkStatus();
 }
 

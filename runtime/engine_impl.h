@@ -77,7 +77,7 @@ class EngineImpl final : public Engine {
   // For error messages: a bucket and its params.
   std::string DescribeBucket(int bucket) const;
   int64_t ParamBytes(int param) const;
-  char* ParamAddress(int param);
+  char* ParamAddress(int param) const;
   // Marks a bucket whose params are all ready, handing its reduction to the scheduler.
   Status BucketReady(int bucket);
   bool LastMicroBatch() const { return micro_batch_ + 1 == config_.gradient_accumulation_steps; }

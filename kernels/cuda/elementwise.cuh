@@ -8,7 +8,9 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include "absl/types/span.h"
 #include "kernels/segments.h"
+#include "kernels/type_dispatch.h"
 #include "zero/status.h"
 
 namespace zero::kernels::cuda {
@@ -70,21 +72,23 @@ Status ForEachLaunch(absl::Span<const Segment> segments, Launch launch) {
   return flush();
 }
 
-/// Calls fn(ParamTag{}, GradTag{}) for `types`.
-template <typename Fn>
-void DispatchTypes(SegmentTypes types, Fn fn) {
-  auto with_grad = [&](auto param_tag) {
-    switch (types.grad) {
-      case DType::kFP32: return fn(param_tag, F32{});
-      case DType::kBF16: return fn(param_tag, Bf16{});
-      case DType::kFP16: return fn(param_tag, Half{});
-    }
-  };
-  switch (types.param) {
-    case DType::kFP32: return with_grad(NoCopy{});
-    case DType::kBF16: return with_grad(Bf16{});
-    case DType::kFP16: return with_grad(Half{});
-  }
+/// The CUDA kernels' element-type tags, for kernels::DispatchTypes.
+struct Tags {
+  using F32 = cuda::F32;
+  using Bf16 = cuda::Bf16;
+  using Half = cuda::Half;
+  using NoCopy = cuda::NoCopy;
+};
+
+/// Runs launch_one(param_tag, grad_tag, table, blocks) for every launch of `segments`, with the
+/// tags of `types`: the body every launcher shares.
+template <typename LaunchOne>
+Status LaunchOverSegments(SegmentTypes types, absl::Span<const Segment> segments, LaunchOne launch_one) {
+  Status status = absl::OkStatus();
+  DispatchTypes<Tags>(types, [&](auto p, auto g) {
+    status.Update(ForEachLaunch(segments, [&](const Table& t, int blocks) { launch_one(p, g, t, blocks); }));
+  });
+  return status;
 }
 
 }  // namespace zero::kernels::cuda

@@ -86,13 +86,9 @@ Status AdamStepCuda(const AdamHyper& h, SegmentTypes types, absl::Span<const Seg
   if (h.step < 1) return absl::InvalidArgumentError("AdamStepCuda: step must be ≥ 1");
   const cpu::AdamCoeffs c = cpu::MakeAdamCoeffs(h);
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
-  Status status = absl::OkStatus();
-  cuda::DispatchTypes(types, [&](auto p, auto g) {
-    status.Update(cuda::ForEachLaunch(segments, [&](const cuda::Table& t, int blocks) {
-      cuda::AdamKernel<decltype(p), decltype(g)><<<blocks, cuda::kThreads, 0, s>>>(t, c, h.common.skip);
-    }));
+  return cuda::LaunchOverSegments(types, segments, [&](auto p, auto g, const cuda::Table& t, int blocks) {
+    cuda::AdamKernel<decltype(p), decltype(g)><<<blocks, cuda::kThreads, 0, s>>>(t, c, h.common.skip);
   });
-  return status;
 }
 
 Status SgdStepCuda(const SgdHyper& h, SegmentTypes types, absl::Span<const Segment> segments, CudaStream stream) {
@@ -102,13 +98,9 @@ Status SgdStepCuda(const SgdHyper& h, SegmentTypes types, absl::Span<const Segme
   if (h.step < 1) return absl::InvalidArgumentError("SgdStepCuda: step must be ≥ 1");
   const cpu::SgdCoeffs c = cpu::MakeSgdCoeffs(h);
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
-  Status status = absl::OkStatus();
-  cuda::DispatchTypes(types, [&](auto p, auto g) {
-    status.Update(cuda::ForEachLaunch(segments, [&](const cuda::Table& t, int blocks) {
-      cuda::SgdKernel<decltype(p), decltype(g)><<<blocks, cuda::kThreads, 0, s>>>(t, c, h.common.skip);
-    }));
+  return cuda::LaunchOverSegments(types, segments, [&](auto p, auto g, const cuda::Table& t, int blocks) {
+    cuda::SgdKernel<decltype(p), decltype(g)><<<blocks, cuda::kThreads, 0, s>>>(t, c, h.common.skip);
   });
-  return status;
 }
 
 Status LionStepCuda(const LionHyper& h, SegmentTypes types, absl::Span<const Segment> segments, CudaStream stream) {
@@ -117,13 +109,9 @@ Status LionStepCuda(const LionHyper& h, SegmentTypes types, absl::Span<const Seg
   ZERO_RETURN_IF_ERROR(CheckCommon(kName, h.common));
   const cpu::LionCoeffs c = cpu::MakeLionCoeffs(h);
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
-  Status status = absl::OkStatus();
-  cuda::DispatchTypes(types, [&](auto p, auto g) {
-    status.Update(cuda::ForEachLaunch(segments, [&](const cuda::Table& t, int blocks) {
-      cuda::LionKernel<decltype(p), decltype(g)><<<blocks, cuda::kThreads, 0, s>>>(t, c, h.common.skip);
-    }));
+  return cuda::LaunchOverSegments(types, segments, [&](auto p, auto g, const cuda::Table& t, int blocks) {
+    cuda::LionKernel<decltype(p), decltype(g)><<<blocks, cuda::kThreads, 0, s>>>(t, c, h.common.skip);
   });
-  return status;
 }
 
 }  // namespace zero::kernels

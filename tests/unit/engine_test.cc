@@ -142,13 +142,20 @@ TEST(EngineStages, GradientAccumulationMatchesOneBigBatch) {
 TEST(EngineStages, ReductionsOverlapBackward) {
   ToyOptions options;
   options.steps = 3;
-  for (int stage : {0, 1, 2}) {
+  for (int stage : {0, 1, 2, 3}) {
     const auto runs = TrainOnLocalRanks(2, ToyConfig(stage), options);
     if (HasFailure()) return;
     // The toy trainer marks every param ready during backward, so every bucket's collective
     // (several per step) starts before EndBackward() is called.
     EXPECT_GT(runs[0].counters.reductions_launched, 3) << "stage " << stage;
     EXPECT_EQ(runs[0].counters.reductions_before_end_backward, runs[0].counters.reductions_launched);
+    // Stage 2 has more buckets than its 2 pool buffers, so later buckets wait for one; stage 3's
+    // buckets are the toy's 2 units, which fit; stages 0-1 have no pool.
+    if (stage == 2) {
+      EXPECT_GT(runs[0].counters.pool_waits, 0);
+    } else {
+      EXPECT_EQ(runs[0].counters.pool_waits, 0) << "stage " << stage;
+    }
     Config no_overlap = ToyConfig(stage);
     no_overlap.buckets.overlap = false;
     const auto late = TrainOnLocalRanks(2, no_overlap, options);

@@ -15,6 +15,7 @@
 
 #include "kernels/cpu/isa/loops.h"
 #include "kernels/cpu/isa/vec.h"
+#include "kernels/type_dispatch.h"
 
 namespace zero::kernels::cpu::ZERO_ISA_NS {
 namespace {  // internal linkage: every ISA build has its own copy
@@ -143,21 +144,18 @@ void ForEachSegmentVector(SegmentTypes types, const Segment* segments, int64_t c
       });
 }
 
-/// Calls fn(ParamTag{}, GradTag{}) with the tags matching `types`.
+/// This build's element-type tags, for kernels::DispatchTypes.
+struct Tags {
+  using F32 = ZERO_ISA_NS::F32;
+  using Bf16 = ZERO_ISA_NS::Bf16;
+  using Half = ZERO_ISA_NS::Half;
+  using NoCopy = ZERO_ISA_NS::NoCopy;
+};
+
+/// Calls fn(ParamTag{}, GradTag{}) with this build's tags matching `types`.
 template <typename Fn>
 void DispatchTypes(SegmentTypes types, Fn fn) {
-  auto with_grad = [&](auto param_tag) {
-    switch (types.grad) {
-      case DType::kFP32: return fn(param_tag, F32{});
-      case DType::kBF16: return fn(param_tag, Bf16{});
-      case DType::kFP16: return fn(param_tag, Half{});
-    }
-  };
-  switch (types.param) {
-    case DType::kFP32: return with_grad(NoCopy{});
-    case DType::kBF16: return with_grad(Bf16{});
-    case DType::kFP16: return with_grad(Half{});
-  }
+  kernels::DispatchTypes<Tags>(types, fn);
 }
 
 }  // namespace
