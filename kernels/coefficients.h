@@ -66,6 +66,20 @@ inline LionCoeffs MakeLionCoeffs(const LionHyper& h) {
   return {h.lr, h.beta1, 1.0f - h.beta1, h.beta2, 1.0f - h.beta2, 1.0f - h.lr * h.weight_decay, h.common.grad_scale};
 }
 
+inline LambCoeffs MakeLambCoeffs(const LambHyper& h) {
+  LambCoeffs c;
+  c.beta1 = h.beta1;
+  c.beta2 = h.beta2;
+  c.one_minus_beta1 = 1.0f - h.beta1;
+  c.one_minus_beta2 = 1.0f - h.beta2;
+  c.eps = h.eps;
+  c.weight_decay = h.weight_decay;
+  c.inv_bc1 = h.bias_correction ? static_cast<float>(1.0 / BiasCorrection(h.beta1, h.step)) : 1.0f;
+  c.inv_bc2 = h.bias_correction ? static_cast<float>(1.0 / BiasCorrection(h.beta2, h.step)) : 1.0f;
+  c.grad_scale = h.common.grad_scale;
+  return c;
+}
+
 }  // namespace zero::kernels::cpu
 
 #endif  // ZERO_KERNELS_COEFFICIENTS_H_

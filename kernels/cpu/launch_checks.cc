@@ -61,4 +61,51 @@ Status CheckCommon(const char* kernel, const StepCommon& common) {
                     std::numeric_limits<float>::max());
 }
 
+Status CheckStep(const char* kernel, int64_t step) {
+  if (step >= 1) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(kernel, ": step = ", step,
+                                                 " must be ≥ 1 (the count including this step)"));
+}
+
+Status CheckLambUpdate(const char* kernel, const LambHyper& h, SegmentTypes types,
+                       absl::Span<const Segment> segments, absl::Span<float* const> updates) {
+  ZERO_RETURN_IF_ERROR(CheckSegments(kernel, types, segments, {true, true, true}));
+  ZERO_RETURN_IF_ERROR(CheckRange(kernel, "beta1", h.beta1, 0, 1, true));
+  ZERO_RETURN_IF_ERROR(CheckRange(kernel, "beta2", h.beta2, 0, 1, true));
+  ZERO_RETURN_IF_ERROR(CheckRange(kernel, "eps", h.eps, 0, 1e6));
+  ZERO_RETURN_IF_ERROR(CheckRange(kernel, "weight_decay", h.weight_decay, 0, 1e6));
+  ZERO_RETURN_IF_ERROR(CheckStep(kernel, h.step));
+  ZERO_RETURN_IF_ERROR(CheckCommon(kernel, h.common));
+  if (updates.size() != segments.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(kernel, ": ", updates.size(),
+                                                   " update buffers for ", segments.size(),
+                                                   " segments"));
+  }
+  for (size_t i = 0; i < segments.size(); ++i) {
+    if (segments[i].numel > 0 && updates[i] == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(kernel, ": update buffer ", i, " is null"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+Status CheckLambApply(const char* kernel, const LambHyper& h, DType param_type,
+                      absl::Span<const Segment> segments, absl::Span<const float* const> updates,
+                      absl::Span<const float> trust_ratios) {
+  ZERO_RETURN_IF_ERROR(CheckSegments(kernel, {param_type, DType::kFP32}, segments, {false, false, false}));
+  ZERO_RETURN_IF_ERROR(CheckRange(kernel, "lr", h.lr, 0, 1e6));
+  if (updates.size() != segments.size() || trust_ratios.size() != segments.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        kernel, ": ", segments.size(), " segments need as many update buffers (got ",
+        updates.size(), ") and trust ratios (got ", trust_ratios.size(), ")"));
+  }
+  for (size_t i = 0; i < segments.size(); ++i) {
+    if (segments[i].numel > 0 && updates[i] == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(kernel, ": update buffer ", i, " is null"));
+    }
+    ZERO_RETURN_IF_ERROR(CheckRange(kernel, "trust ratio", trust_ratios[i], 0, 1e30));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace zero::kernels::cpu

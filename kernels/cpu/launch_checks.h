@@ -28,6 +28,16 @@ Status CheckSegments(const char* kernel, SegmentTypes types, absl::Span<const Se
 Status CheckRange(const char* kernel, const char* name, double value, double low, double high,
                   bool high_open = false);
 
+/// step ≥ 1 (the 1-based count including this step).
+Status CheckStep(const char* kernel, int64_t step);
+/// LAMB's first pass: segments with master, grad and both moments, hyperparameters in range,
+/// one non-null update buffer per non-empty segment.
+Status CheckLambUpdate(const char* kernel, const LambHyper& hyper, SegmentTypes types,
+                       absl::Span<const Segment> segments, absl::Span<float* const> updates);
+/// LAMB's second pass: one update buffer and one finite, non-negative trust ratio per segment.
+Status CheckLambApply(const char* kernel, const LambHyper& hyper, DType param_type,
+                      absl::Span<const Segment> segments, absl::Span<const float* const> updates,
+                      absl::Span<const float> trust_ratios);
 /// grad_scale is finite.
 Status CheckCommon(const char* kernel, const StepCommon& common);
 

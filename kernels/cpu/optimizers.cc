@@ -14,17 +14,8 @@ using cpu::CheckCommon;
 using cpu::CheckExec;
 using cpu::CheckRange;
 using cpu::CheckSegments;
+using cpu::CheckStep;
 using cpu::Skipped;
-
-namespace {
-
-Status CheckStep(const char* kernel, int64_t step) {
-  if (step >= 1) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(kernel, ": step = ", step,
-                                                 " must be ≥ 1 (the count including this step)"));
-}
-
-}  // namespace
 
 Status AdamStepCpu(const AdamHyper& h, SegmentTypes types, absl::Span<const Segment> segments,
                    const CpuExec& exec) {
@@ -89,38 +80,10 @@ Status LionStepCpu(const LionHyper& h, SegmentTypes types, absl::Span<const Segm
 
 Status LambUpdateCpu(const LambHyper& h, SegmentTypes types, absl::Span<const Segment> segments,
                      absl::Span<float* const> updates, const CpuExec& exec) {
-  constexpr const char* kName = "LambUpdateCpu";
   ZERO_RETURN_IF_ERROR(CheckExec(exec));
-  ZERO_RETURN_IF_ERROR(CheckSegments(kName, types, segments, {true, true, true}));
-  ZERO_RETURN_IF_ERROR(CheckRange(kName, "beta1", h.beta1, 0, 1, true));
-  ZERO_RETURN_IF_ERROR(CheckRange(kName, "beta2", h.beta2, 0, 1, true));
-  ZERO_RETURN_IF_ERROR(CheckRange(kName, "eps", h.eps, 0, 1e6));
-  ZERO_RETURN_IF_ERROR(CheckRange(kName, "weight_decay", h.weight_decay, 0, 1e6));
-  ZERO_RETURN_IF_ERROR(CheckStep(kName, h.step));
-  ZERO_RETURN_IF_ERROR(CheckCommon(kName, h.common));
-  if (updates.size() != segments.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(kName, ": ", updates.size(),
-                                                   " update buffers for ", segments.size(),
-                                                   " segments"));
-  }
-  for (size_t i = 0; i < segments.size(); ++i) {
-    if (segments[i].numel > 0 && updates[i] == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(kName, ": update buffer ", i, " is null"));
-    }
-  }
+  ZERO_RETURN_IF_ERROR(cpu::CheckLambUpdate("LambUpdateCpu", h, types, segments, updates));
   if (Skipped(h.common)) return absl::OkStatus();
-
-  cpu::LambCoeffs c;
-  c.beta1 = h.beta1;
-  c.beta2 = h.beta2;
-  c.one_minus_beta1 = 1.0f - h.beta1;
-  c.one_minus_beta2 = 1.0f - h.beta2;
-  c.eps = h.eps;
-  c.weight_decay = h.weight_decay;
-  c.inv_bc1 = h.bias_correction ? static_cast<float>(1.0 / cpu::BiasCorrection(h.beta1, h.step)) : 1.0f;
-  c.inv_bc2 = h.bias_correction ? static_cast<float>(1.0 / cpu::BiasCorrection(h.beta2, h.step)) : 1.0f;
-  c.grad_scale = h.common.grad_scale;
-  ZERO_ISA_DISPATCH(exec.isa, LambUpdateLoop, c, types, segments.data(), updates.data(),
+  ZERO_ISA_DISPATCH(exec.isa, LambUpdateLoop, cpu::MakeLambCoeffs(h), types, segments.data(), updates.data(),
                     static_cast<int64_t>(segments.size()), exec.threads);
   return absl::OkStatus();
 }
@@ -128,24 +91,9 @@ Status LambUpdateCpu(const LambHyper& h, SegmentTypes types, absl::Span<const Se
 Status LambApplyCpu(const LambHyper& h, DType param_type, absl::Span<const Segment> segments,
                     absl::Span<const float* const> updates, absl::Span<const float> trust_ratios,
                     const CpuExec& exec) {
-  constexpr const char* kName = "LambApplyCpu";
   ZERO_RETURN_IF_ERROR(CheckExec(exec));
-  ZERO_RETURN_IF_ERROR(
-      CheckSegments(kName, {param_type, DType::kFP32}, segments, {false, false, false}));
-  ZERO_RETURN_IF_ERROR(CheckRange(kName, "lr", h.lr, 0, 1e6));
-  if (updates.size() != segments.size() || trust_ratios.size() != segments.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        kName, ": ", segments.size(), " segments need as many update buffers (got ",
-        updates.size(), ") and trust ratios (got ", trust_ratios.size(), ")"));
-  }
-  for (size_t i = 0; i < segments.size(); ++i) {
-    if (segments[i].numel > 0 && updates[i] == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(kName, ": update buffer ", i, " is null"));
-    }
-    ZERO_RETURN_IF_ERROR(CheckRange(kName, "trust ratio", trust_ratios[i], 0, 1e30));
-  }
+  ZERO_RETURN_IF_ERROR(cpu::CheckLambApply("LambApplyCpu", h, param_type, segments, updates, trust_ratios));
   if (Skipped(h.common)) return absl::OkStatus();
-
   ZERO_ISA_DISPATCH(exec.isa, LambApplyLoop, h.lr, trust_ratios.data(), param_type,
                     segments.data(), updates.data(), static_cast<int64_t>(segments.size()),
                     exec.threads);

@@ -1,16 +1,19 @@
 // Deterministic squared norms on CUDA: each block writes the float64 sum of squares of its
-// chunk (a fixed-order shared-memory tree) into the workspace; one block then sums the partials
-// in order and sets the Inf/NaN flag. Same inputs, same bits, run to run.
-#include "kernels/cuda/elementwise.cuh"
-#include "kernels/cuda/optimizers_cuda.h"
+// chunk (a fixed-order shared-memory tree) into the workspace; then one block per span sums
+// that span's partials in order (per-span norms, LAMB's trust ratios), and one block sums all
+// partials in order and sets the Inf/NaN flag. Same inputs, same bits, run to run.
+#include <algorithm>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cuda/elementwise.cuh"
+#include "kernels/cuda/optimizers_cuda.h"
 
 namespace zero::kernels {
 namespace cuda {
 namespace {
 
-// Sums `value` over the block in a fixed tree; thread 0 gets the total.
+// Sums `value` over the block in a fixed tree; every thread gets the total.
 __device__ double BlockSum(double value, double* shared) {
   shared[threadIdx.x] = value;
   __syncthreads();
@@ -21,42 +24,72 @@ __device__ double BlockSum(double value, double* shared) {
   return shared[0];
 }
 
+// One partial per block: the chunk's sum of squares (the span's data travels as Segment::grad).
 template <typename G>
-__global__ void SquaresKernel(Table t, double* partials, int first_partial) {
+__global__ void __launch_bounds__(kThreads) SquaresKernel(Table t, double* partials) {
   __shared__ double shared[kThreads];
   int64_t begin, end;
-  const Segment& s = BlockSegment(t, &begin, &end);
+  int k;
+  const Segment& s = BlockSegment(t, &begin, &end, &k);
   double sum = 0.0;
-  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
-    const double x = Load(G{}, s.grad, i);
-    sum = fma(x, x, sum);
+  if (VectorAligned(s.grad, Bytes(G{}))) {
+    for (int64_t i = begin + kVector * static_cast<int64_t>(threadIdx.x); i < end; i += kVector * int64_t{blockDim.x}) {
+      if (i + kVector <= end) {
+        float x[4];
+        Load4(G{}, s.grad, i, x);
+#pragma unroll
+        for (int j = 0; j < kVector; ++j) sum = fma(double(x[j]), double(x[j]), sum);
+      } else {
+        for (int64_t j = i; j < end; ++j) {
+          const double x = Load(G{}, s.grad, j);
+          sum = fma(x, x, sum);
+        }
+      }
+    }
+  } else {
+    for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+      const double x = Load(G{}, s.grad, i);
+      sum = fma(x, x, sum);
+    }
   }
   const double total = BlockSum(sum, shared);
-  if (threadIdx.x == 0) partials[first_partial + blockIdx.x] = total;
+  if (threadIdx.x == 0) partials[blockIdx.x] = total;
 }
 
-__global__ void FinishKernel(const double* partials, int count, double* total, int32_t* nonfinite) {
+// Block k sums the partials of the table's k-th segment, in order, into per_span[index].
+__global__ void __launch_bounds__(kThreads) SpanSumsKernel(Table t, const double* partials, double* per_span) {
+  __shared__ double shared[kThreads];
+  const int k = blockIdx.x;
+  double sum = 0.0;
+  for (int i = t.first_block[k] + threadIdx.x; i < t.first_block[k + 1]; i += blockDim.x) sum += partials[i];
+  const double all = BlockSum(sum, shared);
+  if (threadIdx.x == 0) per_span[t.index[k]] = all;
+}
+
+__global__ void __launch_bounds__(kThreads) FinishKernel(const double* partials, int count, double* total, int32_t* nonfinite) {
   __shared__ double shared[kThreads];
   double sum = 0.0;
   for (int i = threadIdx.x; i < count; i += blockDim.x) sum += partials[i];  // fixed assignment
   const double all = BlockSum(sum, shared);
   if (threadIdx.x == 0) {
-    *total = all;
-    *nonfinite = isfinite(all) ? 0 : 1;
+    if (total != nullptr) *total = all;
+    if (nonfinite != nullptr) *nonfinite = isfinite(all) ? 0 : 1;
   }
 }
 
 }  // namespace
 }  // namespace cuda
 
-Status SquaredNormCuda(void* workspace, size_t* workspace_bytes, absl::Span<const ConstSpan> spans, DType dtype,
-                       double* total, int32_t* nonfinite, CudaStream stream) {
-  if (workspace_bytes == nullptr) return absl::InvalidArgumentError("SquaredNormCuda: workspace_bytes is null");
+Status SquaredNormsCuda(void* workspace, size_t* workspace_bytes, absl::Span<const ConstSpan> spans, DType dtype,
+                        double* per_span, double* total, int32_t* nonfinite, CudaStream stream) {
+  constexpr const char* kName = "SquaredNormsCuda";
+  if (workspace_bytes == nullptr) return absl::InvalidArgumentError(absl::StrCat(kName, ": workspace_bytes is null"));
   std::vector<Segment> segments;
   int64_t chunks = 0;
-  for (const ConstSpan& span : spans) {
+  for (size_t i = 0; i < spans.size(); ++i) {
+    const ConstSpan& span = spans[i];
     if (span.numel < 0 || (span.numel > 0 && span.data == nullptr)) {
-      return absl::InvalidArgumentError("SquaredNormCuda: a span has a negative size or null data");
+      return absl::InvalidArgumentError(absl::StrCat(kName, ": span ", i, " has a negative size or null data"));
     }
     Segment s;
     s.grad = span.data;
@@ -70,16 +103,22 @@ Status SquaredNormCuda(void* workspace, size_t* workspace_bytes, absl::Span<cons
     return absl::OkStatus();
   }
   if (*workspace_bytes < needed) {
-    return absl::InvalidArgumentError(absl::StrCat("SquaredNormCuda: workspace of ", *workspace_bytes, " bytes, ", needed, " needed"));
+    return absl::InvalidArgumentError(absl::StrCat(kName, ": workspace of ", *workspace_bytes, " bytes, ", needed, " needed"));
   }
-  if (total == nullptr || nonfinite == nullptr) return absl::InvalidArgumentError("SquaredNormCuda: null output");
+  if (total == nullptr && nonfinite == nullptr && per_span == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(kName, ": no output (per_span, total and nonfinite are all null)"));
+  }
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   double* partials = static_cast<double*>(workspace);
+  if (per_span != nullptr && !spans.empty()) {  // empty spans launch nothing: their sum is 0
+    ZERO_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(per_span, 0, spans.size() * sizeof(double), s));
+  }
   int first = 0;
   Status status = absl::OkStatus();
   auto launch = [&](auto tag) {
-    status.Update(cuda::ForEachLaunch(segments, [&](const cuda::Table& t, int blocks) {
-      cuda::SquaresKernel<decltype(tag)><<<blocks, cuda::kThreads, 0, s>>>(t, partials, first);
+    status.Update(cuda::ForEachLaunch(segments, {}, {}, [&](const cuda::Table& t, int blocks) {
+      cuda::SquaresKernel<decltype(tag)><<<blocks, cuda::kThreads, 0, s>>>(t, partials + first);
+      if (per_span != nullptr) cuda::SpanSumsKernel<<<t.count, cuda::kThreads, 0, s>>>(t, partials + first, per_span);
       first += blocks;
     }));
   };
@@ -89,6 +128,7 @@ Status SquaredNormCuda(void* workspace, size_t* workspace_bytes, absl::Span<cons
     case DType::kFP16: launch(cuda::Half{}); break;
   }
   ZERO_RETURN_IF_ERROR(status);
+  if (total == nullptr && nonfinite == nullptr) return absl::OkStatus();
   if (chunks == 0) ZERO_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(partials, 0, sizeof(double), s));
   cuda::FinishKernel<<<1, cuda::kThreads, 0, s>>>(partials, static_cast<int>(std::max<int64_t>(chunks, 1)), total, nonfinite);
   ZERO_CUDA_RETURN_IF_ERROR(cudaGetLastError());

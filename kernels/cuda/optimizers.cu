@@ -1,5 +1,7 @@
-// Fused Adam/AdamW, SGD and Lion on CUDA: one block per 64K-element chunk, each thread a strided
-// walk, the same arithmetic (fmaf where the CPU loops use MulAdd) as kernels/cpu.
+// Fused Adam/AdamW, SGD, Lion and LAMB on CUDA: each optimizer is an element-wise operation
+// run by the shared multi-tensor driver (elementwise.cuh), with the same arithmetic (fmaf where
+// the CPU loops use MulAdd) as kernels/cpu.
+#include "absl/strings/str_cat.h"
 #include "kernels/coefficients.h"
 #include "kernels/cpu/launch_checks.h"
 #include "kernels/cuda/elementwise.cuh"
@@ -11,63 +13,79 @@ namespace {
 
 __device__ inline bool Skipped(const int32_t* skip) { return skip != nullptr && *skip != 0; }
 
-template <typename P, typename G>
-__global__ void AdamKernel(Table t, cpu::AdamCoeffs c, const int32_t* skip) {
-  if (Skipped(skip)) return;
-  int64_t begin, end;
-  const Segment& s = BlockSegment(t, &begin, &end);
-  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
-    float w = s.master[i];
-    float g = Load(G{}, s.grad, i) * c.grad_scale;
-    g = fmaf(w, c.l2_decay, g);
-    w *= c.decay_factor;
-    float m = s.state0[i];
-    m = fmaf(g - m, c.one_minus_beta1, m);
-    float v = s.state1[i];
-    v = fmaf(g * g, c.one_minus_beta2, v * c.beta2);
-    const float denom = fmaf(sqrtf(v), c.inv_bc2_sqrt, c.eps);
-    w = fmaf(m / denom, -c.step_size, w);
-    s.master[i] = w;
-    Store(P{}, s.model_param, i, w);
-    s.state0[i] = m;
-    s.state1[i] = v;
+struct AdamOp {
+  static constexpr bool kReadsAux = false, kWritesAux = false, kWritesWeights = true;
+  cpu::AdamCoeffs c;
+  __device__ void operator()(Element& e, float) const {
+    float g = e.g * c.grad_scale;
+    g = fmaf(e.w, c.l2_decay, g);
+    const float w = e.w * c.decay_factor;
+    e.m = fmaf(g - e.m, c.one_minus_beta1, e.m);
+    e.v = fmaf(g * g, c.one_minus_beta2, e.v * c.beta2);
+    const float denom = fmaf(sqrtf(e.v), c.inv_bc2_sqrt, c.eps);
+    e.w = fmaf(e.m / denom, -c.step_size, w);
   }
-}
+};
 
-template <typename P, typename G>
-__global__ void SgdKernel(Table t, cpu::SgdCoeffs c, const int32_t* skip) {
-  if (Skipped(skip)) return;
-  int64_t begin, end;
-  const Segment& s = BlockSegment(t, &begin, &end);
-  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
-    float w = s.master[i];
-    float g = fmaf(w, c.weight_decay, Load(G{}, s.grad, i) * c.grad_scale);
+struct SgdOp {
+  static constexpr bool kReadsAux = false, kWritesAux = false, kWritesWeights = true;
+  cpu::SgdCoeffs c;
+  __device__ void operator()(Element& e, float) const {
+    float g = fmaf(e.w, c.weight_decay, e.g * c.grad_scale);
     if (c.momentum != 0.0f) {
-      const float buffer = c.first_step ? g : fmaf(g, c.one_minus_dampening, s.state0[i] * c.momentum);
-      s.state0[i] = buffer;
-      g = c.nesterov ? fmaf(buffer, c.momentum, g) : buffer;
+      e.m = c.first_step ? g : fmaf(g, c.one_minus_dampening, e.m * c.momentum);
+      g = c.nesterov ? fmaf(e.m, c.momentum, g) : e.m;
     }
-    w = fmaf(g, -c.lr, w);
-    s.master[i] = w;
-    Store(P{}, s.model_param, i, w);
+    e.w = fmaf(g, -c.lr, e.w);
   }
+};
+
+struct LionOp {
+  static constexpr bool kReadsAux = false, kWritesAux = false, kWritesWeights = true;
+  cpu::LionCoeffs c;
+  __device__ void operator()(Element& e, float) const {
+    const float g = e.g * c.grad_scale;
+    const float x = fmaf(g, c.one_minus_beta1, e.m * c.beta1);
+    const float direction = x > 0.0f ? 1.0f : (x < 0.0f ? -1.0f : 0.0f);
+    e.w = fmaf(direction, -c.lr, e.w * c.decay_factor);
+    e.m = fmaf(g, c.one_minus_beta2, e.m * c.beta2);
+  }
+};
+
+// LAMB pass 1: the moments and the update direction u = m̂/(sqrt(v̂)+eps) + wd·p into aux.
+struct LambUpdateOp {
+  static constexpr bool kReadsAux = false, kWritesAux = true, kWritesWeights = false;
+  cpu::LambCoeffs c;
+  __device__ void operator()(Element& e, float) const {
+    const float g = e.g * c.grad_scale;
+    e.m = fmaf(g - e.m, c.one_minus_beta1, e.m);
+    e.v = fmaf(g * g, c.one_minus_beta2, e.v * c.beta2);
+    const float denom = sqrtf(e.v * c.inv_bc2) + c.eps;
+    e.aux = fmaf(e.w, c.weight_decay, (e.m * c.inv_bc1) / denom);
+  }
+};
+
+// LAMB pass 2: p -= lr · trust_ratio · u, the segment's trust ratio in the scalar slot.
+struct LambApplyOp {
+  static constexpr bool kReadsAux = true, kWritesAux = false, kWritesWeights = true;
+  float lr;
+  __device__ void operator()(Element& e, float trust_ratio) const { e.w = fmaf(e.aux, -lr * trust_ratio, e.w); }
+};
+
+template <typename P, typename G, typename Op>
+__global__ void __launch_bounds__(kThreads) ApplyKernel(Table t, Op op, const int32_t* skip) {
+  if (Skipped(skip)) return;
+  ApplyToChunk<P, G>(t, op);
 }
 
-template <typename P, typename G>
-__global__ void LionKernel(Table t, cpu::LionCoeffs c, const int32_t* skip) {
-  if (Skipped(skip)) return;
-  int64_t begin, end;
-  const Segment& s = BlockSegment(t, &begin, &end);
-  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
-    const float g = Load(G{}, s.grad, i) * c.grad_scale;
-    const float m = s.state0[i];
-    const float x = fmaf(g, c.one_minus_beta1, m * c.beta1);
-    const float direction = x > 0.0f ? 1.0f : (x < 0.0f ? -1.0f : 0.0f);
-    const float w = fmaf(direction, -c.lr, s.master[i] * c.decay_factor);
-    s.master[i] = w;
-    Store(P{}, s.model_param, i, w);
-    s.state0[i] = fmaf(g, c.one_minus_beta2, m * c.beta2);
-  }
+// Launches `op` over every segment: the body of every launcher below.
+template <typename Op>
+Status Launch(SegmentTypes types, absl::Span<const Segment> segments, absl::Span<float* const> aux,
+              absl::Span<const float> scalars, const Op& op, const int32_t* skip, CudaStream stream) {
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  return LaunchOverSegments(types, segments, aux, scalars, [&](auto p, auto g, const Table& t, int blocks) {
+    ApplyKernel<decltype(p), decltype(g), Op><<<blocks, kThreads, 0, s>>>(t, op, skip);
+  });
 }
 
 }  // namespace
@@ -76,6 +94,7 @@ __global__ void LionKernel(Table t, cpu::LionCoeffs c, const int32_t* skip) {
 using cpu::CheckCommon;
 using cpu::CheckRange;
 using cpu::CheckSegments;
+using cpu::CheckStep;
 
 Status AdamStepCuda(const AdamHyper& h, SegmentTypes types, absl::Span<const Segment> segments, CudaStream stream) {
   constexpr const char* kName = "AdamStepCuda";
@@ -83,35 +102,45 @@ Status AdamStepCuda(const AdamHyper& h, SegmentTypes types, absl::Span<const Seg
   ZERO_RETURN_IF_ERROR(CheckRange(kName, "beta1", h.beta1, 0, 1, true));
   ZERO_RETURN_IF_ERROR(CheckRange(kName, "beta2", h.beta2, 0, 1, true));
   ZERO_RETURN_IF_ERROR(CheckCommon(kName, h.common));
-  if (h.step < 1) return absl::InvalidArgumentError("AdamStepCuda: step must be ≥ 1");
-  const cpu::AdamCoeffs c = cpu::MakeAdamCoeffs(h);
-  const cudaStream_t s = static_cast<cudaStream_t>(stream);
-  return cuda::LaunchOverSegments(types, segments, [&](auto p, auto g, const cuda::Table& t, int blocks) {
-    cuda::AdamKernel<decltype(p), decltype(g)><<<blocks, cuda::kThreads, 0, s>>>(t, c, h.common.skip);
-  });
+  ZERO_RETURN_IF_ERROR(CheckStep(kName, h.step));
+  return cuda::Launch(types, segments, {}, {}, cuda::AdamOp{cpu::MakeAdamCoeffs(h)}, h.common.skip, stream);
 }
 
 Status SgdStepCuda(const SgdHyper& h, SegmentTypes types, absl::Span<const Segment> segments, CudaStream stream) {
   constexpr const char* kName = "SgdStepCuda";
   ZERO_RETURN_IF_ERROR(CheckSegments(kName, types, segments, {true, h.momentum != 0.0f, false}));
   ZERO_RETURN_IF_ERROR(CheckCommon(kName, h.common));
-  if (h.step < 1) return absl::InvalidArgumentError("SgdStepCuda: step must be ≥ 1");
-  const cpu::SgdCoeffs c = cpu::MakeSgdCoeffs(h);
-  const cudaStream_t s = static_cast<cudaStream_t>(stream);
-  return cuda::LaunchOverSegments(types, segments, [&](auto p, auto g, const cuda::Table& t, int blocks) {
-    cuda::SgdKernel<decltype(p), decltype(g)><<<blocks, cuda::kThreads, 0, s>>>(t, c, h.common.skip);
-  });
+  ZERO_RETURN_IF_ERROR(CheckStep(kName, h.step));
+  return cuda::Launch(types, segments, {}, {}, cuda::SgdOp{cpu::MakeSgdCoeffs(h)}, h.common.skip, stream);
 }
 
 Status LionStepCuda(const LionHyper& h, SegmentTypes types, absl::Span<const Segment> segments, CudaStream stream) {
   constexpr const char* kName = "LionStepCuda";
   ZERO_RETURN_IF_ERROR(CheckSegments(kName, types, segments, {true, true, false}));
   ZERO_RETURN_IF_ERROR(CheckCommon(kName, h.common));
-  const cpu::LionCoeffs c = cpu::MakeLionCoeffs(h);
-  const cudaStream_t s = static_cast<cudaStream_t>(stream);
-  return cuda::LaunchOverSegments(types, segments, [&](auto p, auto g, const cuda::Table& t, int blocks) {
-    cuda::LionKernel<decltype(p), decltype(g)><<<blocks, cuda::kThreads, 0, s>>>(t, c, h.common.skip);
-  });
+  return cuda::Launch(types, segments, {}, {}, cuda::LionOp{cpu::MakeLionCoeffs(h)}, h.common.skip, stream);
+}
+
+Status LambUpdateCuda(const LambHyper& h, SegmentTypes types, absl::Span<const Segment> segments,
+                      absl::Span<float* const> updates, CudaStream stream) {
+  ZERO_RETURN_IF_ERROR(cpu::CheckLambUpdate("LambUpdateCuda", h, types, segments, updates));
+  std::vector<Segment> reads(segments.begin(), segments.end());
+  for (Segment& s : reads) s.model_param = nullptr;  // pass 1 writes no weights
+  return cuda::Launch({DType::kFP32, types.grad}, reads, updates, {}, cuda::LambUpdateOp{cpu::MakeLambCoeffs(h)},
+                      h.common.skip, stream);
+}
+
+Status LambApplyCuda(const LambHyper& h, DType param_type, absl::Span<const Segment> segments,
+                     absl::Span<const float* const> updates, absl::Span<const float> trust_ratios,
+                     CudaStream stream) {
+  ZERO_RETURN_IF_ERROR(cpu::CheckLambApply("LambApplyCuda", h, param_type, segments, updates, trust_ratios));
+  std::vector<Segment> weights(segments.begin(), segments.end());
+  for (Segment& s : weights) s.grad = s.state0 = s.state1 = nullptr;  // pass 2 touches weights only
+  // The driver's aux slots are float*; pass 2 only reads them (LambApplyOp::kWritesAux is false).
+  std::vector<float*> aux;
+  for (const float* u : updates) aux.push_back(const_cast<float*>(u));
+  return cuda::Launch({param_type, DType::kFP32}, weights, aux, trust_ratios, cuda::LambApplyOp{h.lr},
+                      h.common.skip, stream);
 }
 
 }  // namespace zero::kernels

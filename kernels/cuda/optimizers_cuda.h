@@ -3,7 +3,8 @@
 //
 // Multi-tensor apply: segments are cut into 64K-element chunks; one launch covers up to
 // kSegmentsPerLaunch segments (their pointers travel in the kernel arguments, well within the
-// 4 KB limit) and one block per chunk; longer lists take several launches. The overflow flag
+// 4 KB limit) and one block per chunk; longer lists take several launches. Chunks whose arrays
+// are 16-byte aligned (8-byte for bf16/fp16) move four elements per load and store. The overflow flag
 // (StepCommon::skip, a device pointer here) is read by the kernels, so skipping needs no host
 // round trip. Nothing is allocated inside a launcher: norms use a CUB-style two-phase
 // workspace.
@@ -31,12 +32,24 @@ Status SgdStepCuda(const SgdHyper& hyper, SegmentTypes types, absl::Span<const S
 /// Lion on device segments.
 Status LionStepCuda(const LionHyper& hyper, SegmentTypes types, absl::Span<const Segment> segments,
                     CudaStream stream);
+/// LAMB, first pass on device segments: the moments and the update direction into
+/// `updates[i]` (device buffers of segments[i].numel floats), as LambUpdateCpu.
+Status LambUpdateCuda(const LambHyper& hyper, SegmentTypes types, absl::Span<const Segment> segments,
+                      absl::Span<float* const> updates, CudaStream stream);
+/// LAMB, second pass: p -= lr · trust_ratios[i] · updates[i], as LambApplyCpu. The ratios are
+/// host values and travel in the launch arguments.
+Status LambApplyCuda(const LambHyper& hyper, DType param_type, absl::Span<const Segment> segments,
+                     absl::Span<const float* const> updates, absl::Span<const float> trust_ratios,
+                     CudaStream stream);
 
-/// Sum of squares (float64) of every element of `spans` and an Inf/NaN flag, written to the
-/// device pointers `total` and `nonfinite`; deterministic (fixed chunk partials, then one pass
-/// that sums them in order). Call with `workspace == nullptr` first to learn the bytes needed.
-Status SquaredNormCuda(void* workspace, size_t* workspace_bytes, absl::Span<const ConstSpan> spans, DType dtype,
-                       double* total, int32_t* nonfinite, CudaStream stream);
+/// Sums of squares (float64) of device `spans`: each span's own into per_span[i] (a device
+/// array of spans.size() doubles, or null), all of them into `*total`, and an Inf/NaN flag into
+/// `*nonfinite` (device pointers; either may be null). Deterministic: fixed chunk partials,
+/// then passes that sum them in order. Call with `workspace == nullptr` first to learn the
+/// bytes needed.
+Status SquaredNormsCuda(void* workspace, size_t* workspace_bytes, absl::Span<const ConstSpan> spans,
+                        DType dtype, double* per_span, double* total, int32_t* nonfinite,
+                        CudaStream stream);
 
 }  // namespace zero::kernels
 

@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "kernels/cuda/optimizers_cuda.h"
+#include "tests/gpu/device_test_util.h"
 #include "tests/unit/kernel_test_util.h"
 #include "zero/device.h"
 
@@ -16,43 +17,12 @@ namespace zero::kernels {
 namespace {
 
 using testing::AllTypeCombinations;
+using testing::DeviceSegment;
+using testing::HaveDevice;
+using testing::ToDevice;
 using testing::OddSizes;
 using testing::SegmentStorage;
 
-template <typename T>
-T* ToDevice(const std::vector<T>& host) {
-  if (host.empty()) return nullptr;
-  T* device = nullptr;
-  EXPECT_EQ(cudaMalloc(&device, host.size() * sizeof(T)), cudaSuccess);
-  EXPECT_EQ(cudaMemcpy(device, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
-  return device;
-}
-template <typename T>
-void ToHost(std::vector<T>& host, const T* device) {
-  if (!host.empty()) {
-    EXPECT_EQ(cudaMemcpy(host.data(), device, host.size() * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
-  }
-}
-
-// A SegmentStorage mirrored on the device.
-struct DeviceSegment {
-  float *master, *state0, *state1;
-  uint16_t* model_param;
-  void* grad;
-  explicit DeviceSegment(const SegmentStorage& h)
-      : master(ToDevice(h.master)), state0(ToDevice(h.state0)), state1(ToDevice(h.state1)),
-        model_param(ToDevice(h.model_param)),
-        grad(h.grad32.empty() ? static_cast<void*>(ToDevice(h.grad16)) : ToDevice(h.grad32)) {}
-  ~DeviceSegment() {
-    cudaFree(master); cudaFree(state0); cudaFree(state1); cudaFree(model_param); cudaFree(grad);
-  }
-  Segment View(int64_t numel) const { return {master, model_param, grad, state0, state1, numel}; }
-  void Download(SegmentStorage& h) const {
-    ToHost(h.master, master); ToHost(h.state0, state0); ToHost(h.state1, state1); ToHost(h.model_param, model_param);
-  }
-};
-
-bool HaveDevice() { return CudaDeviceCount() > 0; }
 
 TEST(CudaKernels, AdamWMatchesFloat64Reference) {
   if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";
@@ -133,7 +103,7 @@ TEST(CudaKernels, SquaredNormIsExactEnoughAndDeterministic) {
   float* db = ToDevice(b);
   const std::vector<ConstSpan> spans = {{da, static_cast<int64_t>(a.size())}, {db, static_cast<int64_t>(b.size())}};
   size_t bytes = 0;
-  ASSERT_TRUE(SquaredNormCuda(nullptr, &bytes, spans, DType::kFP32, nullptr, nullptr, nullptr).ok());
+  ASSERT_TRUE(SquaredNormsCuda(nullptr, &bytes, spans, DType::kFP32, nullptr, nullptr, nullptr, nullptr).ok());
   void* workspace = nullptr;
   double* total = nullptr;
   int32_t* nonfinite = nullptr;
@@ -142,7 +112,7 @@ TEST(CudaKernels, SquaredNormIsExactEnoughAndDeterministic) {
   ASSERT_EQ(cudaMalloc(&nonfinite, sizeof(int32_t)), cudaSuccess);
   double first = 0;
   for (int run = 0; run < 3; ++run) {
-    ASSERT_TRUE(SquaredNormCuda(workspace, &bytes, spans, DType::kFP32, total, nonfinite, nullptr).ok());
+    ASSERT_TRUE(SquaredNormsCuda(workspace, &bytes, spans, DType::kFP32, nullptr, total, nonfinite, nullptr).ok());
     double got = 0;
     int32_t flag = -1;
     ASSERT_EQ(cudaMemcpy(&got, total, sizeof got, cudaMemcpyDeviceToHost), cudaSuccess);
@@ -153,7 +123,7 @@ TEST(CudaKernels, SquaredNormIsExactEnoughAndDeterministic) {
   }
   const float inf = INFINITY;
   ASSERT_EQ(cudaMemcpy(db + 776, &inf, sizeof inf, cudaMemcpyHostToDevice), cudaSuccess);
-  ASSERT_TRUE(SquaredNormCuda(workspace, &bytes, spans, DType::kFP32, total, nonfinite, nullptr).ok());
+  ASSERT_TRUE(SquaredNormsCuda(workspace, &bytes, spans, DType::kFP32, nullptr, total, nonfinite, nullptr).ok());
   int32_t flag = 0;
   ASSERT_EQ(cudaMemcpy(&flag, nonfinite, sizeof flag, cudaMemcpyDeviceToHost), cudaSuccess);
   EXPECT_EQ(flag, 1);

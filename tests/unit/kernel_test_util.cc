@@ -99,4 +99,27 @@ bool SgdReference(const kernels::SgdHyper& h, double& w, double& buf, double g) 
   return true;
 }
 
+LambExpected LambReference(const kernels::LambHyper& h, const SegmentStorage& init, DType grad_type) {
+  const int64_t n = static_cast<int64_t>(init.master.size());
+  const double bc1 = 1.0 - std::pow(double{h.beta1}, h.step);
+  const double bc2 = 1.0 - std::pow(double{h.beta2}, h.step);
+  LambExpected out;
+  std::vector<double> u(n);
+  out.m.resize(n);
+  out.v.resize(n);
+  double w_sq = 0, u_sq = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double g = init.Grad(i, grad_type) * double{h.common.grad_scale};
+    out.m[i] = h.beta1 * init.state0[i] + (1.0 - h.beta1) * g;
+    out.v[i] = h.beta2 * init.state1[i] + (1.0 - h.beta2) * g * g;
+    u[i] = (out.m[i] / bc1) / (std::sqrt(out.v[i] / bc2) + h.eps) + h.weight_decay * init.master[i];
+    w_sq += double{init.master[i]} * init.master[i];
+    u_sq += u[i] * u[i];
+  }
+  const double ratio = std::sqrt(w_sq) / std::sqrt(u_sq);
+  out.weight.resize(n);
+  for (int64_t i = 0; i < n; ++i) out.weight[i] = init.master[i] - h.lr * ratio * u[i];
+  return out;
+}
+
 }  // namespace zero::testing

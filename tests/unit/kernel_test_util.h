@@ -54,6 +54,12 @@ bool AdamReference(const kernels::AdamHyper& h, double& w, double& m, double& v,
 /// torch.optim.SGD for one element in float64 (`buf` is the momentum buffer).
 bool SgdReference(const kernels::SgdHyper& h, double& w, double& buf, double g);
 
+/// LAMB's full step in float64 for a segment that is one whole param (bias correction on).
+struct LambExpected {
+  std::vector<double> weight, m, v;
+};
+LambExpected LambReference(const kernels::LambHyper& h, const SegmentStorage& init, DType grad_type);
+
 /// Sizes every kernel test covers: one element, a ragged few, and a large odd count that goes
 /// multi-threaded and ends in a partial vector and a partial chunk.
 inline const std::vector<int64_t>& OddSizes() {

@@ -1,0 +1,85 @@
+// Conversions and the element-wise sum on CUDA: grid-stride loops, one element per thread
+// step (these run once per SetParam or per bucket, far from the step's bandwidth budget).
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/casts_cuda.h"
+#include "kernels/cuda/elementwise.cuh"
+
+namespace zero::kernels {
+namespace cuda {
+namespace {
+
+template <typename T>
+__global__ void WidenKernel(float* out, const void* in, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    out[i] = Load(T{}, in, i);
+  }
+}
+
+template <typename T>
+__global__ void NarrowKernel(void* out, const float* in, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    Store(T{}, out, i, in[i]);
+  }
+}
+
+template <typename T>
+__global__ void AddIntoKernel(void* accumulator, const void* addend, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    Store(T{}, accumulator, i, Load(T{}, accumulator, i) + Load(T{}, addend, i));
+  }
+}
+
+int GridFor(int64_t n) {
+  const int64_t blocks = (n + kThreads - 1) / kThreads;
+  return static_cast<int>(blocks < 8192 ? blocks : 8192);
+}
+
+// Runs launch(tag) with the element tag of `dtype`, then checks the launch.
+template <typename Launch>
+Status WithTag(DType dtype, Launch launch) {
+  switch (dtype) {
+    case DType::kFP32: launch(F32{}); break;
+    case DType::kBF16: launch(Bf16{}); break;
+    case DType::kFP16: launch(Half{}); break;
+  }
+  ZERO_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return absl::OkStatus();
+}
+
+Status CheckArguments(const char* kernel, const void* a, const void* b, int64_t n) {
+  if (n < 0) return absl::InvalidArgumentError(absl::StrCat(kernel, ": numel ", n, " is negative"));
+  if (n > 0 && (a == nullptr || b == nullptr)) return absl::InvalidArgumentError(absl::StrCat(kernel, ": null pointer"));
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace cuda
+
+Status WidenToFloatCuda(float* out, const void* in, int64_t n, DType dtype, CudaStream stream) {
+  ZERO_RETURN_IF_ERROR(cuda::CheckArguments("WidenToFloatCuda", out, in, n));
+  if (n == 0) return absl::OkStatus();
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  return cuda::WithTag(dtype, [&](auto tag) {
+    cuda::WidenKernel<decltype(tag)><<<cuda::GridFor(n), cuda::kThreads, 0, s>>>(out, in, n);
+  });
+}
+
+Status NarrowFromFloatCuda(void* out, const float* in, int64_t n, DType dtype, CudaStream stream) {
+  ZERO_RETURN_IF_ERROR(cuda::CheckArguments("NarrowFromFloatCuda", out, in, n));
+  if (n == 0) return absl::OkStatus();
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  return cuda::WithTag(dtype, [&](auto tag) {
+    cuda::NarrowKernel<decltype(tag)><<<cuda::GridFor(n), cuda::kThreads, 0, s>>>(out, in, n);
+  });
+}
+
+Status AddIntoCuda(void* accumulator, const void* addend, int64_t n, DType dtype, CudaStream stream) {
+  ZERO_RETURN_IF_ERROR(cuda::CheckArguments("AddIntoCuda", accumulator, addend, n));
+  if (n == 0) return absl::OkStatus();
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  return cuda::WithTag(dtype, [&](auto tag) {
+    cuda::AddIntoKernel<decltype(tag)><<<cuda::GridFor(n), cuda::kThreads, 0, s>>>(accumulator, addend, n);
+  });
+}
+
+}  // namespace zero::kernels

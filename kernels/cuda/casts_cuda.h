@@ -1,0 +1,27 @@
+// Element-wise conversions and sums on CUDA device memory that the engine needs besides the
+// optimizer steps: fp32 master copies from bf16/fp16 params and back, and adding one gradient
+// buffer into another. The host counterparts are zero/dtype.h's conversions and
+// comm::ReduceInto; the results are bit-identical to them (round to nearest even, one rounding).
+#ifndef ZERO_KERNELS_CUDA_CASTS_CUDA_H_
+#define ZERO_KERNELS_CUDA_CASTS_CUDA_H_
+
+#include <cstdint>
+
+#include "kernels/cuda/optimizers_cuda.h"
+#include "zero/dtype.h"
+#include "zero/status.h"
+
+namespace zero::kernels {
+
+/// out[i] = float(in[i]) for `numel` elements of `dtype` (device pointers).
+Status WidenToFloatCuda(float* out, const void* in, int64_t numel, DType dtype, CudaStream stream);
+
+/// out[i] = in[i] rounded to `dtype` (round to nearest even; a copy for fp32).
+Status NarrowFromFloatCuda(void* out, const float* in, int64_t numel, DType dtype, CudaStream stream);
+
+/// accumulator[i] = round(float(accumulator[i]) + float(addend[i])) in `dtype`.
+Status AddIntoCuda(void* accumulator, const void* addend, int64_t numel, DType dtype, CudaStream stream);
+
+}  // namespace zero::kernels
+
+#endif  // ZERO_KERNELS_CUDA_CASTS_CUDA_H_
