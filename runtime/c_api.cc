@@ -164,6 +164,11 @@ zero_status zero_step(zero_engine* engine, zero_step_info* info) {
   return ZERO_OK;
 }
 
+zero_status zero_set_stream(zero_engine* engine, void* cuda_stream) {
+  ZERO_C_REQUIRE(engine, "zero_set_stream");
+  return Report(engine->engine->SetStream(cuda_stream));
+}
+
 zero_status zero_gather(zero_engine* engine, int unit) {
   ZERO_C_REQUIRE(engine, "zero_gather");
   return Report(engine->engine->Gather(unit));

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 
 #include <nlohmann/json.hpp>
@@ -56,16 +57,15 @@ Status EngineImpl::SaveCheckpoint(const std::string& dir) {
   };
   for (size_t p = 0; writes && p < specs_.size(); ++p) {
     if (!specs_[p].requires_grad) continue;
-    optimizer_->ForEachOwnedPart(static_cast<int>(p), [&](int64_t begin, int64_t numel, float* master, float* s0, float* s1) {
+    ZERO_ASSIGN_OR_RETURN(std::vector<OptimizerState::OwnedPart> parts, optimizer_->ReadOwned(static_cast<int>(p)));
+    for (const OptimizerState::OwnedPart& part : parts) {
       const int32_t param = static_cast<int32_t>(p);
       put(&param, sizeof param);
-      put(&begin, sizeof begin);
-      put(&numel, sizeof numel);
-      put(master, numel * sizeof(float));
-      if (s0) put(s0, numel * sizeof(float));
-      if (s1) put(s1, numel * sizeof(float));
+      put(&part.begin, sizeof part.begin);
+      put(&part.numel, sizeof part.numel);
+      put(part.values.data(), part.values.size() * sizeof(float));  // weights, then each moment
       ++records;
-    });
+    }
   }
   out.write(kMagic, sizeof kMagic);
   out.write(reinterpret_cast<const char*>(&records), sizeof records);
@@ -132,9 +132,11 @@ Status EngineImpl::LoadCheckpoint(const std::string& dir) {
                                                    OptimizerTypeName(config_.optimizer.type), "\" keeps ",
                                                    optimizer_->state_count()));
   }
-  // Take from every saved part what overlaps the parts this rank owns now.
+  // Take from every saved part what overlaps the parts this rank owns now, in host copies of
+  // those parts, then write them back.
   const int saved_world = meta.value("world", 0);
   std::vector<float> values;
+  std::map<int, std::vector<OptimizerState::OwnedPart>> owned;
   for (int q = 0; q < saved_world; ++q) {
     const std::string path = RankFile(dir, q, saved_world);
     std::ifstream in(path, std::ios::binary);
@@ -158,17 +160,18 @@ Status EngineImpl::LoadCheckpoint(const std::string& dir) {
       values.resize(static_cast<size_t>(numel) * (1 + moments));
       in.read(reinterpret_cast<char*>(values.data()), static_cast<std::streamsize>(values.size() * sizeof(float)));
       if (!in) return absl::InvalidArgumentError(absl::StrCat("checkpoint: ", path, " is truncated (record ", k, ")"));
-      optimizer_->ForEachOwnedPart(param, [&](int64_t own_begin, int64_t own_numel, float* master, float* s0, float* s1) {
-        const int64_t first = std::max(begin, own_begin), last = std::min(begin + numel, own_begin + own_numel);
+      if (owned.count(param) == 0) {
+        ZERO_ASSIGN_OR_RETURN(owned[param], optimizer_->ReadOwned(param));
+      }
+      for (OptimizerState::OwnedPart& part : owned[param]) {
+        const int64_t first = std::max(begin, part.begin), last = std::min(begin + numel, part.begin + part.numel);
         for (int64_t i = first; i < last; ++i) {
-          master[i - own_begin] = values[i - begin];
-          if (s0) s0[i - own_begin] = values[numel + (i - begin)];
-          if (s1) s1[i - own_begin] = values[2 * numel + (i - begin)];
+          for (int k = 0; k <= moments; ++k) part.values[k * part.numel + (i - part.begin)] = values[k * numel + (i - begin)];
         }
-      });
+      }
     }
   }
-  for (size_t p = 0; p < specs_.size(); ++p) optimizer_->RoundModelCopy(static_cast<int>(p));
+  for (const auto& [param, parts] : owned) ZERO_RETURN_IF_ERROR(optimizer_->WriteOwned(param, parts));
   step_ = meta.value("step", int64_t{0});
   const auto& scaler = meta["loss_scaler"];
   loss_scaler_.set_state({scaler.value("scale", 1.0f), scaler.value("remaining_hysteresis", 1),

@@ -1,6 +1,4 @@
 // Engine creation, registration, Finalize and parameter access.
-#include <cstring>
-
 #include "absl/strings/str_cat.h"
 #include "runtime/base/env.h"
 #include "runtime/engine_impl.h"
@@ -10,9 +8,6 @@ namespace zero {
 StatusOr<std::unique_ptr<Engine>> Engine::Create(const Config& config,
                                                  comm::Communicator& communicator) {
   ZERO_RETURN_IF_ERROR(config.Validate());
-  if (config.device != Device::kCpu) {
-    return absl::UnimplementedError("device \"cuda\" is not implemented in the engine yet; use \"cpu\"");
-  }
   if (!config.precision.master_weights) {
     return absl::UnimplementedError("precision.master_weights = false is not implemented");
   }
@@ -23,15 +18,18 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const Config& config,
   }
   ZERO_ASSIGN_OR_RETURN(base::EnvTunables env, base::ReadEnvTunables());
   base::Logger logger(env.log_level, communicator.rank());
-  return std::unique_ptr<Engine>(
-      new runtime::EngineImpl(config, communicator, logger, kernels::CpuExecFromEnv(env)));
+  base::Allocator allocator;
+  ZERO_ASSIGN_OR_RETURN(std::unique_ptr<runtime::DeviceOps> ops,
+                        runtime::DeviceOps::Create(config.device, kernels::CpuExecFromEnv(env), allocator));
+  return std::unique_ptr<Engine>(new runtime::EngineImpl(config, communicator, logger, allocator, std::move(ops)));
 }
 
 namespace runtime {
 
 EngineImpl::EngineImpl(const Config& config, comm::Communicator& comm, base::Logger logger,
-                       kernels::CpuExec exec)
-    : config_(config), comm_(comm), logger_(logger), exec_(exec), loss_scaler_(config.loss_scale) {}
+                       base::Allocator allocator, std::unique_ptr<DeviceOps> ops)
+    : config_(config), comm_(comm), logger_(logger), allocator_(allocator), ops_(std::move(ops)),
+      host_(comm, *ops_, allocator, config.guard.timeout_s), loss_scaler_(config.loss_scale) {}
 
 EngineImpl::~EngineImpl() {
   if (scheduler_ != nullptr && scheduler_->in_flight() > 0) {
@@ -46,6 +44,16 @@ EngineImpl::~EngineImpl() {
       ZERO_LOG(logger_, kWarn) << "destroying the engine: " << drained.message();
     }
   }
+}
+
+Status EngineImpl::SetStream(void* cuda_stream) {
+  if (phase_ == Phase::kBackward) return RequirePhase(Phase::kIdle, "SetStream");
+  return ops_->SetStream(cuda_stream);
+}
+
+Status EngineImpl::BeforeCollective() {
+  if (ops_->placement() != Placement::kDevice || comm_.ordered_after_stream()) return absl::OkStatus();
+  return ops_->Synchronize();
 }
 
 Status EngineImpl::RequirePhase(Phase wanted, const char* call) const {
@@ -135,8 +143,8 @@ Status EngineImpl::Finalize() {
   if (config_.stage == 3) {
     ZERO_RETURN_IF_ERROR(SetupUnits());  // params live as this rank's shards
   } else {
-    ZERO_ASSIGN_OR_RETURN(params_, allocator_.Allocate(plan_->flat_bytes(), MemoryCategory::kParams, Placement::kHost));
-    std::memset(params_.data(), 0, static_cast<size_t>(params_.bytes()));
+    ZERO_ASSIGN_OR_RETURN(params_, allocator_.Allocate(plan_->flat_bytes(), MemoryCategory::kParams, ops_->placement()));
+    ZERO_RETURN_IF_ERROR(ops_->Zero(params_.data(), params_.bytes()));
   }
   const int num_buckets = static_cast<int>(plan_->buckets().size());
   scheduler_ = std::make_unique<comm::BucketScheduler>(
@@ -158,7 +166,7 @@ Status EngineImpl::Finalize() {
     if (waited.ok()) ++counters_.pool_waits;
     return waited;
   };
-  ZERO_ASSIGN_OR_RETURN(grads_, GradStore::Create(config_.stage, *plan_, pool, comm_, allocator_, wait_for_buffer));
+  ZERO_ASSIGN_OR_RETURN(grads_, GradStore::Create(config_.stage, *plan_, pool, comm_, allocator_, *ops_, wait_for_buffer));
   auto owned_params = [this](int bucket) {
     if (config_.stage == 3) return ShardOf(bucket);
     const partition::Bucket& b = plan_->buckets()[bucket];
@@ -168,13 +176,11 @@ Status EngineImpl::Finalize() {
   OptimizerState::SumOverRanks sum_over_ranks;
   if (config_.stage != 0) {  // LAMB's per-param norms: each rank holds only part of a param
     sum_over_ranks = [this](std::vector<float>& values) {
-      return comm_.AllReduce(values.data(), values.data(), static_cast<int64_t>(values.size()), DType::kFP32,
-                             comm::ReduceOp::kSum)
-          ->Wait(config_.guard.timeout_s);
+      return host_.AllReduce(values.data(), static_cast<int64_t>(values.size()), comm::ReduceOp::kSum);
     };
   }
   ZERO_ASSIGN_OR_RETURN(optimizer_, OptimizerState::Create(config_, *plan_, comm_.rank(), owned_params, *grads_,
-                                                           allocator_, exec_, std::move(sum_over_ranks)));
+                                                           allocator_, *ops_, std::move(sum_over_ranks)));
   pending_.assign(num_buckets, 0);
   handed_.assign(num_buckets, 0);
   phase_ = Phase::kIdle;
@@ -192,20 +198,19 @@ Status EngineImpl::SetParam(ParamId id, const void* values) {
     const int64_t element = static_cast<int64_t>(DTypeSize(specs_[param].dtype));
     for (const partition::Fragment& f : plan_->FragmentsOfParam(param)) {
       if (f.rank != comm_.rank()) continue;
-      std::memcpy(ShardOf(f.bucket) + f.shard_begin * element, static_cast<const char*>(values) + f.param_begin * element,
-                  static_cast<size_t>(f.numel * element));
+      ZERO_RETURN_IF_ERROR(ops_->Copy(ShardOf(f.bucket) + f.shard_begin * element,
+                                      static_cast<const char*>(values) + f.param_begin * element, f.numel * element));
     }
     const int bucket = plan_->placement(param).bucket;
     ZERO_RETURN_IF_ERROR(FinishGather(bucket));
     if (units_[bucket].buffer.data() != nullptr) {
-      std::memcpy(units_[bucket].buffer.as<char>() + plan_->placement(param).offset * element, values,
-                  static_cast<size_t>(ParamBytes(param)));
+      ZERO_RETURN_IF_ERROR(ops_->Copy(units_[bucket].buffer.as<char>() + plan_->placement(param).offset * element,
+                                      values, ParamBytes(param)));
     }
   } else {
-    std::memcpy(ParamAddress(param), values, static_cast<size_t>(ParamBytes(param)));
+    ZERO_RETURN_IF_ERROR(ops_->Copy(ParamAddress(param), values, ParamBytes(param)));
   }
-  optimizer_->RefreshMaster(param);
-  return absl::OkStatus();
+  return optimizer_->RefreshMaster(param);
 }
 
 Status EngineImpl::GetParam(ParamId id, void* out) const {
@@ -213,8 +218,7 @@ Status EngineImpl::GetParam(ParamId id, void* out) const {
   ZERO_RETURN_IF_ERROR(CheckParamId(id, "GetParam"));
   if (out == nullptr) return absl::InvalidArgumentError("GetParam: out is null");
   if (config_.stage == 3) return const_cast<EngineImpl*>(this)->GetParamStage3(static_cast<int>(id), out);
-  std::memcpy(out, ParamAddress(static_cast<int>(id)), static_cast<size_t>(ParamBytes(static_cast<int>(id))));
-  return absl::OkStatus();
+  return ops_->Copy(out, ParamAddress(static_cast<int>(id)), ParamBytes(static_cast<int>(id)));
 }
 
 StatusOr<void*> EngineImpl::ParamData(ParamId id) {
@@ -237,10 +241,10 @@ Status EngineImpl::GetParamStage3(int param, void* out) {
   if (!held) ZERO_RETURN_IF_ERROR(StartGather(bucket));  // a collective: every rank calls GetParam
   ZERO_RETURN_IF_ERROR(FinishGather(bucket));
   const int64_t element = static_cast<int64_t>(DTypeSize(specs_[param].dtype));
-  std::memcpy(out, units_[bucket].buffer.as<char>() + plan_->placement(param).offset * element,
-              static_cast<size_t>(ParamBytes(param)));
+  const Status copied =
+      ops_->Copy(out, units_[bucket].buffer.as<char>() + plan_->placement(param).offset * element, ParamBytes(param));
   if (!held) FreeUnit(bucket);
-  return absl::OkStatus();
+  return copied;
 }
 
 }  // namespace runtime

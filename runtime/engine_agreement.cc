@@ -35,11 +35,9 @@ std::string Describe(const ParamSpec& s) {
 }
 
 // All-gathers `words` 64-bit values from every rank (as raw 16-bit elements).
-Status GatherWords(comm::Communicator& comm, const std::vector<uint64_t>& mine, std::vector<uint64_t>* all,
-                   double timeout_s) {
-  all->assign(mine.size() * comm.size(), 0);
-  return comm.AllGather(mine.data(), all->data(), static_cast<int64_t>(mine.size() * 4), DType::kFP16)
-      ->Wait(timeout_s);
+Status GatherWords(HostCollectives& host, int world, const std::vector<uint64_t>& mine, std::vector<uint64_t>* all) {
+  all->assign(mine.size() * world, 0);
+  return host.AllGather(mine.data(), all->data(), static_cast<int64_t>(mine.size() * 4), DType::kFP16);
 }
 
 }  // namespace
@@ -53,7 +51,7 @@ Status EngineImpl::CheckRegistryAgrees() {
     total = Mix(total, hashes.back());
   }
   std::vector<uint64_t> summaries;
-  ZERO_RETURN_IF_ERROR(GatherWords(comm_, {hashes.size(), total}, &summaries, config_.guard.timeout_s));
+  ZERO_RETURN_IF_ERROR(GatherWords(host_, world, {hashes.size(), total}, &summaries));
   bool agree = true;
   uint64_t most = 0;
   for (int r = 0; r < world; ++r) {
@@ -64,7 +62,7 @@ Status EngineImpl::CheckRegistryAgrees() {
   // Find the first index at which some rank differs from this one.
   std::vector<uint64_t> padded(most, 0), all;
   std::copy(hashes.begin(), hashes.end(), padded.begin());
-  ZERO_RETURN_IF_ERROR(GatherWords(comm_, padded, &all, config_.guard.timeout_s));
+  ZERO_RETURN_IF_ERROR(GatherWords(host_, world, padded, &all));
   size_t first = most;
   std::vector<int> ranks;
   for (int r = 0; r < world; ++r) {
@@ -103,7 +101,7 @@ Status EngineImpl::CheckRanksAgree(int bucket) {
   const std::vector<uint64_t> mine = {static_cast<uint64_t>(iteration_), static_cast<uint64_t>(bucket),
                                       static_cast<uint64_t>(plan_->buckets()[bucket].numel), layout};
   std::vector<uint64_t> all;
-  ZERO_RETURN_IF_ERROR(GatherWords(comm_, mine, &all, config_.guard.timeout_s));
+  ZERO_RETURN_IF_ERROR(GatherWords(host_, comm_.size(), mine, &all));
   for (int r = 0; r < comm_.size(); ++r) {
     if (std::equal(mine.begin(), mine.end(), all.begin() + 4 * r)) continue;
     diverged_ = absl::FailedPreconditionError(absl::StrCat(

@@ -10,12 +10,13 @@
 
 #include "comm/bucket_scheduler.h"
 #include "zero/communicator.h"
-#include "kernels/cpu/cpu_exec.h"
 #include "partition/partition_plan.h"
 #include "runtime/base/allocator.h"
 #include "runtime/base/logging.h"
+#include "runtime/device_ops.h"
 #include "runtime/grad_guard.h"
 #include "runtime/grad_store.h"
+#include "runtime/host_collectives.h"
 #include "runtime/loss_scaler.h"
 #include "runtime/optimizer_state.h"
 #include "zero/engine.h"
@@ -25,12 +26,13 @@ namespace zero::runtime {
 class EngineImpl final : public Engine {
  public:
   EngineImpl(const Config& config, comm::Communicator& comm, base::Logger logger,
-             kernels::CpuExec exec);
+             base::Allocator allocator, std::unique_ptr<DeviceOps> ops);
   /// Waits (up to guard.timeout_s) for collectives still writing into the engine's buffers.
   ~EngineImpl() override;
 
   StatusOr<ParamId> RegisterParam(const ParamSpec& spec) override;
   Status Finalize() override;
+  Status SetStream(void* cuda_stream) override;
   Status SetParam(ParamId id, const void* values) override;
   Status GetParam(ParamId id, void* out) const override;
   StatusOr<void*> ParamData(ParamId id) override;
@@ -80,6 +82,10 @@ class EngineImpl final : public Engine {
   char* ParamAddress(int param) const;
   // Marks a bucket whose params are all ready, handing its reduction to the scheduler.
   Status BucketReady(int bucket);
+  // Before a collective on buffers the engine's device work wrote: on a GPU with a
+  // communicator that does not order itself after the stream (local, mpi), that work is
+  // finished first (a wait on the engine's stream, not the device).
+  Status BeforeCollective();
   bool LastMicroBatch() const { return micro_batch_ + 1 == config_.gradient_accumulation_steps; }
   Status AllGatherParams();
 
@@ -111,8 +117,9 @@ class EngineImpl final : public Engine {
   const Config config_;
   comm::Communicator& comm_;
   base::Logger logger_;
-  const kernels::CpuExec exec_;
   base::Allocator allocator_;
+  std::unique_ptr<DeviceOps> ops_;
+  HostCollectives host_;
   LossScaler loss_scaler_;
 
   std::vector<ParamSpec> specs_;
@@ -136,6 +143,7 @@ class EngineImpl final : public Engine {
   Trace trace_state_ = Trace::kRecording;
   std::vector<int> trace_;  // buckets in the order the first iteration gathered them
   size_t trace_position_ = 0;
+  base::Buffer grad_staging_;  // device "cuda": host gradients given to AccumulateGrad
   Status diverged_;  // set once guard.consistency_check found ranks apart; later checks fail fast
 };
 

@@ -1,7 +1,6 @@
 // The micro-batch protocol: BeginIteration, gradient arrival (through the guard), EndBackward.
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "comm/reduce.h"
 #include "runtime/engine_impl.h"
 
 namespace zero::runtime {
@@ -86,8 +85,17 @@ Status EngineImpl::AccumulateGrad(ParamId id, const void* grad) {
   if (grad == nullptr) return absl::InvalidArgumentError("AccumulateGrad: grad is null");
   ZERO_ASSIGN_OR_RETURN(void* view, GradBuffer(id));
   const int param = static_cast<int>(id);
-  const void* inputs[2] = {view, grad};
-  comm::ReduceInto(view, inputs, 2, plan_->placement(param).numel, specs_[param].dtype, comm::ReduceOp::kSum);
+  if (ops_->placement() == Placement::kDevice && PlacementOf(grad) != Placement::kDevice) {
+    // A host gradient for a GPU engine: staged into device scratch first.
+    const int64_t bytes = ParamBytes(param);
+    if (grad_staging_.bytes() < bytes) {
+      grad_staging_.Reset();
+      ZERO_ASSIGN_OR_RETURN(grad_staging_, allocator_.Allocate(bytes, MemoryCategory::kWorkspace, Placement::kDevice));
+    }
+    ZERO_RETURN_IF_ERROR(ops_->Copy(grad_staging_.data(), grad, bytes));
+    grad = grad_staging_.data();
+  }
+  ZERO_RETURN_IF_ERROR(ops_->AddInto(view, grad, plan_->placement(param).numel, specs_[param].dtype));
   return GradReady(id);
 }
 
@@ -95,6 +103,12 @@ Status EngineImpl::BucketReady(int bucket) {
   const bool reduce = config_.stage == 2 || LastMicroBatch();
   ZERO_ASSIGN_OR_RETURN(auto reduction, grads_->Reduction(bucket, reduce));
   comm::BucketScheduler::Launch launch = std::move(reduction.first);
+  if (launch && ops_->placement() == Placement::kDevice && !comm_.ordered_after_stream()) {
+    launch = [this, inner = std::move(launch)]() -> comm::WorkPtr {
+      Status finished = BeforeCollective();  // the trainer's gradient kernels on the stream
+      return finished.ok() ? inner() : comm::CompletedWork(std::move(finished));
+    };
+  }
   if (launch && config_.guard.consistency_check) {
     launch = [this, bucket, inner = std::move(launch)]() -> comm::WorkPtr {
       Status agreed = CheckRanksAgree(bucket);

@@ -19,8 +19,7 @@ StatusOr<StepInfo> EngineImpl::Step() {
   // ranks (an Inf/NaN anywhere makes the sum non-finite everywhere).
   ZERO_ASSIGN_OR_RETURN(kernels::NormResult local, optimizer_->GradNorm());
   float sq_norm = static_cast<float>(local.sq_norm);
-  ZERO_RETURN_IF_ERROR(comm_.AllReduce(&sq_norm, &sq_norm, 1, DType::kFP32, comm::ReduceOp::kSum)
-                           ->Wait(config_.guard.timeout_s));
+  ZERO_RETURN_IF_ERROR(host_.AllReduce(&sq_norm, 1, comm::ReduceOp::kSum));
   const bool overflow = !std::isfinite(sq_norm);
   const float loss_scale = loss_scaler_.scale();
   const double divisor = static_cast<double>(comm_.size()) * loss_scale;
@@ -32,7 +31,7 @@ StatusOr<StepInfo> EngineImpl::Step() {
     guard_->EndStep();
     if (config_.stage == 3) ZERO_RETURN_IF_ERROR(RefreshGathered());  // the trace restarts
     loss_scaler_.Update(true);
-    grads_->Zero();
+    ZERO_RETURN_IF_ERROR(grads_->Zero());
     info.step = step_;
     info.skipped = true;
     info.loss_scale = loss_scaler_.scale();
@@ -44,36 +43,36 @@ StatusOr<StepInfo> EngineImpl::Step() {
     clip = config_.clip_grad_norm / (info.grad_norm + 1e-6);
   }
   // guard.on_unused = "zero": a param no rank used since the last step is left untouched.
-  std::vector<std::pair<int, std::vector<float>>> untouched;
+  std::vector<std::pair<int, std::vector<OptimizerState::OwnedPart>>> untouched;
   if (config_.guard.on_unused == UnusedPolicy::kZero) {
     std::vector<float> used(specs_.size());
     for (size_t p = 0; p < specs_.size(); ++p) used[p] = guard_->UsedThisStep(static_cast<int>(p)) ? 1.0f : 0.0f;
-    ZERO_RETURN_IF_ERROR(comm_.AllReduce(used.data(), used.data(), static_cast<int64_t>(used.size()),
-                                         DType::kFP32, comm::ReduceOp::kMax)
-                             ->Wait(config_.guard.timeout_s));
+    ZERO_RETURN_IF_ERROR(host_.AllReduce(used.data(), static_cast<int64_t>(used.size()), comm::ReduceOp::kMax));
     for (size_t p = 0; p < specs_.size(); ++p) {
       if (specs_[p].requires_grad && used[p] == 0.0f) {
-        untouched.emplace_back(static_cast<int>(p), optimizer_->SaveOwned(static_cast<int>(p)));
+        ZERO_ASSIGN_OR_RETURN(std::vector<OptimizerState::OwnedPart> parts, optimizer_->ReadOwned(static_cast<int>(p)));
+        untouched.emplace_back(static_cast<int>(p), std::move(parts));
       }
     }
   }
   guard_->EndStep();
   ++step_;
   ZERO_RETURN_IF_ERROR(optimizer_->Step(step_, static_cast<float>(clip / divisor)));
-  for (const auto& [param, saved] : untouched) optimizer_->RestoreOwned(param, saved);
+  for (const auto& [param, parts] : untouched) ZERO_RETURN_IF_ERROR(optimizer_->WriteOwned(param, parts));
   if (config_.stage == 3) {
     ZERO_RETURN_IF_ERROR(RefreshGathered());  // the next Gather brings the rest
   } else if (config_.stage != 0) {
     ZERO_RETURN_IF_ERROR(AllGatherParams());
   }
   loss_scaler_.Update(false);
-  grads_->Zero();
+  ZERO_RETURN_IF_ERROR(grads_->Zero());
   info.step = step_;
   info.loss_scale = loss_scaler_.scale();
   return info;
 }
 
 Status EngineImpl::AllGatherParams() {
+  ZERO_RETURN_IF_ERROR(BeforeCollective());  // the step's kernels wrote the shards
   std::vector<comm::WorkPtr> works;
   for (const partition::Bucket& b : plan_->buckets()) {
     if (!b.trainable) continue;

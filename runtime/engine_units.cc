@@ -1,8 +1,6 @@
 // Stage 3: params live only as each rank's shard; units are gathered for compute and released,
 // prefetched along the gather order recorded over the first optimizer step (every Gather from
 // Finalize to the first Step, forward and backward), within max_live_elems.
-#include <cstring>
-
 #include "absl/strings/str_cat.h"
 #include "runtime/engine_impl.h"
 
@@ -22,8 +20,8 @@ Status EngineImpl::SetupUnits() {
     shard_offset_[b.index] = bytes;
     bytes += b.shard_numel * ElementSize(b);
   }
-  ZERO_ASSIGN_OR_RETURN(params_, allocator_.Allocate(bytes, MemoryCategory::kParams, Placement::kHost));
-  std::memset(params_.data(), 0, static_cast<size_t>(params_.bytes()));
+  ZERO_ASSIGN_OR_RETURN(params_, allocator_.Allocate(bytes, MemoryCategory::kParams, ops_->placement()));
+  ZERO_RETURN_IF_ERROR(ops_->Zero(params_.data(), params_.bytes()));
   // Small units, and params registered without a unit, stay gathered for the whole run.
   for (const partition::Bucket& b : buckets) {
     units_[b.index].persistent = b.unit < 0 || b.numel < config_.stage3.persistence_threshold;
@@ -53,7 +51,8 @@ Status EngineImpl::StartGather(int bucket) {
   }
   Unit& unit = units_[bucket];
   ZERO_ASSIGN_OR_RETURN(unit.buffer, allocator_.Allocate(b.numel * ElementSize(b), MemoryCategory::kGathered,
-                                                         Placement::kHost));
+                                                         ops_->placement()));
+  ZERO_RETURN_IF_ERROR(BeforeCollective());  // the shard may come from kernels still queued
   unit.pending = comm_.AllGather(ShardOf(bucket), unit.buffer.data(), b.shard_numel, b.dtype);
   live_elems_ += b.numel;
   return absl::OkStatus();
@@ -153,6 +152,7 @@ Status EngineImpl::RefreshGathered() {
   // The recorded step's gathers become the trace; every step follows it from the start.
   if (trace_state_ == Trace::kRecording && !trace_.empty()) trace_state_ = Trace::kValid;
   trace_position_ = 0;
+  ZERO_RETURN_IF_ERROR(BeforeCollective());  // the step's kernels wrote the shards
   for (const partition::Bucket& b : plan_->buckets()) {
     if (units_[b.index].buffer.data() == nullptr) continue;
     units_[b.index].pending = comm_.AllGather(ShardOf(b.index), units_[b.index].buffer.data(), b.shard_numel, b.dtype);

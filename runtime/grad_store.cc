@@ -1,11 +1,9 @@
 // The stage-0/1 full gradient buffer and the stage-2 shard with its bucket-buffer pool.
 #include "runtime/grad_store.h"
 
-#include <cstring>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "comm/reduce.h"
 
 namespace zero::runtime {
 namespace {
@@ -18,11 +16,9 @@ int64_t ElementSize(const Bucket& b) { return static_cast<int64_t>(DTypeSize(b.d
 // Stages 0 and 1: gradients laid out exactly like the params.
 class FullGradStore final : public GradStore {
  public:
-  FullGradStore(int stage, const partition::PartitionPlan& plan, comm::Communicator& comm,
+  FullGradStore(int stage, const partition::PartitionPlan& plan, comm::Communicator& comm, DeviceOps& ops,
                 base::Buffer buffer)
-      : stage_(stage), plan_(plan), comm_(comm), buffer_(std::move(buffer)) {
-    Zero();
-  }
+      : stage_(stage), plan_(plan), comm_(comm), ops_(ops), buffer_(std::move(buffer)) {}
 
   StatusOr<void*> View(int param) override {
     const auto& place = plan_.placement(param);
@@ -54,7 +50,7 @@ class FullGradStore final : public GradStore {
                        : BucketBase(bucket) + comm_.rank() * b.shard_numel * ElementSize(b);
   }
 
-  void Zero() override { std::memset(buffer_.data(), 0, static_cast<size_t>(buffer_.bytes())); }
+  Status Zero() override { return ops_.Zero(buffer_.data(), buffer_.bytes()); }
 
  private:
   char* BucketBase(int bucket) {
@@ -64,20 +60,20 @@ class FullGradStore final : public GradStore {
   const int stage_;
   const partition::PartitionPlan& plan_;
   comm::Communicator& comm_;
+  DeviceOps& ops_;
   base::Buffer buffer_;
 };
 
 // Stage 2: the rank's shard persists; bucket gradients pass through pooled buffers.
 class ShardedGradStore final : public GradStore {
  public:
-  ShardedGradStore(const partition::PartitionPlan& plan, comm::Communicator& comm,
+  ShardedGradStore(const partition::PartitionPlan& plan, comm::Communicator& comm, DeviceOps& ops,
                    base::Buffer shard, std::vector<int64_t> shard_offsets,
                    std::vector<base::Buffer> pool, WaitForBuffer wait_for_buffer)
-      : plan_(plan), comm_(comm), shard_(std::move(shard)), shard_offsets_(std::move(shard_offsets)),
+      : plan_(plan), comm_(comm), ops_(ops), shard_(std::move(shard)), shard_offsets_(std::move(shard_offsets)),
         pool_(std::move(pool)), holder_(plan.buckets().size(), -1),
         wait_for_buffer_(std::move(wait_for_buffer)) {
     for (int i = static_cast<int>(pool_.size()) - 1; i >= 0; --i) free_.push_back(i);
-    Zero();
   }
 
   StatusOr<void*> View(int param) override {
@@ -95,19 +91,18 @@ class ShardedGradStore final : public GradStore {
       return comm_.ReduceScatter(base, own, b.shard_numel, b.dtype, comm::ReduceOp::kSum);
     };
     BucketScheduler::Finish finish = [this, bucket, own, &b] {
-      void* accumulated = OwnedGrad(bucket);
-      const void* inputs[2] = {accumulated, own};
-      comm::ReduceInto(accumulated, inputs, 2, b.shard_numel, b.dtype, comm::ReduceOp::kSum);
+      // Queued before any later reuse of the pool buffer (which first zeroes it) on the device.
+      Status added = ops_.AddInto(OwnedGrad(bucket), own, b.shard_numel, b.dtype);
       free_.push_back(holder_[bucket]);
       holder_[bucket] = -1;
-      return absl::OkStatus();
+      return added;
     };
     return std::make_pair(std::move(launch), std::move(finish));
   }
 
   void* OwnedGrad(int bucket) override { return shard_.as<char>() + shard_offsets_[bucket]; }
 
-  void Zero() override { std::memset(shard_.data(), 0, static_cast<size_t>(shard_.bytes())); }
+  Status Zero() override { return ops_.Zero(shard_.data(), shard_.bytes()); }
 
  private:
   // The pool buffer holding `bucket` this micro-batch, taking (and zeroing) one if needed.
@@ -127,13 +122,14 @@ class ShardedGradStore final : public GradStore {
       holder_[bucket] = free_.back();
       free_.pop_back();
       const Bucket& b = plan_.buckets()[bucket];
-      std::memset(pool_[holder_[bucket]].data(), 0, static_cast<size_t>(b.numel * ElementSize(b)));
+      ZERO_RETURN_IF_ERROR(ops_.Zero(pool_[holder_[bucket]].data(), b.numel * ElementSize(b)));
     }
     return pool_[holder_[bucket]].as<char>();
   }
 
   const partition::PartitionPlan& plan_;
   comm::Communicator& comm_;
+  DeviceOps& ops_;
   base::Buffer shard_;
   std::vector<int64_t> shard_offsets_;  // byte offset of each trainable bucket's shard
   std::vector<base::Buffer> pool_;
@@ -147,12 +143,15 @@ class ShardedGradStore final : public GradStore {
 StatusOr<std::unique_ptr<GradStore>> GradStore::Create(int stage,
                                                        const partition::PartitionPlan& plan,
                                                        int pool_buffers, comm::Communicator& comm,
-                                                       base::Allocator& allocator,
+                                                       base::Allocator& allocator, DeviceOps& ops,
                                                        WaitForBuffer wait_for_buffer) {
+  std::unique_ptr<GradStore> store;
   if (stage <= 1) {
     ZERO_ASSIGN_OR_RETURN(base::Buffer buffer,
-                          allocator.Allocate(plan.flat_bytes(), MemoryCategory::kGrads, Placement::kHost));
-    return std::unique_ptr<GradStore>(new FullGradStore(stage, plan, comm, std::move(buffer)));
+                          allocator.Allocate(plan.flat_bytes(), MemoryCategory::kGrads, ops.placement()));
+    store.reset(new FullGradStore(stage, plan, comm, ops, std::move(buffer)));
+    ZERO_RETURN_IF_ERROR(store->Zero());
+    return store;
   }
   std::vector<int64_t> offsets(plan.buckets().size(), -1);
   int64_t shard_bytes = 0, largest_bucket = 0;
@@ -165,15 +164,17 @@ StatusOr<std::unique_ptr<GradStore>> GradStore::Create(int stage,
     largest_bucket = std::max(largest_bucket, b.numel * ElementSize(b));
   }
   ZERO_ASSIGN_OR_RETURN(base::Buffer shard,
-                        allocator.Allocate(shard_bytes, MemoryCategory::kGrads, Placement::kHost));
+                        allocator.Allocate(shard_bytes, MemoryCategory::kGrads, ops.placement()));
   std::vector<base::Buffer> pool;
   for (int i = 0; i < std::min(pool_buffers, trainable); ++i) {
     ZERO_ASSIGN_OR_RETURN(base::Buffer buffer, allocator.Allocate(largest_bucket, MemoryCategory::kCommBuffers,
-                                                                  Placement::kHost));
+                                                                  ops.placement()));
     pool.push_back(std::move(buffer));
   }
-  return std::unique_ptr<GradStore>(new ShardedGradStore(plan, comm, std::move(shard), std::move(offsets),
-                                                         std::move(pool), std::move(wait_for_buffer)));
+  store.reset(new ShardedGradStore(plan, comm, ops, std::move(shard), std::move(offsets), std::move(pool),
+                                   std::move(wait_for_buffer)));
+  ZERO_RETURN_IF_ERROR(store->Zero());
+  return store;
 }
 
 }  // namespace zero::runtime

@@ -16,6 +16,7 @@
 #include "zero/communicator.h"
 #include "partition/partition_plan.h"
 #include "runtime/base/allocator.h"
+#include "runtime/device_ops.h"
 
 namespace zero::runtime {
 
@@ -25,10 +26,10 @@ class GradStore {
   /// none is in flight.
   using WaitForBuffer = std::function<Status()>;
 
-  /// Allocates the store of `stage` (0, 1 or 2) for `plan`.
+  /// Allocates the store of `stage` (0, 1 or 2) for `plan` on the ops' device, zeroed.
   static StatusOr<std::unique_ptr<GradStore>> Create(int stage, const partition::PartitionPlan& plan,
                                                      int pool_buffers, comm::Communicator& comm,
-                                                     base::Allocator& allocator,
+                                                     base::Allocator& allocator, DeviceOps& ops,
                                                      WaitForBuffer wait_for_buffer);
   virtual ~GradStore() = default;
 
@@ -42,7 +43,7 @@ class GradStore {
   /// its shard otherwise); valid after the step's reductions completed.
   virtual void* OwnedGrad(int bucket) = 0;
   /// Zeroes every gradient for the next optimizer step.
-  virtual void Zero() = 0;
+  virtual Status Zero() = 0;
 };
 
 }  // namespace zero::runtime

@@ -5,7 +5,6 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/cpu/norms.h"
 #include "kernels/cpu/optimizers.h"
 
 namespace zero::runtime {
@@ -22,8 +21,8 @@ bool NeedsState1(const OptimizerConfig& o) {
 
 StatusOr<std::unique_ptr<OptimizerState>> OptimizerState::Create(
     const Config& config, const partition::PartitionPlan& plan, int rank, const OwnedParams& params,
-    GradStore& grads, base::Allocator& allocator, const kernels::CpuExec& exec, SumOverRanks sum_over_ranks) {
-  std::unique_ptr<OptimizerState> s(new OptimizerState(config, plan, exec));
+    GradStore& grads, base::Allocator& allocator, DeviceOps& ops, SumOverRanks sum_over_ranks) {
+  std::unique_ptr<OptimizerState> s(new OptimizerState(config, plan, ops));
   s->sum_over_ranks_ = std::move(sum_over_ranks);
   int64_t state_numel = 0, master_numel = 0;
   for (const partition::Bucket& b : plan.buckets()) {
@@ -35,9 +34,8 @@ StatusOr<std::unique_ptr<OptimizerState>> OptimizerState::Create(
     if (b.dtype != DType::kFP32) master_numel += numel;
   }
   auto allocate = [&](int64_t floats, base::Buffer* out) -> Status {
-    ZERO_ASSIGN_OR_RETURN(*out, allocator.Allocate(floats * 4, MemoryCategory::kOptimizer, Placement::kHost));
-    std::fill_n(out->as<float>(), floats, 0.0f);
-    return absl::OkStatus();
+    ZERO_ASSIGN_OR_RETURN(*out, allocator.Allocate(floats * 4, MemoryCategory::kOptimizer, ops.placement()));
+    return ops.Zero(out->data(), out->bytes());
   };
   ZERO_RETURN_IF_ERROR(allocate(master_numel, &s->master_));
   ZERO_RETURN_IF_ERROR(allocate(NeedsState0(config.optimizer) ? state_numel : 0, &s->state0_));
@@ -72,27 +70,11 @@ StatusOr<std::unique_ptr<OptimizerState>> OptimizerState::Create(
         {static_cast<const char*>(segment.grad) + shard_begin * element, b.shard_numel});
   }
   if (config.optimizer.type == OptimizerType::kLamb) {
-    ZERO_ASSIGN_OR_RETURN(s->lamb_updates_, allocator.Allocate(state_numel * 4, MemoryCategory::kWorkspace, Placement::kHost));
+    ZERO_ASSIGN_OR_RETURN(s->lamb_updates_, allocator.Allocate(state_numel * 4, MemoryCategory::kWorkspace, ops.placement()));
     std::vector<kernels::Segment> range_segments;
     for (const Batch& batch : s->batches_) range_segments.insert(range_segments.end(), batch.segments.begin(), batch.segments.end());
     ZERO_RETURN_IF_ERROR(s->BuildLambBatches(range_segments));
   }
-  // Norm workspace: the largest need of any batch (LAMB's per-fragment spans included).
-  for (const Batch& batch : s->batches_) {
-    size_t bytes = 0;
-    ZERO_RETURN_IF_ERROR(kernels::SquaredNormsCpu(nullptr, &bytes, batch.norm_spans, batch.types.grad,
-                                                  {}, nullptr, exec));
-    s->workspace_bytes_ = std::max(s->workspace_bytes_, bytes);
-  }
-  for (const LambBatch& batch : s->lamb_batches_) {
-    std::vector<kernels::ConstSpan> spans;
-    for (const kernels::Segment& seg : batch.segments) spans.push_back({seg.master, seg.numel});
-    size_t bytes = 0;
-    ZERO_RETURN_IF_ERROR(kernels::SquaredNormsCpu(nullptr, &bytes, spans, DType::kFP32, {}, nullptr, exec));
-    s->workspace_bytes_ = std::max(s->workspace_bytes_, bytes);
-  }
-  ZERO_ASSIGN_OR_RETURN(s->workspace_, allocator.Allocate(static_cast<int64_t>(s->workspace_bytes_),
-                                                          MemoryCategory::kWorkspace, Placement::kHost));
   return s;
 }
 
@@ -107,72 +89,75 @@ void OptimizerState::ForOwnedPart(int param, Fn fn) const {
   }
 }
 
-void OptimizerState::RefreshMaster(int param) {
+Status OptimizerState::RefreshMaster(int param) {
   const partition::Bucket& b = plan_.buckets()[plan_.placement(param).bucket];
-  if (b.dtype == DType::kFP32) return;  // the params are the master
-  ForOwnedPart(param, [&](const OwnedRange& r, int64_t begin, int64_t end) {
-    const uint16_t* source = reinterpret_cast<const uint16_t*>(r.params);
-    for (int64_t i = begin - r.begin; i < end - r.begin; ++i) {
-      r.master[i] = b.dtype == DType::kBF16 ? Bf16ToFloat(source[i]) : HalfToFloat(source[i]);
-    }
-  });
-}
-
-void OptimizerState::ForEachOwnedPart(int param,
-                                      const std::function<void(int64_t, int64_t, float*, float*, float*)>& fn) {
-  const int64_t offset = plan_.placement(param).offset;
+  if (b.dtype == DType::kFP32) return absl::OkStatus();  // the params are the master
+  const int64_t element = static_cast<int64_t>(DTypeSize(b.dtype));
+  Status status = absl::OkStatus();
   ForOwnedPart(param, [&](const OwnedRange& r, int64_t begin, int64_t end) {
     const int64_t at = begin - r.begin;
-    float* s0 = state0_.bytes() > 0 ? state0_.as<float>() + r.state_begin + at : nullptr;
-    float* s1 = state1_.bytes() > 0 ? state1_.as<float>() + r.state_begin + at : nullptr;
-    fn(begin - offset, end - begin, r.master + at, s0, s1);
+    status.Update(ops_.Widen(r.master + at, r.params + at * element, end - begin, b.dtype));
   });
+  return status;
 }
 
-void OptimizerState::RoundModelCopy(int param) {
+Status OptimizerState::RoundModelCopy(int param) {
   const partition::Bucket& b = plan_.buckets()[plan_.placement(param).bucket];
-  if (b.dtype == DType::kFP32) return;  // the master is the model copy
+  if (b.dtype == DType::kFP32) return absl::OkStatus();  // the master is the model copy
+  const int64_t element = static_cast<int64_t>(DTypeSize(b.dtype));
+  Status status = absl::OkStatus();
   ForOwnedPart(param, [&](const OwnedRange& r, int64_t begin, int64_t end) {
-    uint16_t* copy = reinterpret_cast<uint16_t*>(r.params);
-    for (int64_t i = begin - r.begin; i < end - r.begin; ++i) {
-      copy[i] = b.dtype == DType::kBF16 ? FloatToBf16(r.master[i]) : FloatToHalf(r.master[i]);
+    const int64_t at = begin - r.begin;
+    status.Update(ops_.Narrow(r.params + at * element, r.master + at, end - begin, b.dtype));
+  });
+  return status;
+}
+
+StatusOr<std::vector<OptimizerState::OwnedPart>> OptimizerState::ReadOwned(int param) const {
+  const int64_t offset = plan_.placement(param).offset;
+  std::vector<OwnedPart> parts;
+  Status status = absl::OkStatus();
+  ForOwnedPart(param, [&](const OwnedRange& r, int64_t begin, int64_t end) {
+    const int64_t at = begin - r.begin, n = end - begin;
+    OwnedPart part{begin - offset, n, std::vector<float>(static_cast<size_t>(n * (1 + state_count())))};
+    float* to = part.values.data();
+    for (const float* from : {r.master + at, StateAt(state0_, r, at), StateAt(state1_, r, at)}) {
+      if (from == nullptr) continue;
+      status.Update(ops_.Copy(to, from, n * 4));
+      to += n;
+    }
+    parts.push_back(std::move(part));
+  });
+  ZERO_RETURN_IF_ERROR(status);
+  return parts;
+}
+
+Status OptimizerState::WriteOwned(int param, const std::vector<OwnedPart>& parts) {
+  const int64_t offset = plan_.placement(param).offset;
+  size_t next = 0;
+  Status status = absl::OkStatus();
+  ForOwnedPart(param, [&](const OwnedRange& r, int64_t begin, int64_t end) {
+    const int64_t at = begin - r.begin, n = end - begin;
+    if (next >= parts.size() || parts[next].begin != begin - offset || parts[next].numel != n) {
+      status.Update(absl::InternalError("WriteOwned: the parts do not match the owned ranges"));
+      return;
+    }
+    const float* from = parts[next++].values.data();
+    for (float* to : {r.master + at, StateAt(state0_, r, at), StateAt(state1_, r, at)}) {
+      if (to == nullptr) continue;
+      status.Update(ops_.Copy(to, from, n * 4));
+      from += n;
     }
   });
-}
-
-std::vector<float> OptimizerState::SaveOwned(int param) const {
-  std::vector<float> saved;
-  ForOwnedPart(param, [&](const OwnedRange& r, int64_t begin, int64_t end) {
-    const int64_t at = begin - r.begin, n = end - begin;
-    saved.insert(saved.end(), r.master + at, r.master + at + n);
-    if (state0_.bytes() > 0) saved.insert(saved.end(), state0_.as<float>() + r.state_begin + at, state0_.as<float>() + r.state_begin + at + n);
-    if (state1_.bytes() > 0) saved.insert(saved.end(), state1_.as<float>() + r.state_begin + at, state1_.as<float>() + r.state_begin + at + n);
-  });
-  return saved;
-}
-
-void OptimizerState::RestoreOwned(int param, const std::vector<float>& saved) {
-  const float* from = saved.data();
-  ForOwnedPart(param, [&](const OwnedRange& r, int64_t begin, int64_t end) {
-    const int64_t at = begin - r.begin, n = end - begin;
-    auto take = [&from, n](float* destination) {
-      std::copy(from, from + n, destination);
-      from += n;
-    };
-    take(r.master + at);
-    if (state0_.bytes() > 0) take(state0_.as<float>() + r.state_begin + at);
-    if (state1_.bytes() > 0) take(state1_.as<float>() + r.state_begin + at);
-  });
-  RoundModelCopy(param);
+  ZERO_RETURN_IF_ERROR(status);
+  return RoundModelCopy(param);
 }
 
 StatusOr<kernels::NormResult> OptimizerState::GradNorm() {
   kernels::NormResult total;
   for (const Batch& batch : batches_) {
     kernels::NormResult part;
-    size_t bytes = workspace_bytes_;
-    ZERO_RETURN_IF_ERROR(kernels::SquaredNormsCpu(workspace_.data(), &bytes, batch.norm_spans,
-                                                  batch.types.grad, {}, &part, exec_));
+    ZERO_RETURN_IF_ERROR(ops_.SquaredNorms(batch.norm_spans, batch.types.grad, {}, &part));
     total.sq_norm += part.sq_norm;
     total.nonfinite |= part.nonfinite;
   }
@@ -194,7 +179,7 @@ Status OptimizerState::Step(int64_t step, float grad_scale) {
         h.decoupled_weight_decay = o.type == OptimizerType::kAdamW;
         h.step = step;
         h.common.grad_scale = grad_scale;
-        ZERO_RETURN_IF_ERROR(kernels::AdamStepCpu(h, batch.types, batch.segments, exec_));
+        ZERO_RETURN_IF_ERROR(ops_.AdamStep(h, batch.types, batch.segments));
         break;
       }
       case OptimizerType::kSgd: {
@@ -206,7 +191,7 @@ Status OptimizerState::Step(int64_t step, float grad_scale) {
         h.nesterov = o.nesterov;
         h.step = step;
         h.common.grad_scale = grad_scale;
-        ZERO_RETURN_IF_ERROR(kernels::SgdStepCpu(h, batch.types, batch.segments, exec_));
+        ZERO_RETURN_IF_ERROR(ops_.SgdStep(h, batch.types, batch.segments));
         break;
       }
       case OptimizerType::kLion: {
@@ -216,7 +201,7 @@ Status OptimizerState::Step(int64_t step, float grad_scale) {
         h.beta2 = o.beta2;
         h.weight_decay = o.weight_decay;
         h.common.grad_scale = grad_scale;
-        ZERO_RETURN_IF_ERROR(kernels::LionStepCpu(h, batch.types, batch.segments, exec_));
+        ZERO_RETURN_IF_ERROR(ops_.LionStep(h, batch.types, batch.segments));
         break;
       }
       case OptimizerType::kLamb:
@@ -269,7 +254,7 @@ Status OptimizerState::LambStep(int64_t step, float grad_scale) {
   // Pass 1: moments and the update direction; then ‖w‖² and ‖u‖² per param, summed over ranks.
   std::vector<float> sums(2 * plan_.params().size(), 0.0f);
   for (const LambBatch& batch : lamb_batches_) {
-    ZERO_RETURN_IF_ERROR(kernels::LambUpdateCpu(h, batch.types, batch.segments, batch.updates, exec_));
+    ZERO_RETURN_IF_ERROR(ops_.LambUpdate(h, batch.types, batch.segments, batch.updates));
     std::vector<kernels::ConstSpan> weights, updates;
     for (size_t i = 0; i < batch.segments.size(); ++i) {
       weights.push_back({batch.segments[i].master, batch.segments[i].numel});
@@ -277,11 +262,8 @@ Status OptimizerState::LambStep(int64_t step, float grad_scale) {
     }
     std::vector<double> weight_norms(weights.size()), update_norms(updates.size());
     kernels::NormResult total;
-    size_t bytes = workspace_bytes_;
-    ZERO_RETURN_IF_ERROR(kernels::SquaredNormsCpu(workspace_.data(), &bytes, weights, DType::kFP32,
-                                                  absl::MakeSpan(weight_norms), &total, exec_));
-    ZERO_RETURN_IF_ERROR(kernels::SquaredNormsCpu(workspace_.data(), &bytes, updates, DType::kFP32,
-                                                  absl::MakeSpan(update_norms), &total, exec_));
+    ZERO_RETURN_IF_ERROR(ops_.SquaredNorms(weights, DType::kFP32, absl::MakeSpan(weight_norms), &total));
+    ZERO_RETURN_IF_ERROR(ops_.SquaredNorms(updates, DType::kFP32, absl::MakeSpan(update_norms), &total));
     for (size_t i = 0; i < batch.segments.size(); ++i) {
       sums[2 * batch.param_of[i]] += static_cast<float>(weight_norms[i]);
       sums[2 * batch.param_of[i] + 1] += static_cast<float>(update_norms[i]);
@@ -293,7 +275,7 @@ Status OptimizerState::LambStep(int64_t step, float grad_scale) {
     std::vector<float> ratios;
     for (int param : batch.param_of) ratios.push_back(kernels::LambTrustRatio(sums[2 * param], sums[2 * param + 1]));
     std::vector<const float*> updates(batch.updates.begin(), batch.updates.end());
-    ZERO_RETURN_IF_ERROR(kernels::LambApplyCpu(h, batch.types.param, batch.segments, updates, ratios, exec_));
+    ZERO_RETURN_IF_ERROR(ops_.LambApply(h, batch.types.param, batch.segments, updates, ratios));
   }
   return absl::OkStatus();
 }

@@ -4,17 +4,18 @@
 // shard otherwise. For fp32 buckets the fp32 weights are the params themselves; 16-bit buckets
 // get an fp32 master copy of the owned range. Moments are concatenated over the owned ranges
 // (the rank's optimizer state, DESIGN.md). Ranges are grouped by (optimizer group, dtype) into
-// segment lists so each kernel launch sees few, long segments.
+// segment lists so each kernel launch sees few, long segments. Everything lives on the engine's
+// device and is touched only through DeviceOps.
 #ifndef ZERO_RUNTIME_OPTIMIZER_STATE_H_
 #define ZERO_RUNTIME_OPTIMIZER_STATE_H_
 
 #include <functional>
 #include <vector>
 
-#include "kernels/cpu/cpu_exec.h"
 #include "kernels/segments.h"
 #include "partition/partition_plan.h"
 #include "runtime/base/allocator.h"
+#include "runtime/device_ops.h"
 #include "runtime/grad_store.h"
 #include "zero/config.h"
 
@@ -29,36 +30,37 @@ class OptimizerState {
   /// owns whole params already (stage 0).
   using SumOverRanks = std::function<Status(std::vector<float>&)>;
 
-  /// Allocates masters, moments and norm workspace for the rank's owned ranges; `grads` gives
-  /// each bucket's owned gradient.
+  /// Allocates masters and moments (zeroed) for the rank's owned ranges on the ops' device;
+  /// `grads` gives each bucket's owned gradient.
   static StatusOr<std::unique_ptr<OptimizerState>> Create(const Config& config,
                                                           const partition::PartitionPlan& plan,
                                                           int rank, const OwnedParams& params,
                                                           GradStore& grads,
-                                                          base::Allocator& allocator,
-                                                          const kernels::CpuExec& exec,
+                                                          base::Allocator& allocator, DeviceOps& ops,
                                                           SumOverRanks sum_over_ranks);
 
   /// Copies the params' current values of `param`'s owned part into the fp32 master.
-  void RefreshMaster(int param);
+  Status RefreshMaster(int param);
   /// Sum of squares (float64) of the rank's shard of the gradients (sum over ranks for the
   /// global value), and whether any element is Inf/NaN.
   StatusOr<kernels::NormResult> GradNorm();
   /// One optimizer step over the owned ranges (step ≥ 1), gradients multiplied by grad_scale.
   Status Step(int64_t step, float grad_scale);
-  /// The fp32 weights and moments of `param`'s owned part, to put back with RestoreOwned (so
-  /// that a step leaves a param untouched, as PyTorch skips params without a gradient).
-  std::vector<float> SaveOwned(int param) const;
-  /// Puts back what SaveOwned returned, and the bf16/fp16 model copy rounded from it.
-  void RestoreOwned(int param, const std::vector<float>& saved);
-
-  /// The rank's owned parts of `param` in param coordinates, for checkpoints: fn(param_begin,
-  /// numel, master, state0, state1) with null states where the optimizer keeps none.
-  void ForEachOwnedPart(int param, const std::function<void(int64_t, int64_t, float*, float*, float*)>& fn);
+  /// A host copy of one part of a param this rank owns, in param coordinates: `numel` fp32
+  /// weights followed by `numel` values of each moment buffer (state_count() of them).
+  struct OwnedPart {
+    int64_t begin = 0;
+    int64_t numel = 0;
+    std::vector<float> values;
+  };
+  /// The rank's owned parts of `param` (for checkpoints, and to put a param back untouched
+  /// after a step, as PyTorch skips params without a gradient).
+  StatusOr<std::vector<OwnedPart>> ReadOwned(int param) const;
+  /// Writes back parts from ReadOwned (same begin and numel), and the bf16/fp16 model copy
+  /// rounded from them.
+  Status WriteOwned(int param, const std::vector<OwnedPart>& parts);
   /// Number of moment buffers the optimizer keeps (0, 1 or 2).
   int state_count() const { return (state0_.bytes() > 0 ? 1 : 0) + (state1_.bytes() > 0 ? 1 : 0); }
-  /// Rewrites the bf16/fp16 model copy of `param`'s owned part from the fp32 master.
-  void RoundModelCopy(int param);
 
  private:
   struct OwnedRange {
@@ -69,6 +71,10 @@ class OptimizerState {
     int64_t state_begin;  // within state0_/state1_
     char* params;         // the owned params (element `begin` of the bucket)
   };
+  // Moment buffer `state` at element `at` of range `r`, or null when the optimizer keeps none.
+  static float* StateAt(const base::Buffer& state, const OwnedRange& r, int64_t at) {
+    return state.bytes() > 0 ? state.as<float>() + r.state_begin + at : nullptr;
+  }
   // Calls fn(range, first, end) for the part [first, end) (bucket coordinates) of `param`
   // inside each owned range.
   template <typename Fn>
@@ -92,17 +98,18 @@ class OptimizerState {
   Status BuildLambBatches(const std::vector<kernels::Segment>& range_segments);
   Status LambStep(int64_t step, float grad_scale);
 
-  OptimizerState(const Config& config, const partition::PartitionPlan& plan,
-                 const kernels::CpuExec& exec)
-      : config_(config), plan_(plan), exec_(exec) {}
+  // Rewrites the bf16/fp16 model copy of `param`'s owned part from the fp32 master.
+  Status RoundModelCopy(int param);
+
+  OptimizerState(const Config& config, const partition::PartitionPlan& plan, DeviceOps& ops)
+      : config_(config), plan_(plan), ops_(ops) {}
 
   const Config config_;
   const partition::PartitionPlan& plan_;
-  const kernels::CpuExec exec_;
+  DeviceOps& ops_;
   std::vector<OwnedRange> ranges_;
   std::vector<Batch> batches_;
-  base::Buffer master_, state0_, state1_, workspace_;
-  size_t workspace_bytes_ = 0;
+  base::Buffer master_, state0_, state1_;
   SumOverRanks sum_over_ranks_;
   std::vector<LambBatch> lamb_batches_;
   base::Buffer lamb_updates_;  // the update direction between LAMB's two passes

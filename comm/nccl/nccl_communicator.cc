@@ -80,6 +80,8 @@ class NcclCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   const char* backend() const override { return "nccl"; }
+  bool device_buffers_only() const override { return true; }
+  bool ordered_after_stream() const override { return true; }
 
   WorkPtr ReduceScatter(const void* send, void* recv, int64_t count, DType dtype,
                         ReduceOp op) override {

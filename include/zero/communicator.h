@@ -84,6 +84,12 @@ class Communicator {
   virtual int size() const = 0;
   /// Backend name: "local", "mpi", "nccl".
   virtual const char* backend() const = 0;
+  /// True when collectives take CUDA device buffers only (nccl); host values must be staged.
+  virtual bool device_buffers_only() const { return false; }
+  /// True when a collective on device buffers starts after the work queued on the trainer's
+  /// stream before the call (nccl orders its stream after it); otherwise the caller finishes
+  /// that work first.
+  virtual bool ordered_after_stream() const { return false; }
 
   virtual WorkPtr ReduceScatter(const void* send, void* recv, int64_t count, DType dtype,
                                 ReduceOp op) = 0;

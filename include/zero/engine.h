@@ -95,14 +95,24 @@ class Engine {
   /// params in the same order.
   virtual Status Finalize() = 0;
 
-  /// Copies a full initial value (host memory, the param's dtype) into the param; resets
+  /// Device "cuda": the cudaStream_t (as void*) the trainer computes on; null is the legacy
+  /// default stream (the initial setting). The engine queues its kernels there, so gradients
+  /// written on it before GradReady are complete when their bucket is reduced, and params the
+  /// step writes are ready for kernels queued after Step() returns. Pass the same stream to
+  /// the nccl communicator (NcclOptions::stream). Outside an iteration; kInvalidArgument for
+  /// a non-null stream on device "cpu".
+  virtual Status SetStream(void* cuda_stream) = 0;
+
+  /// Copies a full initial value (the param's dtype; host or device memory) into the param; resets
   /// the fp32 master copy of the rank's part. After Finalize, before or between steps.
   virtual Status SetParam(ParamId id, const void* values) = 0;
-  /// Copies the param's full current value into `out` (host, the param's dtype). At stage 3 a
+  /// Copies the param's full current value into `out` (host or device memory, the param's
+  /// dtype). At stage 3 a
   /// param whose unit is not gathered is gathered for the call: every rank must call it.
   virtual Status GetParam(ParamId id, void* out) const = 0;
-  /// A view of the param's full value, valid until the engine is destroyed (stages 0-2) or
-  /// until its unit is released (stage 3: kFailedPrecondition when the unit is not gathered).
+  /// A view of the param's full value (device memory on device "cuda"), valid until the
+  /// engine is destroyed (stages 0-2) or until its unit is released (stage 3:
+  /// kFailedPrecondition when the unit is not gathered).
   virtual StatusOr<void*> ParamData(ParamId id) = 0;
 
   /// Stage 3: gathers `unit`'s params (every rank's shard) so that ParamData views of them are
@@ -120,14 +130,16 @@ class Engine {
 
   /// Starts a micro-batch.
   virtual Status BeginIteration() = 0;
-  /// A view into which this micro-batch's gradient for `id` is added. At stage 2 it lives in
+  /// A view into which this micro-batch's gradient for `id` is added (device memory on device
+  /// "cuda"; write it on the SetStream stream before GradReady). At stage 2 it lives in
   /// a bucket buffer; when the pool of buffers is exhausted the call waits for an in-flight
   /// reduction.
   virtual StatusOr<void*> GradBuffer(ParamId id) = 0;
   /// Declares `id`'s gradient for this micro-batch complete; its bucket's reduction starts
   /// once every param of the bucket and of every earlier bucket is ready.
   virtual Status GradReady(ParamId id) = 0;
-  /// Adds `grad` (host, the param's dtype, full shape) into the gradient and marks it ready.
+  /// Adds `grad` (the param's dtype, full shape; host memory, or device memory on device
+  /// "cuda") into the gradient and marks it ready.
   virtual Status AccumulateGrad(ParamId id, const void* grad) = 0;
   /// Ends the micro-batch's backward: launches what is left, waits for the reductions.
   virtual Status EndBackward() = 0;

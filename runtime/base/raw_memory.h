@@ -1,5 +1,6 @@
 // Untracked allocation primitives behind the accounting allocator: host (64-byte aligned),
-// page-locked host and CUDA device memory. Only allocator.cc calls these.
+// page-locked host and CUDA device memory. Only allocator.cc allocates with these; CopyBytes is
+// also for copies whose placements are not known in advance (a trainer's pointers).
 #ifndef ZERO_RUNTIME_BASE_RAW_MEMORY_H_
 #define ZERO_RUNTIME_BASE_RAW_MEMORY_H_
 

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstring>
 
+#include "runtime/base/raw_memory.h"
+
 namespace zero::testing {
 namespace {
 
@@ -109,6 +111,13 @@ void Encode(void* p, size_t i, DType dtype, float value) {
   }
 }
 
+// A host copy of an engine view, which is device memory on device "cuda".
+StatusOr<std::vector<char>> ReadView(const void* view, size_t bytes) {
+  std::vector<char> out(bytes);
+  ZERO_RETURN_IF_ERROR(base::CopyBytes(out.data(), view, static_cast<int64_t>(bytes)));
+  return out;
+}
+
 }  // namespace
 
 Config ToyConfig(int stage) {
@@ -161,7 +170,8 @@ Status TrainToy(Engine& engine, const ToyOptions& o, ToyResult* result) {
           continue;
         }
         ZERO_ASSIGN_OR_RETURN(void* view, engine.ParamData(ids[p]));
-        for (int64_t i = 0; i < numel[p]; ++i) (*parts[p])[i] = Decode(view, i, o.dtype);
+        ZERO_ASSIGN_OR_RETURN(std::vector<char> values, ReadView(view, numel[p] * DTypeSize(o.dtype)));
+        for (int64_t i = 0; i < numel[p]; ++i) (*parts[p])[i] = Decode(values.data(), i, o.dtype);
         if (unit == 0) last_unit0[p] = *parts[p];
       }
       if (!o.skip_unit0_on_odd_steps || unit != 0 || step % 2 == 0) ZERO_RETURN_IF_ERROR(engine.Release(unit));
@@ -190,9 +200,11 @@ Status TrainToy(Engine& engine, const ToyOptions& o, ToyResult* result) {
           continue;
         }
         ZERO_ASSIGN_OR_RETURN(void* view, engine.GradBuffer(ids[p]));
+        ZERO_ASSIGN_OR_RETURN(std::vector<char> grad, ReadView(view, numel[p] * DTypeSize(o.dtype)));
         for (int64_t i = 0; i < numel[p]; ++i) {
-          Encode(view, i, o.dtype, Decode(view, i, o.dtype) + (*gparts[p])[i]);
+          Encode(grad.data(), i, o.dtype, Decode(grad.data(), i, o.dtype) + (*gparts[p])[i]);
         }
+        ZERO_RETURN_IF_ERROR(base::CopyBytes(view, grad.data(), static_cast<int64_t>(grad.size())));
         ZERO_RETURN_IF_ERROR(engine.GradReady(ids[p]));
         if (p == 0 || p == 2) ZERO_RETURN_IF_ERROR(engine.Release(p / 2));
       }

@@ -1,0 +1,104 @@
+// DeviceOps::Create and the "cpu" operations: host memory and the vectorised CPU kernels.
+#include "runtime/device_ops.h"
+
+#include <cstring>
+#include <vector>
+
+#include "comm/reduce.h"
+#include "kernels/cpu/norms.h"
+#include "kernels/cpu/optimizers.h"
+#include "runtime/base/raw_memory.h"
+
+namespace zero::runtime {
+namespace {
+
+class CpuDeviceOps final : public DeviceOps {
+ public:
+  CpuDeviceOps(const kernels::CpuExec& exec, base::Allocator allocator) : exec_(exec), allocator_(allocator) {}
+
+  Placement placement() const override { return Placement::kHost; }
+  Status SetStream(void* stream) override {
+    if (stream == nullptr) return absl::OkStatus();
+    return absl::InvalidArgumentError("SetStream: the engine runs on device \"cpu\"; a CUDA stream needs \"device\": \"cuda\"");
+  }
+  Status Synchronize() override { return absl::OkStatus(); }
+
+  Status Zero(void* data, int64_t bytes) override {
+    if (bytes > 0) std::memset(data, 0, static_cast<size_t>(bytes));
+    return absl::OkStatus();
+  }
+  Status Copy(void* destination, const void* source, int64_t bytes) override {
+    return base::CopyBytes(destination, source, bytes);  // the trainer's pointer may be on a GPU
+  }
+  Status AddInto(void* accumulator, const void* addend, int64_t numel, DType dtype) override {
+    const void* inputs[2] = {accumulator, addend};
+    comm::ReduceInto(accumulator, inputs, 2, numel, dtype, comm::ReduceOp::kSum);
+    return absl::OkStatus();
+  }
+  Status Widen(float* out, const void* in, int64_t numel, DType dtype) override {
+    const uint16_t* bits = static_cast<const uint16_t*>(in);
+    switch (dtype) {
+      case DType::kFP32: std::memcpy(out, in, static_cast<size_t>(numel) * 4); break;
+      case DType::kBF16: for (int64_t i = 0; i < numel; ++i) out[i] = Bf16ToFloat(bits[i]); break;
+      case DType::kFP16: for (int64_t i = 0; i < numel; ++i) out[i] = HalfToFloat(bits[i]); break;
+    }
+    return absl::OkStatus();
+  }
+  Status Narrow(void* out, const float* in, int64_t numel, DType dtype) override {
+    uint16_t* bits = static_cast<uint16_t*>(out);
+    switch (dtype) {
+      case DType::kFP32: std::memcpy(out, in, static_cast<size_t>(numel) * 4); break;
+      case DType::kBF16: for (int64_t i = 0; i < numel; ++i) bits[i] = FloatToBf16(in[i]); break;
+      case DType::kFP16: for (int64_t i = 0; i < numel; ++i) bits[i] = FloatToHalf(in[i]); break;
+    }
+    return absl::OkStatus();
+  }
+
+  Status AdamStep(const kernels::AdamHyper& h, kernels::SegmentTypes types,
+                  absl::Span<const kernels::Segment> segments) override {
+    return kernels::AdamStepCpu(h, types, segments, exec_);
+  }
+  Status SgdStep(const kernels::SgdHyper& h, kernels::SegmentTypes types,
+                 absl::Span<const kernels::Segment> segments) override {
+    return kernels::SgdStepCpu(h, types, segments, exec_);
+  }
+  Status LionStep(const kernels::LionHyper& h, kernels::SegmentTypes types,
+                  absl::Span<const kernels::Segment> segments) override {
+    return kernels::LionStepCpu(h, types, segments, exec_);
+  }
+  Status LambUpdate(const kernels::LambHyper& h, kernels::SegmentTypes types,
+                    absl::Span<const kernels::Segment> segments, absl::Span<float* const> updates) override {
+    return kernels::LambUpdateCpu(h, types, segments, updates, exec_);
+  }
+  Status LambApply(const kernels::LambHyper& h, DType param_type, absl::Span<const kernels::Segment> segments,
+                   absl::Span<const float* const> updates, absl::Span<const float> trust_ratios) override {
+    return kernels::LambApplyCpu(h, param_type, segments, updates, trust_ratios, exec_);
+  }
+  Status SquaredNorms(absl::Span<const kernels::ConstSpan> spans, DType dtype, absl::Span<double> per_span,
+                      kernels::NormResult* total) override {
+    size_t bytes = 0;
+    ZERO_RETURN_IF_ERROR(kernels::SquaredNormsCpu(nullptr, &bytes, spans, dtype, {}, nullptr, exec_));
+    if (static_cast<int64_t>(bytes) > workspace_.bytes()) {
+      workspace_.Reset();
+      ZERO_ASSIGN_OR_RETURN(workspace_, allocator_.Allocate(static_cast<int64_t>(bytes), MemoryCategory::kWorkspace,
+                                                            Placement::kHost));
+    }
+    bytes = static_cast<size_t>(workspace_.bytes());
+    return kernels::SquaredNormsCpu(workspace_.data(), &bytes, spans, dtype, per_span, total, exec_);
+  }
+
+ private:
+  const kernels::CpuExec exec_;
+  base::Allocator allocator_;
+  base::Buffer workspace_;
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<DeviceOps>> DeviceOps::Create(Device device, const kernels::CpuExec& exec,
+                                                       base::Allocator allocator) {
+  if (device == Device::kCuda) return CreateCudaDeviceOps(allocator);
+  return std::unique_ptr<DeviceOps>(new CpuDeviceOps(exec, allocator));
+}
+
+}  // namespace zero::runtime

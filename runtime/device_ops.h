@@ -1,0 +1,81 @@
+// What the engine does to the contents of its buffers, on the engine's device (internal to
+// runtime). The stage policies (GradStore, OptimizerState, the stage-3 units, checkpoints) are
+// written once against this interface:
+//
+//   cpu   host memory; the vectorised CPU kernels; every call completes before it returns
+//   cuda  CUDA device memory; the CUDA kernels, all queued in order on the engine's stream
+//         (the trainer's, from Engine::SetStream, or the legacy default stream); calls that
+//         hand values to the host (Copy, SquaredNorms) wait for that stream, never the device
+//
+// Every buffer the engine owns comes from the accounting allocator in placement().
+#ifndef ZERO_RUNTIME_DEVICE_OPS_H_
+#define ZERO_RUNTIME_DEVICE_OPS_H_
+
+#include <memory>
+
+#include "absl/types/span.h"
+#include "kernels/cpu/cpu_exec.h"
+#include "kernels/segments.h"
+#include "runtime/base/allocator.h"
+#include "zero/device.h"
+#include "zero/status.h"
+
+namespace zero::runtime {
+
+class DeviceOps {
+ public:
+  /// The operations of `device`. kUnavailable for "cuda" in a build without CUDA or on a
+  /// machine without a visible GPU (the message says which).
+  static StatusOr<std::unique_ptr<DeviceOps>> Create(Device device, const kernels::CpuExec& exec,
+                                                     base::Allocator allocator);
+  virtual ~DeviceOps() = default;
+
+  /// Where the engine's buffers live on this device.
+  virtual Placement placement() const = 0;
+  /// The cudaStream_t later work is queued on (cuda); kInvalidArgument for a non-null stream
+  /// on the CPU.
+  virtual Status SetStream(void* stream) = 0;
+  /// Waits until the work queued so far is done (a no-op on the CPU).
+  virtual Status Synchronize() = 0;
+
+  /// Sets `bytes` bytes at `data` to zero.
+  virtual Status Zero(void* data, int64_t bytes) = 0;
+  /// Copies `bytes` between any two placements (the trainer's host or device pointers and the
+  /// engine's buffers); the destination holds the values when the call returns.
+  virtual Status Copy(void* destination, const void* source, int64_t bytes) = 0;
+  /// accumulator[i] = round(accumulator[i] + addend[i]) in `dtype`, summed in fp32.
+  virtual Status AddInto(void* accumulator, const void* addend, int64_t numel, DType dtype) = 0;
+  /// out[i] = float(in[i]) for bf16/fp16/fp32 `in`.
+  virtual Status Widen(float* out, const void* in, int64_t numel, DType dtype) = 0;
+  /// out[i] = in[i] rounded to `dtype` (nearest even).
+  virtual Status Narrow(void* out, const float* in, int64_t numel, DType dtype) = 0;
+
+  /// The fused optimizer passes of kernels/segments.h over device-resident segments.
+  virtual Status AdamStep(const kernels::AdamHyper& hyper, kernels::SegmentTypes types,
+                          absl::Span<const kernels::Segment> segments) = 0;
+  virtual Status SgdStep(const kernels::SgdHyper& hyper, kernels::SegmentTypes types,
+                         absl::Span<const kernels::Segment> segments) = 0;
+  virtual Status LionStep(const kernels::LionHyper& hyper, kernels::SegmentTypes types,
+                          absl::Span<const kernels::Segment> segments) = 0;
+  virtual Status LambUpdate(const kernels::LambHyper& hyper, kernels::SegmentTypes types,
+                            absl::Span<const kernels::Segment> segments,
+                            absl::Span<float* const> updates) = 0;
+  /// LAMB's second pass; `trust_ratios` are host values, one per segment.
+  virtual Status LambApply(const kernels::LambHyper& hyper, DType param_type,
+                           absl::Span<const kernels::Segment> segments,
+                           absl::Span<const float* const> updates,
+                           absl::Span<const float> trust_ratios) = 0;
+  /// Deterministic sums of squares of `spans`, delivered to the host: each span's into
+  /// `per_span` (empty, or one per span) and all of them, with the Inf/NaN flag, into `*total`.
+  /// Scratch memory comes from the allocator (category workspace) and is kept for later calls.
+  virtual Status SquaredNorms(absl::Span<const kernels::ConstSpan> spans, DType dtype,
+                              absl::Span<double> per_span, kernels::NormResult* total) = 0;
+};
+
+/// The "cuda" operations (device_ops_cuda.cc); kUnavailable in a build without CUDA or on a
+/// machine without a GPU. DeviceOps::Create calls it.
+StatusOr<std::unique_ptr<DeviceOps>> CreateCudaDeviceOps(base::Allocator allocator);
+
+}  // namespace zero::runtime
+
+#endif  // ZERO_RUNTIME_DEVICE_OPS_H_

@@ -1,0 +1,37 @@
+// Collectives on small host arrays — the step's norm and flags, LAMB's per-param sums, registry
+// and layout hashes — over any backend (internal to runtime). Communicators that take device
+// buffers only (nccl) get the values staged through device scratch memory.
+#ifndef ZERO_RUNTIME_HOST_COLLECTIVES_H_
+#define ZERO_RUNTIME_HOST_COLLECTIVES_H_
+
+#include "runtime/base/allocator.h"
+#include "runtime/device_ops.h"
+#include "zero/communicator.h"
+
+namespace zero::runtime {
+
+class HostCollectives {
+ public:
+  /// Every collective waits at most `timeout_s` (0: forever).
+  HostCollectives(comm::Communicator& comm, DeviceOps& ops, base::Allocator allocator, double timeout_s)
+      : comm_(comm), ops_(ops), allocator_(allocator), timeout_s_(timeout_s) {}
+
+  /// In-place all-reduce of `count` host floats.
+  Status AllReduce(float* values, int64_t count, comm::ReduceOp op);
+  /// All-gather of `count` host elements per rank into `recv` (size() · count elements).
+  Status AllGather(const void* send, void* recv, int64_t count, DType dtype);
+
+ private:
+  // Device scratch of at least `bytes`, when the communicator needs device buffers.
+  StatusOr<char*> Scratch(int64_t bytes);
+
+  comm::Communicator& comm_;
+  DeviceOps& ops_;
+  base::Allocator allocator_;
+  const double timeout_s_;
+  base::Buffer scratch_;
+};
+
+}  // namespace zero::runtime
+
+#endif  // ZERO_RUNTIME_HOST_COLLECTIVES_H_
