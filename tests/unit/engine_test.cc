@@ -397,6 +397,22 @@ TEST(EngineProtocol, CallsOutOfOrderAreClearErrorsAndLoseNothing) {
   EXPECT_TRUE(e.Step().ok());
 }
 
+TEST(EngineProtocol, SetStreamIsForCudaEnginesAndOutsideIterations) {
+  auto group = comm::CreateLocalGroup(1);
+  auto engine = Engine::Create(ToyConfig(1), *(*group)[0]);
+  ASSERT_TRUE(engine.ok());
+  Engine& e = **engine;
+  ASSERT_TRUE(e.RegisterParam({"a", {4}}).ok());
+  ASSERT_TRUE(e.Finalize().ok());
+  EXPECT_TRUE(e.SetStream(nullptr).ok());
+  int not_a_stream = 0;
+  const Status cpu = e.SetStream(&not_a_stream);
+  EXPECT_EQ(cpu.code(), absl::StatusCode::kInvalidArgument) << cpu;
+  EXPECT_NE(cpu.message().find("\"cuda\""), std::string::npos) << cpu;
+  ASSERT_TRUE(e.BeginIteration().ok());
+  EXPECT_EQ(e.SetStream(nullptr).code(), absl::StatusCode::kFailedPrecondition);
+}
+
 TEST(EngineConfig, JsonRoundTripAndErrorsNameTheKey) {
   auto config = Config::FromJson(R"({"stage": 1, "optimizer": {"type": "sgd", "lr": 0.1,
       "momentum": 0.9}, "buckets": {"reduce_bucket_elems": 1000}, "guard": {"timeout_s": 5}})");
