@@ -87,9 +87,11 @@ StatusOr<std::vector<std::vector<float>>> Mlp::ReadParams(Engine& engine) const 
     const bool first_of_unit = p == 0 || unit_[p] != unit_[p - 1];
     const bool last_of_unit = p + 1 == ids_.size() || unit_[p + 1] != unit_[p];
     if (first_of_unit) ZERO_RETURN_IF_ERROR(engine.Gather(unit_[p]));
-    ZERO_ASSIGN_OR_RETURN(void* view, engine.ParamData(ids_[p]));
+    // A host copy (GetParam), so the same code runs on device "cpu" and "cuda".
+    std::vector<char> values(static_cast<size_t>(numel_[p]) * DTypeSize(o_.dtype));
+    ZERO_RETURN_IF_ERROR(engine.GetParam(ids_[p], values.data()));
     params[p].resize(numel_[p]);
-    for (int64_t i = 0; i < numel_[p]; ++i) params[p][i] = Decode(view, i, o_.dtype);
+    for (int64_t i = 0; i < numel_[p]; ++i) params[p][i] = Decode(values.data(), i, o_.dtype);
     if (last_of_unit) ZERO_RETURN_IF_ERROR(engine.Release(unit_[p]));
   }
   return params;
