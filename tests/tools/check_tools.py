@@ -106,6 +106,18 @@ else:
             local = train(["--stage", "2", "--steps", "30", "--ranks", str(ranks)])
             check(local is not None and close(local[1]["final_loss"], base["final_loss"], 1e-5),
                   f"np {ranks}: the MPI run matches the same run on {ranks} in-process ranks")
+    # A checkpoint written by 2 MPI processes, resumed by 3 (resharded), against the same
+    # save-and-resume on in-process ranks.
+    with tempfile.TemporaryDirectory() as ckpt_mpi, tempfile.TemporaryDirectory() as ckpt_local:
+        first_half = [train(["--stage", "2", "--steps", "15", "--checkpoint_dir", ckpt, "--save_every", "15"] + extra, launcher)
+                      for ckpt, extra, launcher in ((ckpt_mpi, [], (RUN_MPI, "2")), (ckpt_local, ["--ranks", "2"], ()))]
+        resumed_mpi = train(["--stage", "3", "--steps", "30", "--checkpoint_dir", ckpt_mpi, "--resume"], (RUN_MPI, "3"))
+        resumed_local = train(["--stage", "3", "--steps", "30", "--checkpoint_dir", ckpt_local, "--resume", "--ranks", "3"])
+        check(all(r is not None for r in first_half + [resumed_mpi, resumed_local])
+              and close(resumed_mpi[1]["final_loss"], resumed_local[1]["final_loss"], 1e-5)
+              and close(resumed_mpi[1]["checksum"], resumed_local[1]["checksum"], 1e-5),
+              "checkpoint saved under mpirun -np 2 (stage 2), resumed under -np 3 (stage 3): "
+              "the same run as on in-process ranks within 1e-5")
 
 print(f"{len(failures)} failed" if failures else "all tool checks passed")
 sys.exit(1 if failures else 0)
