@@ -1,8 +1,9 @@
 // Deterministic squared norms on CUDA: each block writes the float64 sum of squares of its
-// chunk (a fixed-order shared-memory tree) into the workspace; then one block per span sums
+// chunk (cub::BlockReduce: warp shuffles in a fixed pattern, no atomics) into the workspace; then one block per span sums
 // that span's partials in order (per-span norms, LAMB's trust ratios), and one block sums all
 // partials in order and sets the Inf/NaN flag. Same inputs, same bits, run to run.
 #include <algorithm>
+#include <cub/block/block_reduce.cuh>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -13,21 +14,13 @@ namespace zero::kernels {
 namespace cuda {
 namespace {
 
-// Sums `value` over the block in a fixed tree; every thread gets the total.
-__device__ double BlockSum(double value, double* shared) {
-  shared[threadIdx.x] = value;
-  __syncthreads();
-  for (int stride = blockDim.x / 2; stride > 0; stride /= 2) {
-    if (threadIdx.x < stride) shared[threadIdx.x] += shared[threadIdx.x + stride];
-    __syncthreads();
-  }
-  return shared[0];
-}
+// Sums a double over the block in a fixed order; the total is valid in thread 0.
+using BlockSum = cub::BlockReduce<double, kThreads>;
 
 // One partial per block: the chunk's sum of squares (the span's data travels as Segment::grad).
 template <typename G>
 __global__ void __launch_bounds__(kThreads) SquaresKernel(Table t, double* partials) {
-  __shared__ double shared[kThreads];
+  __shared__ BlockSum::TempStorage shared;
   int64_t begin, end;
   int k;
   const Segment& s = BlockSegment(t, &begin, &end, &k);
@@ -52,25 +45,25 @@ __global__ void __launch_bounds__(kThreads) SquaresKernel(Table t, double* parti
       sum = fma(x, x, sum);
     }
   }
-  const double total = BlockSum(sum, shared);
+  const double total = BlockSum(shared).Sum(sum);
   if (threadIdx.x == 0) partials[blockIdx.x] = total;
 }
 
 // Block k sums the partials of the table's k-th segment, in order, into per_span[index].
 __global__ void __launch_bounds__(kThreads) SpanSumsKernel(Table t, const double* partials, double* per_span) {
-  __shared__ double shared[kThreads];
+  __shared__ BlockSum::TempStorage shared;
   const int k = blockIdx.x;
   double sum = 0.0;
   for (int i = t.first_block[k] + threadIdx.x; i < t.first_block[k + 1]; i += blockDim.x) sum += partials[i];
-  const double all = BlockSum(sum, shared);
+  const double all = BlockSum(shared).Sum(sum);
   if (threadIdx.x == 0) per_span[t.index[k]] = all;
 }
 
 __global__ void __launch_bounds__(kThreads) FinishKernel(const double* partials, int count, double* total, int32_t* nonfinite) {
-  __shared__ double shared[kThreads];
+  __shared__ BlockSum::TempStorage shared;
   double sum = 0.0;
   for (int i = threadIdx.x; i < count; i += blockDim.x) sum += partials[i];  // fixed assignment
-  const double all = BlockSum(sum, shared);
+  const double all = BlockSum(shared).Sum(sum);
   if (threadIdx.x == 0) {
     if (total != nullptr) *total = all;
     if (nonfinite != nullptr) *nonfinite = isfinite(all) ? 0 : 1;
