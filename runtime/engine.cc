@@ -51,9 +51,12 @@ Status EngineImpl::SetStream(void* cuda_stream) {
   return ops_->SetStream(cuda_stream);
 }
 
+bool EngineImpl::CollectivesWaitForStream() const {
+  return ops_->placement() == Placement::kDevice && !comm_.ordered_after_stream();
+}
+
 Status EngineImpl::BeforeCollective() {
-  if (ops_->placement() != Placement::kDevice || comm_.ordered_after_stream()) return absl::OkStatus();
-  return ops_->Synchronize();
+  return CollectivesWaitForStream() ? ops_->Synchronize() : absl::OkStatus();
 }
 
 Status EngineImpl::RequirePhase(Phase wanted, const char* call) const {

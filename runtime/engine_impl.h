@@ -82,9 +82,10 @@ class EngineImpl final : public Engine {
   char* ParamAddress(int param) const;
   // Marks a bucket whose params are all ready, handing its reduction to the scheduler.
   Status BucketReady(int bucket);
-  // Before a collective on buffers the engine's device work wrote: on a GPU with a
-  // communicator that does not order itself after the stream (local, mpi), that work is
-  // finished first (a wait on the engine's stream, not the device).
+  // On a GPU with a communicator that does not order itself after the stream (local, mpi),
+  // the work queued on the engine's stream must finish before a collective reads its buffers.
+  bool CollectivesWaitForStream() const;
+  // That wait (on the engine's stream, not the device) where it is needed; else nothing.
   Status BeforeCollective();
   bool LastMicroBatch() const { return micro_batch_ + 1 == config_.gradient_accumulation_steps; }
   Status AllGatherParams();

@@ -103,7 +103,7 @@ Status EngineImpl::BucketReady(int bucket) {
   const bool reduce = config_.stage == 2 || LastMicroBatch();
   ZERO_ASSIGN_OR_RETURN(auto reduction, grads_->Reduction(bucket, reduce));
   comm::BucketScheduler::Launch launch = std::move(reduction.first);
-  if (launch && ops_->placement() == Placement::kDevice && !comm_.ordered_after_stream()) {
+  if (launch && CollectivesWaitForStream()) {
     launch = [this, inner = std::move(launch)]() -> comm::WorkPtr {
       Status finished = BeforeCollective();  // the trainer's gradient kernels on the stream
       return finished.ok() ? inner() : comm::CompletedWork(std::move(finished));

@@ -67,6 +67,41 @@ Status CheckStep(const char* kernel, int64_t step) {
                                                  " must be ≥ 1 (the count including this step)"));
 }
 
+Status CheckAdam(const char* kernel, const AdamHyper& h, SegmentTypes types, absl::Span<const Segment> segments) {
+  ZERO_RETURN_IF_ERROR(CheckSegments(kernel, types, segments, {true, true, true}));
+  ZERO_RETURN_IF_ERROR(CheckRange(kernel, "lr", h.lr, 0, 1e6));
+  ZERO_RETURN_IF_ERROR(CheckRange(kernel, "beta1", h.beta1, 0, 1, true));
+  ZERO_RETURN_IF_ERROR(CheckRange(kernel, "beta2", h.beta2, 0, 1, true));
+  ZERO_RETURN_IF_ERROR(CheckRange(kernel, "eps", h.eps, 0, 1e6));
+  ZERO_RETURN_IF_ERROR(CheckRange(kernel, "weight_decay", h.weight_decay, 0, 1e6));
+  ZERO_RETURN_IF_ERROR(CheckStep(kernel, h.step));
+  return CheckCommon(kernel, h.common);
+}
+
+Status CheckSgd(const char* kernel, const SgdHyper& h, SegmentTypes types, absl::Span<const Segment> segments) {
+  ZERO_RETURN_IF_ERROR(CheckSegments(kernel, types, segments, {true, h.momentum != 0.0f, false}));
+  ZERO_RETURN_IF_ERROR(CheckRange(kernel, "lr", h.lr, 0, 1e6));
+  ZERO_RETURN_IF_ERROR(CheckRange(kernel, "momentum", h.momentum, 0, 1));
+  ZERO_RETURN_IF_ERROR(CheckRange(kernel, "dampening", h.dampening, 0, 1));
+  ZERO_RETURN_IF_ERROR(CheckRange(kernel, "weight_decay", h.weight_decay, 0, 1e6));
+  ZERO_RETURN_IF_ERROR(CheckStep(kernel, h.step));
+  ZERO_RETURN_IF_ERROR(CheckCommon(kernel, h.common));
+  if (h.nesterov && (h.momentum == 0.0f || h.dampening != 0.0f)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        kernel, ": nesterov requires momentum > 0 and dampening = 0 (as torch.optim.SGD)"));
+  }
+  return absl::OkStatus();
+}
+
+Status CheckLion(const char* kernel, const LionHyper& h, SegmentTypes types, absl::Span<const Segment> segments) {
+  ZERO_RETURN_IF_ERROR(CheckSegments(kernel, types, segments, {true, true, false}));
+  ZERO_RETURN_IF_ERROR(CheckRange(kernel, "lr", h.lr, 0, 1e6));
+  ZERO_RETURN_IF_ERROR(CheckRange(kernel, "beta1", h.beta1, 0, 1));
+  ZERO_RETURN_IF_ERROR(CheckRange(kernel, "beta2", h.beta2, 0, 1));
+  ZERO_RETURN_IF_ERROR(CheckRange(kernel, "weight_decay", h.weight_decay, 0, 1e6));
+  return CheckCommon(kernel, h.common);
+}
+
 Status CheckLambUpdate(const char* kernel, const LambHyper& h, SegmentTypes types,
                        absl::Span<const Segment> segments, absl::Span<float* const> updates) {
   ZERO_RETURN_IF_ERROR(CheckSegments(kernel, types, segments, {true, true, true}));

@@ -30,6 +30,16 @@ Status CheckRange(const char* kernel, const char* name, double value, double low
 
 /// step ≥ 1 (the 1-based count including this step).
 Status CheckStep(const char* kernel, int64_t step);
+/// Adam/AdamW: segments with master, grad and both moments; lr, betas, eps, weight decay,
+/// step and grad_scale in range.
+Status CheckAdam(const char* kernel, const AdamHyper& hyper, SegmentTypes types,
+                 absl::Span<const Segment> segments);
+/// SGD: the momentum buffer when momentum ≠ 0; Nesterov only with momentum and no dampening.
+Status CheckSgd(const char* kernel, const SgdHyper& hyper, SegmentTypes types,
+                absl::Span<const Segment> segments);
+/// Lion: segments with master, grad and exp_avg; hyperparameters in range.
+Status CheckLion(const char* kernel, const LionHyper& hyper, SegmentTypes types,
+                 absl::Span<const Segment> segments);
 /// LAMB's first pass: segments with master, grad and both moments, hyperparameters in range,
 /// one non-null update buffer per non-empty segment.
 Status CheckLambUpdate(const char* kernel, const LambHyper& hyper, SegmentTypes types,

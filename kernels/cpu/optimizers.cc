@@ -10,25 +10,13 @@
 
 namespace zero::kernels {
 
-using cpu::CheckCommon;
 using cpu::CheckExec;
-using cpu::CheckRange;
-using cpu::CheckSegments;
-using cpu::CheckStep;
 using cpu::Skipped;
 
 Status AdamStepCpu(const AdamHyper& h, SegmentTypes types, absl::Span<const Segment> segments,
                    const CpuExec& exec) {
-  constexpr const char* kName = "AdamStepCpu";
   ZERO_RETURN_IF_ERROR(CheckExec(exec));
-  ZERO_RETURN_IF_ERROR(CheckSegments(kName, types, segments, {true, true, true}));
-  ZERO_RETURN_IF_ERROR(CheckRange(kName, "lr", h.lr, 0, 1e6));
-  ZERO_RETURN_IF_ERROR(CheckRange(kName, "beta1", h.beta1, 0, 1, true));
-  ZERO_RETURN_IF_ERROR(CheckRange(kName, "beta2", h.beta2, 0, 1, true));
-  ZERO_RETURN_IF_ERROR(CheckRange(kName, "eps", h.eps, 0, 1e6));
-  ZERO_RETURN_IF_ERROR(CheckRange(kName, "weight_decay", h.weight_decay, 0, 1e6));
-  ZERO_RETURN_IF_ERROR(CheckStep(kName, h.step));
-  ZERO_RETURN_IF_ERROR(CheckCommon(kName, h.common));
+  ZERO_RETURN_IF_ERROR(cpu::CheckAdam("AdamStepCpu", h, types, segments));
   if (Skipped(h.common)) return absl::OkStatus();
 
   const cpu::AdamCoeffs c = cpu::MakeAdamCoeffs(h);
@@ -39,19 +27,8 @@ Status AdamStepCpu(const AdamHyper& h, SegmentTypes types, absl::Span<const Segm
 
 Status SgdStepCpu(const SgdHyper& h, SegmentTypes types, absl::Span<const Segment> segments,
                   const CpuExec& exec) {
-  constexpr const char* kName = "SgdStepCpu";
   ZERO_RETURN_IF_ERROR(CheckExec(exec));
-  ZERO_RETURN_IF_ERROR(CheckSegments(kName, types, segments, {true, h.momentum != 0.0f, false}));
-  ZERO_RETURN_IF_ERROR(CheckRange(kName, "lr", h.lr, 0, 1e6));
-  ZERO_RETURN_IF_ERROR(CheckRange(kName, "momentum", h.momentum, 0, 1));
-  ZERO_RETURN_IF_ERROR(CheckRange(kName, "dampening", h.dampening, 0, 1));
-  ZERO_RETURN_IF_ERROR(CheckRange(kName, "weight_decay", h.weight_decay, 0, 1e6));
-  ZERO_RETURN_IF_ERROR(CheckStep(kName, h.step));
-  ZERO_RETURN_IF_ERROR(CheckCommon(kName, h.common));
-  if (h.nesterov && (h.momentum == 0.0f || h.dampening != 0.0f)) {
-    return absl::InvalidArgumentError(
-        "SgdStepCpu: nesterov requires momentum > 0 and dampening = 0 (as torch.optim.SGD)");
-  }
+  ZERO_RETURN_IF_ERROR(cpu::CheckSgd("SgdStepCpu", h, types, segments));
   if (Skipped(h.common)) return absl::OkStatus();
 
   const cpu::SgdCoeffs c = cpu::MakeSgdCoeffs(h);
@@ -62,14 +39,8 @@ Status SgdStepCpu(const SgdHyper& h, SegmentTypes types, absl::Span<const Segmen
 
 Status LionStepCpu(const LionHyper& h, SegmentTypes types, absl::Span<const Segment> segments,
                    const CpuExec& exec) {
-  constexpr const char* kName = "LionStepCpu";
   ZERO_RETURN_IF_ERROR(CheckExec(exec));
-  ZERO_RETURN_IF_ERROR(CheckSegments(kName, types, segments, {true, true, false}));
-  ZERO_RETURN_IF_ERROR(CheckRange(kName, "lr", h.lr, 0, 1e6));
-  ZERO_RETURN_IF_ERROR(CheckRange(kName, "beta1", h.beta1, 0, 1));
-  ZERO_RETURN_IF_ERROR(CheckRange(kName, "beta2", h.beta2, 0, 1));
-  ZERO_RETURN_IF_ERROR(CheckRange(kName, "weight_decay", h.weight_decay, 0, 1e6));
-  ZERO_RETURN_IF_ERROR(CheckCommon(kName, h.common));
+  ZERO_RETURN_IF_ERROR(cpu::CheckLion("LionStepCpu", h, types, segments));
   if (Skipped(h.common)) return absl::OkStatus();
 
   const cpu::LionCoeffs c = cpu::MakeLionCoeffs(h);

@@ -91,33 +91,18 @@ Status Launch(SegmentTypes types, absl::Span<const Segment> segments, absl::Span
 }  // namespace
 }  // namespace cuda
 
-using cpu::CheckCommon;
-using cpu::CheckRange;
-using cpu::CheckSegments;
-using cpu::CheckStep;
-
 Status AdamStepCuda(const AdamHyper& h, SegmentTypes types, absl::Span<const Segment> segments, CudaStream stream) {
-  constexpr const char* kName = "AdamStepCuda";
-  ZERO_RETURN_IF_ERROR(CheckSegments(kName, types, segments, {true, true, true}));
-  ZERO_RETURN_IF_ERROR(CheckRange(kName, "beta1", h.beta1, 0, 1, true));
-  ZERO_RETURN_IF_ERROR(CheckRange(kName, "beta2", h.beta2, 0, 1, true));
-  ZERO_RETURN_IF_ERROR(CheckCommon(kName, h.common));
-  ZERO_RETURN_IF_ERROR(CheckStep(kName, h.step));
+  ZERO_RETURN_IF_ERROR(cpu::CheckAdam("AdamStepCuda", h, types, segments));
   return cuda::Launch(types, segments, {}, {}, cuda::AdamOp{cpu::MakeAdamCoeffs(h)}, h.common.skip, stream);
 }
 
 Status SgdStepCuda(const SgdHyper& h, SegmentTypes types, absl::Span<const Segment> segments, CudaStream stream) {
-  constexpr const char* kName = "SgdStepCuda";
-  ZERO_RETURN_IF_ERROR(CheckSegments(kName, types, segments, {true, h.momentum != 0.0f, false}));
-  ZERO_RETURN_IF_ERROR(CheckCommon(kName, h.common));
-  ZERO_RETURN_IF_ERROR(CheckStep(kName, h.step));
+  ZERO_RETURN_IF_ERROR(cpu::CheckSgd("SgdStepCuda", h, types, segments));
   return cuda::Launch(types, segments, {}, {}, cuda::SgdOp{cpu::MakeSgdCoeffs(h)}, h.common.skip, stream);
 }
 
 Status LionStepCuda(const LionHyper& h, SegmentTypes types, absl::Span<const Segment> segments, CudaStream stream) {
-  constexpr const char* kName = "LionStepCuda";
-  ZERO_RETURN_IF_ERROR(CheckSegments(kName, types, segments, {true, true, false}));
-  ZERO_RETURN_IF_ERROR(CheckCommon(kName, h.common));
+  ZERO_RETURN_IF_ERROR(cpu::CheckLion("LionStepCuda", h, types, segments));
   return cuda::Launch(types, segments, {}, {}, cuda::LionOp{cpu::MakeLionCoeffs(h)}, h.common.skip, stream);
 }
 
