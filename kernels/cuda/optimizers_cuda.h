@@ -1,7 +1,7 @@
 // Fused optimizer steps and squared norms on CUDA device memory: the CUDA counterparts of
 // kernels/cpu/optimizers.h and norms.h, with the same math and the stream last.
 //
-// Multi-tensor apply: segments are cut into 64K-element chunks; one launch covers up to
+// Multi-tensor apply: segments are cut into 8K-element chunks; one launch covers up to
 // kSegmentsPerLaunch segments (their pointers travel in the kernel arguments, well within the
 // 4 KB limit) and one block per chunk; longer lists take several launches. Chunks whose arrays
 // are 16-byte aligned (8-byte for bf16/fp16) move four elements per load and store. The overflow flag
