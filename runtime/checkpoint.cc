@@ -38,6 +38,7 @@ Status IoError(const std::string& what, const std::string& path) {
 }  // namespace
 
 Status EngineImpl::SaveCheckpoint(const std::string& dir) {
+  ZERO_RETURN_IF_ERROR(RequireHealthyGroup("SaveCheckpoint"));
   ZERO_RETURN_IF_ERROR(RequirePhase(Phase::kIdle, "SaveCheckpoint"));
   if (micro_batch_ != 0) {
     return absl::FailedPreconditionError("SaveCheckpoint: micro-batches are pending; call it after Step()");
@@ -96,6 +97,7 @@ Status EngineImpl::SaveCheckpoint(const std::string& dir) {
 }
 
 Status EngineImpl::LoadCheckpoint(const std::string& dir) {
+  ZERO_RETURN_IF_ERROR(RequireHealthyGroup("LoadCheckpoint"));
   ZERO_RETURN_IF_ERROR(RequirePhase(Phase::kIdle, "LoadCheckpoint"));
   if (micro_batch_ != 0) return absl::FailedPreconditionError("LoadCheckpoint: micro-batches are pending");
   std::ifstream meta_file(dir + "/meta.json");

@@ -32,18 +32,37 @@ EngineImpl::EngineImpl(const Config& config, comm::Communicator& comm, base::Log
       host_(comm, *ops_, allocator, config.guard.timeout_s), loss_scaler_(config.loss_scale) {}
 
 EngineImpl::~EngineImpl() {
-  if (scheduler_ != nullptr && scheduler_->in_flight() > 0) {
+  if (comm_.Health().ok() && scheduler_ != nullptr && scheduler_->in_flight() > 0) {
     const Status drained = scheduler_->WaitAll(config_.guard.timeout_s);
     if (!drained.ok()) {
       ZERO_LOG(logger_, kWarn) << "destroying the engine: " << drained.message();
     }
   }
-  for (size_t b = 0; b < units_.size(); ++b) {  // stage 3 all-gathers still writing into units
+  for (size_t b = 0; b < units_.size() && comm_.Health().ok(); ++b) {  // stage 3 all-gathers
     const Status drained = FinishGather(static_cast<int>(b));
     if (!drained.ok()) {
       ZERO_LOG(logger_, kWarn) << "destroying the engine: " << drained.message();
     }
   }
+  // Whatever is still in flight is abandoned now, before any buffer is freed.
+  scheduler_.reset();
+  for (Unit& unit : units_) unit.pending.reset();
+  if (comm_.AbandonedWorkMayTouchBuffers()) {
+    allocator_.KeepAllocations();
+    ZERO_LOG(logger_, kWarn) << "destroying the engine after its " << comm_.backend()
+                             << " communicator broke: its " << allocator_.Stats().total_current
+                             << " bytes stay allocated, because collectives that cannot be cancelled "
+                                "may still use them";
+  }
+}
+
+Status EngineImpl::RequireHealthyGroup(const char* call) const {
+  const Status health = comm_.Health();
+  if (health.ok()) return absl::OkStatus();
+  return Status(health.code(), absl::StrCat(
+      call, ": the communicator group is broken (", health.message(), "). This engine may now "
+      "differ from its peers, so it refuses to go on: restart the job and resume from the last "
+      "checkpoint"));
 }
 
 Status EngineImpl::SetStream(void* cuda_stream) {
@@ -193,6 +212,7 @@ Status EngineImpl::Finalize() {
 }
 
 Status EngineImpl::SetParam(ParamId id, const void* values) {
+  ZERO_RETURN_IF_ERROR(RequireHealthyGroup("SetParam"));
   ZERO_RETURN_IF_ERROR(RequirePhase(Phase::kIdle, "SetParam"));
   ZERO_RETURN_IF_ERROR(CheckParamId(id, "SetParam"));
   if (values == nullptr) return absl::InvalidArgumentError("SetParam: values is null");
@@ -220,6 +240,7 @@ Status EngineImpl::GetParam(ParamId id, void* out) const {
   if (phase_ == Phase::kRegistering) return RequirePhase(Phase::kIdle, "GetParam");
   ZERO_RETURN_IF_ERROR(CheckParamId(id, "GetParam"));
   if (out == nullptr) return absl::InvalidArgumentError("GetParam: out is null");
+  ZERO_RETURN_IF_ERROR(RequireHealthyGroup("GetParam"));
   if (config_.stage == 3) return const_cast<EngineImpl*>(this)->GetParamStage3(static_cast<int>(id), out);
   return ops_->Copy(out, ParamAddress(static_cast<int>(id)), ParamBytes(static_cast<int>(id)));
 }

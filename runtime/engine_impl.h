@@ -27,7 +27,10 @@ class EngineImpl final : public Engine {
  public:
   EngineImpl(const Config& config, comm::Communicator& comm, base::Logger logger,
              base::Allocator allocator, std::unique_ptr<DeviceOps> ops);
-  /// Waits (up to guard.timeout_s) for collectives still writing into the engine's buffers.
+  /// While the group works, waits (up to guard.timeout_s) for collectives still writing into
+  /// the engine's buffers; once it broke, waits for nothing. Collectives still in flight are
+  /// abandoned before any buffer is freed, and where they may still touch buffers (MPI) the
+  /// engine's memory is kept allocated instead of freed.
   ~EngineImpl() override;
 
   StatusOr<ParamId> RegisterParam(const ParamSpec& spec) override;
@@ -65,6 +68,9 @@ class EngineImpl final : public Engine {
   };
 
   Status RequirePhase(Phase wanted, const char* call) const;
+  // OK while the communicator's group works; once it broke, `call` fails with its first error
+  // (the engine's state may differ from its peers', so nothing may go on).
+  Status RequireHealthyGroup(const char* call) const;
   Status CheckParamId(ParamId id, const char* call) const;
   // Inside an iteration, a registered and trainable param.
   Status CheckGradientCall(ParamId id, const char* call) const;

@@ -6,6 +6,7 @@
 namespace zero::runtime {
 
 Status EngineImpl::BeginIteration() {
+  ZERO_RETURN_IF_ERROR(RequireHealthyGroup("BeginIteration"));
   if (phase_ == Phase::kBackward) {
     std::vector<std::string> waiting;
     for (size_t b = 0; b < pending_.size(); ++b) {
@@ -46,6 +47,7 @@ Status EngineImpl::BeginIteration() {
 }
 
 Status EngineImpl::CheckGradientCall(ParamId id, const char* call) const {
+  ZERO_RETURN_IF_ERROR(RequireHealthyGroup(call));
   ZERO_RETURN_IF_ERROR(RequirePhase(Phase::kBackward, call));
   ZERO_RETURN_IF_ERROR(CheckParamId(id, call));
   if (specs_[id].requires_grad) return absl::OkStatus();
@@ -119,6 +121,7 @@ Status EngineImpl::BucketReady(int bucket) {
 }
 
 Status EngineImpl::EndBackward() {
+  ZERO_RETURN_IF_ERROR(RequireHealthyGroup("EndBackward"));
   ZERO_RETURN_IF_ERROR(RequirePhase(Phase::kBackward, "EndBackward"));
   std::vector<int> to_complete;
   ZERO_RETURN_IF_ERROR(guard_->AtEndBackward(comm_.rank(), &to_complete));

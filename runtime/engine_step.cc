@@ -8,6 +8,7 @@
 namespace zero::runtime {
 
 StatusOr<StepInfo> EngineImpl::Step() {
+  ZERO_RETURN_IF_ERROR(RequireHealthyGroup("Step"));
   ZERO_RETURN_IF_ERROR(RequirePhase(Phase::kIdle, "Step"));
   if (micro_batch_ != config_.gradient_accumulation_steps) {
     return absl::FailedPreconditionError(absl::StrCat(

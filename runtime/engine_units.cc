@@ -70,6 +70,7 @@ Status EngineImpl::FinishGather(int bucket) {
 }
 
 void EngineImpl::FreeUnit(int bucket) {
+  units_[bucket].pending.reset();  // abandons an all-gather still in flight before its buffer goes
   units_[bucket].buffer.Reset();
   live_elems_ -= plan_->buckets()[bucket].numel;
 }
@@ -100,6 +101,7 @@ void EngineImpl::Prefetch() {
 }
 
 Status EngineImpl::Gather(int unit) {
+  ZERO_RETURN_IF_ERROR(RequireHealthyGroup("Gather"));
   if (phase_ == Phase::kRegistering) return RequirePhase(Phase::kIdle, "Gather");
   if (config_.stage != 3) return absl::OkStatus();
   ZERO_ASSIGN_OR_RETURN(int bucket, BucketOfUnit(unit, "Gather"));
@@ -135,6 +137,7 @@ Status EngineImpl::Gather(int unit) {
 }
 
 Status EngineImpl::Release(int unit) {
+  ZERO_RETURN_IF_ERROR(RequireHealthyGroup("Release"));
   if (phase_ == Phase::kRegistering) return RequirePhase(Phase::kIdle, "Release");
   if (config_.stage != 3) return absl::OkStatus();
   ZERO_ASSIGN_OR_RETURN(int bucket, BucketOfUnit(unit, "Release"));

@@ -1,35 +1,53 @@
-// Host-array collectives, staged through device scratch for device-only communicators.
+// Host-array collectives, always staged through the engine's own scratch memory: device
+// scratch for device-only communicators, host scratch otherwise. The caller's arrays (often on
+// its stack) are never handed to a collective, so a collective abandoned after a timeout can
+// only ever touch memory the engine owns (and keeps, see EngineImpl's destructor).
 #include "runtime/host_collectives.h"
+
+#include <cstring>
 
 namespace zero::runtime {
 
 StatusOr<char*> HostCollectives::Scratch(int64_t bytes) {
   if (scratch_.bytes() < bytes) {
     scratch_.Reset();
-    ZERO_ASSIGN_OR_RETURN(scratch_, allocator_.Allocate(bytes, MemoryCategory::kWorkspace, Placement::kDevice));
+    const Placement placement = comm_.device_buffers_only() ? Placement::kDevice : Placement::kHost;
+    ZERO_ASSIGN_OR_RETURN(scratch_, allocator_.Allocate(bytes, MemoryCategory::kWorkspace, placement));
   }
   return scratch_.as<char>();
 }
 
-Status HostCollectives::AllReduce(float* values, int64_t count, comm::ReduceOp op) {
+Status HostCollectives::CopyIn(char* scratch, const void* values, int64_t bytes) {
   if (!comm_.device_buffers_only()) {
-    return comm_.AllReduce(values, values, count, DType::kFP32, op)->Wait(timeout_s_);
+    std::memcpy(scratch, values, bytes);
+    return absl::OkStatus();
   }
+  return ops_.Copy(scratch, values, bytes);
+}
+
+Status HostCollectives::CopyOut(void* values, const char* scratch, int64_t bytes) {
+  if (!comm_.device_buffers_only()) {
+    std::memcpy(values, scratch, bytes);
+    return absl::OkStatus();
+  }
+  return ops_.Copy(values, scratch, bytes);
+}
+
+Status HostCollectives::AllReduce(float* values, int64_t count, comm::ReduceOp op) {
   const int64_t bytes = count * 4;
-  ZERO_ASSIGN_OR_RETURN(char* device, Scratch(bytes));
-  ZERO_RETURN_IF_ERROR(ops_.Copy(device, values, bytes));
-  ZERO_RETURN_IF_ERROR(comm_.AllReduce(device, device, count, DType::kFP32, op)->Wait(timeout_s_));
-  return ops_.Copy(values, device, bytes);
+  ZERO_ASSIGN_OR_RETURN(char* scratch, Scratch(bytes));
+  ZERO_RETURN_IF_ERROR(CopyIn(scratch, values, bytes));
+  ZERO_RETURN_IF_ERROR(comm_.AllReduce(scratch, scratch, count, DType::kFP32, op)->Wait(timeout_s_));
+  return CopyOut(values, scratch, bytes);
 }
 
 Status HostCollectives::AllGather(const void* send, void* recv, int64_t count, DType dtype) {
-  if (!comm_.device_buffers_only()) return comm_.AllGather(send, recv, count, dtype)->Wait(timeout_s_);
   const int64_t bytes = count * static_cast<int64_t>(DTypeSize(dtype));
-  ZERO_ASSIGN_OR_RETURN(char* device, Scratch(bytes * (comm_.size() + 1)));
-  char* own = device + bytes * comm_.size();
-  ZERO_RETURN_IF_ERROR(ops_.Copy(own, send, bytes));
-  ZERO_RETURN_IF_ERROR(comm_.AllGather(own, device, count, dtype)->Wait(timeout_s_));
-  return ops_.Copy(recv, device, bytes * comm_.size());
+  ZERO_ASSIGN_OR_RETURN(char* scratch, Scratch(bytes * (comm_.size() + 1)));
+  char* own = scratch + bytes * comm_.size();
+  ZERO_RETURN_IF_ERROR(CopyIn(own, send, bytes));
+  ZERO_RETURN_IF_ERROR(comm_.AllGather(own, scratch, count, dtype)->Wait(timeout_s_));
+  return CopyOut(recv, scratch, bytes * comm_.size());
 }
 
 }  // namespace zero::runtime

@@ -1,6 +1,7 @@
 // Collectives on small host arrays — the step's norm and flags, LAMB's per-param sums, registry
-// and layout hashes — over any backend (internal to runtime). Communicators that take device
-// buffers only (nccl) get the values staged through device scratch memory.
+// and layout hashes — over any backend (internal to runtime). The values travel through scratch
+// memory the engine owns (device scratch for communicators that take device buffers only), so
+// an abandoned collective never touches the caller's arrays.
 #ifndef ZERO_RUNTIME_HOST_COLLECTIVES_H_
 #define ZERO_RUNTIME_HOST_COLLECTIVES_H_
 
@@ -22,8 +23,11 @@ class HostCollectives {
   Status AllGather(const void* send, void* recv, int64_t count, DType dtype);
 
  private:
-  // Device scratch of at least `bytes`, when the communicator needs device buffers.
+  // Scratch of at least `bytes`, on the device when the communicator needs device buffers.
   StatusOr<char*> Scratch(int64_t bytes);
+  // Host values into scratch and back.
+  Status CopyIn(char* scratch, const void* values, int64_t bytes);
+  Status CopyOut(void* values, const char* scratch, int64_t bytes);
 
   comm::Communicator& comm_;
   DeviceOps& ops_;

@@ -1,4 +1,5 @@
 // In-process ranks: each collective is a rendezvous slot that the last arriving rank executes.
+// A failed, timed-out or abandoned collective breaks the whole group (comm/group_health.h).
 #include "zero/communicator.h"
 
 #include <chrono>
@@ -10,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "comm/group_health.h"
 #include "comm/local/arrival.h"
 #include "comm/reduce.h"
 #include "zero/device.h"
@@ -84,17 +86,21 @@ class Group {
  public:
   explicit Group(int size) : size_(size) {}
   int size() const { return size_; }
+  Status Health() const { return health_.Get(); }
 
-  // Records `rank`'s arrival at collective `sequence`; the last arrival executes it.
+  // Records `rank`'s arrival at collective `sequence`; the last arrival executes it. Null when
+  // the group is broken: nothing is recorded and no buffer of this call is ever touched.
   std::shared_ptr<Slot> Arrive(int rank, int64_t sequence, Arrival arrival) {
     std::shared_ptr<Slot> slot;
     {
       std::lock_guard<std::mutex> lock(mutex_);
+      if (!health_.Get().ok()) return nullptr;
       auto& entry = slots_[sequence];
       if (entry == nullptr) entry = std::make_shared<Slot>(size_, sequence);
       slot = entry;
     }
     bool last = false;
+    Status failed;
     {
       std::lock_guard<std::mutex> lock(slot->mutex);
       if (!slot->done) Check(*slot, rank, arrival);
@@ -108,14 +114,41 @@ class Group {
         }
         slot->done = true;
       }
+      if (slot->done) failed = slot->status;
     }
     slot->completed.notify_all();
     if (last) {
       std::lock_guard<std::mutex> lock(mutex_);
       slots_.erase(sequence);
     }
+    Break(failed);
     return slot;
   }
+
+  // Breaks the group with `cause` (ignored when OK or when already broken): every collective
+  // not yet executed fails with it, its waiters wake, and later arrivals are refused. A slot is
+  // executed and failed under its own mutex, so each one either ran completely or never runs.
+  void Break(const Status& cause) {
+    if (cause.ok()) return;
+    std::vector<std::shared_ptr<Slot>> pending;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!health_.Break(cause)) return;
+      for (auto& [sequence, slot] : slots_) pending.push_back(slot);
+      slots_.clear();
+    }
+    for (const auto& slot : pending) {
+      {
+        std::lock_guard<std::mutex> lock(slot->mutex);
+        if (slot->done) continue;
+        slot->done = true;
+        slot->status = cause;
+      }
+      slot->completed.notify_all();
+    }
+  }
+
+  Status BrokenError(const char* what) const { return health_.BrokenError(what); }
 
  private:
   // Fails the slot (and completes it at once, so waiting ranks return) when this arrival is
@@ -154,25 +187,53 @@ class Group {
   const int size_;
   std::mutex mutex_;
   std::map<int64_t, std::shared_ptr<Slot>> slots_;
+  GroupHealth health_;
 };
 
 class LocalWork final : public Work {
  public:
-  LocalWork(std::shared_ptr<Slot> slot, int rank, CollectiveSignature signature)
-      : slot_(std::move(slot)), rank_(rank), signature_(signature) {}
+  LocalWork(std::shared_ptr<Group> group, std::shared_ptr<Slot> slot, int rank, CollectiveSignature signature)
+      : group_(std::move(group)), slot_(std::move(slot)), rank_(rank), signature_(signature) {}
+
+  // An unfinished collective is abandoned: failing its slot guarantees that the last rank to
+  // arrive never executes it with this rank's (soon invalid) buffers.
+  ~LocalWork() override {
+    Status abandoned;
+    {
+      std::lock_guard<std::mutex> lock(slot_->mutex);
+      if (slot_->done) return;
+      abandoned = absl::CancelledError(absl::StrCat(
+          signature_.ToString(), " (collective #", slot_->sequence, ") was abandoned by rank ", rank_,
+          ": its Work was destroyed before the collective completed"));
+      slot_->done = true;
+      slot_->status = abandoned;
+    }
+    slot_->completed.notify_all();
+    group_->Break(abandoned);
+  }
 
   Status Wait(double timeout_s) override {
-    std::unique_lock<std::mutex> lock(slot_->mutex);
-    auto is_done = [this] { return slot_->done; };
-    if (timeout_s > 0) {
-      const auto deadline = std::chrono::steady_clock::now() +
-                            std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                                std::chrono::duration<double>(timeout_s));
-      if (!slot_->completed.wait_until(lock, deadline, is_done)) return Timeout(timeout_s);
-    } else {
-      slot_->completed.wait(lock, is_done);
+    Status outcome;
+    {
+      std::unique_lock<std::mutex> lock(slot_->mutex);
+      auto is_done = [this] { return slot_->done; };
+      if (timeout_s > 0) {
+        const auto deadline = std::chrono::steady_clock::now() +
+                              std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                  std::chrono::duration<double>(timeout_s));
+        if (!slot_->completed.wait_until(lock, deadline, is_done)) {
+          // Fail the slot while holding its mutex: the late rank will not execute it.
+          slot_->done = true;
+          slot_->status = Timeout(timeout_s);
+        }
+      } else {
+        slot_->completed.wait(lock, is_done);
+      }
+      outcome = slot_->status;
     }
-    return slot_->status;
+    slot_->completed.notify_all();
+    group_->Break(outcome);
+    return outcome;
   }
 
   bool Test() override {
@@ -193,6 +254,7 @@ class LocalWork final : public Work {
         absl::StrJoin(missing, ", "), " never joined it (diverged, stuck, or failed earlier)"));
   }
 
+  std::shared_ptr<Group> group_;
   std::shared_ptr<Slot> slot_;
   int rank_;
   CollectiveSignature signature_;
@@ -205,6 +267,7 @@ class LocalCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return group_->size(); }
   const char* backend() const override { return "local"; }
+  Status Health() const override { return group_->Health(); }
 
   WorkPtr ReduceScatter(const void* send, void* recv, int64_t count, DType dtype,
                         ReduceOp op) override {
@@ -236,7 +299,8 @@ class LocalCommunicator final : public Communicator {
           "pass both on the same side"));
     }
     auto slot = group_->Arrive(rank_, next_sequence_++, std::move(arrival));
-    return std::make_unique<LocalWork>(std::move(slot), rank_, signature);
+    if (slot == nullptr) return CompletedWork(group_->BrokenError(signature.ToString().c_str()));
+    return std::make_unique<LocalWork>(group_, std::move(slot), rank_, signature);
   }
 
   std::shared_ptr<Group> group_;

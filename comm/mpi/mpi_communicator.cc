@@ -1,8 +1,17 @@
 // The MPI communicator: a progress thread launching and testing non-blocking collectives.
+//
+// Failure semantics (zero/communicator.h): when a collective fails, times out or is abandoned,
+// this rank's group breaks. The progress thread then fails every collective in flight with the
+// first error and sends a notice to every peer over a private duplicate communicator; each
+// rank keeps a receive posted there, checked while it has collectives in flight, so peers break
+// too as soon as the notice arrives instead of waiting for their own timeout. MPI cannot cancel a started collective: its requests and
+// staging buffers are kept (leaked) rather than freed, and AbandonedWorkMayTouchBuffers() tells
+// the buffers' owners to keep theirs.
 #include "zero/communicator.h"
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdlib>
 #include <cstring>
@@ -20,6 +29,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "comm/completion.h"
+#include "comm/group_health.h"
 #include "comm/mpi/mpi_ops.h"
 #include "zero/device.h"
 
@@ -29,6 +39,8 @@ namespace {
 constexpr int kSignatureWords = 5;
 constexpr double kDrainSecondsAtDestroy = 2.0;
 constexpr int kEagerPolls = 20000;  // ≈ a few ms of MPI_Test without progress
+constexpr int kNoticeBytes = 1024;  // a broken-group notice: the first error's message
+constexpr int kNoticeTag = 7001;
 
 void FinalizeMpiAtExit() {
   int finalized = 0;
@@ -130,28 +142,49 @@ CollectiveSignature DecodeSignature(const int64_t* words) {
 
 class MpiWork final : public Work {
  public:
-  MpiWork(std::shared_ptr<Completion> completion, std::string what)
-      : completion_(std::move(completion)), what_(std::move(what)) {}
+  MpiWork(std::shared_ptr<Completion> completion, std::shared_ptr<GroupHealth> health, std::string what)
+      : completion_(std::move(completion)), health_(std::move(health)), what_(std::move(what)) {}
+
+  ~MpiWork() override {
+    if (!completion_->done()) {
+      health_->Break(absl::CancelledError(absl::StrCat(
+          what_, " was abandoned: its Work was destroyed before the collective completed")));
+    }
+  }
 
   Status Wait(double timeout_s) override {
     Status status;
-    if (completion_->Wait(timeout_s, &status)) return status;
-    return absl::DeadlineExceededError(absl::StrCat(
-        what_, " did not complete within ", timeout_s, " s: at least one peer rank never joined "
-        "it (diverged, stuck, or failed earlier; see that rank's log)"));
+    if (!completion_->Wait(timeout_s, &status)) {
+      status = absl::DeadlineExceededError(absl::StrCat(
+          what_, " did not complete within ", timeout_s, " s: at least one peer rank never joined "
+          "it (diverged, stuck, or failed earlier; see that rank's log)"));
+    }
+    health_->Break(status);
+    return status;
   }
   bool Test() override { return completion_->done(); }
 
  private:
   std::shared_ptr<Completion> completion_;
+  std::shared_ptr<GroupHealth> health_;
   std::string what_;
+};
+
+// The notices of one rank's broken group: a receive always posted for the first peer's notice,
+// and this rank's own notices to its peers once it breaks (buffers kept until they complete).
+struct Notices {
+  char incoming[kNoticeBytes] = {};
+  MPI_Request receive = MPI_REQUEST_NULL;
+  std::vector<char> outgoing;
+  std::vector<MPI_Request> sends;
+  bool sent = false;
 };
 
 class MpiCommunicator final : public Communicator {
  public:
-  MpiCommunicator(MPI_Comm comm, int rank, int size, HalfPrecisionOps ops, MpiOptions options)
-      : comm_(comm), rank_(rank), size_(size), ops_(ops), options_(options), cuda_aware_(MpiIsCudaAware()),
-        progress_([this] { ProgressLoop(); }) {}
+  MpiCommunicator(MPI_Comm comm, MPI_Comm control, int rank, int size, HalfPrecisionOps ops, MpiOptions options)
+      : comm_(comm), control_(control), rank_(rank), size_(size), ops_(ops), options_(options),
+        cuda_aware_(MpiIsCudaAware()), progress_([this] { ProgressLoop(); }) {}
 
   ~MpiCommunicator() override {
     {
@@ -160,17 +193,36 @@ class MpiCommunicator final : public Communicator {
     }
     wake_.notify_all();
     progress_.join();
+    bool keep_outgoing = false;
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (!finalized) {
-      ops_.Free();
+      if (notices_.receive != MPI_REQUEST_NULL) {
+        MPI_Cancel(&notices_.receive);
+        MPI_Request_free(&notices_.receive);
+      }
+      for (MPI_Request& send : notices_.sends) {
+        int done = 0;
+        if (send != MPI_REQUEST_NULL) MPI_Test(&send, &done, MPI_STATUS_IGNORE);
+        if (send != MPI_REQUEST_NULL) {  // MPI completes it later: its buffer must outlive us
+          MPI_Request_free(&send);
+          keep_outgoing = true;
+        }
+      }
+      if (health_->Get().ok()) ops_.Free();  // abandoned collectives may still use the ops
       MPI_Comm_free(&comm_);
+      MPI_Comm_free(&control_);
     }
+    // Deliberate leaks: MPI may still use these after we are gone (see the file comment).
+    if (keep_outgoing) static_cast<void>(new std::vector<char>(std::move(notices_.outgoing)));
+    for (auto& o : abandoned_) static_cast<void>(o.release());
   }
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   const char* backend() const override { return "mpi"; }
+  Status Health() const override { return health_->Get(); }
+  bool AbandonedWorkMayTouchBuffers() const override { return !health_->Get().ok(); }
 
   WorkPtr ReduceScatter(const void* send, void* recv, int64_t count, DType dtype,
                         ReduceOp op) override {
@@ -270,10 +322,15 @@ class MpiCommunicator final : public Communicator {
 
   StatusOr<std::unique_ptr<Operation>> Prepare(const CollectiveSignature& s, const void* a,
                                                const void* b) {
-    ZERO_RETURN_IF_ERROR(ValidateCollective(s, a, b, size_));
-    if (s.count > INT_MAX) {
-      return absl::InvalidArgumentError(absl::StrCat(
+    if (!health_->Get().ok()) return health_->BrokenError(s.ToString().c_str());
+    Status valid = ValidateCollective(s, a, b, size_);
+    if (valid.ok() && s.count > INT_MAX) {
+      valid = absl::InvalidArgumentError(absl::StrCat(
           s.ToString(), ": MPI counts are limited to ", INT_MAX, " elements per call"));
+    }
+    if (!valid.ok()) {  // this rank skips a collective its peers issue: the group is broken
+      health_->Break(valid);
+      return valid;
     }
     auto operation = std::make_unique<Operation>();
     operation->signature = s;
@@ -313,7 +370,7 @@ class MpiCommunicator final : public Communicator {
   WorkPtr Submit(std::unique_ptr<Operation> operation) {
     operation->sequence = next_sequence_++;
     auto work = std::make_unique<MpiWork>(
-        operation->completion,
+        operation->completion, health_,
         absl::StrCat("MPI ", operation->signature.ToString(), " (collective #",
                      operation->sequence, ") on rank ", rank_, " of ", size_));
     {
@@ -337,7 +394,13 @@ class MpiCommunicator final : public Communicator {
       o.phase = Operation::Phase::kRunning;
       rc = o.launch(&o.request);
     }
-    if (rc != MPI_SUCCESS) o.completion->Complete(MpiStatus(rc, "launching", o));
+    if (rc != MPI_SUCCESS) Fail(o, MpiStatus(rc, "launching", o));
+  }
+
+  // Completes `o` with a failure, which breaks the group.
+  void Fail(Operation& o, Status failure) {
+    health_->Break(failure);
+    o.completion->Complete(std::move(failure));
   }
 
   Status MpiStatus(int rc, const char* doing, const Operation& o) const {
@@ -368,14 +431,14 @@ class MpiCommunicator final : public Communicator {
     int flag = 0;
     const int rc = MPI_Test(&o.request, &flag, MPI_STATUS_IGNORE);
     if (rc != MPI_SUCCESS) {
-      o.completion->Complete(MpiStatus(rc, "running", o));
+      Fail(o, MpiStatus(rc, "running", o));
       return true;
     }
     if (!flag) return false;
     if (o.phase == Operation::Phase::kChecking) {
       Status agreed = CompareSignatures(o);
       if (!agreed.ok()) {
-        o.completion->Complete(std::move(agreed));
+        Fail(o, std::move(agreed));
       } else {
         Launch(o);
       }
@@ -386,6 +449,43 @@ class MpiCommunicator final : public Communicator {
     return true;
   }
 
+  // Checks for a peer's notice; once the group is broken (here or by a notice), fails every
+  // collective in flight and, once, tells every peer. Called by the progress thread only.
+  void ExchangeNotices(std::deque<std::unique_ptr<Operation>>& active) {
+    if (notices_.receive == MPI_REQUEST_NULL && health_->Get().ok()) {
+      MPI_Irecv(notices_.incoming, kNoticeBytes, MPI_CHAR, MPI_ANY_SOURCE, kNoticeTag, control_, &notices_.receive);
+    }
+    int arrived = 0;
+    MPI_Status from;
+    if (notices_.receive != MPI_REQUEST_NULL && MPI_Test(&notices_.receive, &arrived, &from) == MPI_SUCCESS && arrived) {
+      int32_t code = 0;  // the notice: the first error's code, then its message
+      std::memcpy(&code, notices_.incoming, sizeof(code));
+      notices_.incoming[kNoticeBytes - 1] = '\0';
+      health_->Break(Status(static_cast<absl::StatusCode>(code),
+                            absl::StrCat("rank ", from.MPI_SOURCE, " reported its group broken: ",
+                                         notices_.incoming + sizeof(code))));
+    }
+    const Status broken = health_->Get();
+    if (broken.ok()) return;
+    for (auto& o : active) {
+      if (!o->completion->done()) o->completion->Complete(health_->BrokenError(o->signature.ToString().c_str()));
+      abandoned_.push_back(std::move(o));  // MPI may still use its buffers: kept until exit
+    }
+    active.clear();
+    if (notices_.sent) return;
+    notices_.sent = true;
+    const int32_t code = static_cast<int32_t>(broken.code());
+    notices_.outgoing.assign(kNoticeBytes, '\0');
+    std::memcpy(notices_.outgoing.data(), &code, sizeof(code));
+    std::memcpy(notices_.outgoing.data() + sizeof(code), broken.message().data(),
+                std::min<size_t>(broken.message().size(), kNoticeBytes - sizeof(code) - 1));
+    for (int peer = 0; peer < size_; ++peer) {
+      if (peer == rank_) continue;
+      notices_.sends.push_back(MPI_REQUEST_NULL);
+      MPI_Isend(notices_.outgoing.data(), kNoticeBytes, MPI_CHAR, peer, kNoticeTag, control_, &notices_.sends.back());
+    }
+  }
+
   void ProgressLoop() {
     std::deque<std::unique_ptr<Operation>> active;
     std::chrono::steady_clock::time_point drain_deadline{};
@@ -393,6 +493,8 @@ class MpiCommunicator final : public Communicator {
     while (true) {
       {
         std::unique_lock<std::mutex> lock(mutex_);
+        // Idle, the thread makes no MPI call at all (OpenMPI 4.1 can hang creating communicators
+        // while other threads poll); notices are checked whenever collectives are in flight.
         if (active.empty()) wake_.wait(lock, [this] { return stopping_ || !submitted_.empty(); });
         while (!submitted_.empty()) {
           active.push_back(std::move(submitted_.front()));
@@ -401,17 +503,19 @@ class MpiCommunicator final : public Communicator {
         if (stopping_) {
           if (active.empty()) return;
           const auto now = std::chrono::steady_clock::now();
-          if (drain_deadline == std::chrono::steady_clock::time_point{}) {
+          if (!health_->Get().ok()) {
+            // Broken: nothing will complete these; ExchangeNotices below fails them.
+          } else if (drain_deadline == std::chrono::steady_clock::time_point{}) {
             drain_deadline = now + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                                        std::chrono::duration<double>(kDrainSecondsAtDestroy));
           } else if (now > drain_deadline) {
-            // Peers never completed these collectives. MPI may still write into their buffers,
-            // so they are deliberately leaked rather than freed.
-            for (auto& o : active) o.release();
-            return;
+            health_->Break(absl::CancelledError(absl::StrCat(
+                "the MPI communicator of rank ", rank_, " was destroyed with ", active.size(),
+                " collective(s) still in flight")));
           }
         }
       }
+      ExchangeNotices(active);
       // Launch in submission order. With signature checks, a collective's check may start only
       // after every earlier collective is running, so all ranks launch in the same order.
       for (auto& o : active) {
@@ -442,6 +546,7 @@ class MpiCommunicator final : public Communicator {
   }
 
   MPI_Comm comm_;
+  MPI_Comm control_;  // broken-group notices only
   const int rank_, size_;
   HalfPrecisionOps ops_;
   const MpiOptions options_;
@@ -452,6 +557,9 @@ class MpiCommunicator final : public Communicator {
   std::condition_variable wake_;
   std::deque<std::unique_ptr<Operation>> submitted_;
   bool stopping_ = false;
+  std::shared_ptr<GroupHealth> health_ = std::make_shared<GroupHealth>();
+  Notices notices_;                                   // progress thread (and destructor) only
+  std::vector<std::unique_ptr<Operation>> abandoned_;  // never freed: MPI may still use them
   std::thread progress_;  // last: starts after everything above is initialised
 };
 
@@ -464,9 +572,10 @@ StatusOr<std::unique_ptr<Communicator>> CreateMpiCommunicator(const void* mpi_co
   ZERO_RETURN_IF_ERROR(EnsureMpiInitialized());
   const MPI_Comm parent = mpi_comm != nullptr ? *static_cast<const MPI_Comm*>(mpi_comm)
                                               : MPI_COMM_WORLD;
-  MPI_Comm comm;
+  MPI_Comm comm, control;
   ZERO_MPI_RETURN_IF_ERROR(MPI_Comm_dup(parent, &comm));
   ZERO_MPI_RETURN_IF_ERROR(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN));
+  ZERO_MPI_RETURN_IF_ERROR(MPI_Comm_dup(comm, &control));
   int rank = 0, size = 0;
   ZERO_MPI_RETURN_IF_ERROR(MPI_Comm_rank(comm, &rank));
   ZERO_MPI_RETURN_IF_ERROR(MPI_Comm_size(comm, &size));
@@ -475,9 +584,10 @@ StatusOr<std::unique_ptr<Communicator>> CreateMpiCommunicator(const void* mpi_co
   if (!created.ok()) {
     ops.Free();
     MPI_Comm_free(&comm);
+    MPI_Comm_free(&control);
     return created;
   }
-  return std::unique_ptr<Communicator>(new MpiCommunicator(comm, rank, size, ops, options));
+  return std::unique_ptr<Communicator>(new MpiCommunicator(comm, control, rank, size, ops, options));
 }
 
 }  // namespace zero::comm

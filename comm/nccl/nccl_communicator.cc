@@ -1,4 +1,7 @@
 // NCCL communicator on a dedicated stream, ordered after the trainer's stream with events.
+// A failed or timed-out collective breaks the group: the communicator is aborted at once
+// (ncclCommAbort ends its kernels, so no buffer is touched afterwards) and every later call
+// fails with the first error.
 #include "zero/communicator.h"
 
 #include <cuda_runtime.h>
@@ -8,6 +11,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "comm/group_health.h"
 #include "zero/device.h"
 
 namespace zero::comm {
@@ -24,15 +28,41 @@ ncclDataType_t NcclType(DType dtype) {
 
 ncclRedOp_t NcclOp(ReduceOp op) { return op == ReduceOp::kSum ? ncclSum : ncclMax; }
 
+// The NCCL communicator and whether it was aborted, shared by the communicator and its works.
+struct NcclGroup {
+  ncclComm_t comm = nullptr;
+  GroupHealth health;
+  // Breaks the group with `cause`; the call that breaks it aborts the NCCL communicator.
+  void Break(const Status& cause) {
+    if (health.Break(cause)) ncclCommAbort(comm);
+  }
+};
+
 class NcclWork final : public Work {
  public:
-  NcclWork(ncclComm_t comm, cudaEvent_t done, std::string what)
-      : comm_(comm), done_(done), what_(std::move(what)) {}
-  ~NcclWork() override { cudaEventDestroy(done_); }
+  NcclWork(std::shared_ptr<NcclGroup> group, cudaEvent_t done, std::string what)
+      : group_(std::move(group)), done_(done), what_(std::move(what)) {}
+  ~NcclWork() override {
+    if (group_->health.Get().ok() && cudaEventQuery(done_) == cudaErrorNotReady) {
+      group_->Break(absl::CancelledError(absl::StrCat(
+          what_, " was abandoned: its Work was destroyed before the collective completed")));
+    }
+    cudaEventDestroy(done_);
+  }
 
   Status Wait(double timeout_s) override {
+    Status status = Poll(timeout_s);
+    group_->Break(status);
+    return status;
+  }
+
+  bool Test() override { return !group_->health.Get().ok() || cudaEventQuery(done_) != cudaErrorNotReady; }
+
+ private:
+  Status Poll(double timeout_s) const {
     const auto start = std::chrono::steady_clock::now();
     while (true) {
+      if (!group_->health.Get().ok()) return group_->health.BrokenError(what_.c_str());
       const cudaError_t state = cudaEventQuery(done_);
       if (state == cudaSuccess) return AsyncError();
       if (state != cudaErrorNotReady) {
@@ -49,17 +79,14 @@ class NcclWork final : public Work {
     }
   }
 
-  bool Test() override { return cudaEventQuery(done_) != cudaErrorNotReady; }
-
- private:
   Status AsyncError() const {
     ncclResult_t async = ncclSuccess;
-    ZERO_NCCL_RETURN_IF_ERROR(ncclCommGetAsyncError(comm_, &async));
+    ZERO_NCCL_RETURN_IF_ERROR(ncclCommGetAsyncError(group_->comm, &async));
     ZERO_NCCL_RETURN_IF_ERROR(async);
     return absl::OkStatus();
   }
 
-  ncclComm_t comm_;
+  std::shared_ptr<NcclGroup> group_;
   cudaEvent_t done_;
   std::string what_;
 };
@@ -68,11 +95,16 @@ class NcclCommunicator final : public Communicator {
  public:
   NcclCommunicator(ncclComm_t comm, int rank, int size, cudaStream_t caller, cudaStream_t own,
                    float* scratch)
-      : comm_(comm), rank_(rank), size_(size), caller_(caller), own_(own), scratch_(scratch) {}
+      : group_(std::make_shared<NcclGroup>()), comm_(comm), rank_(rank), size_(size), caller_(caller),
+        own_(own), scratch_(scratch) {
+    group_->comm = comm;
+  }
 
   ~NcclCommunicator() override {
-    cudaStreamSynchronize(own_);
-    ncclCommDestroy(comm_);
+    if (group_->health.Get().ok()) {
+      cudaStreamSynchronize(own_);
+      ncclCommDestroy(comm_);
+    }  // else ncclCommAbort already ended its kernels and freed it
     cudaStreamDestroy(own_);
     cudaFree(scratch_);
   }
@@ -82,6 +114,7 @@ class NcclCommunicator final : public Communicator {
   const char* backend() const override { return "nccl"; }
   bool device_buffers_only() const override { return true; }
   bool ordered_after_stream() const override { return true; }
+  Status Health() const override { return group_->health.Get(); }
 
   WorkPtr ReduceScatter(const void* send, void* recv, int64_t count, DType dtype,
                         ReduceOp op) override {
@@ -113,9 +146,13 @@ class NcclCommunicator final : public Communicator {
  private:
   template <typename Launch>
   WorkPtr Run(const CollectiveSignature& s, const void* a, const void* b, Launch launch) {
+    if (!group_->health.Get().ok()) return CompletedWork(group_->health.BrokenError(s.ToString().c_str()));
     StatusOr<cudaEvent_t> done = Enqueue(s, a, b, launch);
-    if (!done.ok()) return CompletedWork(done.status());
-    return std::make_unique<NcclWork>(comm_, *done,
+    if (!done.ok()) {
+      group_->Break(done.status());
+      return CompletedWork(done.status());
+    }
+    return std::make_unique<NcclWork>(group_, *done,
                                       absl::StrCat("NCCL ", s.ToString(), " (collective #",
                                                    next_sequence_++, ") on rank ", rank_, " of ",
                                                    size_));
@@ -141,6 +178,7 @@ class NcclCommunicator final : public Communicator {
     return done;
   }
 
+  std::shared_ptr<NcclGroup> group_;
   ncclComm_t comm_;
   const int rank_, size_;
   cudaStream_t caller_, own_;

@@ -7,6 +7,13 @@
 // arrive surface from Wait() as a Status; nothing aborts or hangs forever when a timeout is
 // given.
 //
+// Failure semantics (those of ncclCommAbort): a collective that fails, times out, or whose Work
+// is destroyed before it completed breaks the group. From then on every collective on that
+// rank (and, as soon as they hear of it, on every other rank) fails at once with the first
+// error, and Health() returns it. A collective whose Wait() returned, with any status, never
+// touches its buffers again, except where AbandonedWorkMayTouchBuffers() says otherwise (MPI
+// cannot cancel a started collective). A broken group does not heal: create new communicators.
+//
 // Layouts (count = elements per rank):
 //   ReduceScatter  send: size()·count, recv: count; rank r gets the reduction of chunk r.
 //                  In place when recv == send + rank()·count.
@@ -66,8 +73,9 @@ class Work {
   virtual ~Work() = default;
   /// Blocks until the collective completes and returns its outcome. With timeout_s > 0,
   /// returns kDeadlineExceeded naming the collective (and, where the backend knows them, the
-  /// ranks that never arrived) once that many seconds pass; the collective is then abandoned
-  /// and the communicator should be considered broken.
+  /// ranks that never arrived) once that many seconds pass; the collective is then abandoned.
+  /// Any non-OK outcome breaks the group (see the failure semantics above). Destroying a Work
+  /// whose collective has not completed abandons it the same way; it never blocks.
   virtual Status Wait(double timeout_s = kNoTimeout) = 0;
   /// True once the collective has completed (successfully or not); never blocks.
   virtual bool Test() = 0;
@@ -90,6 +98,16 @@ class Communicator {
   /// stream before the call (nccl orders its stream after it); otherwise the caller finishes
   /// that work first.
   virtual bool ordered_after_stream() const { return false; }
+
+  /// OK while the group works; once it is broken (a collective failed, timed out or was
+  /// abandoned, on this rank or on a peer this rank has heard from), the first error, naming
+  /// the collective and the rank where it failed. Never blocks.
+  virtual Status Health() const = 0;
+  /// True when a collective abandoned after the group broke may still read or write its
+  /// buffers: MPI has no way to cancel a started collective. The owner of such buffers must
+  /// then keep them allocated (the engine keeps its memory, on purpose, when destroyed). False
+  /// for local (an abandoned collective never runs) and nccl (the communicator is aborted).
+  virtual bool AbandonedWorkMayTouchBuffers() const { return false; }
 
   virtual WorkPtr ReduceScatter(const void* send, void* recv, int64_t count, DType dtype,
                                 ReduceOp op) = 0;

@@ -46,6 +46,12 @@ Buffer& Buffer::operator=(Buffer&& other) noexcept {
 Buffer::~Buffer() { Reset(); }
 
 void Buffer::Reset() {
+  if (tracker_ != nullptr && tracker_->keeps_allocations()) {  // kept on purpose: see the header
+    data_ = nullptr;
+    bytes_ = 0;
+    tracker_.reset();
+    return;
+  }
   if (data_ != nullptr) FreeRaw(data_, placement_);
   if (tracker_ != nullptr && bytes_ > 0) tracker_->Remove(category_, bytes_);
   data_ = nullptr;

@@ -4,6 +4,7 @@
 #ifndef ZERO_RUNTIME_BASE_ALLOCATOR_H_
 #define ZERO_RUNTIME_BASE_ALLOCATOR_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -23,10 +24,15 @@ class MemoryTracker {
   void Remove(MemoryCategory category, int64_t bytes);
   /// A consistent copy of all counters.
   MemoryStats Snapshot() const;
+  /// From now on buffers of this tracker are not freed when destroyed or Reset (they stay
+  /// counted): for memory that collectives which cannot be cancelled may still use.
+  void KeepAllocations() { keep_.store(true); }
+  bool keeps_allocations() const { return keep_.load(); }
 
  private:
   mutable std::mutex mutex_;
   MemoryStats stats_;
+  std::atomic<bool> keep_{false};
 };
 
 /// One owned allocation. Move-only; frees its memory and un-counts it when destroyed or Reset.
@@ -73,6 +79,9 @@ class Allocator {
 
   /// Current and peak bytes per category over every buffer this allocator (or a copy) made.
   MemoryStats Stats() const { return tracker_->Snapshot(); }
+  /// Buffers made by this allocator (or a copy) are never freed from now on: see
+  /// MemoryTracker::KeepAllocations. A deliberate leak, for after a communicator broke.
+  void KeepAllocations() { tracker_->KeepAllocations(); }
 
  private:
   std::shared_ptr<MemoryTracker> tracker_;

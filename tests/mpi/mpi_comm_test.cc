@@ -2,6 +2,7 @@
 // never joins a collective, ranks whose collectives disagree).
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <vector>
 
 #include "zero/communicator.h"
@@ -42,13 +43,21 @@ TEST(MpiComm, ARankThatNeverJoinsGivesDeadlineExceeded) {
     EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
     EXPECT_NE(status.message().find("AllReduce(count=1, fp32, sum)"), std::string::npos) << status;
   }
-  // Everyone meets again, the late rank joins the first collective, and the group recovers.
-  float ack = 0;
+  // Everyone meets again. The timeout broke the group: the ranks that timed out told the late
+  // rank, so every rank's next collective fails at once (well inside its 30 s timeout) with the
+  // first error, instead of waiting for its own timeout.
   ASSERT_TRUE(side->Barrier()->Wait(30).ok());
-  if (comm->rank() == last) {
-    EXPECT_TRUE(comm->AllReduce(&x, &y, 1, DType::kFP32, ReduceOp::kSum)->Wait(30).ok());
+  float ack = 0;
+  const auto start = std::chrono::steady_clock::now();
+  Status next = comm->AllReduce(&ack, &ack, 1, DType::kFP32, ReduceOp::kSum)->Wait(30);
+  if (comm->rank() == last && next.ok()) {  // its first call matched the abandoned one
+    next = comm->AllReduce(&ack, &ack, 1, DType::kFP32, ReduceOp::kSum)->Wait(30);
   }
-  EXPECT_TRUE(comm->AllReduce(&ack, &ack, 1, DType::kFP32, ReduceOp::kSum)->Wait(30).ok());
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+  EXPECT_FALSE(next.ok());
+  EXPECT_NE(next.message().find("did not complete within 0.5 s"), std::string::npos) << next;
+  EXPECT_FALSE(comm->Health().ok());
+  ASSERT_TRUE(side->Barrier()->Wait(30).ok());
 }
 
 TEST(MpiComm, MismatchedCountsAreAnErrorOnEveryRank) {
@@ -61,10 +70,12 @@ TEST(MpiComm, MismatchedCountsAreAnErrorOnEveryRank) {
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
   EXPECT_NE(status.message().find("mismatch"), std::string::npos) << status;
   EXPECT_EQ(out, std::vector<float>(4, -5.0f));  // nothing was written
-  // The communicator is still consistent: the next collective works.
+  // The mismatch broke the group: the next collective fails at once with the first error.
   float one = 1;
-  EXPECT_TRUE(comm->AllReduce(&one, &one, 1, DType::kFP32, ReduceOp::kSum)->Wait(30).ok());
-  EXPECT_EQ(one, static_cast<float>(comm->size()));
+  const Status next = comm->AllReduce(&one, &one, 1, DType::kFP32, ReduceOp::kSum)->Wait(30);
+  EXPECT_EQ(next.code(), absl::StatusCode::kInvalidArgument) << next;
+  EXPECT_NE(next.message().find("broken"), std::string::npos) << next;
+  EXPECT_EQ(one, 1.0f);
 }
 
 TEST(MpiComm, InvalidArgumentsAreReportedWithoutCallingMpi) {

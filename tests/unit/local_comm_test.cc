@@ -1,10 +1,15 @@
 // The local (threads-as-ranks) communicator: the conformance suite at 1-5 ranks, bit-identical
 // reduce-scatter and all-reduce, and the failure cases: a rank that never joins, mismatched
-// collectives, invalid arguments.
+// collectives, invalid arguments; a failed collective breaks the group (fail fast, buffers of
+// returned calls never touched, abandoned works), stressed with random delays and timeouts.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <functional>
+#include <memory>
+#include <random>
 #include <thread>
 
 #include "zero/communicator.h"
@@ -71,7 +76,115 @@ TEST(LocalComm, ARankThatNeverJoinsGivesDeadlineExceededNamingIt) {
   EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_NE(status.message().find("rank(s) 2 never joined"), std::string::npos) << status;
   EXPECT_NE(status.message().find("AllReduce(count=1"), std::string::npos) << status;
-  EXPECT_FALSE(w1->Test());
+  // The timeout broke the group: rank 1's collective fails with the same first error.
+  ASSERT_TRUE(w1->Test());
+  EXPECT_EQ(w1->Wait(0.2), status);
+}
+
+TEST(LocalComm, AfterATimeoutEveryRanksNextCallFailsFastWithTheFirstError) {
+  auto group = CreateLocalGroup(3);
+  ASSERT_TRUE(group.ok());
+  float x = 1, y = 0;
+  const Status first = (*group)[0]->AllReduce(&x, &y, 1, DType::kFP32, ReduceOp::kSum)->Wait(0.05);
+  ASSERT_EQ(first.code(), absl::StatusCode::kDeadlineExceeded);
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ((*group)[r]->Health(), first) << "rank " << r;
+    std::vector<float> send(3, 2.0f), recv(1, -9.0f);
+    const auto start = std::chrono::steady_clock::now();
+    const Status next = (*group)[r]->ReduceScatter(send.data(), recv.data(), 1, DType::kFP32, ReduceOp::kSum)->Wait(30);
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(1));
+    EXPECT_EQ(next.code(), absl::StatusCode::kDeadlineExceeded) << next;
+    EXPECT_NE(next.message().find("broken"), std::string::npos) << next;
+    EXPECT_NE(next.message().find("on rank 0"), std::string::npos) << next;  // where it failed
+    EXPECT_EQ(recv[0], -9.0f);  // never touched
+  }
+}
+
+TEST(LocalComm, ALateRankNeverTouchesTheBuffersOfARankThatTimedOut) {
+  auto group = CreateLocalGroup(2);
+  ASSERT_TRUE(group.ok());
+  {
+    auto send = std::make_unique<std::vector<float>>(64, 1.0f);
+    auto recv = std::make_unique<std::vector<float>>(32, 0.0f);
+    EXPECT_FALSE((*group)[0]->ReduceScatter(send->data(), recv->data(), 32, DType::kFP32, ReduceOp::kSum)
+                     ->Wait(0.01).ok());
+  }  // rank 0's buffers are freed here: AddressSanitizer reports any later use
+  std::vector<float> send(64, 1.0f), recv(32, -3.0f);
+  const Status late = (*group)[1]->ReduceScatter(send.data(), recv.data(), 32, DType::kFP32, ReduceOp::kSum)->Wait();
+  EXPECT_EQ(late.code(), absl::StatusCode::kDeadlineExceeded) << late;
+  EXPECT_EQ(recv, std::vector<float>(32, -3.0f));
+}
+
+TEST(LocalComm, DestroyingAnUnfinishedWorkAbandonsItWithoutBlocking) {
+  auto group = CreateLocalGroup(2);
+  ASSERT_TRUE(group.ok());
+  {
+    std::vector<float> mine(8, 1.0f);
+    WorkPtr abandoned = (*group)[0]->AllReduce(mine.data(), mine.data(), 8, DType::kFP32, ReduceOp::kSum);
+  }  // destroyed unfinished; its buffer freed right after
+  std::vector<float> theirs(8, 5.0f);
+  const Status late = (*group)[1]->AllReduce(theirs.data(), theirs.data(), 8, DType::kFP32, ReduceOp::kSum)->Wait();
+  EXPECT_EQ(late.code(), absl::StatusCode::kCancelled) << late;
+  EXPECT_NE(late.message().find("abandoned by rank 0"), std::string::npos) << late;
+  EXPECT_EQ(theirs, std::vector<float>(8, 5.0f));
+}
+
+// Many rounds of collectives with random per-rank delays and random (often tiny) timeouts; each
+// rank frees its buffers as soon as its Wait returns. Every rank must end with an error or with
+// the right sum, no two ranks may disagree on a collective that completed, and AddressSanitizer
+// must see no use of freed memory.
+TEST(LocalComm, RandomDelaysAndTimeoutsNeverTouchFreedBuffers) {
+  constexpr int kRounds = 200, kRanks = 3, kCollectives = 6;
+  std::mt19937 seeds(20261122);
+  int failed_rounds = 0;
+  for (int round = 0; round < kRounds; ++round) {
+    auto group = CreateLocalGroup(kRanks);
+    ASSERT_TRUE(group.ok());
+    std::vector<int> completed(kRanks, 0);
+    std::vector<Status> first_error(kRanks);
+    std::vector<std::thread> ranks;
+    std::vector<uint32_t> rank_seeds(kRanks);
+    for (auto& seed : rank_seeds) seed = seeds();
+    for (int r = 0; r < kRanks; ++r) {
+      ranks.emplace_back([&, r] {
+        std::mt19937 random(rank_seeds[r]);
+        Communicator& comm = *(*group)[r];
+        for (int k = 0; k < kCollectives; ++k) {
+          std::this_thread::sleep_for(std::chrono::microseconds(random() % 3000));
+          const double timeout = (random() % 4 == 0) ? 1e-6 * (1 + random() % 2000) : 5.0;
+          auto data = std::make_unique<std::vector<float>>(kRanks * 257, static_cast<float>(r + 1));
+          auto out = std::make_unique<std::vector<float>>(257, -1.0f);
+          const Status s = comm.ReduceScatter(data->data(), out->data(), 257, DType::kFP32, ReduceOp::kSum)
+                               ->Wait(timeout);
+          if (!s.ok()) {
+            first_error[r] = s;
+            return;
+          }
+          if ((*out)[0] != kRanks * (kRanks + 1) / 2.0f) {
+            first_error[r] = absl::InternalError("wrong sum");
+            return;
+          }
+          ++completed[r];
+        }
+      });
+    }
+    for (auto& t : ranks) t.join();
+    for (int r = 0; r < kRanks; ++r) {
+      EXPECT_NE(first_error[r].code(), absl::StatusCode::kInternal) << first_error[r];
+      // A collective completes on every rank or on none: ranks that stopped early agree.
+      if (!first_error[r].ok()) {
+        EXPECT_EQ(completed[r], completed[0]) << "round " << round;
+      }
+    }
+    const bool any_failed = std::any_of(first_error.begin(), first_error.end(), [](const Status& s) { return !s.ok(); });
+    for (int r = 0; r < kRanks; ++r) {
+      EXPECT_EQ(first_error[r].ok(), !any_failed) << "round " << round << ": rank " << r;
+    }
+    failed_rounds += any_failed ? 1 : 0;
+  }
+  // The random schedule exercised both outcomes.
+  EXPECT_GT(failed_rounds, kRounds / 10);
+  EXPECT_LT(failed_rounds, kRounds);
 }
 
 TEST(LocalComm, MismatchedCountsFailOnEveryRankWithoutTouchingBuffers) {

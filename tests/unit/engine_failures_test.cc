@@ -1,0 +1,144 @@
+// The engine when collectives fail: many short trainings on in-process ranks with random
+// per-rank delays, random (often tiny) guard.timeout_s and random failures injected into
+// collectives, at every stage. After any failure the group is broken: every rank reports an
+// error, no rank completed a step that another did not, each rank's next call fails at once,
+// and destroying the engines never blocks. Run under AddressSanitizer (make sanitize), this is
+// also the proof that no rank touches a peer's freed buffers.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <random>
+#include <thread>
+
+#include "tests/engine/toy_trainer.h"
+#include "zero/communicator.h"
+#include "zero/engine.h"
+
+namespace zero {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Wraps a rank's communicator: before each collective sleeps a random while (a slow rank), and
+// now and then fails the collective the way a backend error does, by issuing it with an
+// invalid buffer (which fails it on every rank and breaks the group).
+class FaultyCommunicator final : public comm::Communicator {
+ public:
+  FaultyCommunicator(comm::Communicator& inner, uint32_t seed, double delay_probability,
+                     double failure_probability)
+      : inner_(inner), random_(seed), delay_probability_(delay_probability),
+        failure_probability_(failure_probability) {}
+
+  int rank() const override { return inner_.rank(); }
+  int size() const override { return inner_.size(); }
+  const char* backend() const override { return inner_.backend(); }
+  Status Health() const override { return inner_.Health(); }
+  int injected_failures() const { return injected_failures_; }
+
+  comm::WorkPtr ReduceScatter(const void* send, void* recv, int64_t count, DType dtype, comm::ReduceOp op) override {
+    return inner_.ReduceScatter(Disturb(send), recv, count, dtype, op);
+  }
+  comm::WorkPtr AllGather(const void* send, void* recv, int64_t count, DType dtype) override {
+    return inner_.AllGather(Disturb(send), recv, count, dtype);
+  }
+  comm::WorkPtr AllReduce(const void* send, void* recv, int64_t count, DType dtype, comm::ReduceOp op) override {
+    return inner_.AllReduce(Disturb(send), recv, count, dtype, op);
+  }
+  comm::WorkPtr Broadcast(void* data, int64_t count, DType dtype, int root) override {
+    return inner_.Broadcast(const_cast<void*>(Disturb(data)), count, dtype, root);
+  }
+  comm::WorkPtr Barrier() override {
+    Disturb(nullptr);
+    return inner_.Barrier();
+  }
+
+ private:
+  const void* Disturb(const void* send) {
+    std::uniform_real_distribution<double> uniform(0, 1);
+    if (uniform(random_) < delay_probability_) {
+      std::this_thread::sleep_for(std::chrono::microseconds(random_() % 4000));
+    }
+    if (send != nullptr && uniform(random_) < failure_probability_) {
+      ++injected_failures_;
+      return nullptr;
+    }
+    return send;
+  }
+
+  comm::Communicator& inner_;
+  std::mt19937 random_;
+  const double delay_probability_, failure_probability_;
+  int injected_failures_ = 0;
+};
+
+struct RankOutcome {
+  Status trained;
+  size_t steps = 0;          // steps this rank completed
+  Status next_call;          // BeginIteration after the failure
+  double next_call_s = 0;    // how long it took
+  double destroy_s = 0;      // how long destroying the engine took
+};
+
+TEST(EngineFailures, RandomDelaysTimeoutsAndFailuresLeaveEveryRankInTheSameState) {
+  constexpr int kRounds = 48;
+  std::mt19937 seeds(4242);
+  int failed_rounds = 0, completed_rounds = 0;
+  for (int round = 0; round < kRounds; ++round) {
+    const int world = 2 + static_cast<int>(seeds() % 2);
+    const int stage = static_cast<int>(seeds() % 4);
+    Config config = testing::ToyConfig(stage);
+    config.guard.timeout_s = seeds() % 2 == 0 ? 1e-6 * (1 + seeds() % 3000) : 5.0;
+    const double failure_probability = seeds() % 3 == 0 ? 0.02 : 0.0;
+    testing::ToyOptions options;
+    options.steps = 6;
+    auto group = comm::CreateLocalGroup(world);
+    ASSERT_TRUE(group.ok());
+    std::vector<RankOutcome> outcomes(world);
+    std::vector<std::thread> ranks;
+    std::vector<uint32_t> rank_seeds(world);
+    for (auto& seed : rank_seeds) seed = seeds();
+    for (int r = 0; r < world; ++r) {
+      ranks.emplace_back([&, r] {
+        FaultyCommunicator comm(*(*group)[r], rank_seeds[r], 0.3, failure_probability);
+        RankOutcome& out = outcomes[r];
+        auto engine = Engine::Create(config, comm);
+        ASSERT_TRUE(engine.ok()) << engine.status();
+        testing::ToyResult result;
+        out.trained = testing::TrainToy(**engine, options, &result);
+        out.steps = result.infos.size();
+        if (!out.trained.ok()) {
+          const auto start = Clock::now();
+          out.next_call = (*engine)->BeginIteration();
+          out.next_call_s = std::chrono::duration<double>(Clock::now() - start).count();
+        }
+        const auto start = Clock::now();
+        engine->reset();
+        out.destroy_s = std::chrono::duration<double>(Clock::now() - start).count();
+      });
+    }
+    for (auto& t : ranks) t.join();
+    const bool any_failed = !outcomes[0].trained.ok() || !outcomes[world - 1].trained.ok() ||
+                            (world > 2 && !outcomes[1].trained.ok());
+    (any_failed ? failed_rounds : completed_rounds) += 1;
+    for (int r = 0; r < world; ++r) {
+      const RankOutcome& out = outcomes[r];
+      SCOPED_TRACE(::testing::Message() << "round " << round << ", stage " << stage << ", " << world
+                                        << " ranks, timeout " << config.guard.timeout_s << " s, rank " << r);
+      EXPECT_EQ(out.trained.ok(), !any_failed) << out.trained;
+      EXPECT_EQ(out.steps, outcomes[0].steps) << "a rank completed a step another did not";
+      EXPECT_LT(out.destroy_s, 1.0) << "destroying the engine blocked";
+      if (!any_failed) continue;
+      EXPECT_FALSE(out.next_call.ok());
+      EXPECT_NE(out.next_call.message().find("broken"), std::string::npos) << out.next_call;
+      EXPECT_LT(out.next_call_s, 0.5) << "the next call did not fail fast";
+    }
+  }
+  // The random schedule exercised both outcomes.
+  EXPECT_GT(failed_rounds, kRounds / 8);
+  EXPECT_GT(completed_rounds, kRounds / 8);
+}
+
+}  // namespace
+}  // namespace zero
