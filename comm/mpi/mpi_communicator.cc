@@ -209,9 +209,12 @@ class MpiCommunicator final : public Communicator {
           keep_outgoing = true;
         }
       }
-      if (health_->Get().ok()) ops_.Free();  // abandoned collectives may still use the ops
-      MPI_Comm_free(&comm_);
-      MPI_Comm_free(&control_);
+      if (health_->Get().ok()) {
+        ops_.Free();
+        MPI_Comm_free(&comm_);
+        MPI_Comm_free(&control_);
+      }  // else kept: abandoned collectives and unmatched notices may still arrive on them, and
+         // a freed context id reused by a new communicator would receive them (seen as hangs)
     }
     // Deliberate leaks: MPI may still use these after we are gone (see the file comment).
     if (keep_outgoing) static_cast<void>(new std::vector<char>(std::move(notices_.outgoing)));
