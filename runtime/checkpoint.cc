@@ -10,6 +10,7 @@
 //   DIR/rank-R-of-N.bin      "ZRTCKPT1", record count, then records of
 //                            {int32 param, int64 param_begin, int64 numel, float master[numel],
 //                             float moment[numel] per moment buffer}
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -178,6 +179,9 @@ Status EngineImpl::LoadCheckpoint(const std::string& dir) {
   const auto& scaler = meta["loss_scaler"];
   loss_scaler_.set_state({scaler.value("scale", 1.0f), scaler.value("remaining_hysteresis", 1),
                           scaler.value("iteration", int64_t{0}), scaler.value("last_overflow", int64_t{-1})});
+  // Every rank now holds the checkpoint's values: nothing to compare at the next iteration.
+  std::fill(set_hash_.begin(), set_hash_.end(), 0);
+  replicas_synced_ = true;
   // Every rank's full params from the loaded shards.
   if (config_.stage == 3) return RefreshGathered();
   if (config_.stage != 0) return AllGatherParams();

@@ -149,7 +149,11 @@ StatusOr<Config> Config::FromJson(std::string_view text) {
       {"on_unused", Choice(&c.guard.on_unused, std::map<std::string, UnusedPolicy>{
                                                    {"error", UnusedPolicy::kError},
                                                    {"zero", UnusedPolicy::kZero}})},
-      {"consistency_check", Bool(&c.guard.consistency_check)}, {"timeout_s", Number(&c.guard.timeout_s)}};
+      {"consistency_check", Bool(&c.guard.consistency_check)}, {"timeout_s", Number(&c.guard.timeout_s)},
+      {"init_params", Choice(&c.guard.init_params, std::map<std::string, InitParams>{
+                                                       {"broadcast", InitParams::kBroadcast},
+                                                       {"verify", InitParams::kVerify}})},
+      {"replica_check_every", Number(&c.guard.replica_check_every)}};
   auto section = [](const std::map<std::string, Handler>& handlers) -> Handler {
     return [&handlers](const Json& v, const std::string& key) { return ReadObject(v, key, handlers); };
   };
@@ -192,6 +196,9 @@ Status Config::Validate() const {
   if (loss_scale.hysteresis < 1) return RangeError("loss_scale.hysteresis", loss_scale.hysteresis, "≥ 1");
   if (!(loss_scale.min > 0)) return RangeError("loss_scale.min", loss_scale.min, "> 0");
   if (!(guard.timeout_s >= 0)) return RangeError("guard.timeout_s", guard.timeout_s, "≥ 0 (0 waits forever)");
+  if (guard.replica_check_every < 0) {
+    return RangeError("guard.replica_check_every", guard.replica_check_every, "≥ 0 (0 never checks)");
+  }
   return absl::OkStatus();
 }
 

@@ -205,6 +205,7 @@ Status EngineImpl::Finalize() {
                                                            allocator_, *ops_, std::move(sum_over_ranks)));
   pending_.assign(num_buckets, 0);
   handed_.assign(num_buckets, 0);
+  set_hash_.assign(specs_.size(), 0);
   phase_ = Phase::kIdle;
   ZERO_LOG(logger_, kInfo) << "finalized: " << specs_.size() << " params, " << num_buckets
                            << " buckets, stage " << config_.stage << ", world " << comm_.size();
@@ -217,6 +218,10 @@ Status EngineImpl::SetParam(ParamId id, const void* values) {
   ZERO_RETURN_IF_ERROR(CheckParamId(id, "SetParam"));
   if (values == nullptr) return absl::InvalidArgumentError("SetParam: values is null");
   const int param = static_cast<int>(id);
+  replicas_synced_ = false;  // the next iteration compares (and repairs) the replicas again
+  if (config_.stage == 3) {
+    ZERO_ASSIGN_OR_RETURN(set_hash_[param], HashValues(values, ParamBytes(param)));
+  }
   if (config_.stage == 3) {  // this rank's fragment into its shard, and any gathered copy
     const int64_t element = static_cast<int64_t>(DTypeSize(specs_[param].dtype));
     for (const partition::Fragment& f : plan_->FragmentsOfParam(param)) {

@@ -96,6 +96,17 @@ class EngineImpl final : public Engine {
   bool LastMicroBatch() const { return micro_batch_ + 1 == config_.gradient_accumulation_steps; }
   Status AllGatherParams();
 
+  // Replicas (engine_replicas.cc).
+  // A hash of host or device values.
+  StatusOr<uint64_t> HashValues(const void* values, int64_t bytes);
+  // Params whose hash differs on some rank from rank 0's (stage 3: the values given to
+  // SetParam); `*ranks_of_first` gets the ranks that differ on the first of them.
+  StatusOr<std::vector<int>> ParamsDifferingFromRank0(std::vector<int>* ranks_of_first);
+  // Once, before the first iteration: rank 0's params everywhere (guard.init_params).
+  Status SyncReplicas();
+  // After Step, every guard.replica_check_every steps: kDataLoss if the replicas differ.
+  Status CheckReplicasAgree();
+
   // Stage 3 (engine_units.cc).
   struct Unit {
     base::Buffer buffer;    // the gathered full bucket, or empty
@@ -152,6 +163,9 @@ class EngineImpl final : public Engine {
   size_t trace_position_ = 0;
   base::Buffer grad_staging_;  // device "cuda": host gradients given to AccumulateGrad
   Status diverged_;  // set once guard.consistency_check found ranks apart; later checks fail fast
+  bool replicas_synced_ = false;   // SyncReplicas ran
+  std::vector<uint64_t> set_hash_;  // stage 3: per param, a hash of the values given to SetParam
+  base::Buffer replica_staging_;    // device params hashed through host memory
 };
 
 }  // namespace zero::runtime

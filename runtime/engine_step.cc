@@ -67,6 +67,7 @@ StatusOr<StepInfo> EngineImpl::Step() {
   }
   loss_scaler_.Update(false);
   ZERO_RETURN_IF_ERROR(grads_->Zero());
+  ZERO_RETURN_IF_ERROR(CheckReplicasAgree());
   info.step = step_;
   info.loss_scale = loss_scaler_.scale();
   return info;

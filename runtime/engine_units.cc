@@ -104,6 +104,7 @@ Status EngineImpl::Gather(int unit) {
   ZERO_RETURN_IF_ERROR(RequireHealthyGroup("Gather"));
   if (phase_ == Phase::kRegistering) return RequirePhase(Phase::kIdle, "Gather");
   if (config_.stage != 3) return absl::OkStatus();
+  ZERO_RETURN_IF_ERROR(SyncReplicas());
   ZERO_ASSIGN_OR_RETURN(int bucket, BucketOfUnit(unit, "Gather"));
   Unit& u = units_[bucket];
   if (u.persistent) return absl::OkStatus();

@@ -12,7 +12,7 @@
 //     "loss_scale": {"mode": "none", "initial_power": 16, "window": 1000, "hysteresis": 2,
 //                    "min": 1.0},
 //     "guard": {"on_duplicate": "error", "on_unused": "error", "consistency_check": false,
-//               "timeout_s": 600} }
+//               "timeout_s": 600, "init_params": "broadcast", "replica_check_every": 0} }
 //
 // Every key is optional. Unknown keys, wrong types and out-of-range values are
 // kInvalidArgument naming the key (e.g. `buckets.reduce_bucket_elems`).
@@ -37,6 +37,8 @@ enum class LossScaleMode : int { kNone, kStatic, kDynamic };
 enum class DuplicatePolicy : int { kError, kCount };
 /// guard.on_unused: a param that got no gradient in an iteration.
 enum class UnusedPolicy : int { kError, kZero };
+/// guard.init_params: what the first iteration does when ranks set different initial params.
+enum class InitParams : int { kBroadcast, kVerify };
 
 struct OptimizerConfig {
   OptimizerType type = OptimizerType::kAdamW;
@@ -82,6 +84,16 @@ struct GuardConfig {
   UnusedPolicy on_unused = UnusedPolicy::kError;
   bool consistency_check = false;
   double timeout_s = 600.0;  ///< a collective that takes longer is kDeadlineExceeded; 0: wait forever
+  /// At the first iteration (BeginIteration, or Gather at stage 3) the ranks compare a hash of
+  /// each param. kBroadcast: params that differ from rank 0's get rank 0's values (as DDP and
+  /// DeepSpeed do when they wrap a model). kVerify: a difference is kInvalidArgument naming the
+  /// first differing param and ranks. Stage 3 compares the values given to SetParam and cannot
+  /// repair them: a difference is an error in both modes.
+  InitParams init_params = InitParams::kBroadcast;
+  /// > 0: every that many steps (after Step) the ranks compare a hash of their params;
+  /// replicas that differ are kDataLoss naming the first differing param (stages 0-2; at stage
+  /// 3 the ranks hold different shards, nothing to compare). Costs one read of the params.
+  int replica_check_every = 0;
 };
 
 /// The whole configuration.

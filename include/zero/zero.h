@@ -32,6 +32,7 @@ typedef enum { ZERO_FP32 = 0, ZERO_BF16 = 1, ZERO_FP16 = 2 } zero_dtype;
 
 typedef enum {
   ZERO_OK = 0,
+  ZERO_CANCELLED = 1, /* a collective abandoned by a rank; the communicator group is broken */
   ZERO_UNKNOWN = 2,
   ZERO_INVALID_ARGUMENT = 3,
   ZERO_DEADLINE_EXCEEDED = 4,
@@ -42,6 +43,7 @@ typedef enum {
   ZERO_UNIMPLEMENTED = 12,
   ZERO_INTERNAL = 13,
   ZERO_UNAVAILABLE = 14,
+  ZERO_DATA_LOSS = 15, /* guard.replica_check_every found replicas that differ */
   ZERO_DUPLICATE_GRADIENT = 100,
   ZERO_UNUSED_PARAMETERS = 101
 } zero_status;
