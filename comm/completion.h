@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <mutex>
 
 #include "zero/status.h"
@@ -14,14 +15,29 @@ namespace zero::comm {
 class Completion {
  public:
   /// Marks the event done with `status` and wakes every waiter. Later calls are ignored.
-  void Complete(Status status) {
+  void Complete(Status status) { CompleteAfter(nullptr, std::move(status)); }
+
+  /// Runs `finish` (may be null) and marks the event done with `status`, atomically with respect
+  /// to Abandon: once Abandon() returned true, `finish` never runs (it would write into buffers
+  /// the abandoning caller may have freed).
+  void CompleteAfter(const std::function<void()>& finish, Status status) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       if (done_) return;
+      if (finish && !abandoned_) finish();
       done_ = true;
       status_ = std::move(status);
     }
     done_signal_.notify_all();
+  }
+
+  /// The waiter gives up: true if the event was not done (and now never runs its finish),
+  /// false if it completed meanwhile (Wait then returns its status).
+  bool Abandon() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (done_) return false;
+    abandoned_ = true;
+    return true;
   }
 
   /// True once Complete was called.
@@ -51,6 +67,7 @@ class Completion {
   mutable std::mutex mutex_;
   mutable std::condition_variable done_signal_;
   bool done_ = false;
+  bool abandoned_ = false;
   Status status_;
 };
 

@@ -19,6 +19,9 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const Config& config,
   ZERO_ASSIGN_OR_RETURN(base::EnvTunables env, base::ReadEnvTunables());
   base::Logger logger(env.log_level, communicator.rank());
   base::Allocator allocator;
+  // Once an MPI collective was abandoned it may still write into the engine's buffers: from
+  // then on they are kept, not freed (during the engine's life and when it is destroyed).
+  allocator.KeepAllocationsWhen([&communicator] { return communicator.AbandonedWorkMayTouchBuffers(); });
   ZERO_ASSIGN_OR_RETURN(std::unique_ptr<runtime::DeviceOps> ops,
                         runtime::DeviceOps::Create(config.device, kernels::CpuExecFromEnv(env), allocator));
   return std::unique_ptr<Engine>(new runtime::EngineImpl(config, communicator, logger, allocator, std::move(ops)));
@@ -47,8 +50,7 @@ EngineImpl::~EngineImpl() {
   // Whatever is still in flight is abandoned now, before any buffer is freed.
   scheduler_.reset();
   for (Unit& unit : units_) unit.pending.reset();
-  if (comm_.AbandonedWorkMayTouchBuffers()) {
-    allocator_.KeepAllocations();
+  if (comm_.AbandonedWorkMayTouchBuffers()) {  // the allocator keeps them (see Create)
     ZERO_LOG(logger_, kWarn) << "destroying the engine after its " << comm_.backend()
                              << " communicator broke: its " << allocator_.Stats().total_current
                              << " bytes stay allocated, because collectives that cannot be cancelled "

@@ -41,6 +41,7 @@ constexpr double kDrainSecondsAtDestroy = 2.0;
 constexpr int kEagerPolls = 20000;  // ≈ a few ms of MPI_Test without progress
 constexpr int kNoticeBytes = 1024;  // a broken-group notice: the first error's message
 constexpr int kNoticeTag = 7001;
+constexpr auto kBrokenCheckInterval = std::chrono::milliseconds(20);
 
 void FinalizeMpiAtExit() {
   int finalized = 0;
@@ -146,7 +147,7 @@ class MpiWork final : public Work {
       : completion_(std::move(completion)), health_(std::move(health)), what_(std::move(what)) {}
 
   ~MpiWork() override {
-    if (!completion_->done()) {
+    if (completion_->Abandon()) {
       health_->Break(absl::CancelledError(absl::StrCat(
           what_, " was abandoned: its Work was destroyed before the collective completed")));
     }
@@ -155,9 +156,13 @@ class MpiWork final : public Work {
   Status Wait(double timeout_s) override {
     Status status;
     if (!completion_->Wait(timeout_s, &status)) {
-      status = absl::DeadlineExceededError(absl::StrCat(
-          what_, " did not complete within ", timeout_s, " s: at least one peer rank never joined "
-          "it (diverged, stuck, or failed earlier; see that rank's log)"));
+      if (completion_->Abandon()) {
+        status = absl::DeadlineExceededError(absl::StrCat(
+            what_, " did not complete within ", timeout_s, " s: at least one peer rank never joined "
+            "it (diverged, stuck, or failed earlier; see that rank's log)"));
+      } else {
+        completion_->Wait(kNoTimeout, &status);  // it completed just now
+      }
     }
     health_->Break(status);
     return status;
@@ -447,8 +452,7 @@ class MpiCommunicator final : public Communicator {
       }
       return true;
     }
-    if (o.finish) o.finish();
-    o.completion->Complete(absl::OkStatus());
+    o.completion->CompleteAfter(o.finish, absl::OkStatus());  // no copy-out once abandoned
     return true;
   }
 
@@ -496,9 +500,15 @@ class MpiCommunicator final : public Communicator {
     while (true) {
       {
         std::unique_lock<std::mutex> lock(mutex_);
-        // Idle, the thread makes no MPI call at all (OpenMPI 4.1 can hang creating communicators
-        // while other threads poll); notices are checked whenever collectives are in flight.
-        if (active.empty()) wake_.wait(lock, [this] { return stopping_ || !submitted_.empty(); });
+        // Idle, the thread makes no MPI call: notices are received while collectives are in
+        // flight. It does wake to send this rank's notices when the group broke in a caller's
+        // thread (a failed Wait, an invalid call, an abandoned Work), which checks no condition
+        // variable, hence the timed wait.
+        if (active.empty()) {
+          wake_.wait_for(lock, kBrokenCheckInterval, [this] {
+            return stopping_ || !submitted_.empty() || (!notices_.sent && !health_->Get().ok());
+          });
+        }
         while (!submitted_.empty()) {
           active.push_back(std::move(submitted_.front()));
           submitted_.pop_front();

@@ -4,8 +4,8 @@
 #ifndef ZERO_RUNTIME_BASE_ALLOCATOR_H_
 #define ZERO_RUNTIME_BASE_ALLOCATOR_H_
 
-#include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 
@@ -24,15 +24,16 @@ class MemoryTracker {
   void Remove(MemoryCategory category, int64_t bytes);
   /// A consistent copy of all counters.
   MemoryStats Snapshot() const;
-  /// From now on buffers of this tracker are not freed when destroyed or Reset (they stay
-  /// counted): for memory that collectives which cannot be cancelled may still use.
-  void KeepAllocations() { keep_.store(true); }
-  bool keeps_allocations() const { return keep_.load(); }
+  /// While `keep()` returns true, buffers of this tracker are not freed when destroyed or Reset
+  /// (they stay counted): for memory that collectives which cannot be cancelled may still use.
+  /// Set once, before the first allocation.
+  void KeepAllocationsWhen(std::function<bool()> keep) { keep_when_ = std::move(keep); }
+  bool keeps_allocations() const { return keep_when_ && keep_when_(); }
 
  private:
   mutable std::mutex mutex_;
   MemoryStats stats_;
-  std::atomic<bool> keep_{false};
+  std::function<bool()> keep_when_;
 };
 
 /// One owned allocation. Move-only; frees its memory and un-counts it when destroyed or Reset.
@@ -79,9 +80,9 @@ class Allocator {
 
   /// Current and peak bytes per category over every buffer this allocator (or a copy) made.
   MemoryStats Stats() const { return tracker_->Snapshot(); }
-  /// Buffers made by this allocator (or a copy) are never freed from now on: see
-  /// MemoryTracker::KeepAllocations. A deliberate leak, for after a communicator broke.
-  void KeepAllocations() { tracker_->KeepAllocations(); }
+  /// Buffers made by this allocator (or a copy) are not freed while `keep()` is true: see
+  /// MemoryTracker::KeepAllocationsWhen. A deliberate leak, for after a communicator broke.
+  void KeepAllocationsWhen(std::function<bool()> keep) { tracker_->KeepAllocationsWhen(std::move(keep)); }
 
  private:
   std::shared_ptr<MemoryTracker> tracker_;

@@ -6,12 +6,11 @@
 // also the proof that no rank touches a peer's freed buffers.
 #include <gtest/gtest.h>
 
-#include <atomic>
 #include <chrono>
-#include <memory>
 #include <random>
 #include <thread>
 
+#include "tests/engine/faulty_communicator.h"
 #include "tests/engine/toy_trainer.h"
 #include "zero/communicator.h"
 #include "zero/engine.h"
@@ -20,58 +19,6 @@ namespace zero {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-// Wraps a rank's communicator: before each collective sleeps a random while (a slow rank), and
-// now and then fails the collective the way a backend error does, by issuing it with an
-// invalid buffer (which fails it on every rank and breaks the group).
-class FaultyCommunicator final : public comm::Communicator {
- public:
-  FaultyCommunicator(comm::Communicator& inner, uint32_t seed, double delay_probability,
-                     double failure_probability)
-      : inner_(inner), random_(seed), delay_probability_(delay_probability),
-        failure_probability_(failure_probability) {}
-
-  int rank() const override { return inner_.rank(); }
-  int size() const override { return inner_.size(); }
-  const char* backend() const override { return inner_.backend(); }
-  Status Health() const override { return inner_.Health(); }
-  int injected_failures() const { return injected_failures_; }
-
-  comm::WorkPtr ReduceScatter(const void* send, void* recv, int64_t count, DType dtype, comm::ReduceOp op) override {
-    return inner_.ReduceScatter(Disturb(send), recv, count, dtype, op);
-  }
-  comm::WorkPtr AllGather(const void* send, void* recv, int64_t count, DType dtype) override {
-    return inner_.AllGather(Disturb(send), recv, count, dtype);
-  }
-  comm::WorkPtr AllReduce(const void* send, void* recv, int64_t count, DType dtype, comm::ReduceOp op) override {
-    return inner_.AllReduce(Disturb(send), recv, count, dtype, op);
-  }
-  comm::WorkPtr Broadcast(void* data, int64_t count, DType dtype, int root) override {
-    return inner_.Broadcast(const_cast<void*>(Disturb(data)), count, dtype, root);
-  }
-  comm::WorkPtr Barrier() override {
-    Disturb(nullptr);
-    return inner_.Barrier();
-  }
-
- private:
-  const void* Disturb(const void* send) {
-    std::uniform_real_distribution<double> uniform(0, 1);
-    if (uniform(random_) < delay_probability_) {
-      std::this_thread::sleep_for(std::chrono::microseconds(random_() % 4000));
-    }
-    if (send != nullptr && uniform(random_) < failure_probability_) {
-      ++injected_failures_;
-      return nullptr;
-    }
-    return send;
-  }
-
-  comm::Communicator& inner_;
-  std::mt19937 random_;
-  const double delay_probability_, failure_probability_;
-  int injected_failures_ = 0;
-};
 
 struct RankOutcome {
   Status trained;
@@ -101,7 +48,7 @@ TEST(EngineFailures, RandomDelaysTimeoutsAndFailuresLeaveEveryRankInTheSameState
     for (auto& seed : rank_seeds) seed = seeds();
     for (int r = 0; r < world; ++r) {
       ranks.emplace_back([&, r] {
-        FaultyCommunicator comm(*(*group)[r], rank_seeds[r], 0.3, failure_probability);
+        testing::FaultyCommunicator comm(*(*group)[r], rank_seeds[r], 0.3, failure_probability);
         RankOutcome& out = outcomes[r];
         auto engine = Engine::Create(config, comm);
         ASSERT_TRUE(engine.ok()) << engine.status();

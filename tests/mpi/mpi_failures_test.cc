@@ -1,0 +1,75 @@
+// The engine under mpirun when collectives fail: short trainings with random per-rank delays,
+// random (often tiny) guard.timeout_s and random failures injected into collectives, at every
+// stage. MPI cannot make a collective complete on all ranks or on none, so a rank may finish
+// one more step than a peer that timed out; but after any failure every rank's next collective
+// fails (the failing rank's notice reaches its peers), destroying an engine on a broken group
+// never blocks, and no rank crashes.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <random>
+
+#include "tests/engine/faulty_communicator.h"
+#include "tests/engine/toy_trainer.h"
+#include "zero/communicator.h"
+#include "zero/engine.h"
+
+namespace zero {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+TEST(MpiFailures, RandomDelaysTimeoutsAndFailuresEndTheSameWayOnEveryRank) {
+  constexpr int kRounds = 16;
+  auto side = comm::CreateMpiCommunicator(nullptr);  // a healthy channel to compare outcomes
+  ASSERT_TRUE(side.ok()) << side.status();
+  const int rank = (*side)->rank(), world = (*side)->size();
+  std::mt19937 seeds(777);  // the same round parameters on every rank
+  int failed_rounds = 0;
+  for (int round = 0; round < kRounds; ++round) {
+    const int stage = static_cast<int>(seeds() % 4);
+    Config config = testing::ToyConfig(stage);
+    config.guard.timeout_s = seeds() % 2 == 0 ? 1e-4 * (1 + seeds() % 300) : 20.0;
+    const double failure_probability = seeds() % 3 == 0 ? 0.03 : 0.0;
+    const uint32_t rank_seed = seeds() + 1000003u * static_cast<uint32_t>(rank);
+    SCOPED_TRACE(::testing::Message() << "round " << round << ", stage " << stage << ", timeout "
+                                      << config.guard.timeout_s << " s, rank " << rank);
+    auto inner = comm::CreateMpiCommunicator(nullptr);
+    ASSERT_TRUE(inner.ok()) << inner.status();
+    testing::FaultyCommunicator faulty(**inner, rank_seed, 0.3, failure_probability);
+    auto engine = Engine::Create(config, faulty);
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    testing::ToyOptions options;
+    options.steps = 5;
+    testing::ToyResult result;
+    const Status trained = testing::TrainToy(**engine, options, &result);
+    // One more collective on the engine's group: after any failure it fails on every rank.
+    const Status after = (*inner)->Barrier()->Wait(20);
+    const auto start = Clock::now();
+    engine->reset();
+    const double destroy_s = std::chrono::duration<double>(Clock::now() - start).count();
+    if (!after.ok()) {
+      EXPECT_LT(destroy_s, 1.0) << "destroying the engine on a broken group blocked";
+    }
+
+    float mine[3] = {trained.ok() ? 1.0f : 0.0f, after.ok() ? 1.0f : 0.0f, static_cast<float>(result.infos.size())};
+    std::vector<float> all(3 * world);
+    ASSERT_TRUE((*side)->AllGather(mine, all.data(), 3, DType::kFP32)->Wait(60).ok());
+    bool all_trained = true;
+    float fewest = 1e9f, most = 0;
+    for (int r = 0; r < world; ++r) {
+      all_trained &= all[3 * r] == 1.0f;
+      fewest = std::min(fewest, all[3 * r + 2]);
+      most = std::max(most, all[3 * r + 2]);
+    }
+    failed_rounds += all_trained ? 0 : 1;
+    EXPECT_EQ(after.ok(), all_trained) << "trained: " << trained << "; after: " << after;
+    EXPECT_LE(most - fewest, 1.0f) << "ranks more than one step apart";
+  }
+  EXPECT_GT(failed_rounds, 0);
+  EXPECT_LT(failed_rounds, kRounds);
+}
+
+}  // namespace
+}  // namespace zero
