@@ -268,6 +268,7 @@ class LocalCommunicator final : public Communicator {
   int size() const override { return group_->size(); }
   const char* backend() const override { return "local"; }
   Status Health() const override { return group_->Health(); }
+  bool AbandonedWorkMayTouchBuffers() const override { return false; }
 
   WorkPtr ReduceScatter(const void* send, void* recv, int64_t count, DType dtype,
                         ReduceOp op) override {

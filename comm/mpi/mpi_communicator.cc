@@ -230,7 +230,6 @@ class MpiCommunicator final : public Communicator {
   int size() const override { return size_; }
   const char* backend() const override { return "mpi"; }
   Status Health() const override { return health_->Get(); }
-  bool AbandonedWorkMayTouchBuffers() const override { return !health_->Get().ok(); }
 
   WorkPtr ReduceScatter(const void* send, void* recv, int64_t count, DType dtype,
                         ReduceOp op) override {

@@ -115,6 +115,7 @@ class NcclCommunicator final : public Communicator {
   bool device_buffers_only() const override { return true; }
   bool ordered_after_stream() const override { return true; }
   Status Health() const override { return group_->health.Get(); }
+  bool AbandonedWorkMayTouchBuffers() const override { return false; }
 
   WorkPtr ReduceScatter(const void* send, void* recv, int64_t count, DType dtype,
                         ReduceOp op) override {

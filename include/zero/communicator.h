@@ -105,9 +105,10 @@ class Communicator {
   virtual Status Health() const = 0;
   /// True when a collective abandoned after the group broke may still read or write its
   /// buffers: MPI has no way to cancel a started collective. The owner of such buffers must
-  /// then keep them allocated (the engine keeps its memory, on purpose, when destroyed). False
-  /// for local (an abandoned collective never runs) and nccl (the communicator is aborted).
-  virtual bool AbandonedWorkMayTouchBuffers() const { return false; }
+  /// then keep them allocated (the engine then stops freeing its memory, on purpose). False for
+  /// local (an abandoned collective never runs) and nccl (the communicator is aborted); the
+  /// default, for other backends and wrappers, assumes the worst once the group is broken.
+  virtual bool AbandonedWorkMayTouchBuffers() const { return !Health().ok(); }
 
   virtual WorkPtr ReduceScatter(const void* send, void* recv, int64_t count, DType dtype,
                                 ReduceOp op) = 0;

@@ -15,7 +15,12 @@
 //               "timeout_s": 600, "init_params": "broadcast", "replica_check_every": 0} }
 //
 // Every key is optional. Unknown keys, wrong types and out-of-range values are
-// kInvalidArgument naming the key (e.g. `buckets.reduce_bucket_elems`).
+// kInvalidArgument naming the key as a dotted path (e.g. `buckets.reduce_bucket_elems`,
+// `optimizer.betas[1]`), quoting the value as written and saying what is allowed. Every number
+// must be finite; integer keys take whole numbers only (3 or 3.0, not 2.5); a nonzero value
+// that a float key would store as 0 or a subnormal (e.g. `"lr": 1e-300`) is refused, not
+// flushed. The ranges are on each field below; everything they admit, the optimizer kernels
+// accept.
 #ifndef ZERO_CONFIG_H_
 #define ZERO_CONFIG_H_
 
@@ -42,12 +47,12 @@ enum class InitParams : int { kBroadcast, kVerify };
 
 struct OptimizerConfig {
   OptimizerType type = OptimizerType::kAdamW;
-  float lr = 1e-3f;
-  float beta1 = 0.9f, beta2 = 0.999f;  ///< "betas"; SGD ignores them
-  float eps = 1e-8f;
-  float weight_decay = 0.01f;
-  float momentum = 0.0f, dampening = 0.0f;  ///< SGD
-  bool nesterov = false;                    ///< SGD
+  float lr = 1e-3f;                    ///< [0, 1e6]
+  float beta1 = 0.9f, beta2 = 0.999f;  ///< "betas", each in [0, 1); SGD ignores them
+  float eps = 1e-8f;                   ///< (0, 1]
+  float weight_decay = 0.01f;          ///< [0, 1e6]
+  float momentum = 0.0f, dampening = 0.0f;  ///< SGD; each in [0, 1]
+  bool nesterov = false;                    ///< SGD; needs momentum > 0 and dampening = 0
 };
 
 struct PrecisionConfig {
@@ -58,32 +63,34 @@ struct PrecisionConfig {
 };
 
 struct BucketConfig {
-  int64_t reduce_bucket_elems = 25'000'000;
-  int64_t first_bucket_elems = 1'000'000;
+  int64_t reduce_bucket_elems = 25'000'000;  ///< [1, 1e15]
+  int64_t first_bucket_elems = 1'000'000;    ///< [1, 1e15]
   bool overlap = true;    ///< launch a bucket's reduction as soon as it is ready
-  int pool_buffers = 4;   ///< stage 2: bucket buffers being filled or in flight at once
+  int pool_buffers = 4;   ///< stage 2: bucket buffers being filled or in flight at once (≥ 1)
                           ///< (without overlap: one per bucket, whatever this says)
 };
 
 struct Stage3Config {
-  int64_t prefetch_elems = 50'000'000;
-  int64_t max_live_elems = 1'000'000'000;
-  int64_t persistence_threshold = 100'000;
+  int64_t prefetch_elems = 50'000'000;       ///< [0, 1e15]
+  int64_t max_live_elems = 1'000'000'000;    ///< [1, 1e15]
+  int64_t persistence_threshold = 100'000;   ///< [0, 1e15]
 };
 
 struct LossScaleConfig {
   LossScaleMode mode = LossScaleMode::kNone;
-  int initial_power = 16;  ///< initial scale 2^initial_power
-  int window = 1000;       ///< steps without overflow before the scale doubles
-  int hysteresis = 2;      ///< overflows tolerated before the scale halves
-  float min = 1.0f;        ///< the scale never drops below this
+  int initial_power = 16;  ///< initial scale 2^initial_power; [0, 64]
+  int window = 1000;       ///< steps without overflow before the scale doubles (≥ 1)
+  int hysteresis = 2;      ///< overflows tolerated before the scale halves (≥ 1)
+  float min = 1.0f;        ///< the scale never drops below this; (0, 2^64]
 };
 
 struct GuardConfig {
   DuplicatePolicy on_duplicate = DuplicatePolicy::kError;
   UnusedPolicy on_unused = UnusedPolicy::kError;
   bool consistency_check = false;
-  double timeout_s = 600.0;  ///< a collective that takes longer is kDeadlineExceeded; 0: wait forever
+  /// A collective that takes longer is kDeadlineExceeded; 0: wait forever. [0, 604800] (one
+  /// week), so that the deadline always fits a std::chrono clock.
+  double timeout_s = 600.0;
   /// At the first iteration (BeginIteration, or Gather at stage 3) the ranks compare a hash of
   /// each param. kBroadcast: params that differ from rank 0's get rank 0's values (as DDP and
   /// DeepSpeed do when they wrap a model). kVerify: a difference is kInvalidArgument naming the
@@ -93,25 +100,28 @@ struct GuardConfig {
   /// > 0: every that many steps (after Step) the ranks compare a hash of their params;
   /// replicas that differ are kDataLoss naming the first differing param (stages 0-2; at stage
   /// 3 the ranks hold different shards, nothing to compare). Costs one read of the params.
-  int replica_check_every = 0;
+  int replica_check_every = 0;  ///< ≥ 0
 };
 
 /// The whole configuration.
 struct Config {
-  int stage = 2;
+  int stage = 2;  ///< 0, 1, 2 or 3
   Device device = Device::kCpu;
   OptimizerConfig optimizer;
   PrecisionConfig precision;
   BucketConfig buckets;
   Stage3Config stage3;
-  int gradient_accumulation_steps = 1;
-  float clip_grad_norm = 0.0f;  ///< 0: no clipping
+  int gradient_accumulation_steps = 1;  ///< ≥ 1
+  float clip_grad_norm = 0.0f;  ///< ≥ 0 and finite; 0: no clipping
   LossScaleConfig loss_scale;
   GuardConfig guard;
 
-  /// Parses the JSON above; missing keys keep their defaults. Then Validate().
+  /// Parses the JSON above; missing keys keep their defaults. Then Validate(). Text that is not
+  /// JSON is kInvalidArgument with nlohmann's reason (line, column); a number beyond a double
+  /// (1e999) names its key.
   static StatusOr<Config> FromJson(std::string_view json);
-  /// Checks every value's range; errors name the key.
+  /// Checks every value's range (the ranges above; NaN and ±Inf are never in one); errors name
+  /// the key and the value.
   Status Validate() const;
 };
 

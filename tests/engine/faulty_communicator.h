@@ -25,6 +25,7 @@ class FaultyCommunicator final : public comm::Communicator {
   int size() const override { return inner_.size(); }
   const char* backend() const override { return inner_.backend(); }
   Status Health() const override { return inner_.Health(); }
+  bool AbandonedWorkMayTouchBuffers() const override { return inner_.AbandonedWorkMayTouchBuffers(); }
   int injected_failures() const { return injected_failures_; }
 
   comm::WorkPtr ReduceScatter(const void* send, void* recv, int64_t count, DType dtype, comm::ReduceOp op) override {
