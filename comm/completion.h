@@ -3,11 +3,13 @@
 #ifndef ZERO_COMM_COMPLETION_H_
 #define ZERO_COMM_COMPLETION_H_
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <functional>
 #include <mutex>
 
+#include "zero/communicator.h"
 #include "zero/status.h"
 
 namespace zero::comm {
@@ -54,7 +56,7 @@ class Completion {
     if (timeout_s > 0) {
       const auto deadline = std::chrono::steady_clock::now() +
                             std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                                std::chrono::duration<double>(timeout_s));
+                                std::chrono::duration<double>(std::min(timeout_s, kLongestWaitSeconds)));
       if (!done_signal_.wait_until(lock, deadline, is_done)) return false;
     } else {
       done_signal_.wait(lock, is_done);

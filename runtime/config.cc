@@ -1,10 +1,15 @@
-// Config from JSON (nlohmann/json), with errors that name the key.
+// Config from JSON (nlohmann/json), with errors that name the key, quote the value as written
+// and say what is allowed.
 #include "zero/config.h"
 
 #include <cmath>
+#include <cstdio>
 #include <functional>
+#include <limits>
 #include <map>
 #include <string>
+#include <type_traits>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -15,49 +20,266 @@ namespace {
 
 using Json = nlohmann::json;
 
-Status KeyError(const std::string& key, const std::string& what) {
+Status KeyError(absl::string_view key, absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat("config key \"", key, "\": ", what));
 }
 
+// ---------------------------------------------------------------------------------------------
+// What each numeric key allows. FromJson checks the value as written, Validate the stored one;
+// both use these. Every range is finite (NaN and ±Inf are never in one), and the kernels'
+// argument checks (kernels/cpu/launch_checks.cc) accept everything inside them.
+
+// [min, max], either end open; `allowed` says it in messages.
+struct Range {
+  double min, max;
+  bool min_open, max_open;
+  const char* allowed;
+
+  bool Contains(double v) const {
+    return (min_open ? v > min : v >= min) && (max_open ? v < max : v <= max);
+  }
+};
+
+constexpr double kIntMax = std::numeric_limits<int>::max();
+// Element counts: exact in a double (so a JSON integer is never rounded into range), and
+// far above any model (petabytes).
+constexpr double kMaxElems = 1e15;
+
+const Range kStage{0, 3, false, false, "0, 1, 2 or 3"};
+const Range kLr{0, 1e6, false, false, "≥ 0 and ≤ 1e6"};
+const Range kBeta{0, 1, false, true, "≥ 0 and < 1"};
+const Range kEps{0, 1, true, false, "> 0 and ≤ 1"};
+const Range kWeightDecay{0, 1e6, false, false, "≥ 0 and ≤ 1e6"};
+const Range kUnitInterval{0, 1, false, false, "≥ 0 and ≤ 1"};
+const Range kBucketElems{1, kMaxElems, false, false, "a whole number ≥ 1 and ≤ 1e15"};
+const Range kPoolBuffers{1, kIntMax, false, false, "a whole number ≥ 1 and ≤ 2147483647"};
+const Range kPrefetchElems{0, kMaxElems, false, false, "a whole number ≥ 0 and ≤ 1e15"};
+const Range kMaxLiveElems{1, kMaxElems, false, false, "a whole number ≥ 1 and ≤ 1e15"};
+const Range kPersistenceThreshold{0, kMaxElems, false, false, "a whole number ≥ 0 and ≤ 1e15"};
+const Range kAccumulation{1, kIntMax, false, false, "a whole number ≥ 1 and ≤ 2147483647"};
+const Range kClip{0, std::numeric_limits<float>::max(), false, false,
+                  "≥ 0 and finite (0 disables clipping)"};
+const Range kInitialPower{0, 64, false, false, "a whole number ≥ 0 and ≤ 64"};
+const Range kWindow{1, kIntMax, false, false, "a whole number ≥ 1 and ≤ 2147483647"};
+const Range kHysteresis{1, kIntMax, false, false, "a whole number ≥ 1 and ≤ 2147483647"};
+const Range kLossScaleMin{0, 0x1p64, true, false, "> 0 and ≤ 2^64"};
+const Range kTimeout{0, 604800, false, false, "≥ 0 and ≤ 604800 (one week; 0 waits forever)"};
+const Range kReplicaCheck{0, kIntMax, false, false,
+                          "a whole number ≥ 0 and ≤ 2147483647 (0 never checks)"};
+
+Status CheckRange(absl::string_view key, double value, const Range& range, absl::string_view quoted) {
+  if (range.Contains(value)) return absl::OkStatus();
+  return KeyError(key, absl::StrCat(quoted, " is out of range; allowed: ", range.allowed));
+}
+
+// A nonzero value that a T stores as 0 or a subnormal (its precision lost, or about to be).
+template <typename T>
+Status TooSmall(absl::string_view key, absl::string_view quoted) {
+  char smallest[32];  // in full: 6 digits would print a value just below it
+  std::snprintf(smallest, sizeof smallest, "%.*g", std::numeric_limits<T>::max_digits10,
+                static_cast<double>(std::numeric_limits<T>::min()));
+  return KeyError(key, absl::StrCat(quoted, " is too small for a ", 8 * sizeof(T),
+                                    "-bit float (the smallest normal one is ", smallest,
+                                    "); use 0 or a larger value"));
+}
+
+// Validate's check of a stored value (quoted as it prints).
+template <typename T>
+Status CheckStored(absl::string_view key, T value, const Range& range) {
+  const std::string quoted = absl::StrCat(value);
+  ZERO_RETURN_IF_ERROR(CheckRange(key, static_cast<double>(value), range, quoted));
+  if constexpr (std::is_floating_point_v<T>) {
+    if (value != 0 && !std::isnormal(value)) return TooSmall<T>(key, quoted);
+  }
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Number literals as written. The DOM keeps only the parsed double ("2e6" becomes 2000000.0,
+// "1e-400" becomes 0), so a SAX pass records each float literal's text under the dotted path
+// that ReadObject gives its key ("optimizer.eps", "optimizer.betas[1]"), and says where text
+// that is not JSON breaks.
+class NumberLiterals final : public Json::json_sax_t {
+ public:
+  // Parses `text`; false when it is not JSON, with error() saying why.
+  bool Parse(std::string_view text) { return Json::sax_parse(text.begin(), text.end(), this); }
+  const std::string& error() const { return error_; }
+  // The literal at `path` as written, or null if it was not a float literal.
+  const std::string* Find(const std::string& path) const {
+    auto it = literals_.find(path);
+    return it == literals_.end() ? nullptr : &it->second;
+  }
+
+  bool null() override { return Scalar(); }
+  bool boolean(bool) override { return Scalar(); }
+  bool number_integer(number_integer_t) override { return Scalar(); }
+  bool number_unsigned(number_unsigned_t) override { return Scalar(); }
+  bool number_float(number_float_t, const string_t& text) override {
+    Scalar();
+    if (tracked_) literals_[path_] = text;
+    return true;
+  }
+  bool string(string_t&) override { return Scalar(); }
+  bool binary(binary_t&) override { return Scalar(); }
+  bool start_object(std::size_t) override { return Open(false); }
+  bool start_array(std::size_t) override { return Open(true); }
+  bool end_object() override { return Close(); }
+  bool end_array() override { return Close(); }
+  bool key(string_t& name) override {
+    const Frame& object = frames_.back();
+    tracked_ = object.tracked && name.size() <= kMaxKey;
+    if (tracked_) {
+      path_.resize(object.path_size);
+      absl::StrAppend(&path_, object.path_size == 0 ? "" : ".", name);
+    }
+    return true;
+  }
+  bool parse_error(std::size_t, const std::string& token, const Json::exception& e) override {
+    if (e.id == 406) {  // out_of_range.406: a number beyond a double, where a value begins
+      BeginValue();
+      if (tracked_ && !path_.empty()) {
+        error_ = std::string(KeyError(path_, absl::StrCat(token, " is not a finite number")).message());
+        return false;
+      }
+    }
+    // nlohmann's message (with line and column) after its "[json.exception.…] " prefix.
+    const std::string what = e.what();
+    const size_t prefix = what.find("] ");
+    error_ = absl::StrCat("config is not valid JSON: ", prefix == std::string::npos ? what : what.substr(prefix + 2));
+    return false;
+  }
+
+ private:
+  // Config keys are at most three levels deep (section, key, betas' elements) and short;
+  // deeper or longer paths are not recorded, so any text parses in linear time.
+  static constexpr size_t kMaxDepth = 3, kMaxKey = 64;
+  struct Frame {
+    size_t path_size;  // the container's own path is path_[0, path_size)
+    bool array;
+    int64_t next = 0;  // arrays: the index of the next element
+    bool tracked;
+  };
+
+  // A value begins: inside an array, its path is the next index. Forgets an earlier literal
+  // at the same path (a repeated key: the last one counts, as in the DOM).
+  void BeginValue() {
+    if (frames_.empty()) {
+      tracked_ = true;
+      path_.clear();
+    } else if (frames_.back().array) {
+      Frame& array = frames_.back();
+      tracked_ = array.tracked;
+      if (tracked_) {
+        path_.resize(array.path_size);
+        absl::StrAppend(&path_, "[", array.next, "]");
+      }
+      ++array.next;
+    }
+    if (tracked_) literals_.erase(path_);
+  }
+  bool Scalar() {
+    BeginValue();
+    return true;
+  }
+  bool Open(bool array) {
+    BeginValue();
+    frames_.push_back({path_.size(), array, 0, tracked_ && frames_.size() < kMaxDepth});
+    return true;
+  }
+  bool Close() {
+    frames_.pop_back();
+    return true;
+  }
+
+  std::vector<Frame> frames_;
+  std::string path_;    // of the value being read, when tracked_
+  bool tracked_ = true;
+  std::map<std::string, std::string> literals_;
+  std::string error_;
+};
+
+// A literal that denotes zero: no digit 1-9 before its exponent.
+bool LiteralIsZero(absl::string_view literal) {
+  for (char c : literal) {
+    if (c == 'e' || c == 'E') break;
+    if (c >= '1' && c <= '9') return false;
+  }
+  return true;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reading the DOM: one handler per key.
+
+// A value in the document and its dotted key.
+struct Value {
+  const Json& json;
+  const std::string& key;
+  const NumberLiterals& literals;
+
+  // The value as written: a float literal's text, else the JSON (shortened).
+  std::string Quoted() const {
+    if (const std::string* literal = literals.Find(key)) return *literal;
+    constexpr size_t kMax = 40;
+    std::string text = json.dump(-1, ' ', false, Json::error_handler_t::replace);
+    return text.size() <= kMax ? text : text.substr(0, kMax) + "…";
+  }
+};
+
+using Handler = std::function<Status(const Value&)>;
+
 // Reads an object's keys through one handler each; any other key is an error naming it.
-using Handler = std::function<Status(const Json&, const std::string& key)>;
-Status ReadObject(const Json& object, const std::string& prefix,
-                  const std::map<std::string, Handler>& handlers) {
-  if (!object.is_object()) return KeyError(prefix.empty() ? "(top level)" : prefix, "must be an object");
-  for (auto it = object.begin(); it != object.end(); ++it) {
-    const std::string key = prefix.empty() ? it.key() : prefix + "." + it.key();
+Status ReadObject(const Value& object, const std::map<std::string, Handler>& handlers) {
+  if (!object.json.is_object()) {
+    return KeyError(object.key.empty() ? "(top level)" : object.key, "must be an object");
+  }
+  for (auto it = object.json.begin(); it != object.json.end(); ++it) {
+    const std::string key = object.key.empty() ? it.key() : object.key + "." + it.key();
     auto handler = handlers.find(it.key());
     if (handler == handlers.end()) {
       std::string known;
       for (const auto& [name, unused] : handlers) absl::StrAppend(&known, known.empty() ? "" : ", ", name);
       return KeyError(key, absl::StrCat("unknown key; known keys here: ", known));
     }
-    ZERO_RETURN_IF_ERROR(handler->second(it.value(), key));
+    ZERO_RETURN_IF_ERROR(handler->second(Value{it.value(), key, object.literals}));
   }
   return absl::OkStatus();
 }
 
+// A number within `range`, stored as T only once it is known to fit: whole for integer
+// keys, and for float keys neither rounded out of the range nor flushed to 0 or a subnormal.
 template <typename T>
-Handler Number(T* out) {
-  return [out](const Json& v, const std::string& key) -> Status {
-    if (!v.is_number()) return KeyError(key, "must be a number");
-    if constexpr (std::is_integral_v<T>) {
-      if (!v.is_number_integer()) {
-        const double d = v.get<double>();
-        if (d != std::floor(d)) return KeyError(key, "must be a whole number");
-      }
-      *out = static_cast<T>(v.get<double>());
-    } else {
-      *out = v.get<T>();
-    }
-    return absl::OkStatus();
-  };
+Status ReadNumber(const Value& v, const Range& range, T* out) {
+  const std::string quoted = v.Quoted();
+  if (!v.json.is_number()) return KeyError(v.key, absl::StrCat(quoted, " is not a number; allowed: ", range.allowed));
+  const double value = v.json.get<double>();
+  if (value == 0 && !LiteralIsZero(quoted)) {
+    return KeyError(v.key, absl::StrCat(quoted, " is too small to represent (it reads as 0); use 0 or a larger value"));
+  }
+  if (std::is_integral_v<T> && value != std::floor(value)) {
+    return KeyError(v.key, absl::StrCat(quoted, " is not a whole number; allowed: ", range.allowed));
+  }
+  ZERO_RETURN_IF_ERROR(CheckRange(v.key, value, range, quoted));
+  const T stored = static_cast<T>(value);
+  if (!range.Contains(static_cast<double>(stored))) {
+    return KeyError(v.key, absl::StrCat(quoted, " rounds to ", stored, " as a ", 8 * sizeof(T),
+                                        "-bit float, out of range; allowed: ", range.allowed));
+  }
+  if constexpr (std::is_floating_point_v<T>) {
+    if (value != 0 && !std::isnormal(stored)) return TooSmall<T>(v.key, quoted);
+  }
+  *out = stored;
+  return absl::OkStatus();
+}
+
+template <typename T>
+Handler Number(T* out, const Range& range) {
+  return [out, &range](const Value& v) { return ReadNumber(v, range, out); };
 }
 
 Handler Bool(bool* out) {
-  return [out](const Json& v, const std::string& key) -> Status {
-    if (!v.is_boolean()) return KeyError(key, "must be true or false");
-    *out = v.get<bool>();
+  return [out](const Value& v) -> Status {
+    if (!v.json.is_boolean()) return KeyError(v.key, absl::StrCat(v.Quoted(), " is not true or false"));
+    *out = v.json.get<bool>();
     return absl::OkStatus();
   };
 }
@@ -65,13 +287,13 @@ Handler Bool(bool* out) {
 // A string that must be one of `choices`.
 template <typename E>
 Handler Choice(E* out, std::map<std::string, E> choices) {
-  return [out, choices](const Json& v, const std::string& key) -> Status {
+  return [out, choices](const Value& v) -> Status {
     std::string names;
     for (const auto& [name, unused] : choices) absl::StrAppend(&names, names.empty() ? "" : ", ", name);
-    if (!v.is_string()) return KeyError(key, absl::StrCat("must be one of ", names));
-    auto it = choices.find(v.get<std::string>());
+    if (!v.json.is_string()) return KeyError(v.key, absl::StrCat(v.Quoted(), " is not one of ", names));
+    auto it = choices.find(v.json.get<std::string>());
     if (it == choices.end()) {
-      return KeyError(key, absl::StrCat("\"", v.get<std::string>(), "\" is not one of ", names));
+      return KeyError(v.key, absl::StrCat(v.Quoted(), " is not one of ", names));
     }
     *out = it->second;
     return absl::OkStatus();
@@ -83,8 +305,18 @@ Handler DTypeKey(DType* out) {
                          {"fp32", DType::kFP32}, {"bf16", DType::kBF16}, {"fp16", DType::kFP16}});
 }
 
-Status RangeError(const char* key, double value, const char* rule) {
-  return KeyError(key, absl::StrCat(value, " is out of range: ", rule));
+// "betas": [beta1, beta2], each element named by its index ("optimizer.betas[1]").
+Handler Betas(float* beta1, float* beta2) {
+  return [beta1, beta2](const Value& v) -> Status {
+    if (!v.json.is_array() || v.json.size() != 2) {
+      return KeyError(v.key, absl::StrCat(v.Quoted(), " is not a list of two numbers [beta1, beta2]"));
+    }
+    for (size_t i = 0; i < 2; ++i) {
+      const std::string key = absl::StrCat(v.key, "[", i, "]");
+      ZERO_RETURN_IF_ERROR(ReadNumber(Value{v.json[i], key, v.literals}, kBeta, i == 0 ? beta1 : beta2));
+    }
+    return absl::OkStatus();
+  };
 }
 
 }  // namespace
@@ -101,47 +333,40 @@ const char* OptimizerTypeName(OptimizerType type) {
 }
 
 StatusOr<Config> Config::FromJson(std::string_view text) {
-  Json json = Json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
+  NumberLiterals literals;
+  if (!literals.Parse(text)) return absl::InvalidArgumentError(literals.error());
+  const Json json = Json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
   if (json.is_discarded()) return absl::InvalidArgumentError("config is not valid JSON");
   Config c;
   OptimizerConfig& o = c.optimizer;
-  auto betas = [&o](const Json& v, const std::string& key) -> Status {
-    if (!v.is_array() || v.size() != 2 || !v[0].is_number() || !v[1].is_number()) {
-      return KeyError(key, "must be a list of two numbers [beta1, beta2]");
-    }
-    o.beta1 = v[0].get<float>();
-    o.beta2 = v[1].get<float>();
-    return absl::OkStatus();
-  };
-  auto device = [&c](const Json& v, const std::string& key) -> Status {
-    return Choice(&c.device, std::map<std::string, Device>{{"cpu", Device::kCpu}, {"cuda", Device::kCuda}})(v, key);
-  };
   const std::map<std::string, Handler> optimizer = {
       {"type", Choice(&o.type, std::map<std::string, OptimizerType>{
                                    {"adam", OptimizerType::kAdam}, {"adamw", OptimizerType::kAdamW},
                                    {"sgd", OptimizerType::kSgd}, {"lamb", OptimizerType::kLamb},
                                    {"lion", OptimizerType::kLion}})},
-      {"lr", Number(&o.lr)}, {"betas", betas}, {"eps", Number(&o.eps)},
-      {"weight_decay", Number(&o.weight_decay)}, {"momentum", Number(&o.momentum)},
-      {"dampening", Number(&o.dampening)}, {"nesterov", Bool(&o.nesterov)}};
+      {"lr", Number(&o.lr, kLr)}, {"betas", Betas(&o.beta1, &o.beta2)}, {"eps", Number(&o.eps, kEps)},
+      {"weight_decay", Number(&o.weight_decay, kWeightDecay)}, {"momentum", Number(&o.momentum, kUnitInterval)},
+      {"dampening", Number(&o.dampening, kUnitInterval)}, {"nesterov", Bool(&o.nesterov)}};
   const std::map<std::string, Handler> precision = {
       {"param", DTypeKey(&c.precision.param)}, {"grad", DTypeKey(&c.precision.grad)},
       {"reduce", DTypeKey(&c.precision.reduce)}, {"master_weights", Bool(&c.precision.master_weights)}};
   const std::map<std::string, Handler> buckets = {
-      {"reduce_bucket_elems", Number(&c.buckets.reduce_bucket_elems)},
-      {"first_bucket_elems", Number(&c.buckets.first_bucket_elems)},
-      {"overlap", Bool(&c.buckets.overlap)}, {"pool_buffers", Number(&c.buckets.pool_buffers)}};
+      {"reduce_bucket_elems", Number(&c.buckets.reduce_bucket_elems, kBucketElems)},
+      {"first_bucket_elems", Number(&c.buckets.first_bucket_elems, kBucketElems)},
+      {"overlap", Bool(&c.buckets.overlap)}, {"pool_buffers", Number(&c.buckets.pool_buffers, kPoolBuffers)}};
   const std::map<std::string, Handler> stage3 = {
-      {"prefetch_elems", Number(&c.stage3.prefetch_elems)},
-      {"max_live_elems", Number(&c.stage3.max_live_elems)},
-      {"persistence_threshold", Number(&c.stage3.persistence_threshold)}};
+      {"prefetch_elems", Number(&c.stage3.prefetch_elems, kPrefetchElems)},
+      {"max_live_elems", Number(&c.stage3.max_live_elems, kMaxLiveElems)},
+      {"persistence_threshold", Number(&c.stage3.persistence_threshold, kPersistenceThreshold)}};
   const std::map<std::string, Handler> loss_scale = {
       {"mode", Choice(&c.loss_scale.mode, std::map<std::string, LossScaleMode>{
                                               {"none", LossScaleMode::kNone},
                                               {"static", LossScaleMode::kStatic},
                                               {"dynamic", LossScaleMode::kDynamic}})},
-      {"initial_power", Number(&c.loss_scale.initial_power)}, {"window", Number(&c.loss_scale.window)},
-      {"hysteresis", Number(&c.loss_scale.hysteresis)}, {"min", Number(&c.loss_scale.min)}};
+      {"initial_power", Number(&c.loss_scale.initial_power, kInitialPower)},
+      {"window", Number(&c.loss_scale.window, kWindow)},
+      {"hysteresis", Number(&c.loss_scale.hysteresis, kHysteresis)},
+      {"min", Number(&c.loss_scale.min, kLossScaleMin)}};
   const std::map<std::string, Handler> guard = {
       {"on_duplicate", Choice(&c.guard.on_duplicate, std::map<std::string, DuplicatePolicy>{
                                                          {"error", DuplicatePolicy::kError},
@@ -149,57 +374,57 @@ StatusOr<Config> Config::FromJson(std::string_view text) {
       {"on_unused", Choice(&c.guard.on_unused, std::map<std::string, UnusedPolicy>{
                                                    {"error", UnusedPolicy::kError},
                                                    {"zero", UnusedPolicy::kZero}})},
-      {"consistency_check", Bool(&c.guard.consistency_check)}, {"timeout_s", Number(&c.guard.timeout_s)},
+      {"consistency_check", Bool(&c.guard.consistency_check)},
+      {"timeout_s", Number(&c.guard.timeout_s, kTimeout)},
       {"init_params", Choice(&c.guard.init_params, std::map<std::string, InitParams>{
                                                        {"broadcast", InitParams::kBroadcast},
                                                        {"verify", InitParams::kVerify}})},
-      {"replica_check_every", Number(&c.guard.replica_check_every)}};
+      {"replica_check_every", Number(&c.guard.replica_check_every, kReplicaCheck)}};
   auto section = [](const std::map<std::string, Handler>& handlers) -> Handler {
-    return [&handlers](const Json& v, const std::string& key) { return ReadObject(v, key, handlers); };
+    return [&handlers](const Value& v) { return ReadObject(v, handlers); };
   };
   const std::map<std::string, Handler> top = {
-      {"stage", Number(&c.stage)}, {"device", device}, {"optimizer", section(optimizer)},
-      {"precision", section(precision)}, {"buckets", section(buckets)}, {"stage3", section(stage3)},
-      {"gradient_accumulation_steps", Number(&c.gradient_accumulation_steps)},
-      {"clip_grad_norm", Number(&c.clip_grad_norm)}, {"loss_scale", section(loss_scale)},
+      {"stage", Number(&c.stage, kStage)},
+      {"device", Choice(&c.device, std::map<std::string, Device>{{"cpu", Device::kCpu}, {"cuda", Device::kCuda}})},
+      {"optimizer", section(optimizer)}, {"precision", section(precision)}, {"buckets", section(buckets)},
+      {"stage3", section(stage3)},
+      {"gradient_accumulation_steps", Number(&c.gradient_accumulation_steps, kAccumulation)},
+      {"clip_grad_norm", Number(&c.clip_grad_norm, kClip)}, {"loss_scale", section(loss_scale)},
       {"guard", section(guard)}};
-  ZERO_RETURN_IF_ERROR(ReadObject(json, "", top));
+  const std::string root;
+  ZERO_RETURN_IF_ERROR(ReadObject(Value{json, root, literals}, top));
   ZERO_RETURN_IF_ERROR(c.Validate());
   return c;
 }
 
 Status Config::Validate() const {
-  if (stage < 0 || stage > 3) return RangeError("stage", stage, "0, 1, 2 or 3");
+  ZERO_RETURN_IF_ERROR(CheckStored("stage", stage, kStage));
   const OptimizerConfig& o = optimizer;
-  if (!(o.lr >= 0 && std::isfinite(o.lr))) return RangeError("optimizer.lr", o.lr, "≥ 0");
-  if (!(o.beta1 >= 0 && o.beta1 < 1)) return RangeError("optimizer.betas", o.beta1, "beta1 in [0, 1)");
-  if (!(o.beta2 >= 0 && o.beta2 < 1)) return RangeError("optimizer.betas", o.beta2, "beta2 in [0, 1)");
-  if (!(o.eps > 0)) return RangeError("optimizer.eps", o.eps, "> 0");
-  if (!(o.weight_decay >= 0)) return RangeError("optimizer.weight_decay", o.weight_decay, "≥ 0");
-  if (!(o.momentum >= 0 && o.momentum <= 1)) return RangeError("optimizer.momentum", o.momentum, "[0, 1]");
-  if (!(o.dampening >= 0 && o.dampening <= 1)) return RangeError("optimizer.dampening", o.dampening, "[0, 1]");
+  ZERO_RETURN_IF_ERROR(CheckStored("optimizer.lr", o.lr, kLr));
+  ZERO_RETURN_IF_ERROR(CheckStored("optimizer.betas[0]", o.beta1, kBeta));
+  ZERO_RETURN_IF_ERROR(CheckStored("optimizer.betas[1]", o.beta2, kBeta));
+  ZERO_RETURN_IF_ERROR(CheckStored("optimizer.eps", o.eps, kEps));
+  ZERO_RETURN_IF_ERROR(CheckStored("optimizer.weight_decay", o.weight_decay, kWeightDecay));
+  ZERO_RETURN_IF_ERROR(CheckStored("optimizer.momentum", o.momentum, kUnitInterval));
+  ZERO_RETURN_IF_ERROR(CheckStored("optimizer.dampening", o.dampening, kUnitInterval));
   if (o.nesterov && (o.momentum == 0 || o.dampening != 0)) {
     return KeyError("optimizer.nesterov", "needs momentum > 0 and dampening = 0");
   }
-  if (buckets.reduce_bucket_elems < 1) return RangeError("buckets.reduce_bucket_elems", buckets.reduce_bucket_elems, "≥ 1");
-  if (buckets.first_bucket_elems < 1) return RangeError("buckets.first_bucket_elems", buckets.first_bucket_elems, "≥ 1");
-  if (buckets.pool_buffers < 1) return RangeError("buckets.pool_buffers", buckets.pool_buffers, "≥ 1");
-  if (stage3.prefetch_elems < 0) return RangeError("stage3.prefetch_elems", stage3.prefetch_elems, "≥ 0");
-  if (stage3.max_live_elems < 1) return RangeError("stage3.max_live_elems", stage3.max_live_elems, "≥ 1");
-  if (stage3.persistence_threshold < 0) return RangeError("stage3.persistence_threshold", stage3.persistence_threshold, "≥ 0");
-  if (gradient_accumulation_steps < 1) return RangeError("gradient_accumulation_steps", gradient_accumulation_steps, "≥ 1");
-  if (!(clip_grad_norm >= 0)) return RangeError("clip_grad_norm", clip_grad_norm, "≥ 0 (0 disables clipping)");
-  if (loss_scale.initial_power < 0 || loss_scale.initial_power > 64) {
-    return RangeError("loss_scale.initial_power", loss_scale.initial_power, "0..64");
-  }
-  if (loss_scale.window < 1) return RangeError("loss_scale.window", loss_scale.window, "≥ 1");
-  if (loss_scale.hysteresis < 1) return RangeError("loss_scale.hysteresis", loss_scale.hysteresis, "≥ 1");
-  if (!(loss_scale.min > 0)) return RangeError("loss_scale.min", loss_scale.min, "> 0");
-  if (!(guard.timeout_s >= 0)) return RangeError("guard.timeout_s", guard.timeout_s, "≥ 0 (0 waits forever)");
-  if (guard.replica_check_every < 0) {
-    return RangeError("guard.replica_check_every", guard.replica_check_every, "≥ 0 (0 never checks)");
-  }
-  return absl::OkStatus();
+  ZERO_RETURN_IF_ERROR(CheckStored("buckets.reduce_bucket_elems", buckets.reduce_bucket_elems, kBucketElems));
+  ZERO_RETURN_IF_ERROR(CheckStored("buckets.first_bucket_elems", buckets.first_bucket_elems, kBucketElems));
+  ZERO_RETURN_IF_ERROR(CheckStored("buckets.pool_buffers", buckets.pool_buffers, kPoolBuffers));
+  ZERO_RETURN_IF_ERROR(CheckStored("stage3.prefetch_elems", stage3.prefetch_elems, kPrefetchElems));
+  ZERO_RETURN_IF_ERROR(CheckStored("stage3.max_live_elems", stage3.max_live_elems, kMaxLiveElems));
+  ZERO_RETURN_IF_ERROR(
+      CheckStored("stage3.persistence_threshold", stage3.persistence_threshold, kPersistenceThreshold));
+  ZERO_RETURN_IF_ERROR(CheckStored("gradient_accumulation_steps", gradient_accumulation_steps, kAccumulation));
+  ZERO_RETURN_IF_ERROR(CheckStored("clip_grad_norm", clip_grad_norm, kClip));
+  ZERO_RETURN_IF_ERROR(CheckStored("loss_scale.initial_power", loss_scale.initial_power, kInitialPower));
+  ZERO_RETURN_IF_ERROR(CheckStored("loss_scale.window", loss_scale.window, kWindow));
+  ZERO_RETURN_IF_ERROR(CheckStored("loss_scale.hysteresis", loss_scale.hysteresis, kHysteresis));
+  ZERO_RETURN_IF_ERROR(CheckStored("loss_scale.min", loss_scale.min, kLossScaleMin));
+  ZERO_RETURN_IF_ERROR(CheckStored("guard.timeout_s", guard.timeout_s, kTimeout));
+  return CheckStored("guard.replica_check_every", guard.replica_check_every, kReplicaCheck);
 }
 
 }  // namespace zero

@@ -1,6 +1,10 @@
 // Cross-rank agreement: the registry at Finalize, each bucket's collective under
 // guard.consistency_check, and bucket descriptions for error messages.
+#include <algorithm>
 #include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -29,65 +33,130 @@ uint64_t HashSpec(const ParamSpec& s) {
   return Mix(h, s.unit);
 }
 
-std::string Describe(const ParamSpec& s) {
-  return absl::StrCat("\"", s.name, "\" shape [", absl::StrJoin(s.shape, ", "), "] ", DTypeName(s.dtype),
-                      s.requires_grad ? "" : " frozen", " group ", s.group, " unit ", s.unit);
-}
-
 // All-gathers `words` 64-bit values from every rank (as raw 16-bit elements).
 Status GatherWords(HostCollectives& host, int world, const std::vector<uint64_t>& mine, std::vector<uint64_t>* all) {
   all->assign(mine.size() * world, 0);
   return host.AllGather(mine.data(), all->data(), static_cast<int64_t>(mine.size() * 4), DType::kFP16);
 }
 
+// What a rank registered at one index, as other ranks' messages show it: everything HashSpec
+// covers, the defaults (trainable, group 0, no unit) left out. At most kDescriptionBytes.
+constexpr size_t kDescriptionWords = 32, kDescriptionBytes = 8 * kDescriptionWords - 1;
+constexpr size_t kNameBytes = 160;
+
+// The first `bytes` of `text` or fewer, not splitting a UTF-8 character.
+size_t CutAt(const std::string& text, size_t bytes) {
+  if (text.size() <= bytes) return text.size();
+  while (bytes > 0 && (static_cast<unsigned char>(text[bytes]) & 0xC0) == 0x80) --bytes;
+  return bytes;
+}
+
+std::string Describe(const ParamSpec& s) {
+  const std::string name = s.name.size() <= kNameBytes ? s.name : s.name.substr(0, CutAt(s.name, kNameBytes)) + "…";
+  return absl::StrCat("\"", name, "\" [", absl::StrJoin(s.shape, ", "), "] ", DTypeName(s.dtype),
+                      s.requires_grad ? "" : " frozen", s.group == 0 ? "" : absl::StrCat(" group ", s.group),
+                      s.unit < 0 ? "" : absl::StrCat(" unit ", s.unit));
+}
+
+std::string Params(size_t count) { return absl::StrCat(count, count == 1 ? " param" : " params"); }
+
+std::string DescribeIndex(const std::vector<ParamSpec>& specs, size_t index) {
+  if (index < specs.size()) return Describe(specs[index]);
+  return absl::StrCat("nothing (it registered only ", Params(specs.size()), ")");
+}
+
+// Every rank's description, each cut to kDescriptionBytes, in one fixed-size all-gather.
+Status GatherDescriptions(HostCollectives& host, int world, const std::string& mine, std::vector<std::string>* all) {
+  std::vector<uint64_t> words(kDescriptionWords, 0), gathered;
+  std::memcpy(words.data(), mine.data(), CutAt(mine, kDescriptionBytes));
+  ZERO_RETURN_IF_ERROR(GatherWords(host, world, words, &gathered));
+  all->clear();
+  for (int r = 0; r < world; ++r) {
+    const char* text = reinterpret_cast<const char*>(gathered.data() + r * kDescriptionWords);
+    all->emplace_back(text, strnlen(text, kDescriptionBytes));
+  }
+  return absl::OkStatus();
+}
+
+// "rank 3" or "ranks 0-2, 5".
+std::string RankList(const std::vector<int>& ranks) {
+  std::vector<std::string> runs;
+  for (size_t i = 0; i < ranks.size();) {
+    size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    runs.push_back(j == i ? absl::StrCat(ranks[i]) : absl::StrCat(ranks[i], "-", ranks[j]));
+    i = j + 1;
+  }
+  return absl::StrCat(ranks.size() == 1 ? "rank " : "ranks ", absl::StrJoin(runs, ", "));
+}
+
+// "ranks 0, 2 have X, rank 1 has Y": ranks grouped by what they have, in rank order.
+std::string DescribeSides(const std::vector<std::string>& per_rank) {
+  std::vector<std::pair<std::string, std::vector<int>>> sides;
+  for (int r = 0; r < static_cast<int>(per_rank.size()); ++r) {
+    auto side = std::find_if(sides.begin(), sides.end(), [&](const auto& s) { return s.first == per_rank[r]; });
+    if (side == sides.end()) side = sides.insert(sides.end(), {per_rank[r], {}});
+    side->second.push_back(r);
+  }
+  std::vector<std::string> parts;
+  for (const auto& [what, ranks] : sides) {
+    parts.push_back(absl::StrCat(RankList(ranks), ranks.size() == 1 ? " has " : " have ", what));
+  }
+  return absl::StrJoin(parts, ", ");
+}
+
+// The first index at which the ranks' hash lists (`count` words each, 0 past a rank's end)
+// differ; `count` if they do not.
+size_t FirstDifference(const std::vector<uint64_t>& all, int world, size_t count) {
+  for (size_t i = 0; i < count; ++i) {
+    for (int r = 1; r < world; ++r) {
+      if (all[r * count + i] != all[i]) return i;
+    }
+  }
+  return count;
+}
+
 }  // namespace
 
+// One all-gather of (param count, registry hash, stage) when the ranks agree. Otherwise every
+// rank gets the same gathered values and so takes the same path: the stages, or the first
+// differing index (from all hashes) and each rank's param there (one fixed-size all-gather),
+// so that any rank's message tells both sides.
 Status EngineImpl::CheckRegistryAgrees() {
   const int world = comm_.size(), rank = comm_.rank();
   std::vector<uint64_t> hashes;
-  uint64_t total = Mix(0xcbf29ce484222325ull, config_.stage);
+  uint64_t total = 0xcbf29ce484222325ull;
   for (const ParamSpec& s : specs_) {
     hashes.push_back(HashSpec(s));
     total = Mix(total, hashes.back());
   }
   std::vector<uint64_t> summaries;
-  ZERO_RETURN_IF_ERROR(GatherWords(host_, world, {hashes.size(), total}, &summaries));
-  bool agree = true;
+  const std::vector<uint64_t> summary = {hashes.size(), total, static_cast<uint64_t>(config_.stage)};
+  ZERO_RETURN_IF_ERROR(GatherWords(host_, world, summary, &summaries));
+  bool agree = true, same_stage = true;
   uint64_t most = 0;
+  std::vector<std::string> stages;
   for (int r = 0; r < world; ++r) {
-    agree &= summaries[2 * r] == hashes.size() && summaries[2 * r + 1] == total;
-    most = std::max(most, summaries[2 * r]);
+    agree &= summaries[3 * r] == hashes.size() && summaries[3 * r + 1] == total;
+    same_stage &= summaries[3 * r + 2] == static_cast<uint64_t>(config_.stage);
+    most = std::max(most, summaries[3 * r]);
+    stages.push_back(absl::StrCat("stage ", summaries[3 * r + 2]));
+  }
+  if (!same_stage) {
+    return absl::InvalidArgumentError(absl::StrCat("ranks use different ZeRO stages: ", DescribeSides(stages),
+                                                   " (this is rank ", rank, "); every rank must use the same config"));
   }
   if (agree) return absl::OkStatus();
-  // Find the first index at which some rank differs from this one.
   std::vector<uint64_t> padded(most, 0), all;
   std::copy(hashes.begin(), hashes.end(), padded.begin());
   ZERO_RETURN_IF_ERROR(GatherWords(host_, world, padded, &all));
-  size_t first = most;
-  std::vector<int> ranks;
-  for (int r = 0; r < world; ++r) {
-    for (size_t i = 0; i < most; ++i) {
-      if (all[r * most + i] == padded[i]) continue;
-      if (i < first) {
-        first = i;
-        ranks.clear();
-      }
-      if (i == first) ranks.push_back(r);
-      break;
-    }
-  }
-  if (first == most) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "ranks registered the same params but use different stages (this rank: stage ", config_.stage,
-        "); every rank must use the same config"));
-  }
-  const std::string mine = first < specs_.size() ? Describe(specs_[first]) : std::string("nothing (it has fewer params)");
+  const size_t first = FirstDifference(all, world, most);
+  std::vector<std::string> sides;
+  ZERO_RETURN_IF_ERROR(GatherDescriptions(host_, world, DescribeIndex(specs_, first), &sides));
   return absl::InvalidArgumentError(absl::StrCat(
-      "ranks registered different params: param index ", first, " on rank ", rank, " is ", mine,
-      ", but rank(s) ", absl::StrJoin(ranks, ", "), " registered something else there (another name, "
-      "shape, dtype, trainability, group or unit; rank ", rank, " has ", specs_.size(),
-      " params). Every rank must register the same params in the same order; see each rank's "
-      "message for its side"));
+      "ranks registered different params at param index ", first, ": ", DescribeSides(sides), " (this is rank ",
+      rank, ", with ", Params(specs_.size()), "). Every rank must register the same params (name, shape, dtype, "
+      "trainability, group, unit) in the same order"));
 }
 
 Status EngineImpl::CheckRanksAgree(int bucket) {

@@ -2,6 +2,7 @@
 // A failed, timed-out or abandoned collective breaks the whole group (comm/group_health.h).
 #include "zero/communicator.h"
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -220,7 +221,7 @@ class LocalWork final : public Work {
       if (timeout_s > 0) {
         const auto deadline = std::chrono::steady_clock::now() +
                               std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                                  std::chrono::duration<double>(timeout_s));
+                                  std::chrono::duration<double>(std::min(timeout_s, kLongestWaitSeconds)));
         if (!slot_->completed.wait_until(lock, deadline, is_done)) {
           // Fail the slot while holding its mutex: the late rank will not execute it.
           slot_->done = true;

@@ -66,6 +66,9 @@ struct CollectiveSignature {
 
 /// Waits forever (the default of Wait()).
 inline constexpr double kNoTimeout = 0.0;
+/// Longer timeouts are waited as this many seconds (about 31 years), so that converting them to
+/// a clock's duration cannot overflow.
+inline constexpr double kLongestWaitSeconds = 1e9;
 
 /// A collective in flight.
 class Work {

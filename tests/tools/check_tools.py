@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """The tools run as a user runs them.
 
-    check_tools.py BIN_DIR local   zero-train on in-process ranks (stages agree, --json valid,
-                                   the guard patterns train) and zero-mem (the paper's figures,
-                                   measure with --csv and --plot)
+    check_tools.py BIN_DIR local   the flags checked at the door (--help, nonsense numbers,
+                                   checkpoints), zero-train on in-process ranks (stages agree,
+                                   --json valid, the guard patterns train) and zero-mem (the
+                                   paper's figures, measure with --csv and --plot)
     check_tools.py BIN_DIR mpi     zero-train under mpirun -np 2 and 3 (stages agree, and agree
                                    with the same run on in-process ranks)
 """
@@ -48,7 +49,52 @@ def close(a, b, rel):
     return abs(a - b) <= rel * max(abs(a), abs(b))
 
 
+def refused(tool, args, *parts):
+    """Runs a tool that must refuse `args`: a non-zero exit, and a message with every part."""
+    result = subprocess.run([os.path.join(BIN, tool)] + args, capture_output=True, text=True, timeout=120)
+    said = result.stdout + result.stderr
+    ok = result.returncode != 0 and all(part in said for part in parts)
+    if not ok:
+        print(f"exit {result.returncode}:", said[-2000:])
+    return ok
+
+
+def check_flags():
+    """Flags checked at the door: help, nonsense numbers, values that are values, checkpoints."""
+    for tool, own in (("zero-train", ("--steps", "--checkpoint_dir", "--save_every")), ("zero-mem", ("--params", "--layers"))):
+        for flag in ("--help", "-h"):
+            result = subprocess.run([os.path.join(BIN, tool), flag], capture_output=True, text=True, timeout=60)
+            check(all(f in result.stdout for f in own) and "No flags matched" not in result.stdout,
+                  f"{tool} {flag} lists the tool's flags")
+    check(refused("zero-train", ["--steps", "-5"], "--steps -5", "≥ 1"), "zero-train --steps -5 is refused")
+    check(refused("zero-train", ["--ranks", "0"], "--ranks 0"), "zero-train --ranks 0 is refused")
+    check(refused("zero-train", ["--batch", "1", "--accumulation", "2"], "--batch 1"), "--batch below --accumulation is refused")
+    check(refused("zero-train", ["--lr", "2e6"], "--lr 2e6", "optimizer.lr"), "zero-train --lr 2e6 names the flag and the key")
+    check(refused("zero-train", ["--lr", "inf"], "--lr inf", "finite"), "zero-train --lr inf is refused")
+    check(refused("zero-train", ["--lr=1e-300"], "optimizer.lr", "1e-300"), "an lr that a float flushes to 0 is refused")
+    check(refused("zero-train", ["--optimizer", 'adamw", "type": "sgd'], "optimizer.type"),
+          "a flag's value is a value, not JSON text (--optimizer cannot inject a key)")
+    check(refused("zero-train", ["--save_every", "5"], "--checkpoint_dir"), "--save_every without --checkpoint_dir is refused")
+    check(refused("zero-train", ["--resume"], "--checkpoint_dir"), "--resume without --checkpoint_dir is refused")
+    with tempfile.TemporaryDirectory() as scratch:
+        bad = os.path.join(scratch, "bad.json")
+        with open(bad, "w") as f:
+            f.write('{"optimizer": {"eps": 2e6}}')
+        check(refused("zero-train", ["--config", bad], bad, "optimizer.eps", "2e6"),
+              "a config file's out-of-range value is refused at the door, naming the file, key and value")
+        ckpt = os.path.join(scratch, "ckpt")
+        result = subprocess.run([os.path.join(BIN, "zero-train"), "--steps", "3", "--ranks", "2", "--checkpoint_dir", ckpt],
+                                capture_output=True, text=True, timeout=300)
+        saved = os.path.exists(os.path.join(ckpt, "meta.json"))
+        step = open(os.path.join(ckpt, "zero-train.step")).read().strip() if saved else ""
+        check(result.returncode == 0 and "after the last step" in result.stderr and saved and step == "3",
+              "--checkpoint_dir without --save_every says so and saves after the last step")
+    check(refused("zero-mem", ["measure", "--layers", "0"], "--layers 0"), "zero-mem measure --layers 0 is refused")
+    check(refused("zero-mem", ["estimate", "--params", "-5"], "--params -5"), "zero-mem estimate --params -5 is refused")
+
+
 if MODE == "local":
+    check_flags()
     runs = {stage: train(["--stage", str(stage), "--steps", "40", "--ranks", "3"]) for stage in (0, 1, 2, 3)}
     check(all(r is not None for r in runs.values()), "zero-train runs at stages 0-3 with --json")
     if all(r is not None for r in runs.values()):

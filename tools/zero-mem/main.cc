@@ -16,9 +16,13 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -32,14 +36,41 @@ ABSL_FLAG(double, largest_layer, 0, "estimate: parameters of the largest layer (
 ABSL_FLAG(std::string, ranks, "", "rank counts, comma-separated (estimate default 64; measure default 1,2,4)");
 ABSL_FLAG(std::string, precision, "mixed", "mixed (16-bit params/grads + fp32 master) or fp32");
 ABSL_FLAG(std::string, optimizer, "adamw", "adamw, adam, sgd (momentum) or lion");
-ABSL_FLAG(int, layers, 8, "measure: square layers in the model");
-ABSL_FLAG(int, width, 512, "measure: layer width");
-ABSL_FLAG(int, steps, 2, "measure: optimizer steps before reading the peaks");
+ABSL_FLAG(int, layers, 8, "measure: square layers in the model (≥ 1; layers × width² ≤ 1e9)");
+ABSL_FLAG(int, width, 512, "measure: layer width (≥ 1)");
+ABSL_FLAG(int, steps, 2, "measure: optimizer steps before reading the peaks (≥ 1)");
 ABSL_FLAG(bool, csv, false, "print CSV instead of a table");
 ABSL_FLAG(std::string, plot, "", "draw per-rank memory against rank count into FILE.png or FILE.svg (gnuplot)");
 
 namespace zero::tools {
 namespace {
+
+constexpr int kMaxRanks = 1 << 20;           // estimate: a formula, any plausible rank count
+constexpr int kMaxMeasuredRanks = 1024;      // measure: in-process ranks are threads
+constexpr double kMaxMeasuredParams = 1e9;   // layers × width², on every in-process rank
+
+// --help and --helpshort list the flags of files under `dir` (abseil's default looks for a file
+// named after the program and finds none), with paths from `dir` on.
+void HelpShowsOwnFlags(const char* dir) {
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = [dir](absl::string_view file) { return absl::StrContains(file, dir); };
+  usage.contains_helpshort_flags = usage.contains_help_flags;
+  usage.normalize_filename = [dir](absl::string_view file) {
+    const size_t at = file.find(dir);
+    return std::string(at == absl::string_view::npos ? file : file.substr(at));
+  };
+  absl::SetFlagsUsageConfig(usage);
+}
+
+// The arguments with -h spelled --help (before any "--").
+std::vector<char*> HelpAliases(int argc, char** argv) {
+  static char help[] = "--help";
+  std::vector<char*> args(argv, argv + argc);
+  for (size_t i = 1; i < args.size() && std::string(args[i]) != "--"; ++i) {
+    if (std::string(args[i]) == "-h") args[i] = help;
+  }
+  return args;
+}
 
 std::string Gb(double bytes) {
   const double gb = bytes / 1e9;
@@ -48,13 +79,13 @@ std::string Gb(double bytes) {
   return absl::StrFormat("%.1f MB", bytes / 1e6);
 }
 
-StatusOr<std::vector<int>> RankList(const std::string& fallback) {
+StatusOr<std::vector<int>> RankList(const std::string& fallback, int most) {
   const std::string text = absl::GetFlag(FLAGS_ranks).empty() ? fallback : absl::GetFlag(FLAGS_ranks);
   std::vector<int> ranks;
   for (absl::string_view part : absl::StrSplit(text, ',')) {
     int n = 0;
-    if (!absl::SimpleAtoi(part, &n) || n < 1) {
-      return absl::InvalidArgumentError(absl::StrCat("--ranks ", text, ": expected positive integers"));
+    if (!absl::SimpleAtoi(part, &n) || n < 1 || n > most) {
+      return absl::InvalidArgumentError(absl::StrCat("--ranks ", text, ": expected whole numbers from 1 to ", most));
     }
     ranks.push_back(n);
   }
@@ -102,10 +133,17 @@ Status Estimate() {
     if (it == presets.end()) return absl::InvalidArgumentError(absl::StrCat("unknown --preset ", absl::GetFlag(FLAGS_preset)));
     params = it->second;
   }
-  if (params <= 0) return absl::InvalidArgumentError("give --params Ψ (e.g. 7.5e9) or --preset");
+  if (params == 0) return absl::InvalidArgumentError("give --params Ψ (e.g. 7.5e9) or --preset");
+  if (!(params > 0 && params <= 1e15)) {
+    return absl::InvalidArgumentError(absl::StrCat("--params ", params, ": allowed: > 0 and ≤ 1e15"));
+  }
+  const double largest_layer = absl::GetFlag(FLAGS_largest_layer);
+  if (!(largest_layer >= 0 && largest_layer <= params)) {
+    return absl::InvalidArgumentError(absl::StrCat("--largest_layer ", largest_layer, ": allowed: 0 (1% of Ψ) to Ψ"));
+  }
   ZERO_ASSIGN_OR_RETURN(StateBytes b, BytesPerParam(absl::GetFlag(FLAGS_precision), absl::GetFlag(FLAGS_optimizer)));
-  ZERO_ASSIGN_OR_RETURN(std::vector<int> ranks, RankList("64"));
-  const double largest = absl::GetFlag(FLAGS_largest_layer) > 0 ? absl::GetFlag(FLAGS_largest_layer) : 0.01 * params;
+  ZERO_ASSIGN_OR_RETURN(std::vector<int> ranks, RankList("64", kMaxRanks));
+  const double largest = largest_layer > 0 ? largest_layer : 0.01 * params;
   const bool deepspeed = absl::GetFlag(FLAGS_precision) == "mixed" && absl::GetFlag(FLAGS_optimizer).rfind("adam", 0) == 0;
   std::vector<std::vector<double>> rows;
   if (absl::GetFlag(FLAGS_csv)) {
@@ -146,17 +184,31 @@ Status Estimate() {
   return absl::OkStatus();
 }
 
+// measure's model flags.
+Status CheckModelFlags(const MeasureOptions& o) {
+  if (o.layers < 1) return absl::InvalidArgumentError(absl::StrCat("--layers ", o.layers, ": allowed: ≥ 1"));
+  if (o.width < 1) return absl::InvalidArgumentError(absl::StrCat("--width ", o.width, ": allowed: ≥ 1"));
+  if (o.steps < 1) return absl::InvalidArgumentError(absl::StrCat("--steps ", o.steps, ": allowed: ≥ 1"));
+  if (double(o.layers) * o.width * o.width > kMaxMeasuredParams) {
+    return absl::InvalidArgumentError(absl::StrCat("--layers ", o.layers, " --width ", o.width,
+                                                   ": the model would have layers × width² > 1e9 params"));
+  }
+  return absl::OkStatus();
+}
+
 Status Measure() {
   MeasureOptions o;
   o.layers = absl::GetFlag(FLAGS_layers);
   o.width = absl::GetFlag(FLAGS_width);
   o.steps = absl::GetFlag(FLAGS_steps);
+  ZERO_RETURN_IF_ERROR(CheckModelFlags(o));
   const std::string precision = absl::GetFlag(FLAGS_precision);
   o.dtype = precision == "fp32" ? DType::kFP32 : DType::kBF16;
   ZERO_ASSIGN_OR_RETURN(StateBytes b, BytesPerParam(precision, absl::GetFlag(FLAGS_optimizer)));
-  ZERO_ASSIGN_OR_RETURN(Config parsed, Config::FromJson(absl::StrCat("{\"optimizer\": {\"type\": \"", absl::GetFlag(FLAGS_optimizer), "\"}}")));
+  const nlohmann::json optimizer = {{"optimizer", {{"type", absl::GetFlag(FLAGS_optimizer)}}}};
+  ZERO_ASSIGN_OR_RETURN(Config parsed, Config::FromJson(optimizer.dump()));
   o.optimizer = parsed.optimizer.type;
-  ZERO_ASSIGN_OR_RETURN(std::vector<int> ranks, RankList("1,2,4"));
+  ZERO_ASSIGN_OR_RETURN(std::vector<int> ranks, RankList("1,2,4", kMaxMeasuredRanks));
   const double params = double(o.layers) * o.width * o.width;
   const bool csv = absl::GetFlag(FLAGS_csv);
   if (csv) {
@@ -206,8 +258,14 @@ Status Measure() {
 }  // namespace zero::tools
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("zero-mem estimate|measure [flags]; see --helpfull");
-  const std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
+  absl::SetProgramUsageMessage(
+      "memory per rank for model states at ZeRO stages 0-3.\n\n"
+      "  zero-mem estimate --params 7.5e9 --ranks 64       # DESIGN.md's formulas, DeepSpeed's beside\n"
+      "  zero-mem estimate --preset llama-7b --ranks 1,8,64 --plot memory.png\n"
+      "  zero-mem measure --layers 8 --width 1024 --ranks 1,2,4 [--csv]   # the engine's peaks");
+  zero::tools::HelpShowsOwnFlags("zero-mem/");
+  std::vector<char*> args = zero::tools::HelpAliases(argc, argv);
+  const std::vector<char*> positional = absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
   const std::string command = positional.size() > 1 ? positional[1] : "";
   zero::Status status;
   if (command == "estimate") {
@@ -215,7 +273,7 @@ int main(int argc, char** argv) {
   } else if (command == "measure") {
     status = zero::tools::Measure();
   } else {
-    std::fprintf(stderr, "usage: zero-mem estimate|measure [flags] (see --helpfull)\n");
+    std::fprintf(stderr, "usage: zero-mem estimate|measure [flags] (see --help)\n");
     return 2;
   }
   if (!status.ok()) {

@@ -11,28 +11,35 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
-#include <set>
+#include <map>
 #include <sstream>
+#include <string>
 #include <thread>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "mlp.h"
 #include "report.h"
 #include "zero/communicator.h"
 #include "zero/engine.h"
 
-ABSL_FLAG(int, ranks, 4, "in-process ranks (under mpirun every process is one rank instead)");
+ABSL_FLAG(int, ranks, 4, "in-process ranks, 1-1024 (under mpirun every process is one rank instead)");
 ABSL_FLAG(int, stage, 2, "ZeRO stage: 0 (data parallel), 1, 2 or 3");
 ABSL_FLAG(std::string, optimizer, "adamw", "adamw, adam, sgd, lion or lamb");
 ABSL_FLAG(double, lr, 2e-3, "learning rate");
 ABSL_FLAG(double, weight_decay, 0.01, "weight decay");
 ABSL_FLAG(std::string, precision, "fp32",
           "params and gradients: fp32, bf16 or fp16 (16-bit keep fp32 master weights; fp16 adds dynamic loss scaling)");
-ABSL_FLAG(int, steps, 100, "optimizer steps");
+ABSL_FLAG(int, steps, 100, "optimizer steps (≥ 1; with --resume, the total including those already done)");
 ABSL_FLAG(int64_t, reduce_bucket_elems, 25'000'000, "elements per gradient bucket");
 ABSL_FLAG(int64_t, first_bucket_elems, 1'000'000, "elements in the first bucket");
 ABSL_FLAG(int, accumulation, 1, "micro-batches per optimizer step (gradient_accumulation_steps)");
@@ -41,12 +48,15 @@ ABSL_FLAG(uint64_t, seed, 1, "seed of data, teacher and initial weights");
 ABSL_FLAG(std::string, config, "", "a JSON config (DESIGN.md keys); flags given on the command line override it");
 ABSL_FLAG(std::string, device, "cpu", "cpu or cuda");
 ABSL_FLAG(bool, json, false, "one JSON object per step on stdout, then a summary object");
-ABSL_FLAG(std::string, checkpoint_dir, "", "where to save checkpoints (each rank its shard; loads at any rank count)");
-ABSL_FLAG(int, save_every, 0, "save a checkpoint every N steps (and after the last) into --checkpoint_dir");
+ABSL_FLAG(std::string, checkpoint_dir, "",
+          "where to save checkpoints (each rank its shard; loads at any rank count); without --save_every, "
+          "one after the last step");
+ABSL_FLAG(int, save_every, 0,
+          "save a checkpoint every N steps (and after the last) into --checkpoint_dir; 0: after the last only");
 ABSL_FLAG(bool, resume, false, "continue from --checkpoint_dir if it holds a checkpoint");
-ABSL_FLAG(int, depth, 4, "hidden layers");
-ABSL_FLAG(int, width, 64, "layer width");
-ABSL_FLAG(int, batch, 16, "samples per rank per step");
+ABSL_FLAG(int, depth, 4, "hidden layers (≥ 1; depth × width² ≤ 1e9)");
+ABSL_FLAG(int, width, 64, "layer width (≥ 1)");
+ABSL_FLAG(int, batch, 16, "samples per rank per step (≥ --accumulation)");
 ABSL_FLAG(bool, tied, false, "tie the output projection to layer0.weight (its gradient arrives twice)");
 ABSL_FLAG(bool, branch, false, "a branch used on even steps only (no rank uses it on odd steps)");
 ABSL_FLAG(bool, recompute, false, "re-fire the middle layer's gradient as reentrant checkpointing does");
@@ -54,62 +64,173 @@ ABSL_FLAG(bool, recompute, false, "re-fire the middle layer's gradient as reentr
 namespace zero::tools {
 namespace {
 
-// Names of the flags on the command line ("--lr=3e-3", "--lr 3e-3", "--nojson" → "json"), so
-// that they override a --config file while the others keep the file's values. (Debian's
-// abseil keeps CommandLineFlag::IsSpecifiedOnCommandLine private.)
-std::set<std::string> GivenFlags(int argc, char** argv) {
-  std::set<std::string> given;
+using Json = nlohmann::json;
+
+constexpr int kMaxRanks = 1024;          // in-process ranks are threads
+constexpr double kMaxModelParams = 1e9;  // depth × width², fp32 copies on every rank
+
+// --help and --helpshort list the flags of files under `dir` (abseil's default looks for a file
+// named after the program and finds none), with paths from `dir` on.
+void HelpShowsOwnFlags(const char* dir) {
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = [dir](absl::string_view file) { return absl::StrContains(file, dir); };
+  usage.contains_helpshort_flags = usage.contains_help_flags;
+  usage.normalize_filename = [dir](absl::string_view file) {
+    const size_t at = file.find(dir);
+    return std::string(at == absl::string_view::npos ? file : file.substr(at));
+  };
+  absl::SetFlagsUsageConfig(usage);
+}
+
+// The arguments with -h spelled --help (before any "--").
+std::vector<char*> HelpAliases(int argc, char** argv) {
+  static char help[] = "--help";
+  std::vector<char*> args(argv, argv + argc);
+  for (size_t i = 1; i < args.size() && std::string(args[i]) != "--"; ++i) {
+    if (std::string(args[i]) == "-h") args[i] = help;
+  }
+  return args;
+}
+
+// The flags given on the command line, each with its value as written ("--lr=3e-3" and "--lr
+// 3e-3" give {"lr", "3e-3"}; "--json" and "--nojson" give {"json", ""}), so that they override
+// a --config file while the others keep the file's values, and so that errors quote them.
+// (Debian's abseil keeps CommandLineFlag::IsSpecifiedOnCommandLine private.)
+using GivenFlags = std::map<std::string, std::string>;
+
+GivenFlags FindGivenFlags(int argc, char** argv) {
+  GivenFlags given;
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     if (arg == "--") break;
-    if (arg.rfind("-", 0) != 0) continue;
+    if (arg.size() < 2 || arg[0] != '-') continue;
     arg = arg.substr(arg.find_first_not_of('-'));
-    arg = arg.substr(0, arg.find('='));
-    if (absl::FindCommandLineFlag(arg) == nullptr && arg.rfind("no", 0) == 0) arg = arg.substr(2);
-    given.insert(arg);
+    const size_t equals = arg.find('=');
+    std::string name = arg.substr(0, equals), value;
+    const absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+    if (flag == nullptr && name.rfind("no", 0) == 0) name = name.substr(2);
+    if (equals != std::string::npos) {
+      value = arg.substr(equals + 1);
+    } else if (flag != nullptr && !flag->IsOfType<bool>() && i + 1 < argc) {
+      value = argv[++i];
+    }
+    given[name] = value;
   }
   return given;
 }
 
-StatusOr<Config> BuildConfig(const std::set<std::string>& given) {
-  Config config;
+// Each config flag and the config keys it sets.
+struct ConfigFlag {
+  const char* flag;
+  const char* keys[3];  // unused entries are null
+};
+constexpr ConfigFlag kConfigFlags[] = {
+    {"stage", {"stage"}},
+    {"device", {"device"}},
+    {"optimizer", {"optimizer.type"}},
+    {"lr", {"optimizer.lr"}},
+    {"weight_decay", {"optimizer.weight_decay"}},
+    {"precision", {"precision.param", "precision.grad", "precision.reduce"}},
+    {"reduce_bucket_elems", {"buckets.reduce_bucket_elems"}},
+    {"first_bucket_elems", {"buckets.first_bucket_elems"}},
+    {"accumulation", {"gradient_accumulation_steps"}},
+    {"clip", {"clip_grad_norm"}}};
+
+// A config error about a key that a given flag set names the flag and its value as written.
+Status NameTheFlag(const Status& status, const GivenFlags& given) {
+  const std::string message(status.message());
+  for (const ConfigFlag& config_flag : kConfigFlags) {
+    auto it = given.find(config_flag.flag);
+    if (it == given.end()) continue;
+    for (const char* key : config_flag.keys) {
+      if (key == nullptr || message.find(absl::StrCat("\"", key, "\"")) == std::string::npos) continue;
+      return Status(status.code(), absl::StrCat("--", config_flag.flag, " ", it->second, ": ", message));
+    }
+  }
+  return status;
+}
+
+StatusOr<std::string> ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read --config ", path));
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// The config as JSON: --config's (checked alone first, so that its errors name the file), then
+// the config flags given on the command line (without --config, every config flag's value).
+// Flag values are JSON values, never JSON text.
+StatusOr<Json> ConfigJson(const GivenFlags& given) {
   const std::string path = absl::GetFlag(FLAGS_config);
-  const bool file = !path.empty();
-  if (file) {
-    std::ifstream in(path);
-    if (!in) return absl::NotFoundError(absl::StrCat("cannot read --config ", path));
-    std::stringstream text;
-    text << in.rdbuf();
-    ZERO_ASSIGN_OR_RETURN(config, Config::FromJson(text.str()));
+  Json json = Json::object();
+  if (!path.empty()) {
+    ZERO_ASSIGN_OR_RETURN(const std::string text, ReadFile(path));
+    const Status file = Config::FromJson(text).status();
+    if (!file.ok()) return Status(file.code(), absl::StrCat("--config ", path, ": ", file.message()));
+    json = Json::parse(text, nullptr, /*allow_exceptions=*/false);
   } else {
-    config.guard.timeout_s = 120;  // a rank that fails alone must not keep the others for 10 min
+    json["guard"]["timeout_s"] = 120;  // a rank that fails alone must not keep the others for 10 min
   }
-  auto use = [file, &given](const char* flag) { return !file || given.count(flag) > 0; };
-  if (use("stage")) config.stage = absl::GetFlag(FLAGS_stage);
-  if (use("device")) {
-    ZERO_ASSIGN_OR_RETURN(config.device, ParseDevice(absl::GetFlag(FLAGS_device)));
-  }
-  if (use("optimizer")) {
-    ZERO_ASSIGN_OR_RETURN(Config parsed, Config::FromJson(absl::StrCat(
-                                             "{\"optimizer\": {\"type\": \"", absl::GetFlag(FLAGS_optimizer), "\"}}")));
-    config.optimizer.type = parsed.optimizer.type;
-  }
-  if (use("lr")) config.optimizer.lr = static_cast<float>(absl::GetFlag(FLAGS_lr));
-  if (use("weight_decay")) config.optimizer.weight_decay = static_cast<float>(absl::GetFlag(FLAGS_weight_decay));
+  auto use = [&path, &given](const char* flag) { return path.empty() || given.count(flag) > 0; };
+  if (use("stage")) json["stage"] = absl::GetFlag(FLAGS_stage);
+  if (use("device")) json["device"] = absl::GetFlag(FLAGS_device);
+  if (use("optimizer")) json["optimizer"]["type"] = absl::GetFlag(FLAGS_optimizer);
+  if (use("lr")) json["optimizer"]["lr"] = absl::GetFlag(FLAGS_lr);
+  if (use("weight_decay")) json["optimizer"]["weight_decay"] = absl::GetFlag(FLAGS_weight_decay);
   if (use("precision")) {
-    ZERO_ASSIGN_OR_RETURN(DType dtype, ParseDType(absl::GetFlag(FLAGS_precision)));
-    config.precision.param = config.precision.grad = config.precision.reduce = dtype;
-    if (dtype == DType::kFP16) config.loss_scale.mode = LossScaleMode::kDynamic;
+    const std::string dtype = absl::GetFlag(FLAGS_precision);
+    for (const char* key : {"param", "grad", "reduce"}) json["precision"][key] = dtype;
+    if (dtype == "fp16") json["loss_scale"]["mode"] = "dynamic";
   }
-  if (use("reduce_bucket_elems")) config.buckets.reduce_bucket_elems = absl::GetFlag(FLAGS_reduce_bucket_elems);
-  if (use("first_bucket_elems")) config.buckets.first_bucket_elems = absl::GetFlag(FLAGS_first_bucket_elems);
-  if (use("accumulation")) config.gradient_accumulation_steps = absl::GetFlag(FLAGS_accumulation);
-  if (use("clip")) config.clip_grad_norm = static_cast<float>(absl::GetFlag(FLAGS_clip));
+  if (use("reduce_bucket_elems")) json["buckets"]["reduce_bucket_elems"] = absl::GetFlag(FLAGS_reduce_bucket_elems);
+  if (use("first_bucket_elems")) json["buckets"]["first_bucket_elems"] = absl::GetFlag(FLAGS_first_bucket_elems);
+  if (use("accumulation")) json["gradient_accumulation_steps"] = absl::GetFlag(FLAGS_accumulation);
+  if (use("clip")) json["clip_grad_norm"] = absl::GetFlag(FLAGS_clip);
   // The model's optional patterns need the guard policies that handle them.
-  if (absl::GetFlag(FLAGS_tied) || absl::GetFlag(FLAGS_recompute)) config.guard.on_duplicate = DuplicatePolicy::kCount;
-  if (absl::GetFlag(FLAGS_branch)) config.guard.on_unused = UnusedPolicy::kZero;
-  ZERO_RETURN_IF_ERROR(config.Validate());
+  if (absl::GetFlag(FLAGS_tied) || absl::GetFlag(FLAGS_recompute)) json["guard"]["on_duplicate"] = "count";
+  if (absl::GetFlag(FLAGS_branch)) json["guard"]["on_unused"] = "zero";
+  return json;
+}
+
+StatusOr<Config> BuildConfig(const GivenFlags& given) {
+  // NaN and ±Inf have no JSON form (dump() would write null): refused here, by flag.
+  const std::pair<const char*, double> reals[] = {{"lr", absl::GetFlag(FLAGS_lr)},
+                                                   {"weight_decay", absl::GetFlag(FLAGS_weight_decay)},
+                                                   {"clip", absl::GetFlag(FLAGS_clip)}};
+  for (const auto& [flag, value] : reals) {
+    if (!std::isfinite(value)) {
+      return absl::InvalidArgumentError(absl::StrCat("--", flag, " ", value, ": not a finite number"));
+    }
+  }
+  ZERO_ASSIGN_OR_RETURN(const Json json, ConfigJson(given));
+  StatusOr<Config> config = Config::FromJson(json.dump());
+  if (!config.ok()) return NameTheFlag(config.status(), given);
   return config;
+}
+
+// The tool's own numeric flags (the config's are checked by Config::FromJson).
+Status CheckToolFlags(int accumulation) {
+  auto bad = [](const char* flag, auto value, const char* allowed) {
+    return absl::InvalidArgumentError(absl::StrCat("--", flag, " ", value, ": allowed: ", allowed));
+  };
+  const int ranks = absl::GetFlag(FLAGS_ranks), steps = absl::GetFlag(FLAGS_steps);
+  const int save_every = absl::GetFlag(FLAGS_save_every);
+  const int depth = absl::GetFlag(FLAGS_depth), width = absl::GetFlag(FLAGS_width), batch = absl::GetFlag(FLAGS_batch);
+  if (ranks < 1 || ranks > kMaxRanks) return bad("ranks", ranks, "1 to 1024 in-process ranks");
+  if (steps < 1) return bad("steps", steps, "≥ 1");
+  if (save_every < 0) return bad("save_every", save_every, "≥ 0 (0: one checkpoint after the last step)");
+  if (depth < 1) return bad("depth", depth, "≥ 1");
+  if (width < 1) return bad("width", width, "≥ 1");
+  if (batch < accumulation) return bad("batch", batch, "≥ --accumulation (every micro-batch needs a sample)");
+  if (double(depth) * width * width > kMaxModelParams) {
+    return absl::InvalidArgumentError(absl::StrCat("--depth ", depth, " --width ", width,
+                                                   ": the model would have depth × width² > 1e9 params"));
+  }
+  const bool checkpoints = !absl::GetFlag(FLAGS_checkpoint_dir).empty();
+  if (save_every > 0 && !checkpoints) return absl::InvalidArgumentError("--save_every needs --checkpoint_dir");
+  if (absl::GetFlag(FLAGS_resume) && !checkpoints) return absl::InvalidArgumentError("--resume needs --checkpoint_dir");
+  return absl::OkStatus();
 }
 
 // Collects every rank's peak bytes on rank 0 (raw 64-bit values travel as 16-bit elements).
@@ -152,7 +273,8 @@ Status RunRank(comm::Communicator& comm, const Config& config, const MlpOptions&
     float summed = static_cast<float>(local_loss);
     ZERO_RETURN_IF_ERROR(comm.AllReduce(&summed, &summed, 1, DType::kFP32, comm::ReduceOp::kSum)->Wait(config.guard.timeout_s));
     loss = summed / comm.size();
-    if (!checkpoints.empty() && save_every > 0 && ((step + 1) % save_every == 0 || step + 1 == steps)) {
+    // Every save_every steps, and after the last (the only save when save_every is 0).
+    if (!checkpoints.empty() && ((save_every > 0 && (step + 1) % save_every == 0) || step + 1 == steps)) {
       ZERO_RETURN_IF_ERROR(engine->SaveCheckpoint(checkpoints));
       if (comm.rank() == 0) std::ofstream(position) << step + 1 << "\n";
     }
@@ -169,10 +291,11 @@ Status RunRank(comm::Communicator& comm, const Config& config, const MlpOptions&
   return absl::OkStatus();
 }
 
-int Main(const std::set<std::string>& given) {
+int Main(const GivenFlags& given) {
   auto config = BuildConfig(given);
-  if (!config.ok()) {
-    std::fprintf(stderr, "zero-train: %s\n", std::string(config.status().message()).c_str());
+  const Status flags = config.ok() ? CheckToolFlags(config->gradient_accumulation_steps) : config.status();
+  if (!flags.ok()) {
+    std::fprintf(stderr, "zero-train: %s\n", std::string(flags.message()).c_str());
     return 2;
   }
   MlpOptions options;
@@ -185,10 +308,6 @@ int Main(const std::set<std::string>& given) {
   options.recompute = absl::GetFlag(FLAGS_recompute);
   options.dtype = config->precision.param;
   options.seed = absl::GetFlag(FLAGS_seed);
-  if (options.depth < 1 || options.width < 1 || options.batch < options.micro_batches) {
-    std::fprintf(stderr, "zero-train: need --depth ≥ 1, --width ≥ 1 and --batch ≥ --accumulation\n");
-    return 2;
-  }
   const int steps = absl::GetFlag(FLAGS_steps);
   const bool under_mpirun = std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMI_SIZE") != nullptr;
   std::vector<std::unique_ptr<comm::Communicator>> comms;
@@ -208,6 +327,10 @@ int Main(const std::set<std::string>& given) {
     comms = std::move(*group);
   }
   const int world = comms.front()->size();
+  const bool save_at_end_only = !absl::GetFlag(FLAGS_checkpoint_dir).empty() && absl::GetFlag(FLAGS_save_every) == 0;
+  if (comms.front()->rank() == 0 && save_at_end_only) {
+    std::fprintf(stderr, "zero-train: --checkpoint_dir without --save_every: saving one checkpoint after the last step\n");
+  }
   const std::string setup = absl::StrCat("zero-train: stage ", config->stage, ", ", world, " rank(s) (",
                                          comms.front()->backend(), "), ", OptimizerTypeName(config->optimizer.type), ", ",
                                          DTypeName(config->precision.param), ", MLP ", options.depth, "×", options.width,
@@ -236,8 +359,14 @@ int Main(const std::set<std::string>& given) {
 }  // namespace zero::tools
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("trains an MLP with ZeroRT; see --helpfull");
-  const std::set<std::string> given = zero::tools::GivenFlags(argc, argv);
-  absl::ParseCommandLine(argc, argv);
+  absl::SetProgramUsageMessage(
+      "trains an MLP on a synthetic teacher-student task with ZeroRT.\n\n"
+      "  zero-train [--ranks N] [--stage 0|1|2|3] [--optimizer adamw] [--lr 2e-3] [--steps 100] ...\n"
+      "  zero-train --config zero.json --lr 3e-3     # flags given on the command line win\n"
+      "  mpirun -np 4 zero-train --json              # one rank per process");
+  zero::tools::HelpShowsOwnFlags("zero-train/");
+  std::vector<char*> args = zero::tools::HelpAliases(argc, argv);
+  const zero::tools::GivenFlags given = zero::tools::FindGivenFlags(static_cast<int>(args.size()), args.data());
+  absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
   return zero::tools::Main(given);
 }

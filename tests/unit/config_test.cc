@@ -1,0 +1,288 @@
+// Inputs checked at the door: every numeric config key is range-checked when the JSON is parsed
+// (the error names the key and quotes the value as written), what the parser accepts the
+// kernels accept too (configs at the edges of every range still step), and ranks that
+// registered different params learn both sides at Finalize, on every rank.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "tests/engine/toy_trainer.h"
+#include "zero/communicator.h"
+#include "zero/config.h"
+#include "zero/engine.h"
+
+namespace zero {
+namespace {
+
+struct Rejected {
+  std::string json;
+  std::string key;     // as the message names it
+  std::string quoted;  // the value as written
+};
+
+class ConfigRejects : public ::testing::TestWithParam<Rejected> {};
+
+TEST_P(ConfigRejects, NamingTheKeyAndQuotingTheValue) {
+  const Rejected& c = GetParam();
+  const StatusOr<Config> config = Config::FromJson(c.json);
+  ASSERT_FALSE(config.ok()) << c.json << " was accepted";
+  const Status& status = config.status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  const std::string message(status.message());
+  EXPECT_NE(message.find("config key \"" + c.key + "\""), std::string::npos) << message;
+  EXPECT_NE(message.find(c.quoted), std::string::npos) << message;
+  EXPECT_EQ(message.find("e+09"), std::string::npos) << "a converted value instead of the given one: " << message;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    OutOfRange, ConfigRejects,
+    ::testing::Values(
+        // Used to fail only at the first Step, inside a kernel launcher.
+        Rejected{R"({"optimizer": {"eps": 2e6}})", "optimizer.eps", "2e6"},
+        Rejected{R"({"optimizer": {"eps": 0}})", "optimizer.eps", "0"},
+        Rejected{R"({"optimizer": {"eps": 1e999}})", "optimizer.eps", "1e999"},
+        Rejected{R"({"optimizer": {"lr": -1e999}})", "optimizer.lr", "-1e999"},
+        Rejected{R"({"optimizer": {"lr": 2e6}})", "optimizer.lr", "2e6"},
+        Rejected{R"({"optimizer": {"lr": -0.1}})", "optimizer.lr", "-0.1"},
+        // Used to be converted to int first and quoted as -2.14748e+09.
+        Rejected{R"({"stage": 3e9})", "stage", "3e9"},
+        Rejected{R"({"stage": 9223372036854775807})", "stage", "9223372036854775807"},
+        Rejected{R"({"buckets": {"reduce_bucket_elems": 1e30}})", "buckets.reduce_bucket_elems", "1e30"},
+        Rejected{R"({"buckets": {"first_bucket_elems": 0}})", "buckets.first_bucket_elems", "0"},
+        Rejected{R"({"buckets": {"pool_buffers": 3000000000}})", "buckets.pool_buffers", "3000000000"},
+        // Integer keys take whole numbers only.
+        Rejected{R"({"stage": 2.5})", "stage", "2.5"},
+        Rejected{R"({"gradient_accumulation_steps": 1.5})", "gradient_accumulation_steps", "1.5"},
+        Rejected{R"({"loss_scale": {"hysteresis": 2.25}})", "loss_scale.hysteresis", "2.25"},
+        // A positive value that a float would store as 0 or a subnormal (lr 1e-300 became 0).
+        Rejected{R"({"optimizer": {"lr": 1e-300}})", "optimizer.lr", "1e-300"},
+        Rejected{R"({"optimizer": {"lr": 1e-40}})", "optimizer.lr", "1e-40"},
+        Rejected{R"({"optimizer": {"lr": 1e-400}})", "optimizer.lr", "1e-400"},
+        Rejected{R"({"optimizer": {"weight_decay": 1e-45}})", "optimizer.weight_decay", "1e-45"},
+        Rejected{R"({"guard": {"timeout_s": 1e-310}})", "guard.timeout_s", "1e-310"},
+        // Used to be accepted, then std::bad_alloc.
+        Rejected{R"({"guard": {"timeout_s": 1e10}})", "guard.timeout_s", "1e10"},
+        Rejected{R"({"guard": {"timeout_s": 604800.5}})", "guard.timeout_s", "604800.5"},
+        Rejected{R"({"guard": {"timeout_s": -1}})", "guard.timeout_s", "-1"},
+        // Betas: each element named; rounding to 1 as a float counts.
+        Rejected{R"({"optimizer": {"betas": [0.9, 1.0]}})", "optimizer.betas[1]", "1.0"},
+        Rejected{R"({"optimizer": {"betas": [-0.1, 0.9]}})", "optimizer.betas[0]", "-0.1"},
+        Rejected{R"({"optimizer": {"betas": [0.9, 0.99999999999]}})", "optimizer.betas[1]", "0.99999999999"},
+        Rejected{R"({"optimizer": {"betas": [0.9, 1e999]}})", "optimizer.betas[1]", "1e999"},
+        Rejected{R"({"optimizer": {"betas": [0.9]}})", "optimizer.betas", "[0.9]"},
+        Rejected{R"({"optimizer": {"weight_decay": -0.01}})", "optimizer.weight_decay", "-0.01"},
+        Rejected{R"({"optimizer": {"weight_decay": 1e7}})", "optimizer.weight_decay", "1e7"},
+        Rejected{R"({"optimizer": {"momentum": 1.5}})", "optimizer.momentum", "1.5"},
+        Rejected{R"({"optimizer": {"dampening": -1}})", "optimizer.dampening", "-1"},
+        Rejected{R"({"clip_grad_norm": -1})", "clip_grad_norm", "-1"},
+        Rejected{R"({"clip_grad_norm": 1e39})", "clip_grad_norm", "1e39"},
+        Rejected{R"({"gradient_accumulation_steps": 0})", "gradient_accumulation_steps", "0"},
+        Rejected{R"({"loss_scale": {"min": 0}})", "loss_scale.min", "0"},
+        Rejected{R"({"loss_scale": {"min": 1e20}})", "loss_scale.min", "1e20"},
+        Rejected{R"({"loss_scale": {"initial_power": 65}})", "loss_scale.initial_power", "65"},
+        Rejected{R"({"loss_scale": {"window": 0}})", "loss_scale.window", "0"},
+        Rejected{R"({"stage3": {"max_live_elems": 0}})", "stage3.max_live_elems", "0"},
+        Rejected{R"({"stage3": {"prefetch_elems": -1}})", "stage3.prefetch_elems", "-1"},
+        Rejected{R"({"stage3": {"persistence_threshold": 1e16}})", "stage3.persistence_threshold", "1e16"},
+        Rejected{R"({"guard": {"replica_check_every": -1}})", "guard.replica_check_every", "-1"},
+        // Wrong types quote the value too.
+        Rejected{R"({"optimizer": {"lr": "fast"}})", "optimizer.lr", "\"fast\""},
+        Rejected{R"({"guard": {"consistency_check": 1}})", "guard.consistency_check", "1"}));
+
+TEST(ConfigJson, TextThatIsNotJsonSaysWhere) {
+  const StatusOr<Config> config = Config::FromJson("{\"stage\": 2,\n \"device\": cpu}");
+  ASSERT_FALSE(config.ok());
+  EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(config.status().message().find("not valid JSON"), std::string::npos) << config.status();
+  EXPECT_NE(config.status().message().find("line 2"), std::string::npos) << config.status();
+}
+
+TEST(ConfigJson, AcceptsTheEdgesOfEveryRange) {
+  const StatusOr<Config> config = Config::FromJson(R"({
+      "stage": 3.0,
+      "optimizer": {"lr": 1e6, "betas": [0, 0.99999994], "eps": 1, "weight_decay": 1e6,
+                    "momentum": 1, "dampening": 0},
+      "buckets": {"reduce_bucket_elems": 1e15, "first_bucket_elems": 1, "pool_buffers": 2147483647},
+      "stage3": {"prefetch_elems": 0, "max_live_elems": 1e15, "persistence_threshold": 0},
+      "gradient_accumulation_steps": 2147483647, "clip_grad_norm": 3.4028234e38,
+      "loss_scale": {"initial_power": 64, "window": 1, "hysteresis": 1, "min": 1.8446744073709552e19},
+      "guard": {"timeout_s": 604800, "replica_check_every": 0}})");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->stage, 3);
+  EXPECT_EQ(config->buckets.reduce_bucket_elems, int64_t{1'000'000'000'000'000});
+  EXPECT_FLOAT_EQ(config->optimizer.beta2, 0.99999994f);
+  EXPECT_DOUBLE_EQ(config->guard.timeout_s, 604800);
+  const StatusOr<Config> smallest = Config::FromJson(
+      R"({"optimizer": {"lr": 1.17549435e-38, "eps": 1.17549435e-38, "weight_decay": 0}, "guard": {"timeout_s": 0}})");
+  ASSERT_TRUE(smallest.ok()) << smallest.status();
+  EXPECT_EQ(smallest->optimizer.lr, std::numeric_limits<float>::min());
+}
+
+// Values set in C++ (no JSON) go through the same ranges in Validate, NaN and Inf included.
+TEST(ConfigValidate, RejectsNonFiniteAndSubnormalValuesNamingTheKey) {
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  struct Case {
+    std::function<void(Config&)> set;
+    std::string key;
+  };
+  const std::vector<Case> cases = {
+      {[&](Config& c) { c.optimizer.lr = nan; }, "optimizer.lr"},
+      {[&](Config& c) { c.optimizer.lr = 1e-40f; }, "optimizer.lr"},
+      {[&](Config& c) { c.optimizer.eps = inf; }, "optimizer.eps"},
+      {[&](Config& c) { c.optimizer.beta1 = nan; }, "optimizer.betas[0]"},
+      {[&](Config& c) { c.optimizer.weight_decay = inf; }, "optimizer.weight_decay"},
+      {[&](Config& c) { c.clip_grad_norm = nan; }, "clip_grad_norm"},
+      {[&](Config& c) { c.loss_scale.min = inf; }, "loss_scale.min"},
+      {[&](Config& c) { c.guard.timeout_s = std::numeric_limits<double>::infinity(); }, "guard.timeout_s"},
+      {[&](Config& c) { c.guard.timeout_s = 1e10; }, "guard.timeout_s"},
+      {[&](Config& c) { c.buckets.reduce_bucket_elems = std::numeric_limits<int64_t>::max(); },
+       "buckets.reduce_bucket_elems"},
+  };
+  for (const Case& c : cases) {
+    Config config;
+    c.set(config);
+    const Status status = config.Validate();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << c.key << ": " << status;
+    EXPECT_NE(status.message().find("\"" + c.key + "\""), std::string::npos) << status;
+  }
+  EXPECT_TRUE(Config().Validate().ok());
+}
+
+// Trains the toy model a few steps on two in-process ranks; every rank's status.
+std::vector<Status> TrainTwoRanks(const Config& config) {
+  auto group = comm::CreateLocalGroup(2);
+  EXPECT_TRUE(group.ok()) << group.status();
+  std::vector<Status> statuses(2);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 2; ++r) {
+    ranks.emplace_back([&, r] {
+      auto engine = Engine::Create(config, *(*group)[r]);
+      if (!engine.ok()) {
+        statuses[r] = engine.status();
+        return;
+      }
+      testing::ToyOptions options;
+      options.steps = 3;
+      testing::ToyResult result;
+      statuses[r] = testing::TrainToy(**engine, options, &result);
+    });
+  }
+  for (auto& t : ranks) t.join();
+  return statuses;
+}
+
+// What FromJson accepts, the kernels accept: the defaults of every optimizer at every stage,
+// and each optimizer at the extremes of its ranges.
+TEST(ConfigSteps, EveryAcceptedConfigSteps) {
+  const std::vector<std::string> optimizers = {"adam", "adamw", "sgd", "lamb", "lion"};
+  std::vector<std::string> configs;
+  for (const std::string& type : optimizers) {
+    for (int stage = 0; stage <= 3; ++stage) {
+      configs.push_back(absl::StrCat(R"({"stage": )", stage, R"(, "optimizer": {"type": ")", type, R"("}})"));
+    }
+    configs.push_back(absl::StrCat(R"({"optimizer": {"type": ")", type, R"(", "lr": 1e6, "eps": 1,
+        "weight_decay": 1e6, "betas": [0, 0.99999994], "momentum": 1, "dampening": 1},
+        "clip_grad_norm": 3.4028234e38, "guard": {"timeout_s": 604800},
+        "loss_scale": {"mode": "dynamic", "initial_power": 64, "min": 1.8446744073709552e19}})"));
+    configs.push_back(absl::StrCat(R"({"optimizer": {"type": ")", type, R"(", "lr": 1.17549435e-38,
+        "eps": 1.17549435e-38, "weight_decay": 0, "betas": [0.5, 0], "momentum": 0.9},
+        "clip_grad_norm": 1.17549435e-38, "guard": {"timeout_s": 0},
+        "loss_scale": {"mode": "static", "initial_power": 0, "min": 1.17549435e-38}})"));
+  }
+  for (const std::string& json : configs) {
+    SCOPED_TRACE(json);
+    const StatusOr<Config> config = Config::FromJson(json);
+    ASSERT_TRUE(config.ok()) << config.status();
+    for (const Status& status : TrainTwoRanks(*config)) EXPECT_TRUE(status.ok()) << status;
+  }
+}
+
+// Each rank registers `specs`, then Finalize; returns each rank's Finalize status.
+std::vector<Status> FinalizeOnRanks(const std::vector<std::vector<ParamSpec>>& specs,
+                                    const std::vector<int>& stages = {}) {
+  const int world = static_cast<int>(specs.size());
+  auto group = comm::CreateLocalGroup(world);
+  EXPECT_TRUE(group.ok()) << group.status();
+  std::vector<Status> statuses(world);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < world; ++r) {
+    ranks.emplace_back([&, r] {
+      Config config;
+      config.guard.timeout_s = 60;
+      if (!stages.empty()) config.stage = stages[r];
+      auto engine = Engine::Create(config, *(*group)[r]);
+      if (!engine.ok()) {
+        statuses[r] = engine.status();
+        return;
+      }
+      for (const ParamSpec& spec : specs[r]) {
+        statuses[r] = (*engine)->RegisterParam(spec).status();
+        if (!statuses[r].ok()) return;
+      }
+      statuses[r] = (*engine)->Finalize();
+    });
+  }
+  for (auto& t : ranks) t.join();
+  return statuses;
+}
+
+void ExpectEveryRankSays(const std::vector<Status>& statuses, const std::vector<std::string>& parts) {
+  for (size_t r = 0; r < statuses.size(); ++r) {
+    EXPECT_EQ(statuses[r].code(), absl::StatusCode::kInvalidArgument) << "rank " << r << ": " << statuses[r];
+    for (const std::string& part : parts) {
+      EXPECT_NE(statuses[r].message().find(part), std::string::npos) << "rank " << r << " lacks " << part << ": "
+                                                                      << statuses[r];
+    }
+  }
+}
+
+TEST(RegistryMismatch, EveryRankNamesBothSides) {
+  const ParamSpec embed{"embed.weight", {16, 8}}, lora{"block.0.lora_B.weight", {8, 8}};
+  ExpectEveryRankSays(FinalizeOnRanks({{embed, lora}, {lora, embed}}),
+                      {"param index 0", "rank 0 has \"embed.weight\" [16, 8] fp32",
+                       "rank 1 has \"block.0.lora_B.weight\" [8, 8] fp32"});
+}
+
+TEST(RegistryMismatch, GroupsRanksAndShowsWhatDiffers) {
+  const ParamSpec a{"a", {4}}, b{"b", {4}}, frozen{"b", {4}, DType::kFP32, false, 1, 2};
+  ExpectEveryRankSays(FinalizeOnRanks({{a, b}, {a, b}, {a, frozen}, {a, b}}),
+                      {"param index 1", "ranks 0-1, 3 have \"b\" [4] fp32,",
+                       "rank 2 has \"b\" [4] fp32 frozen group 1 unit 2"});
+}
+
+TEST(RegistryMismatch, ARankWithFewerParamsHasNothingThere) {
+  const ParamSpec a{"a", {4}}, b{"b", {2, 3}};
+  ExpectEveryRankSays(FinalizeOnRanks({{a, b}, {a}}), {"param index 1", "rank 0 has \"b\" [2, 3] fp32",
+                                                       "rank 1 has nothing (it registered only 1 param)"});
+}
+
+// Names are cut to a fixed length, never inside a UTF-8 character (€ is three bytes).
+TEST(RegistryMismatch, LongNamesAreCut) {
+  std::string euros;
+  for (int i = 0; i < 400; ++i) euros += "€";
+  const ParamSpec a{std::string(1000, 'x'), {4}}, b{euros, {4}};
+  const std::vector<Status> statuses = FinalizeOnRanks({{a}, {b}});
+  ExpectEveryRankSays(statuses, {"param index 0", "rank 0 has \"xxxx", "rank 1 has \"€€€", "x…\" [4] fp32",
+                                 "€…\" [4] fp32"});
+  EXPECT_LT(statuses[0].message().size(), 1000u) << statuses[0];
+}
+
+TEST(RegistryMismatch, DifferentStagesAreNamed) {
+  const ParamSpec a{"a", {4}};
+  ExpectEveryRankSays(FinalizeOnRanks({{a}, {a}, {a}}, {2, 1, 2}),
+                      {"different ZeRO stages", "ranks 0, 2 have stage 2", "rank 1 has stage 1"});
+}
+
+TEST(RegistryMismatch, AgreeingRanksFinalize) {
+  const ParamSpec a{"a", {4}}, b{"b", {3, 5}};
+  for (const Status& status : FinalizeOnRanks({{a, b}, {a, b}, {a, b}})) EXPECT_TRUE(status.ok()) << status;
+}
+
+}  // namespace
+}  // namespace zero
