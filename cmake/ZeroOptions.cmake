@@ -3,6 +3,10 @@
 #   ON:   require it; configuration fails with a message saying what is missing.
 #   OFF:  do not look.
 # Results: ZERO_HAVE_CUDA and ZERO_HAVE_MPI (ON/OFF), and targets CUDA::cudart, MPI::MPI_C.
+#
+# Also here, from their own files:
+#   ZERO_SANITIZE   "" | address | thread   sanitizer builds (cmake/ZeroSanitize.cmake)
+#   ZERO_BUILD_FUZZ OFF | ON                 libFuzzer targets, clang only (tests/fuzz/)
 
 set(ZERO_CUDA AUTO CACHE STRING "Build the CUDA kernels and backends: AUTO, ON or OFF")
 set_property(CACHE ZERO_CUDA PROPERTY STRINGS AUTO ON OFF)
@@ -49,3 +53,7 @@ endif()
 
 message(STATUS "ZeroRT: CUDA ${ZERO_HAVE_CUDA} (ZERO_CUDA=${ZERO_CUDA}), "
                "MPI ${ZERO_HAVE_MPI} (ZERO_MPI=${ZERO_MPI})")
+
+# Sanitizer builds (ZERO_SANITIZE) and the fuzz targets' option (ZERO_BUILD_FUZZ).
+include(${CMAKE_CURRENT_LIST_DIR}/ZeroSanitize.cmake)
+include(${CMAKE_CURRENT_LIST_DIR}/ZeroFuzz.cmake)
