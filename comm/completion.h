@@ -33,6 +33,15 @@ class Completion {
     done_signal_.notify_all();
   }
 
+  /// Runs `work` unless the waiter has abandoned the event (then returns false without running
+  /// it): the same guarantee as CompleteAfter's, for work done before completion.
+  bool RunUnlessAbandoned(const std::function<void()>& work) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (abandoned_) return false;
+    work();
+    return true;
+  }
+
   /// The waiter gives up: true if the event was not done (and now never runs its finish),
   /// false if it completed meanwhile (Wait then returns its status).
   bool Abandon() {

@@ -4,7 +4,7 @@
 //     "optimizer": {"type": "adamw", "lr": 1e-3, "betas": [0.9, 0.999], "eps": 1e-8,
 //                   "weight_decay": 0.01, "momentum": 0.0, "dampening": 0.0, "nesterov": false},
 //     "precision": {"param": "fp32", "grad": "fp32", "reduce": "fp32", "master_weights": true},
-//     "buckets": {"reduce_bucket_elems": 25000000, "first_bucket_elems": 1000000,
+//     "buckets": {"reduce_bucket_elems": 4000000, "first_bucket_elems": 1000000,
 //                 "overlap": true, "pool_buffers": 4},
 //     "stage3": {"prefetch_elems": 50000000, "max_live_elems": 1000000000,
 //                "persistence_threshold": 100000},
@@ -63,7 +63,10 @@ struct PrecisionConfig {
 };
 
 struct BucketConfig {
-  int64_t reduce_bucket_elems = 25'000'000;  ///< [1, 1e15]
+  /// [1, 1e15]. Smaller buckets start their reduction earlier in backward and hide more of it;
+  /// larger ones pay less per-collective latency. 4M elements (16 MiB fp32) hid all but one
+  /// bucket's reduction in zero_bench_iteration (README, "Choosing bucket sizes").
+  int64_t reduce_bucket_elems = 4'000'000;
   int64_t first_bucket_elems = 1'000'000;    ///< [1, 1e15]
   bool overlap = true;    ///< launch a bucket's reduction as soon as it is ready
   int pool_buffers = 4;   ///< stage 2: bucket buffers being filled or in flight at once (≥ 1)

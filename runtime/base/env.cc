@@ -45,6 +45,14 @@ StatusOr<EnvTunables> ReadEnvTunables() {
           absl::StrCat("ZERO_CPU_THREADS=", threads, " is not a non-negative integer"));
     }
   }
+  if (const char* algorithm = Get("ZERO_MPI_REDUCE_SCATTER")) {
+    env.mpi_reduce_scatter = absl::AsciiStrToLower(algorithm);
+    const std::string& a = env.mpi_reduce_scatter;
+    if (a != "auto" && a != "ring" && a != "allreduce" && a != "native") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "ZERO_MPI_REDUCE_SCATTER=", algorithm, " is not one of auto, ring, allreduce, native"));
+    }
+  }
   return env;
 }
 

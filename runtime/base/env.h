@@ -3,10 +3,15 @@
 //   ZERO_DEBUG        WARN (default) | INFO | DETAIL   log verbosity
 //   ZERO_CPU_ISA      avx512 | avx2 | scalar           cap the CPU kernels' instruction set
 //   ZERO_CPU_THREADS  N ≥ 0                            threads for CPU kernels (0 = all cores)
+//   ZERO_MPI_REDUCE_SCATTER  auto | ring | allreduce | native
+//                                                      the MPI reduce-scatter algorithm (auto:
+//                                                      measured per size when a communicator
+//                                                      is created; comm/mpi/mpi_tuning.h)
 #ifndef ZERO_RUNTIME_BASE_ENV_H_
 #define ZERO_RUNTIME_BASE_ENV_H_
 
 #include <optional>
+#include <string>
 
 #include "runtime/base/cpu_isa.h"
 #include "runtime/base/logging.h"
@@ -19,6 +24,7 @@ struct EnvTunables {
   LogLevel log_level = LogLevel::kWarn;
   std::optional<CpuIsa> cpu_isa_cap;  ///< unset: the best the CPU supports
   int cpu_threads = 0;                ///< 0: all cores
+  std::string mpi_reduce_scatter = "auto";  ///< auto, ring, allreduce or native
 };
 
 /// Reads and validates the variables above. A malformed value is kInvalidArgument naming the

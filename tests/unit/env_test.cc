@@ -15,6 +15,7 @@ class EnvTest : public ::testing::Test {
     unsetenv("ZERO_DEBUG");
     unsetenv("ZERO_CPU_ISA");
     unsetenv("ZERO_CPU_THREADS");
+    unsetenv("ZERO_MPI_REDUCE_SCATTER");
   }
 };
 
@@ -24,17 +25,20 @@ TEST_F(EnvTest, DefaultsWhenUnset) {
   EXPECT_EQ(env->log_level, LogLevel::kWarn);
   EXPECT_FALSE(env->cpu_isa_cap.has_value());
   EXPECT_EQ(env->cpu_threads, 0);
+  EXPECT_EQ(env->mpi_reduce_scatter, "auto");
 }
 
 TEST_F(EnvTest, ParsesValues) {
   setenv("ZERO_DEBUG", "detail", 1);
   setenv("ZERO_CPU_ISA", "avx2", 1);
   setenv("ZERO_CPU_THREADS", "3", 1);
+  setenv("ZERO_MPI_REDUCE_SCATTER", "Ring", 1);
   auto env = ReadEnvTunables();
   ASSERT_TRUE(env.ok());
   EXPECT_EQ(env->log_level, LogLevel::kDetail);
   EXPECT_EQ(env->cpu_isa_cap, CpuIsa::kAvx2);
   EXPECT_EQ(env->cpu_threads, 3);
+  EXPECT_EQ(env->mpi_reduce_scatter, "ring");
 }
 
 TEST_F(EnvTest, BadValuesNameTheVariable) {
@@ -50,6 +54,10 @@ TEST_F(EnvTest, BadValuesNameTheVariable) {
   setenv("ZERO_CPU_THREADS", "-2", 1);
   s = ReadEnvTunables().status();
   EXPECT_NE(s.message().find("ZERO_CPU_THREADS"), std::string::npos);
+  Clear();
+  setenv("ZERO_MPI_REDUCE_SCATTER", "tree", 1);
+  s = ReadEnvTunables().status();
+  EXPECT_NE(s.message().find("ZERO_MPI_REDUCE_SCATTER=tree"), std::string::npos);
 }
 
 TEST(CpuIsa, DetectionIsConsistentWithNames) {

@@ -40,7 +40,7 @@ ABSL_FLAG(double, weight_decay, 0.01, "weight decay");
 ABSL_FLAG(std::string, precision, "fp32",
           "params and gradients: fp32, bf16 or fp16 (16-bit keep fp32 master weights; fp16 adds dynamic loss scaling)");
 ABSL_FLAG(int, steps, 100, "optimizer steps (≥ 1; with --resume, the total including those already done)");
-ABSL_FLAG(int64_t, reduce_bucket_elems, 25'000'000, "elements per gradient bucket");
+ABSL_FLAG(int64_t, reduce_bucket_elems, 4'000'000, "elements per gradient bucket");
 ABSL_FLAG(int64_t, first_bucket_elems, 1'000'000, "elements in the first bucket");
 ABSL_FLAG(int, accumulation, 1, "micro-batches per optimizer step (gradient_accumulation_steps)");
 ABSL_FLAG(double, clip, 0.0, "clip the global gradient norm to this (0: off)");

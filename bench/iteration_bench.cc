@@ -1,0 +1,201 @@
+// Whole training iterations, stages 0-3, with a simulated backward: how much of the gradient
+// communication hides behind backward, and what each stage costs next to stage 0.
+//
+//   mpirun -np 2 zero_bench_iteration        (or -np 3; in-process ranks are not timed here)
+//
+// The model is an MLP of `layers` Linear(width, width) layers (weight and bias; 6 × 1024 by
+// default: 6.3M fp32 params, AdamW). One iteration: BeginIteration; for each layer in backward
+// order: [stage 3: Gather(layer)], the layer's simulated backward (a sleep: the compute of a
+// GPU, or of threads this benchmark does not model, that leaves the CPU to communication),
+// AccumulateGrad for bias and weight, [stage 3: Release(layer)]; EndBackward; Step. The sleep
+// per layer is backward_ms / layers. Forward is not simulated (its stage-3 gathers are the
+// same as backward's).
+//
+// Per stage, rank 0 reports (medians over the timed iterations):
+//   step_ms          BeginIteration to the end of Step
+//   exposed_comm_ms  EndBackward: waiting for reductions after the last gradient
+//   step_call_ms     Step: the optimizer on this rank's shard, and at stages 1-2 the
+//                    parameter all-gather
+//   comm_ms          EndBackward of the same iteration with backward_ms = 0: every bucket's
+//                    reduction back to back (what communication costs when nothing hides it)
+//   overlap          1 − exposed_comm_ms / comm_ms: the fraction hidden behind backward
+//   vs_stage0        step_ms / stage 0's step_ms measured earlier in the same run
+// Arguments: stage, backward_ms, bucket (reduce_bucket_elems in units of 1M elements; 0: the
+// config default). Every rank runs the same fixed iteration counts.
+#include <benchmark/benchmark.h>
+#include <mpi.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bench/mpi_reporting.h"
+#include "zero/communicator.h"
+#include "zero/engine.h"
+
+namespace zero::bench {
+namespace {
+
+constexpr int kLayers = 6;
+constexpr int64_t kWidth = 1024;
+constexpr int kWarmupIterations = 2;
+constexpr int kTimedIterations = 9;
+
+double Median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
+}
+
+double MillisecondsSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+}
+
+struct Timings {
+  double step_ms = 0, exposed_ms = 0, step_call_ms = 0;
+};
+
+// One engine with the MLP registered and initialised.
+class Model {
+ public:
+  static StatusOr<std::unique_ptr<Model>> Create(comm::Communicator& comm, int stage, int64_t bucket_elems) {
+    Config config;
+    config.stage = stage;
+    config.optimizer.type = OptimizerType::kAdamW;
+    if (bucket_elems > 0) config.buckets.reduce_bucket_elems = bucket_elems;
+    auto model = std::make_unique<Model>();
+    ZERO_ASSIGN_OR_RETURN(model->engine_, Engine::Create(config, comm));
+    for (int l = 0; l < kLayers; ++l) {
+      const std::string name = "layer" + std::to_string(l);
+      ZERO_ASSIGN_OR_RETURN(ParamId w, model->engine_->RegisterParam(
+                                           {name + ".weight", {kWidth, kWidth}, DType::kFP32, true, 0, l}));
+      ZERO_ASSIGN_OR_RETURN(ParamId b, model->engine_->RegisterParam(
+                                           {name + ".bias", {kWidth}, DType::kFP32, true, 0, l}));
+      model->weights_.push_back(w);
+      model->biases_.push_back(b);
+    }
+    ZERO_RETURN_IF_ERROR(model->engine_->Finalize());
+    model->weight_grad_.assign(kWidth * kWidth, 1e-3f);
+    model->bias_grad_.assign(kWidth, 1e-3f);
+    std::vector<float> init(kWidth * kWidth, 0.01f);
+    for (int l = 0; l < kLayers; ++l) {
+      ZERO_RETURN_IF_ERROR(model->engine_->SetParam(model->weights_[l], init.data()));
+      ZERO_RETURN_IF_ERROR(model->engine_->SetParam(model->biases_[l], init.data()));
+    }
+    model->stage_ = stage;
+    return model;
+  }
+
+  // One iteration; `backward_ms` of simulated compute spread over the layers.
+  StatusOr<Timings> Iterate(double backward_ms) {
+    Timings t;
+    const auto start = std::chrono::steady_clock::now();
+    ZERO_RETURN_IF_ERROR(engine_->BeginIteration());
+    const auto per_layer = std::chrono::duration<double, std::milli>(backward_ms / kLayers);
+    for (int l = kLayers - 1; l >= 0; --l) {
+      if (stage_ == 3) ZERO_RETURN_IF_ERROR(engine_->Gather(l));
+      if (backward_ms > 0) std::this_thread::sleep_for(per_layer);
+      ZERO_RETURN_IF_ERROR(engine_->AccumulateGrad(biases_[l], bias_grad_.data()));
+      ZERO_RETURN_IF_ERROR(engine_->AccumulateGrad(weights_[l], weight_grad_.data()));
+      if (stage_ == 3) ZERO_RETURN_IF_ERROR(engine_->Release(l));
+    }
+    const auto end_backward = std::chrono::steady_clock::now();
+    ZERO_RETURN_IF_ERROR(engine_->EndBackward());
+    t.exposed_ms = MillisecondsSince(end_backward);
+    const auto step = std::chrono::steady_clock::now();
+    ZERO_RETURN_IF_ERROR(engine_->Step().status());
+    t.step_call_ms = MillisecondsSince(step);
+    t.step_ms = MillisecondsSince(start);
+    return t;
+  }
+
+ private:
+  std::unique_ptr<Engine> engine_;
+  std::vector<ParamId> weights_, biases_;
+  std::vector<float> weight_grad_, bias_grad_;
+  int stage_ = 0;
+};
+
+// Stage 0's step_ms per (backward_ms, bucket), for vs_stage0 (stage 0 runs first).
+std::map<std::pair<int64_t, int64_t>, double>& StageZeroSteps() {
+  static auto* steps = new std::map<std::pair<int64_t, int64_t>, double>;
+  return *steps;
+}
+
+void BM_Iteration(benchmark::State& state, comm::Communicator* comm) {
+  const int stage = static_cast<int>(state.range(0));
+  const double backward_ms = static_cast<double>(state.range(1));
+  const int64_t bucket_elems = state.range(2) * (int64_t{1} << 20);
+  auto model = Model::Create(*comm, stage, bucket_elems);
+  if (!model.ok()) {
+    state.SkipWithError(std::string(model.status().message()).c_str());
+    return;
+  }
+  std::vector<double> steps, exposed, step_calls, comm_only;
+  auto run = [&](double compute, bool keep) -> bool {
+    MPI_Barrier(MPI_COMM_WORLD);
+    auto t = (*model)->Iterate(compute);
+    if (!t.ok()) {
+      state.SkipWithError(std::string(t.status().message()).c_str());
+      return false;
+    }
+    if (keep && compute > 0) {
+      steps.push_back(t->step_ms);
+      exposed.push_back(t->exposed_ms);
+      step_calls.push_back(t->step_call_ms);
+    } else if (keep) {
+      comm_only.push_back(t->exposed_ms);
+    }
+    return true;
+  };
+  for (auto _ : state) {
+    for (int i = 0; i < kWarmupIterations; ++i) {
+      if (!run(backward_ms, false)) return;
+    }
+    for (int i = 0; i < kTimedIterations; ++i) {
+      if (!run(backward_ms, true) || !run(0, true)) return;
+    }
+  }
+  const double step_ms = Median(steps), exposed_ms = Median(exposed), comm_ms = Median(comm_only);
+  state.counters["step_ms"] = step_ms;
+  state.counters["exposed_comm_ms"] = exposed_ms;
+  state.counters["step_call_ms"] = Median(step_calls);
+  state.counters["comm_ms"] = comm_ms;
+  state.counters["overlap"] = comm_ms > 0 ? std::max(0.0, 1.0 - exposed_ms / comm_ms) : 1.0;
+  state.counters["ranks"] = comm->size();
+  const auto key = std::make_pair(state.range(1), state.range(2));
+  if (stage == 0) StageZeroSteps()[key] = step_ms;
+  if (StageZeroSteps().count(key)) state.counters["vs_stage0"] = step_ms / StageZeroSteps()[key];
+}
+
+}  // namespace
+}  // namespace zero::bench
+
+int main(int argc, char** argv) {
+  using namespace zero::bench;
+  benchmark::Initialize(&argc, argv);
+  if (std::getenv("OMPI_COMM_WORLD_SIZE") == nullptr) {
+    std::fprintf(stderr, "zero_bench_iteration runs under mpirun: mpirun -np 2 %s\n", argv[0]);
+    return 2;
+  }
+  auto created = zero::comm::CreateMpiCommunicator(nullptr);
+  if (!created.ok()) {
+    std::fprintf(stderr, "%s\n", created.status().ToString().c_str());
+    return 1;
+  }
+  std::unique_ptr<zero::comm::Communicator> world = std::move(*created);
+  // Every stage at the default buckets, then at 4M- and 1M-element buckets.
+  auto* b = benchmark::RegisterBenchmark("BM_Iteration", BM_Iteration, world.get());
+  for (int64_t bucket : {0, 4, 1}) {
+    for (int stage : {0, 1, 2, 3}) b->Args({stage, 60, bucket});
+  }
+  b->ArgNames({"stage", "backward_ms", "bucket_M"})->Iterations(1)->UseRealTime()->Unit(benchmark::kMillisecond);
+  RunSpecifiedBenchmarksOnRanks(world->rank());
+  benchmark::Shutdown();
+  world.reset();
+  return 0;
+}
