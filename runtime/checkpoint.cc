@@ -160,6 +160,15 @@ Status EngineImpl::LoadCheckpoint(const std::string& dir) {
       if (!in || param < 0 || param >= num_params() || numel < 0) {
         return absl::InvalidArgumentError(absl::StrCat("checkpoint: ", path, " is truncated or corrupt (record ", k, ")"));
       }
+      // The record must lie inside its param: a size read from the file is never trusted
+      // for an allocation (a fuzzed file asked for 7e15 floats).
+      int64_t param_numel = 1;
+      for (int64_t d : specs_[param].shape) param_numel *= d;
+      if (begin < 0 || begin > param_numel || numel > param_numel - begin) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "checkpoint: ", path, " is corrupt: record ", k, " holds elements [", begin, ", +", numel,
+            ") of ", ParamLabel(param), ", which has ", param_numel));
+      }
       values.resize(static_cast<size_t>(numel) * (1 + moments));
       in.read(reinterpret_cast<char*>(values.data()), static_cast<std::streamsize>(values.size() * sizeof(float)));
       if (!in) return absl::InvalidArgumentError(absl::StrCat("checkpoint: ", path, " is truncated (record ", k, ")"));
