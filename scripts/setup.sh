@@ -8,7 +8,7 @@ packages=(
   cmake make g++ pkg-config
   libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev
   libopenmpi-dev openmpi-bin
-  python3 python3-numpy
+  python3 python3-numpy python3-torch python3-pytest
   gnuplot-nox
 )
 

@@ -1,0 +1,25 @@
+"""ZeroRT from Python: a ZeRO-style sharded optimizer runtime over its C ABI (libzerort.so).
+
+    import zerort            # communicators, engines, exceptions (no PyTorch needed)
+    import zerort.torch      # the PyTorch integration: zerort.torch.initialize(model, config)
+
+The library is found through ZERORT_LIBRARY, the build tree (build/lib/libzerort.so beside
+this package's source) or the dynamic loader's path.
+"""
+from .core import (Communicator, Engine, local_group, mpi_communicator,
+                   version)
+from .errors import (AlreadyExistsError, CancelledError, DataLossError,
+                     DeadlineExceededError, DuplicateGradientError,
+                     FailedPreconditionError, InternalError,
+                     InvalidArgumentError, NotFoundError,
+                     ResourceExhaustedError, UnavailableError,
+                     UnimplementedError, UnusedParametersError, ZeroError)
+
+__all__ = [
+    "Communicator", "Engine", "local_group", "mpi_communicator", "version",
+    "ZeroError", "CancelledError", "InvalidArgumentError",
+    "DeadlineExceededError", "NotFoundError", "AlreadyExistsError",
+    "ResourceExhaustedError", "FailedPreconditionError", "UnimplementedError",
+    "InternalError", "UnavailableError", "DataLossError",
+    "DuplicateGradientError", "UnusedParametersError",
+]

@@ -1,0 +1,99 @@
+"""Loading libzerort.so and declaring the C ABI (include/zero/zero.h) for ctypes."""
+import ctypes
+import os
+
+_c_int64_p = ctypes.POINTER(ctypes.c_int64)
+_void_pp = ctypes.POINTER(ctypes.c_void_p)
+
+
+class StepInfo(ctypes.Structure):
+    """zero_step_info: what one optimizer step did."""
+    _fields_ = [("step", ctypes.c_int64), ("skipped", ctypes.c_int),
+                ("grad_norm", ctypes.c_float), ("loss_scale", ctypes.c_float)]
+
+
+MEMORY_CATEGORIES = ("params", "grads", "optimizer", "comm", "gathered",
+                     "workspace")
+
+
+class MemoryStats(ctypes.Structure):
+    """zero_memory_stats: bytes per category, current and peak."""
+    _fields_ = [("current", ctypes.c_int64 * len(MEMORY_CATEGORIES)),
+                ("peak", ctypes.c_int64 * len(MEMORY_CATEGORIES))]
+
+
+# name: (argument types, result type); every call returning a status returns c_int.
+_PROTOTYPES = {
+    "zero_last_error": ([], ctypes.c_char_p),
+    "zero_version": ([], ctypes.c_char_p),
+    "zero_comm_local_group": ([ctypes.c_int, _void_pp], ctypes.c_int),
+    "zero_comm_mpi": ([ctypes.c_void_p, _void_pp], ctypes.c_int),
+    "zero_comm_rank": ([ctypes.c_void_p], ctypes.c_int),
+    "zero_comm_size": ([ctypes.c_void_p], ctypes.c_int),
+    "zero_comm_destroy": ([ctypes.c_void_p], None),
+    "zero_engine_create": ([ctypes.c_char_p, ctypes.c_void_p, _void_pp],
+                           ctypes.c_int),
+    "zero_engine_destroy": ([ctypes.c_void_p], None),
+    "zero_register_param": ([ctypes.c_void_p, ctypes.c_char_p, _c_int64_p,
+                             ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                             ctypes.c_int, ctypes.c_int, _c_int64_p],
+                            ctypes.c_int),
+    "zero_finalize": ([ctypes.c_void_p], ctypes.c_int),
+    "zero_set_param": ([ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p],
+                       ctypes.c_int),
+    "zero_get_param": ([ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p],
+                       ctypes.c_int),
+    "zero_param_data": ([ctypes.c_void_p, ctypes.c_int64, _void_pp],
+                        ctypes.c_int),
+    "zero_accumulate_grad": ([ctypes.c_void_p, ctypes.c_int64,
+                              ctypes.c_void_p], ctypes.c_int),
+    "zero_begin_iteration": ([ctypes.c_void_p], ctypes.c_int),
+    "zero_end_backward": ([ctypes.c_void_p], ctypes.c_int),
+    "zero_step": ([ctypes.c_void_p, ctypes.POINTER(StepInfo)], ctypes.c_int),
+    "zero_gather": ([ctypes.c_void_p, ctypes.c_int], ctypes.c_int),
+    "zero_release": ([ctypes.c_void_p, ctypes.c_int], ctypes.c_int),
+    "zero_save_checkpoint": ([ctypes.c_void_p, ctypes.c_char_p], ctypes.c_int),
+    "zero_load_checkpoint": ([ctypes.c_void_p, ctypes.c_char_p], ctypes.c_int),
+    "zero_memory_stats": ([ctypes.c_void_p, ctypes.POINTER(MemoryStats)],
+                          ctypes.c_int),
+    "zero_engine_rank": ([ctypes.c_void_p], ctypes.c_int),
+    "zero_engine_world_size": ([ctypes.c_void_p], ctypes.c_int),
+}
+
+
+def _candidates():
+    """Where libzerort.so may be, most specific first."""
+    explicit = os.environ.get("ZERORT_LIBRARY")
+    if explicit:
+        yield explicit
+    here = os.path.dirname(os.path.abspath(__file__))
+    # The build tree: python/zerort/ beside build/lib/.
+    yield os.path.join(here, "..", "..", "build", "lib", "libzerort.so")
+    # Installed: <prefix>/lib/python3/dist-packages/zerort/ or site-packages.
+    for up in (3, 4):
+        yield os.path.join(here, *([".."] * up), "libzerort.so")
+    yield "libzerort.so"  # the dynamic loader's own search path
+
+
+def load():
+    """Loads libzerort.so (ZERORT_LIBRARY overrides the search) with prototypes.
+
+    Raises OSError naming every place that was tried.
+    """
+    tried = []
+    for path in _candidates():
+        if os.sep in path and not os.path.exists(path):
+            tried.append(path)
+            continue
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError as error:
+            tried.append(f"{path} ({error})")
+            continue
+        for name, (argtypes, restype) in _PROTOTYPES.items():
+            function = getattr(lib, name)
+            function.argtypes = argtypes
+            function.restype = restype
+        return lib
+    raise OSError("libzerort.so not found; build it (make) or set "
+                  "ZERORT_LIBRARY to its path. Tried: " + "; ".join(tried))

@@ -1,0 +1,226 @@
+"""The C ABI as Python objects: communicators and engines (no PyTorch needed).
+
+Every call that fails raises the zerort exception of its status (zerort.errors) with the
+library's message; nothing is returned as a code.
+"""
+import ctypes
+import json
+import os
+import threading
+
+from . import errors
+from ._library import MEMORY_CATEGORIES, MemoryStats, StepInfo, load
+
+DTYPES = {"fp32": 0, "bf16": 1, "fp16": 2}
+
+_lib = None
+_lib_lock = threading.Lock()
+
+
+def library():
+    """The loaded libzerort.so (loaded once, on first use)."""
+    global _lib
+    with _lib_lock:
+        if _lib is None:
+            _lib = load()
+        return _lib
+
+
+def _check(status, what):
+    if status != 0:
+        message = library().zero_last_error().decode(errors="replace")
+        raise errors.error_for(status, f"{what}: {message}")
+
+
+def version():
+    """The library's version string."""
+    return library().zero_version().decode()
+
+
+class Communicator:
+    """One rank's communicator (owns the C handle; close() or garbage collection frees it)."""
+
+    def __init__(self, handle):
+        self._handle = ctypes.c_void_p(handle)  # first: __del__ runs even if __init__ fails
+        # Open engines built on this communicator: raw handle -> callbacks to run before the
+        # engine is freed. A communicator frees its engines first, whatever order the garbage
+        # collector finalises them in (a model, its hooks and its engine form a cycle).
+        self._engines = {}
+
+    @property
+    def handle(self):
+        """The zero_comm* for the C ABI."""
+        return self._handle
+
+    @property
+    def rank(self):
+        """This rank's index."""
+        return library().zero_comm_rank(self._handle)
+
+    @property
+    def size(self):
+        """The number of ranks."""
+        return library().zero_comm_size(self._handle)
+
+    def close(self):
+        """Frees the communicator, and first every engine still open on it."""
+        for handle in list(self._engines):
+            self._close_engine(handle)
+        if self._handle:
+            library().zero_comm_destroy(self._handle)
+            self._handle = ctypes.c_void_p()
+
+    def _close_engine(self, handle):
+        """Runs an engine's before-close callbacks and frees it (once)."""
+        callbacks = self._engines.pop(handle, None)
+        if callbacks is None:
+            return
+        for callback in callbacks:
+            callback()
+        library().zero_engine_destroy(ctypes.c_void_p(handle))
+
+    def __del__(self):
+        if _lib is not None:
+            self.close()
+
+
+def local_group(world):
+    """`world` in-process ranks (run one thread per rank): a list of Communicators."""
+    handles = (ctypes.c_void_p * world)()
+    _check(library().zero_comm_local_group(world, handles), "zero_comm_local_group")
+    return [Communicator(h) for h in handles]
+
+
+def mpi_communicator():
+    """This process's rank of MPI_COMM_WORLD (one process per rank under mpirun)."""
+    handle = ctypes.c_void_p()
+    _check(library().zero_comm_mpi(None, ctypes.byref(handle)), "zero_comm_mpi")
+    return Communicator(handle.value)
+
+
+def _config_json(config):
+    """A config given as a dict, a JSON string or a path to a JSON file."""
+    if isinstance(config, dict):
+        return json.dumps(config)
+    if config is None:
+        return "{}"
+    text = str(config)
+    if os.path.exists(text):
+        with open(text, encoding="utf-8") as file:
+            return file.read()
+    return text
+
+
+class Engine:
+    """One rank's engine: the C ABI's calls one to one (include/zero/zero.h)."""
+
+    def __init__(self, config, comm):
+        self._handle = ctypes.c_void_p()
+        handle = ctypes.c_void_p()
+        _check(library().zero_engine_create(_config_json(config).encode(),
+                                            comm.handle, ctypes.byref(handle)),
+               "zero_engine_create")
+        self._handle = handle
+        self._comm = comm  # kept alive while the engine is
+        comm._engines[handle.value] = []
+
+    def register_param(self, name, shape, dtype="fp32", requires_grad=True,
+                       group=0, unit=-1):
+        """Registers a param; returns its id."""
+        dims = (ctypes.c_int64 * max(1, len(shape)))(*shape)
+        pid = ctypes.c_int64()
+        _check(library().zero_register_param(
+            self._handle, name.encode(), dims, len(shape), DTYPES[dtype],
+            int(requires_grad), group, unit, ctypes.byref(pid)),
+            f"registering {name}")
+        return pid.value
+
+    def finalize(self):
+        """Builds the layout and checks that every rank registered the same params."""
+        _check(library().zero_finalize(self._handle), "zero_finalize")
+
+    def set_param(self, pid, address):
+        """Copies a full param from host memory at `address` into the engine."""
+        _check(library().zero_set_param(self._handle, pid, address), "zero_set_param")
+
+    def get_param(self, pid, address):
+        """Copies a full param into host memory at `address` (collective at stage 3)."""
+        _check(library().zero_get_param(self._handle, pid, address), "zero_get_param")
+
+    def param_data(self, pid):
+        """The address of the engine's full copy of a param (stages 0-2)."""
+        view = ctypes.c_void_p()
+        _check(library().zero_param_data(self._handle, pid, ctypes.byref(view)),
+               "zero_param_data")
+        return view.value
+
+    def accumulate_grad(self, pid, address):
+        """Adds a gradient (host memory at `address`, the param's dtype) and marks it ready."""
+        _check(library().zero_accumulate_grad(self._handle, pid, address),
+               "zero_accumulate_grad")
+
+    def begin_iteration(self):
+        """Starts a micro-batch."""
+        _check(library().zero_begin_iteration(self._handle), "zero_begin_iteration")
+
+    def end_backward(self):
+        """Ends a micro-batch's backward: launches what is left and waits."""
+        _check(library().zero_end_backward(self._handle), "zero_end_backward")
+
+    def step(self):
+        """The optimizer step; returns a dict with step, skipped, grad_norm, loss_scale."""
+        info = StepInfo()
+        _check(library().zero_step(self._handle, ctypes.byref(info)), "zero_step")
+        return {"step": info.step, "skipped": bool(info.skipped),
+                "grad_norm": info.grad_norm, "loss_scale": info.loss_scale}
+
+    def gather(self, unit):
+        """Stage 3: makes a unit's full params available."""
+        _check(library().zero_gather(self._handle, unit), "zero_gather")
+
+    def release(self, unit):
+        """Stage 3: frees a unit's gathered params."""
+        _check(library().zero_release(self._handle, unit), "zero_release")
+
+    def save_checkpoint(self, directory):
+        """Saves this rank's part of a checkpoint (every rank calls it)."""
+        _check(library().zero_save_checkpoint(self._handle, str(directory).encode()),
+               "zero_save_checkpoint")
+
+    def load_checkpoint(self, directory):
+        """Loads a checkpoint saved at any world size and stage."""
+        _check(library().zero_load_checkpoint(self._handle, str(directory).encode()),
+               "zero_load_checkpoint")
+
+    def memory_stats(self):
+        """Bytes per category: {"params": (current, peak), ...}."""
+        stats = MemoryStats()
+        _check(library().zero_memory_stats(self._handle, ctypes.byref(stats)),
+               "zero_memory_stats")
+        return {name: (stats.current[i], stats.peak[i])
+                for i, name in enumerate(MEMORY_CATEGORIES)}
+
+    @property
+    def rank(self):
+        """This rank's index."""
+        return library().zero_engine_rank(self._handle)
+
+    @property
+    def world_size(self):
+        """The number of ranks."""
+        return library().zero_engine_world_size(self._handle)
+
+    def on_close(self, callback):
+        """Runs `callback()` just before the engine is freed (by close(), by its
+        communicator's close(), or by the garbage collector)."""
+        self._comm._engines[self._handle.value].append(callback)
+
+    def close(self):
+        """Frees the engine (never blocks)."""
+        if self._handle:
+            self._comm._close_engine(self._handle.value)
+            self._handle = ctypes.c_void_p()
+
+    def __del__(self):
+        if _lib is not None:
+            self.close()

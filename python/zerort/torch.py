@@ -1,0 +1,230 @@
+"""ZeroRT as the optimizer backend of a PyTorch training loop.
+
+    import zerort.torch
+    engine = zerort.torch.initialize(model, {"stage": 2, "optimizer": {"lr": 1e-3}}, comm)
+    for batch in data:
+        loss = model(batch)
+        loss.backward()          # gradients go to the engine as autograd produces them
+        engine.step()            # ends the micro-batch; steps every gradient_accumulation_steps
+
+What happens to the model:
+- Every trainable param (`requires_grad=True`, each shared param once) is registered with the
+  engine under its `named_parameters()` name, in that order; frozen params (LoRA base weights,
+  frozen embeddings) are neither registered, sharded nor stepped.
+- At stages 0-2 each trainable param's `.data` becomes a view of the engine's own copy
+  (`zero_param_data`): the optimizer writes there, so nothing is copied back after a step.
+  Rank 0's initial values are broadcast to every rank at the first iteration.
+- A hook after each param's gradient accumulation (`register_post_accumulate_grad_hook` on
+  PyTorch ≥ 2.1, a post hook on the param's AccumulateGrad node before) hands the gradient to
+  the engine (`zero_accumulate_grad`: one copy into the bucket) and sets `.grad` to None, so
+  buckets reduce while the rest of backward runs.
+- CPU tensors only; stage 3 (module hooks that gather a unit around its forward and
+  backward) is not implemented in this package yet: `initialize` raises UnimplementedError.
+
+Every failure is a zerort exception carrying the status and the library's message
+(zerort.errors): DuplicateGradientError, UnusedParametersError, DeadlineExceededError, ...
+"""
+import contextlib
+import ctypes
+import json
+import os
+
+import torch
+
+from . import core, errors
+
+_DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+_UNUSED_HINT = (
+    "\nIn PyTorch the usual cause is torch.utils.checkpoint.checkpoint(..., use_reentrant=True) "
+    "around a block whose inputs do not require grad (frozen embeddings, the LoRA case): the "
+    "reentrant implementation then computes no gradient for any param inside the block, "
+    "silently. Fix: pass use_reentrant=False, or make the block's input require grad "
+    "(x.requires_grad_()). Other causes: a branch of the model that did not run on this rank "
+    "(set guard.on_unused = \"zero\"), or a param that is not used at all (freeze it).")
+
+
+def _config_dict(config):
+    if config is None:
+        return {}
+    if isinstance(config, dict):
+        return dict(config)
+    text = str(config)
+    if os.path.exists(text):
+        with open(text, encoding="utf-8") as file:
+            return json.load(file)
+    return json.loads(text)
+
+
+def _view(address, param):
+    """A tensor over `param.numel()` elements of `param.dtype` at `address`."""
+    nbytes = param.numel() * param.element_size()
+    buffer = (ctypes.c_byte * nbytes).from_address(address)
+    return torch.frombuffer(buffer, dtype=param.dtype,
+                            count=param.numel()).view(param.shape)
+
+
+class TorchEngine:
+    """One rank's engine driving `module`'s trainable params. Build it with initialize()."""
+
+    def __init__(self, module, config, comm):
+        self.module = module
+        self.config = _config_dict(config)
+        self.stage = int(self.config.get("stage", 0))
+        if self.stage == 3:
+            raise errors.UnimplementedError(
+                "zerort.torch: stage 3 (gathering units around each module's forward and "
+                "backward) is not implemented in the PyTorch package yet; use stages 0-2 "
+                "here, or the C++ API (Engine::Gather/Release) for stage 3")
+        self.gradient_accumulation_steps = int(
+            self.config.get("gradient_accumulation_steps", 1))
+        scale = self.config.get("loss_scale", {})
+        self.loss_scale = (2.0 ** scale.get("initial_power", 16)
+                           if scale.get("mode", "none") != "none" else 1.0)
+        self._engine = core.Engine(self.config, comm)
+        self._params = []  # (name, param, id)
+        for name, param in module.named_parameters():
+            if not param.requires_grad:
+                continue
+            if param.device.type != "cpu":
+                raise errors.UnimplementedError(
+                    f"zerort.torch: {name} is on {param.device}; this package drives CPU "
+                    "tensors only so far")
+            if param.dtype not in _DTYPES:
+                raise errors.InvalidArgumentError(
+                    f"zerort.torch: {name} has dtype {param.dtype}; ZeroRT keeps float32, "
+                    "bfloat16 or float16 params")
+            pid = self._engine.register_param(name, list(param.shape),
+                                              _DTYPES[param.dtype])
+            self._params.append((name, param, pid))
+        self._engine.finalize()
+        for _, param, pid in self._params:
+            values = param.detach().contiguous()
+            self._engine.set_param(pid, values.data_ptr())
+        self._bind_views()
+        self._hooks = []
+        self._accumulators = []  # AccumulateGrad nodes must outlive their hooks
+        for _, param, pid in self._params:
+            self._add_grad_hook(param, pid)
+        self._in_micro_batch = False
+        self._micro_batches = 0
+        self._engine.on_close(self._detach)
+
+    @property
+    def engine(self):
+        """The underlying zerort.core.Engine (checkpoints, memory statistics)."""
+        return self._engine
+
+    @property
+    def rank(self):
+        """This rank's index."""
+        return self._engine.rank
+
+    def _bind_views(self):
+        """Stages 0-2: every trainable param's data becomes the engine's copy."""
+        with torch.no_grad():
+            for _, param, pid in self._params:
+                param.data = _view(self._engine.param_data(pid), param)
+
+    def _add_grad_hook(self, param, pid):
+        def hand_over():
+            grad = param.grad
+            if grad is None:
+                return
+            if not self._in_micro_batch:
+                self._engine.begin_iteration()
+                self._in_micro_batch = True
+            grad = grad.detach()
+            if grad.dtype != param.dtype or not grad.is_contiguous():
+                grad = grad.to(param.dtype).contiguous()
+            self._engine.accumulate_grad(pid, grad.data_ptr())
+            param.grad = None
+
+        if hasattr(param, "register_post_accumulate_grad_hook"):
+            self._hooks.append(
+                param.register_post_accumulate_grad_hook(lambda _: hand_over()))
+        else:  # PyTorch < 2.1: a post hook on the param's AccumulateGrad node, as DDP does
+            accumulator = param.expand_as(param).grad_fn.next_functions[0][0]
+            self._accumulators.append(accumulator)
+            self._hooks.append(accumulator.register_hook(lambda *_: hand_over()))
+
+    def scale(self, loss):
+        """`loss` times the current loss scale (1 unless loss_scale.mode is set)."""
+        return loss * self.loss_scale
+
+    def step(self):
+        """Ends this micro-batch's backward; every gradient_accumulation_steps micro-batches,
+        steps the optimizer and returns {"step", "skipped", "grad_norm", "loss_scale"}
+        (None in between)."""
+        if not self._in_micro_batch:  # no gradient arrived: let the engine say which
+            self._engine.begin_iteration()
+            self._in_micro_batch = True
+        try:
+            self._engine.end_backward()
+        except errors.UnusedParametersError as error:
+            raise errors.UnusedParametersError(error.message + _UNUSED_HINT) from None
+        self._in_micro_batch = False
+        self._micro_batches += 1
+        if self._micro_batches < self.gradient_accumulation_steps:
+            return None
+        self._micro_batches = 0
+        info = self._engine.step()
+        self.loss_scale = info["loss_scale"]
+        return info
+
+    def zero_grad(self, set_to_none=True):
+        """Clears any `.grad` left on trainable params (the engine zeroes its own)."""
+        del set_to_none  # always None: the engine holds the gradients
+        for _, param, _ in self._params:
+            param.grad = None
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Unsupported: ZeroRT accumulates micro-batches itself
+        (config gradient_accumulation_steps), reducing each into the shard."""
+        raise errors.UnimplementedError(
+            "no_sync(): set gradient_accumulation_steps in the config and call step() after "
+            "every micro-batch's backward; the engine steps the optimizer every N of them")
+        yield  # pragma: no cover
+
+    def state_dict(self):
+        """Full copies of every trainable param, by name (collective at stage 3)."""
+        result = {}
+        for name, param, pid in self._params:
+            full = torch.empty(param.shape, dtype=param.dtype)
+            self._engine.get_param(pid, full.data_ptr())
+            result[name] = full
+        return result
+
+    def save_checkpoint(self, directory):
+        """Every rank saves its part; loadable at any world size and stage."""
+        self._engine.save_checkpoint(directory)
+
+    def load_checkpoint(self, directory):
+        """Loads params and optimizer state; the model's params show the loaded values."""
+        self._engine.load_checkpoint(directory)
+        self._bind_views()
+
+    def _detach(self):
+        """Before the engine's memory goes: hooks removed, params given their own copies."""
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
+        with torch.no_grad():
+            for _, param, _ in self._params:
+                param.data = param.data.clone()
+
+    def close(self):
+        """Frees the engine; the model keeps its params' last values and trains no more."""
+        self._engine.close()
+
+
+def initialize(model, config=None, comm=None):
+    """Builds a TorchEngine for `model` with `config` (a dict, a JSON string or a file path).
+
+    `comm`: a zerort.core.Communicator (zerort.local_group(n)[r] for in-process ranks); None
+    means this process's MPI rank (run under mpirun).
+    """
+    if comm is None:
+        comm = core.mpi_communicator()
+    return TorchEngine(model, config, comm)
