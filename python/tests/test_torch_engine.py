@@ -39,7 +39,8 @@ class LoraBlock(nn.Module):
 class TinyLM(nn.Module):
     """Frozen embeddings, two LoRA blocks (optionally checkpointed), a trainable head."""
 
-    def __init__(self, share_adapter=False, reentrant=False, input_requires_grad=False):
+    def __init__(self, share_adapter=False, reentrant=False, input_requires_grad=False,
+                 branch=False):
         super().__init__()
         torch.manual_seed(0)
         self.embed = nn.Embedding(VOCAB, DIM)
@@ -47,15 +48,18 @@ class TinyLM(nn.Module):
         first = LoraBlock()
         self.blocks = nn.ModuleList([first, LoraBlock(first.lora_a if share_adapter else None)])
         self.head = nn.Linear(DIM, VOCAB)
+        self.branch = nn.Linear(DIM, DIM) if branch else None
         self.reentrant = reentrant
         self.input_requires_grad = input_requires_grad
 
-    def forward(self, tokens):
+    def forward(self, tokens, use_branch=True):
         x = self.embed(tokens)
         if self.input_requires_grad:
             x = x.detach().requires_grad_()
         for block in self.blocks:
             x = checkpoint(block, x, use_reentrant=True) if self.reentrant else block(x)
+        if self.branch is not None and use_branch:
+            x = x + torch.tanh(self.branch(x))
         return self.head(x)
 
 
@@ -66,8 +70,8 @@ def batch(step):
     return tokens, targets
 
 
-def loss_of(model, tokens, targets):
-    logits = model(tokens)
+def loss_of(model, tokens, targets, use_branch=True):
+    logits = model(tokens, use_branch)
     return F.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1))
 
 
@@ -84,9 +88,10 @@ def reference(**model_options):
     return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
 
 
-def run_ranks(world, body):
-    """Runs body(rank, comm) on `world` in-process ranks; returns results, raises the first
-    rank's exception (after every rank has finished)."""
+def run_ranks(world, body, raise_first=True):
+    """Runs body(rank, comm) on `world` in-process ranks; returns the results, or raises the
+    first rank's exception once every rank has finished (raise_first=False: returns the
+    results and the exceptions, per rank)."""
     comms = zerort.local_group(world)
     results, failures = [None] * world, [None] * world
 
@@ -101,13 +106,20 @@ def run_ranks(world, body):
         thread.start()
     for thread in threads:
         thread.join()
+    if not raise_first:
+        return results, failures
     for failure in failures:
         if failure is not None:
             raise failure
     return results
 
 
-def train_sharded(stage, world=2, guard=None, **model_options):
+def skips_branch(rank, step):
+    """The branch that rank 1 skips on odd steps."""
+    return rank == 1 and step % 2 == 1
+
+
+def train_sharded(stage, world=2, guard=None, raise_first=True, **model_options):
     config = {"stage": stage, "optimizer": OPTIMIZER,
               "buckets": {"first_bucket_elems": 64, "reduce_bucket_elems": 256},
               "guard": dict({"timeout_s": 30}, **(guard or {}))}
@@ -122,14 +134,15 @@ def train_sharded(stage, world=2, guard=None, **model_options):
         for step in range(STEPS):
             tokens, targets = batch(step)
             mine = slice(rank * rows, (rank + 1) * rows)
-            loss_of(model, tokens[mine], targets[mine]).backward()
+            loss_of(model, tokens[mine], targets[mine],
+                    not skips_branch(rank, step)).backward()
             engine.step()
         trained = {n: p.detach().clone() for n, p in model.named_parameters()
                    if p.requires_grad}
         engine.close()
         return trained
 
-    return run_ranks(world, body)
+    return run_ranks(world, body, raise_first)
 
 
 def assert_close(got, want):
@@ -213,3 +226,33 @@ def test_bad_config_key_is_an_invalid_argument():
     with pytest.raises(zerort.InvalidArgumentError) as raised:
         zerort.torch.initialize(TinyLM(), {"stage": 2, "bucket": {}}, comm)
     assert "bucket" in str(raised.value)
+
+
+def test_branch_skipped_on_one_rank_fails_cleanly_on_every_rank():
+    """DDP: "Expected to have finished reduction in the prior iteration", or a hang. Here the
+    skipping rank names the params; its peer gets an error within guard.timeout_s."""
+    _, failures = train_sharded(2, guard={"timeout_s": 3}, raise_first=False, branch=True)
+    assert isinstance(failures[1], zerort.UnusedParametersError)
+    assert "branch.weight" in str(failures[1])
+    assert isinstance(failures[0], zerort.ZeroError)
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_branch_skipped_on_one_rank_with_on_unused_zero(stage):
+    """The skipping rank contributes zeros: PyTorch's mean gradient over both halves."""
+    model = TinyLM(branch=True)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=OPTIMIZER["lr"], betas=OPTIMIZER["betas"],
+                                  eps=OPTIMIZER["eps"], weight_decay=OPTIMIZER["weight_decay"])
+    rows = BATCH // 2
+    for step in range(STEPS):
+        optimizer.zero_grad()
+        tokens, targets = batch(step)
+        loss = sum(loss_of(model, tokens[r * rows:(r + 1) * rows],
+                           targets[r * rows:(r + 1) * rows], not skips_branch(r, step))
+                   for r in range(2)) / 2
+        loss.backward()
+        optimizer.step()
+    want = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+    for trained in train_sharded(stage, guard={"on_unused": "zero"}, branch=True):
+        assert_close(trained, want)
