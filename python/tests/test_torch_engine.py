@@ -120,7 +120,7 @@ def skips_branch(rank, step):
 
 
 def train_sharded(stage, world=2, guard=None, raise_first=True, **model_options):
-    config = {"stage": stage, "optimizer": OPTIMIZER,
+    config = {"stage": stage, "optimizer": OPTIMIZER, "stage3": {"persistence_threshold": 0},
               "buckets": {"first_bucket_elems": 64, "reduce_bucket_elems": 256},
               "guard": dict({"timeout_s": 30}, **(guard or {}))}
 
@@ -137,10 +137,8 @@ def train_sharded(stage, world=2, guard=None, raise_first=True, **model_options)
             loss_of(model, tokens[mine], targets[mine],
                     not skips_branch(rank, step)).backward()
             engine.step()
-        trained = {n: p.detach().clone() for n, p in model.named_parameters()
-                   if p.requires_grad}
-        engine.close()
-        return trained
+        engine.close()  # the model keeps the final values (stage 3: gathered back)
+        return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
 
     return run_ranks(world, body, raise_first)
 
@@ -158,7 +156,7 @@ def one_thread():
     torch.set_num_threads(1)
 
 
-@pytest.mark.parametrize("stage", [0, 1, 2])
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_lora_model_matches_single_process_pytorch(stage):
     want = reference()
     for trained in train_sharded(stage):
@@ -188,7 +186,7 @@ def test_params_are_views_of_the_engine():
     engine.close()
 
 
-@pytest.mark.parametrize("stage", [1, 2])
+@pytest.mark.parametrize("stage", [1, 2, 3])
 def test_reentrant_checkpoint_with_frozen_inputs_names_the_adapters(stage):
     """use_reentrant=True around blocks whose input needs no grad: PyTorch gives the adapters
     no gradient, silently; ZeroRT says so and names them."""
@@ -199,9 +197,10 @@ def test_reentrant_checkpoint_with_frozen_inputs_names_the_adapters(stage):
     assert "use_reentrant=False" in message and "requires_grad" in message
 
 
-@pytest.mark.parametrize("stage", [1, 2])
+@pytest.mark.parametrize("stage", [1, 2, 3])
 def test_shared_adapter_under_reentrant_checkpoint(stage):
-    """The adapter shared by both checkpointed blocks gets one gradient per block."""
+    """The adapter shared by both checkpointed blocks gets one gradient per block. At stage 3
+    the recomputed forward inside backward gathers its unit again."""
     options = {"share_adapter": True, "reentrant": True, "input_requires_grad": True}
     want = reference(**options)
     try:
@@ -215,10 +214,21 @@ def test_shared_adapter_under_reentrant_checkpoint(stage):
         assert_close(trained, want)
 
 
-def test_stage3_is_reported_unimplemented():
+def test_stage3_gathers_around_each_use_and_frees_after():
     comm = zerort.local_group(1)[0]
-    with pytest.raises(zerort.UnimplementedError):
-        zerort.torch.initialize(TinyLM(), {"stage": 3}, comm)
+    model = TinyLM()
+    engine = zerort.torch.initialize(
+        model, {"stage": 3, "optimizer": OPTIMIZER, "stage3": {"persistence_threshold": 0}},
+        comm)
+    assert model.head.weight.storage().size() == 0  # between uses: no storage
+    loss_of(model, *batch(0)).backward()
+    engine.step()
+    current, peak = engine.engine.memory_stats()["gathered"]
+    assert current == 0 and peak > 0
+    assert model.head.weight.storage().size() == 0
+    full = engine.state_dict()["head.weight"]
+    engine.close()  # every param gets its full value back
+    assert torch.equal(model.head.weight.detach(), full)
 
 
 def test_bad_config_key_is_an_invalid_argument():

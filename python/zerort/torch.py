@@ -18,8 +18,10 @@ What happens to the model:
   PyTorch ≥ 2.1, a post hook on the param's AccumulateGrad node before) hands the gradient to
   the engine (`zero_accumulate_grad`: one copy into the bucket) and sets `.grad` to None, so
   buckets reduce while the rest of backward runs.
-- CPU tensors only; stage 3 (module hooks that gather a unit around its forward and
-  backward) is not implemented in this package yet: `initialize` raises UnimplementedError.
+- Stage 3: one unit per module that owns trainable params, gathered before its forward and
+  again before its backward, released after each (zerort/_stage3.py); between uses the
+  params' storage is freed, as FSDP does.
+- CPU tensors only.
 
 Every failure is a zerort exception carrying the status and the library's message
 (zerort.errors): DuplicateGradientError, UnusedParametersError, DeadlineExceededError, ...
@@ -31,7 +33,7 @@ import os
 
 import torch
 
-from . import core, errors
+from . import _stage3, core, errors
 
 _DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
@@ -71,11 +73,6 @@ class TorchEngine:
         self.module = module
         self.config = _config_dict(config)
         self.stage = int(self.config.get("stage", 0))
-        if self.stage == 3:
-            raise errors.UnimplementedError(
-                "zerort.torch: stage 3 (gathering units around each module's forward and "
-                "backward) is not implemented in the PyTorch package yet; use stages 0-2 "
-                "here, or the C++ API (Engine::Gather/Release) for stage 3")
         self.gradient_accumulation_steps = int(
             self.config.get("gradient_accumulation_steps", 1))
         scale = self.config.get("loss_scale", {})
@@ -83,6 +80,10 @@ class TorchEngine:
                            if scale.get("mode", "none") != "none" else 1.0)
         self._engine = core.Engine(self.config, comm)
         self._params = []  # (name, param, id)
+        trainable = {p for p in module.parameters() if p.requires_grad}
+        unit_of, module_units = {}, {}
+        if self.stage == 3:
+            unit_of, module_units = _stage3.assign_units(module, trainable)
         for name, param in module.named_parameters():
             if not param.requires_grad:
                 continue
@@ -95,17 +96,23 @@ class TorchEngine:
                     f"zerort.torch: {name} has dtype {param.dtype}; ZeroRT keeps float32, "
                     "bfloat16 or float16 params")
             pid = self._engine.register_param(name, list(param.shape),
-                                              _DTYPES[param.dtype])
+                                              _DTYPES[param.dtype],
+                                              unit=unit_of.get(param, -1))
             self._params.append((name, param, pid))
         self._engine.finalize()
         for _, param, pid in self._params:
             values = param.detach().contiguous()
             self._engine.set_param(pid, values.data_ptr())
-        self._bind_views()
         self._hooks = []
         self._accumulators = []  # AccumulateGrad nodes must outlive their hooks
         for _, param, pid in self._params:
-            self._add_grad_hook(param, pid)
+            self._add_grad_hook(param, pid, unit_of.get(param))
+        self._units = None
+        if self.stage == 3:  # after the grad hooks: finding a param's node needs its storage
+            self._units = _stage3.UnitGathering(self._engine, module, self._params,
+                                                unit_of, module_units)
+        else:
+            self._bind_views()
         self._in_micro_batch = False
         self._micro_batches = 0
         self._engine.on_close(self._detach)
@@ -126,7 +133,7 @@ class TorchEngine:
             for _, param, pid in self._params:
                 param.data = _view(self._engine.param_data(pid), param)
 
-    def _add_grad_hook(self, param, pid):
+    def _add_grad_hook(self, param, pid, unit):
         def hand_over():
             grad = param.grad
             if grad is None:
@@ -139,6 +146,8 @@ class TorchEngine:
                 grad = grad.to(param.dtype).contiguous()
             self._engine.accumulate_grad(pid, grad.data_ptr())
             param.grad = None
+            if self._units is not None:
+                self._units.gradient_arrived(unit, pid)
 
         if hasattr(param, "register_post_accumulate_grad_hook"):
             self._hooks.append(
@@ -156,6 +165,8 @@ class TorchEngine:
         """Ends this micro-batch's backward; every gradient_accumulation_steps micro-batches,
         steps the optimizer and returns {"step", "skipped", "grad_norm", "loss_scale"}
         (None in between)."""
+        if self._units is not None:
+            self._units.release_all()
         if not self._in_micro_batch:  # no gradient arrived: let the engine say which
             self._engine.begin_iteration()
             self._in_micro_batch = True
@@ -203,19 +214,27 @@ class TorchEngine:
     def load_checkpoint(self, directory):
         """Loads params and optimizer state; the model's params show the loaded values."""
         self._engine.load_checkpoint(directory)
-        self._bind_views()
+        if self._units is None:
+            self._bind_views()
 
     def _detach(self):
-        """Before the engine's memory goes: hooks removed, params given their own copies."""
+        """Before the engine's memory goes: hooks removed, params given their own copies
+        (stage 3: only by close(), which gathers them; after the garbage collector freed
+        the engine, a stage-3 model's trainable params have no storage)."""
         for hook in self._hooks:
             hook.remove()
         self._hooks = []
+        if self._units is not None:
+            return
         with torch.no_grad():
             for _, param, _ in self._params:
                 param.data = param.data.clone()
 
     def close(self):
-        """Frees the engine; the model keeps its params' last values and trains no more."""
+        """Frees the engine; the model keeps its params' last values and trains no more.
+        Stage 3: collective (every rank calls it), as the full values are gathered."""
+        if self._units is not None:
+            self._units.remove()
         self._engine.close()
 
 

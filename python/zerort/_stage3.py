@@ -1,0 +1,148 @@
+"""Stage 3 for PyTorch modules: a unit per module, gathered around its forward and backward.
+
+Each module that directly owns trainable params is one unit (a param shared by several
+modules belongs to the first; the others gather that unit too). Between uses, a param's
+tensor keeps its shape but its storage is resized to zero bytes, as FSDP does: the tensors
+autograd saved in forward refer to the same storage, which is refilled before the module's
+backward. Gathering copies the engine's gathered values into that storage (one copy per
+gather); ZeroRT's own gathered buffer is released with the unit.
+
+    forward pre-hook    gather the module's units (engine.gather), fill the storages
+    forward hook        release them; hook the outputs' gradients
+    output grad hook    gather again, before the module's backward runs (reentrant
+                        checkpointing's recomputed forward gathers by itself)
+    param grad hook     once every param of a unit has handed over its gradient, release
+    step()              release what is still gathered, before end_backward
+"""
+import ctypes
+
+import torch
+
+
+def _resize_storage(tensor, numel):
+    """Resizes the storage under `tensor` to `numel` elements (0 frees it)."""
+    if hasattr(tensor, "untyped_storage"):
+        tensor.untyped_storage().resize_(numel * tensor.element_size())
+    else:
+        tensor.storage().resize_(numel)
+
+
+def _tensors_in(value):
+    """The tensors in a module's output (a tensor, or tuples, lists and dicts of them)."""
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, (tuple, list)):
+        for item in value:
+            yield from _tensors_in(item)
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _tensors_in(item)
+
+
+def assign_units(module, trainable):
+    """Unit ids for the params in `trainable` (a set of params): {param: unit}, and the
+    units each module needs, {module: [units]}, for modules that own trainable params."""
+    unit_of, module_units = {}, {}
+    for sub in module.modules():
+        units = []
+        for param in sub.parameters(recurse=False):
+            if param not in trainable:
+                continue
+            if param not in unit_of:
+                unit_of[param] = len(module_units)
+            units.append(unit_of[param])
+        if units:
+            module_units[sub] = sorted(set(units))
+    # Renumber so that units are 0..n-1 in order of first appearance.
+    order = {u: i for i, u in enumerate(sorted(set(unit_of.values())))}
+    unit_of = {p: order[u] for p, u in unit_of.items()}
+    module_units = {m: [order[u] for u in us] for m, us in module_units.items()}
+    return unit_of, module_units
+
+
+class UnitGathering:
+    """Installs the hooks above on `module` for `params` [(name, param, id)] registered
+    with units `unit_of`."""
+
+    def __init__(self, engine, module, params, unit_of, module_units):
+        self._engine = engine
+        self._members = {}  # unit -> [(param, id)]
+        for _, param, pid in params:
+            self._members.setdefault(unit_of[param], []).append((param, pid))
+        self._gathered = set()
+        self._waiting = {}  # unit -> ids whose gradient has not arrived since the gather
+        self._handles = []
+        for sub, units in module_units.items():
+            self._handles.append(sub.register_forward_pre_hook(
+                lambda _m, _i, units=units: self.gather(units)))
+            self._handles.append(sub.register_forward_hook(
+                lambda _m, _i, output, units=units: self._after_forward(units, output)))
+        with torch.no_grad():
+            for members in self._members.values():
+                for param, _ in members:
+                    param.data = torch.empty_like(param.data)
+                    _resize_storage(param.data, 0)
+
+    def gather(self, units):
+        """Makes `units` usable: the engine gathers them, their storages are refilled."""
+        with torch.no_grad():
+            for unit in units:
+                if unit in self._gathered:
+                    continue
+                self._engine.gather(unit)
+                self._gathered.add(unit)
+                self._waiting[unit] = {pid for _, pid in self._members[unit]}
+                for param, pid in self._members[unit]:
+                    _resize_storage(param.data, param.numel())
+                    address = self._engine.param_data(pid)
+                    nbytes = param.numel() * param.element_size()
+                    buffer = (ctypes.c_byte * nbytes).from_address(address)
+                    source = torch.frombuffer(buffer, dtype=param.dtype, count=param.numel())
+                    param.data.copy_(source.view(param.shape))
+
+    def release(self, units):
+        """Frees `units` (engine and storages)."""
+        for unit in units:
+            if unit not in self._gathered:
+                continue
+            self._engine.release(unit)
+            self._gathered.discard(unit)
+            for param, _ in self._members[unit]:
+                _resize_storage(param.data, 0)
+
+    def release_all(self):
+        """Frees every unit still gathered."""
+        self.release(sorted(self._gathered))
+
+    def gradient_arrived(self, unit, pid):
+        """A param's gradient was handed over: releases its unit once all have been."""
+        waiting = self._waiting.get(unit)
+        if waiting is None:
+            return
+        waiting.discard(pid)
+        if not waiting:
+            self.release([unit])
+
+    def _after_forward(self, units, output):
+        self.release(units)
+        if torch.is_grad_enabled():
+            for tensor in _tensors_in(output):
+                if tensor.requires_grad:
+                    tensor.register_hook(lambda grad, units=units: self._before_backward(
+                        units, grad))
+
+    def _before_backward(self, units, grad):
+        self.gather(units)
+        return grad
+
+    def remove(self):
+        """Removes the module hooks; gives every param its full value back in its storage."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        self.release_all()
+        with torch.no_grad():
+            for members in self._members.values():
+                for param, pid in members:
+                    _resize_storage(param.data, param.numel())
+                    self._engine.get_param(pid, param.data.data_ptr())
