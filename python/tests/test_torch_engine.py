@@ -119,24 +119,33 @@ def skips_branch(rank, step):
     return rank == 1 and step % 2 == 1
 
 
-def train_sharded(stage, world=2, guard=None, raise_first=True, **model_options):
+def train_sharded(stage, world=2, guard=None, raise_first=True, steps=range(STEPS),
+                  load=None, save=None, **model_options):
+    """Trains on `world` in-process ranks; optionally loads a checkpoint first and saves one
+    after. Rows are split as evenly as `world` allows, each rank's loss weighted so that the
+    ranks' averaged gradients are the whole batch's."""
     config = {"stage": stage, "optimizer": OPTIMIZER, "stage3": {"persistence_threshold": 0},
               "buckets": {"first_bucket_elems": 64, "reduce_bucket_elems": 256},
               "guard": dict({"timeout_s": 30}, **(guard or {}))}
 
     # Built here, not in the rank threads: TinyLM seeds PyTorch's global generator.
     models = [TinyLM(**model_options) for _ in range(world)]
+    bounds = [BATCH * r // world for r in range(world + 1)]
 
     def body(rank, comm):
         model = models[rank]
         engine = zerort.torch.initialize(model, config, comm)
-        rows = BATCH // world
-        for step in range(STEPS):
+        if load is not None:
+            engine.load_checkpoint(load)
+        mine = slice(bounds[rank], bounds[rank + 1])
+        weight = (bounds[rank + 1] - bounds[rank]) * world / BATCH
+        for step in steps:
             tokens, targets = batch(step)
-            mine = slice(rank * rows, (rank + 1) * rows)
-            loss_of(model, tokens[mine], targets[mine],
-                    not skips_branch(rank, step)).backward()
+            loss = loss_of(model, tokens[mine], targets[mine], not skips_branch(rank, step))
+            (weight * loss).backward()
             engine.step()
+        if save is not None:
+            engine.save_checkpoint(save)
         engine.close()  # the model keeps the final values (stage 3: gathered back)
         return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
 
@@ -229,6 +238,62 @@ def test_stage3_gathers_around_each_use_and_frees_after():
     full = engine.state_dict()["head.weight"]
     engine.close()  # every param gets its full value back
     assert torch.equal(model.head.weight.detach(), full)
+
+
+@pytest.mark.parametrize("world", [1, 3])
+def test_checkpoint_from_two_ranks_stage2_resumes_at_stage3(tmp_path, world):
+    """Saved at 2 ranks, stage 2, halfway; resumed at `world` ranks, stage 3: the same
+    result as the uninterrupted run."""
+    half = STEPS // 2
+    train_sharded(2, world=2, steps=range(half), save=tmp_path / "ckpt")
+    for trained in train_sharded(3, world=world, steps=range(half, STEPS),
+                                 load=tmp_path / "ckpt"):
+        assert_close(trained, reference())
+
+
+def cpu_supports(dtype):
+    """Whether this PyTorch runs a Linear layer in `dtype` on the CPU (fp16 needs 2.x)."""
+    try:
+        nn.Linear(2, 2).to(dtype)(torch.ones(1, 2, dtype=dtype))
+    except RuntimeError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("dtype,name", [(torch.bfloat16, "bf16"), (torch.float16, "fp16")])
+def test_half_precision_params_train_and_skip_overflowing_steps(dtype, name):
+    """16-bit params with fp32 masters and dynamic loss scaling: an overflowing step is
+    skipped on every rank (params unchanged), the others train."""
+    if not cpu_supports(dtype):
+        pytest.skip(f"this PyTorch ({torch.__version__}) has no {name} matmul on the CPU")
+    config = {"stage": 2, "optimizer": OPTIMIZER,
+              "precision": {"param": name, "grad": name, "reduce": name, "master_weights": True},
+              "loss_scale": {"mode": "dynamic", "initial_power": 8, "hysteresis": 1}}
+    models = [TinyLM().to(dtype) for _ in range(2)]
+
+    def body(rank, comm):
+        model = models[rank]
+        engine = zerort.torch.initialize(model, config, comm)
+        infos, snapshots = [], []
+        for step in range(6):
+            tokens, targets = batch(step)
+            mine = slice(rank * BATCH // 2, (rank + 1) * BATCH // 2)
+            loss = engine.scale(loss_of(model, tokens[mine], targets[mine]))
+            if step == 3 and rank == 1:
+                loss = loss * float("inf")  # an overflow on one rank only
+            loss.backward()
+            infos.append(engine.step())
+            snapshots.append(model.head.weight.detach().clone())
+        assert model.head.weight.dtype == dtype
+        engine.close()
+        return infos, snapshots
+
+    for infos, snapshots in run_ranks(2, body):
+        assert [info["skipped"] for info in infos] == [False, False, False, True, False, False]
+        assert infos[4]["loss_scale"] == infos[2]["loss_scale"] / 2
+        assert torch.equal(snapshots[3], snapshots[2])
+        assert not torch.equal(snapshots[4], snapshots[3])
+        assert all(torch.isfinite(s.float()).all() for s in snapshots)
 
 
 def test_bad_config_key_is_an_invalid_argument():
