@@ -1,0 +1,152 @@
+#!/usr/bin/env python3
+"""PyTorch's own data parallelism against ZeroRT, on the same model, ranks and data.
+
+    python3 bench/torch_vs_ddp.py [--ranks 2] [--steps 10]
+
+runs each configuration in fresh processes under mpirun (tests/mpi/run_mpi.sh), so each
+peak RSS is that configuration's own, and prints one table:
+
+    ddp       DistributedDataParallel (gloo) + torch.optim.AdamW (foreach where available)
+    zero1     DistributedDataParallel + ZeroRedundancyOptimizer(AdamW): ZeRO-1
+    zerort-S  zerort.torch at stage S (0-3), MPI communicator
+
+Model: 6 × (Linear(1024, 1024) + Tanh) + Linear(1024, 1), 6.3M fp32 params, batch 64 per rank,
+one PyTorch thread per rank. Per configuration: median step time over `steps` timed steps
+after 3 untimed ones (forward, backward, optimizer step; the slowest rank's median), peak
+RSS per rank (the largest), and for ZeroRT the engine's peak bytes per category.
+"""
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+WIDTH, LAYERS, BATCH = 1024, 6, 64
+MODES = ["ddp", "zero1", "zerort-0", "zerort-1", "zerort-2", "zerort-3"]
+
+
+def build_model():
+    import torch
+    from torch import nn
+    torch.manual_seed(0)
+    layers = []
+    for _ in range(LAYERS):
+        layers += [nn.Linear(WIDTH, WIDTH), nn.Tanh()]
+    return nn.Sequential(*layers, nn.Linear(WIDTH, 1))
+
+
+def data(step, rank):
+    import torch
+    generator = torch.Generator().manual_seed(step * 1000 + rank)
+    x = torch.randn(BATCH, WIDTH, generator=generator)
+    return x, x[:, :1].clone()
+
+
+def run_rank(mode, steps):
+    """One rank of one configuration; returns its measurements."""
+    import torch
+    import torch.nn.functional as F
+    torch.set_num_threads(1)
+    rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
+    world = int(os.environ["OMPI_COMM_WORLD_SIZE"])
+    model = build_model()
+    memory = None
+    if mode in ("ddp", "zero1"):
+        import torch.distributed as dist
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", "29531")
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+        model = torch.nn.parallel.DistributedDataParallel(model)
+        if mode == "ddp":
+            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        else:
+            from torch.distributed.optim import ZeroRedundancyOptimizer
+            optimizer = ZeroRedundancyOptimizer(model.parameters(),
+                                                optimizer_class=torch.optim.AdamW, lr=1e-3)
+
+        def step_once(step):
+            x, y = data(step, rank)
+            optimizer.zero_grad()
+            F.mse_loss(model(x), y).backward()
+            optimizer.step()
+    else:
+        sys.path.insert(0, os.path.join(ROOT, "python"))
+        import zerort
+        import zerort.torch
+        engine = zerort.torch.initialize(
+            model, {"stage": int(mode.split("-")[1]),
+                    "optimizer": {"type": "adamw", "lr": 1e-3}},
+            zerort.mpi_communicator())
+
+        def step_once(step):
+            x, y = data(step, rank)
+            F.mse_loss(model(x), y).backward()
+            engine.step()
+    times = []
+    for step in range(3 + steps):
+        start = time.perf_counter()
+        step_once(step)
+        if step >= 3:
+            times.append(time.perf_counter() - start)
+    if mode.startswith("zerort"):
+        memory = {k: v[1] for k, v in engine.engine.memory_stats().items()}
+        engine.close()
+    return {"rank": rank, "step_ms": 1e3 * statistics.median(times),
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "zerort_peak_bytes": memory}
+
+
+def drive(ranks, steps):
+    rows = []
+    for mode in MODES:
+        out = tempfile.mkdtemp(prefix="zerort-bench-")
+        command = [os.path.join(ROOT, "tests", "mpi", "run_mpi.sh"), str(ranks),
+                   sys.executable, os.path.abspath(__file__), "--rank-mode", mode,
+                   "--steps", str(steps), "--out", out]
+        result = subprocess.run(command, capture_output=True, text=True, check=False)
+        reports = []
+        for name in sorted(os.listdir(out)):
+            with open(os.path.join(out, name), encoding="utf-8") as file:
+                reports.append(json.load(file))
+        if result.returncode != 0 or len(reports) != ranks:
+            print(f"{mode}: failed (exit {result.returncode})\n{result.stderr[-2000:]}")
+            continue
+        rows.append((mode, max(r["step_ms"] for r in reports),
+                     max(r["peak_rss_mb"] for r in reports), reports[0]["zerort_peak_bytes"]))
+    ddp_ms = next((ms for mode, ms, _, _ in rows if mode == "ddp"), None)
+    print(f"{ranks} ranks, {steps} timed steps, 6.3M fp32 params, batch {BATCH} per rank")
+    print("| config | step ms | vs DDP | peak RSS MiB/rank | ZeroRT peak MiB: params, grads, "
+          "optimizer, comm, gathered |")
+    print("|---|---|---|---|---|")
+    for mode, ms, rss, memory in rows:
+        ratio = f"{ms / ddp_ms:.2f}" if ddp_ms else "-"
+        categories = ("params", "grads", "optimizer", "comm", "gathered")
+        engine = ("-" if memory is None
+                  else ", ".join(f"{memory[k] / 2**20:.1f}" for k in categories))
+        print(f"| {mode} | {ms:.1f} | {ratio} | {rss:.0f} | {engine} |")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--rank-mode", choices=MODES, help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.rank_mode:
+        report = run_rank(args.rank_mode, args.steps)
+        with open(os.path.join(args.out, f"rank-{report['rank']}.json"), "w",
+                  encoding="utf-8") as file:
+            json.dump(report, file)
+    else:
+        drive(args.ranks, args.steps)
+
+
+if __name__ == "__main__":
+    main()
