@@ -40,7 +40,7 @@ class TinyLM(nn.Module):
     """Frozen embeddings, two LoRA blocks (optionally checkpointed), a trainable head."""
 
     def __init__(self, share_adapter=False, reentrant=False, input_requires_grad=False,
-                 branch=False):
+                 branch=False, non_reentrant=False, scalar=False):
         super().__init__()
         torch.manual_seed(0)
         self.embed = nn.Embedding(VOCAB, DIM)
@@ -49,6 +49,8 @@ class TinyLM(nn.Module):
         self.blocks = nn.ModuleList([first, LoraBlock(first.lora_a if share_adapter else None)])
         self.head = nn.Linear(DIM, VOCAB)
         self.branch = nn.Linear(DIM, DIM) if branch else None
+        self.temperature = nn.Parameter(torch.tensor(1.5)) if scalar else None  # 0-dim
+        self.non_reentrant = non_reentrant
         self.reentrant = reentrant
         self.input_requires_grad = input_requires_grad
 
@@ -57,10 +59,14 @@ class TinyLM(nn.Module):
         if self.input_requires_grad:
             x = x.detach().requires_grad_()
         for block in self.blocks:
-            x = checkpoint(block, x, use_reentrant=True) if self.reentrant else block(x)
+            if self.reentrant or self.non_reentrant:
+                x = checkpoint(block, x, use_reentrant=self.reentrant)
+            else:
+                x = block(x)
         if self.branch is not None and use_branch:
             x = x + torch.tanh(self.branch(x))
-        return self.head(x)
+        logits = self.head(x)
+        return logits / self.temperature if self.temperature is not None else logits
 
 
 def batch(step):
@@ -120,7 +126,7 @@ def skips_branch(rank, step):
 
 
 def train_sharded(stage, world=2, guard=None, raise_first=True, steps=range(STEPS),
-                  load=None, save=None, **model_options):
+                  load=None, save=None, perturb=False, **model_options):
     """Trains on `world` in-process ranks; optionally loads a checkpoint first and saves one
     after. Rows are split as evenly as `world` allows, each rank's loss weighted so that the
     ranks' averaged gradients are the whole batch's."""
@@ -130,6 +136,12 @@ def train_sharded(stage, world=2, guard=None, raise_first=True, steps=range(STEP
 
     # Built here, not in the rank threads: TinyLM seeds PyTorch's global generator.
     models = [TinyLM(**model_options) for _ in range(world)]
+    if perturb:  # every rank but 0 starts its trainable params from other values
+        with torch.no_grad():
+            for model in models[1:]:
+                for param in model.parameters():
+                    if param.requires_grad:
+                        param.add_(0.1)
     bounds = [BATCH * r // world for r in range(world + 1)]
 
     def body(rank, comm):
@@ -294,6 +306,49 @@ def test_half_precision_params_train_and_skip_overflowing_steps(dtype, name):
         assert torch.equal(snapshots[3], snapshots[2])
         assert not torch.equal(snapshots[4], snapshots[3])
         assert all(torch.isfinite(s.float()).all() for s in snapshots)
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2])
+def test_rank0_values_reach_every_rank_before_the_first_forward(stage):
+    """Ranks built with different initial values train like rank 0's model (as DDP's
+    broadcast at construction)."""
+    for trained in train_sharded(stage, perturb=True):
+        assert_close(trained, reference())
+
+
+def test_stage3_refuses_different_initial_values():
+    with pytest.raises(zerort.InvalidArgumentError) as raised:
+        train_sharded(3, perturb=True)
+    assert "differ" in str(raised.value)
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_non_reentrant_checkpointing(stage):
+    """The recommended checkpointing: at stage 3 the recomputed forward runs inside backward,
+    after the unit was gathered for it."""
+    want = reference(non_reentrant=True)
+    for trained in train_sharded(stage, non_reentrant=True):
+        assert_close(trained, want)
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_zero_dim_params_train(stage):
+    want = reference(scalar=True)
+    for trained in train_sharded(stage, scalar=True):
+        assert_close(trained, want)
+
+
+def test_closing_in_any_order_is_safe():
+    comm = zerort.local_group(1)[0]
+    model = TinyLM()
+    engine = zerort.torch.initialize(model, {"stage": 3}, comm)
+    state = engine.state_dict()
+    comm.close()  # frees the engine first; the model keeps no storage at stage 3
+    engine.close()
+    engine.close()
+    with pytest.raises(zerort.FailedPreconditionError):
+        engine.engine.step()
+    assert "head.weight" in state
 
 
 def test_bad_config_key_is_an_invalid_argument():

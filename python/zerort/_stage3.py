@@ -8,15 +8,26 @@ backward. Gathering copies the engine's gathered values into that storage (one c
 gather); ZeroRT's own gathered buffer is released with the unit.
 
     forward pre-hook    gather the module's units (engine.gather), fill the storages
-    forward hook        release them; hook the outputs' gradients
-    output grad hook    gather again, before the module's backward runs (reentrant
-                        checkpointing's recomputed forward gathers by itself)
+    forward hook        release them, unless gathered for backward; hook the outputs'
+                        gradients
+    output grad hook    gather again, before the module's backward runs (a forward
+                        recomputed inside backward by checkpointing gathers by itself)
     param grad hook     once every param of a unit has handed over its gradient, release
     step()              release what is still gathered, before end_backward
+
+Units the engine keeps gathered (smaller than stage3.persistence_threshold) are views of the
+engine's memory, as at stages 0-2, and none of this happens to them.
+
+Limits: every rank must run the same modules in the same order (the gathers are
+collective); a param must be used only inside its own module's forward (a tied weight used
+by a functional call in another module, e.g. F.linear(x, self.embed.weight), finds its
+storage empty: make it persistent or use the owning module).
 """
 import ctypes
 
 import torch
+
+from . import errors
 
 
 def _resize_storage(tensor, numel):
@@ -70,15 +81,36 @@ class UnitGathering:
         for _, param, pid in params:
             self._members.setdefault(unit_of[param], []).append((param, pid))
         self._gathered = set()
+        self._for_backward = set()  # gathered by an output's gradient hook: kept until grads
         self._waiting = {}  # unit -> ids whose gradient has not arrived since the gather
         self._handles = []
+        # Persistent units answer param_data before any gather: bind them as views.
+        self._persistent = set()
+        with torch.no_grad():
+            for unit, members in self._members.items():
+                try:
+                    addresses = [engine.param_data(pid) for _, pid in members]
+                except errors.FailedPreconditionError:
+                    continue
+                self._persistent.add(unit)
+                for (param, _), address in zip(members, addresses):
+                    nbytes = param.numel() * param.element_size()
+                    buffer = (ctypes.c_byte * nbytes).from_address(address)
+                    param.data = torch.frombuffer(buffer, dtype=param.dtype,
+                                                  count=param.numel()).view(param.shape)
+        module_units = {m: [u for u in us if u not in self._persistent]
+                        for m, us in module_units.items()}
         for sub, units in module_units.items():
+            if not units:
+                continue
             self._handles.append(sub.register_forward_pre_hook(
                 lambda _m, _i, units=units: self.gather(units)))
             self._handles.append(sub.register_forward_hook(
                 lambda _m, _i, output, units=units: self._after_forward(units, output)))
         with torch.no_grad():
-            for members in self._members.values():
+            for unit, members in self._members.items():
+                if unit in self._persistent:
+                    continue
                 for param, _ in members:
                     param.data = torch.empty_like(param.data)
                     _resize_storage(param.data, 0)
@@ -107,6 +139,7 @@ class UnitGathering:
                 continue
             self._engine.release(unit)
             self._gathered.discard(unit)
+            self._for_backward.discard(unit)
             for param, _ in self._members[unit]:
                 _resize_storage(param.data, 0)
 
@@ -116,6 +149,8 @@ class UnitGathering:
 
     def gradient_arrived(self, unit, pid):
         """A param's gradient was handed over: releases its unit once all have been."""
+        if unit in self._persistent:
+            return
         waiting = self._waiting.get(unit)
         if waiting is None:
             return
@@ -124,7 +159,7 @@ class UnitGathering:
             self.release([unit])
 
     def _after_forward(self, units, output):
-        self.release(units)
+        self.release([u for u in units if u not in self._for_backward])
         if torch.is_grad_enabled():
             for tensor in _tensors_in(output):
                 if tensor.requires_grad:
@@ -133,6 +168,7 @@ class UnitGathering:
 
     def _before_backward(self, units, grad):
         self.gather(units)
+        self._for_backward.update(units)
         return grad
 
     def remove(self):
@@ -142,7 +178,10 @@ class UnitGathering:
         self._handles = []
         self.release_all()
         with torch.no_grad():
-            for members in self._members.values():
+            for unit, members in self._members.items():
                 for param, pid in members:
+                    if unit in self._persistent:
+                        param.data = param.data.clone()
+                        continue
                     _resize_storage(param.data, param.numel())
                     self._engine.get_param(pid, param.data.data_ptr())

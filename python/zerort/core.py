@@ -7,6 +7,7 @@ import ctypes
 import json
 import os
 import threading
+import weakref
 
 from . import errors
 from ._library import MEMORY_CATEGORIES, MemoryStats, StepInfo, load
@@ -42,9 +43,11 @@ class Communicator:
 
     def __init__(self, handle):
         self._handle = ctypes.c_void_p(handle)  # first: __del__ runs even if __init__ fails
-        # Open engines built on this communicator: raw handle -> callbacks to run before the
-        # engine is freed. A communicator frees its engines first, whatever order the garbage
-        # collector finalises them in (a model, its hooks and its engine form a cycle).
+        # Open engines built on this communicator: raw handle -> (the Engine's handle box,
+        # callbacks to run before the engine is freed). A communicator frees its engines
+        # first, whatever order the garbage collector finalises them in (a model, its hooks
+        # and its engine form a cycle), and empties their boxes so that they are not used
+        # or freed again.
         self._engines = {}
 
     @property
@@ -72,11 +75,15 @@ class Communicator:
 
     def _close_engine(self, handle):
         """Runs an engine's before-close callbacks and frees it (once)."""
-        callbacks = self._engines.pop(handle, None)
-        if callbacks is None:
+        entry = self._engines.pop(handle, None)
+        if entry is None:
             return
+        box, callbacks = entry
         for callback in callbacks:
-            callback()
+            method = callback()  # a weak method: gone with its object
+            if method is not None:
+                method()
+        box[0] = None
         library().zero_engine_destroy(ctypes.c_void_p(handle))
 
     def __del__(self):
@@ -98,31 +105,47 @@ def mpi_communicator():
     return Communicator(handle.value)
 
 
-def _config_json(config):
-    """A config given as a dict, a JSON string or a path to a JSON file."""
-    if isinstance(config, dict):
-        return json.dumps(config)
+def config_dict(config):
+    """A config given as a dict, a JSON string, a path to a JSON file, or None ({})."""
     if config is None:
-        return "{}"
+        return {}
+    if isinstance(config, dict):
+        return dict(config)
     text = str(config)
     if os.path.exists(text):
         with open(text, encoding="utf-8") as file:
-            return file.read()
-    return text
+            text = file.read()
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        raise errors.InvalidArgumentError(f"config is not JSON: {error}", 3) from None
 
 
 class Engine:
     """One rank's engine: the C ABI's calls one to one (include/zero/zero.h)."""
 
     def __init__(self, config, comm):
-        self._handle = ctypes.c_void_p()
+        self._box = [None]  # the zero_engine*; emptied when it is freed
         handle = ctypes.c_void_p()
-        _check(library().zero_engine_create(_config_json(config).encode(),
-                                            comm.handle, ctypes.byref(handle)),
+        text = json.dumps(config_dict(config))
+        _check(library().zero_engine_create(text.encode(), comm.handle, ctypes.byref(handle)),
                "zero_engine_create")
-        self._handle = handle
+        self._box[0] = handle
         self._comm = comm  # kept alive while the engine is
-        comm._engines[handle.value] = []
+        comm._engines[handle.value] = (self._box, [])
+
+    @property
+    def _handle(self):
+        handle = self._box[0]
+        if handle is None:
+            raise errors.FailedPreconditionError(
+                "this engine was closed (by close(), or by its communicator's close())", 9)
+        return handle
+
+    @property
+    def closed(self):
+        """True once the engine has been freed."""
+        return self._box[0] is None
 
     def register_param(self, name, shape, dtype="fp32", requires_grad=True,
                        group=0, unit=-1):
@@ -210,16 +233,16 @@ class Engine:
         """The number of ranks."""
         return library().zero_engine_world_size(self._handle)
 
-    def on_close(self, callback):
-        """Runs `callback()` just before the engine is freed (by close(), by its
-        communicator's close(), or by the garbage collector)."""
-        self._comm._engines[self._handle.value].append(callback)
+    def on_close(self, method):
+        """Runs the bound `method()` just before the engine is freed (by close(), by its
+        communicator's close(), or by the garbage collector), if its object still exists
+        (only a weak reference is kept)."""
+        self._comm._engines[self._handle.value][1].append(weakref.WeakMethod(method))
 
     def close(self):
-        """Frees the engine (never blocks)."""
-        if self._handle:
-            self._comm._close_engine(self._handle.value)
-            self._handle = ctypes.c_void_p()
+        """Frees the engine (never blocks). Closing a closed engine does nothing."""
+        if not self.closed:
+            self._comm._close_engine(self._box[0].value)
 
     def __del__(self):
         if _lib is not None:

@@ -13,7 +13,9 @@ What happens to the model:
   frozen embeddings) are neither registered, sharded nor stepped.
 - At stages 0-2 each trainable param's `.data` becomes a view of the engine's own copy
   (`zero_param_data`): the optimizer writes there, so nothing is copied back after a step.
-  Rank 0's initial values are broadcast to every rank at the first iteration.
+  Rank 0's initial values of the trainable params reach every rank before the first
+  forward (stage 3 refuses different values instead); frozen params and buffers are not
+  broadcast: load them identically on every rank.
 - A hook after each param's gradient accumulation (`register_post_accumulate_grad_hook` on
   PyTorch ≥ 2.1, a post hook on the param's AccumulateGrad node before) hands the gradient to
   the engine (`zero_accumulate_grad`: one copy into the bucket) and sets `.grad` to None, so
@@ -28,8 +30,6 @@ Every failure is a zerort exception carrying the status and the library's messag
 """
 import contextlib
 import ctypes
-import json
-import os
 
 import torch
 
@@ -46,18 +46,6 @@ _UNUSED_HINT = (
     "(set guard.on_unused = \"zero\"), or a param that is not used at all (freeze it).")
 
 
-def _config_dict(config):
-    if config is None:
-        return {}
-    if isinstance(config, dict):
-        return dict(config)
-    text = str(config)
-    if os.path.exists(text):
-        with open(text, encoding="utf-8") as file:
-            return json.load(file)
-    return json.loads(text)
-
-
 def _view(address, param):
     """A tensor over `param.numel()` elements of `param.dtype` at `address`."""
     nbytes = param.numel() * param.element_size()
@@ -71,7 +59,7 @@ class TorchEngine:
 
     def __init__(self, module, config, comm):
         self.module = module
-        self.config = _config_dict(config)
+        self.config = core.config_dict(config)
         self.stage = int(self.config.get("stage", 0))
         self.gradient_accumulation_steps = int(
             self.config.get("gradient_accumulation_steps", 1))
@@ -95,7 +83,7 @@ class TorchEngine:
                 raise errors.InvalidArgumentError(
                     f"zerort.torch: {name} has dtype {param.dtype}; ZeroRT keeps float32, "
                     "bfloat16 or float16 params")
-            pid = self._engine.register_param(name, list(param.shape),
+            pid = self._engine.register_param(name, list(param.shape) or [1],  # 0-dim: [1]
                                               _DTYPES[param.dtype],
                                               unit=unit_of.get(param, -1))
             self._params.append((name, param, pid))
@@ -113,9 +101,22 @@ class TorchEngine:
                                                 unit_of, module_units)
         else:
             self._bind_views()
-        self._in_micro_batch = False
         self._micro_batches = 0
+        self._closed = False
         self._engine.on_close(self._detach)
+        self._in_micro_batch = False
+        # The first micro-batch starts before the first forward: its BeginIteration makes the
+        # replicas identical (rank 0's values broadcast into the views at stages 0-2), so
+        # no rank computes with its own initial values. Later micro-batches start at their
+        # first gradient.
+        self._first_forward = module.register_forward_pre_hook(
+            lambda _m, _i: self._start_first_micro_batch())
+
+    def _start_first_micro_batch(self):
+        self._first_forward.remove()
+        if not self._in_micro_batch:
+            self._engine.begin_iteration()
+            self._in_micro_batch = True
 
     @property
     def engine(self):
@@ -221,6 +222,7 @@ class TorchEngine:
         """Before the engine's memory goes: hooks removed, params given their own copies
         (stage 3: only by close(), which gathers them; after the garbage collector freed
         the engine, a stage-3 model's trainable params have no storage)."""
+        self._first_forward.remove()
         for hook in self._hooks:
             hook.remove()
         self._hooks = []
@@ -232,7 +234,11 @@ class TorchEngine:
 
     def close(self):
         """Frees the engine; the model keeps its params' last values and trains no more.
-        Stage 3: collective (every rank calls it), as the full values are gathered."""
+        Stage 3: collective (every rank calls it), as the full values are gathered.
+        Closing twice does nothing."""
+        if self._closed or self._engine.closed:
+            return
+        self._closed = True
         if self._units is not None:
             self._units.remove()
         self._engine.close()
