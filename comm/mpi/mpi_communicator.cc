@@ -32,6 +32,7 @@
 #include "comm/group_health.h"
 #include "comm/mpi/mpi_ops.h"
 #include "comm/mpi/mpi_rounds.h"
+#include "comm/mpi/scratch_pool.h"
 #include "comm/mpi/mpi_tuning.h"
 #include "runtime/base/env.h"
 #include "runtime/base/logging.h"
@@ -110,48 +111,6 @@ bool MpiIsCudaAware() {
   return false;
 #endif
 }
-
-// Host memory for the rounds' temporaries.
-struct ScratchBuffer {
-  std::unique_ptr<char[]> data;
-  size_t bytes = 0;
-};
-
-// Temporaries reused across collectives: fresh memory costs a page fault per page on first
-// touch, which made a ring reduce-scatter of 16 MiB ten times slower than with reused memory.
-// Thread-safe: callers take, the progress thread gives back what completed (what an abandoned
-// collective holds is never given back).
-class ScratchPool {
- public:
-  // A buffer of at least `bytes`: the smallest kept one that fits, else a new one.
-  ScratchBuffer Take(size_t bytes) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto fits = kept_.end();
-    for (auto it = kept_.begin(); it != kept_.end(); ++it) {
-      if (it->bytes >= bytes && (fits == kept_.end() || it->bytes < fits->bytes)) fits = it;
-    }
-    if (fits == kept_.end()) return ScratchBuffer{std::unique_ptr<char[]>(new char[bytes]), bytes};
-    ScratchBuffer taken = std::move(*fits);
-    kept_.erase(fits);
-    return taken;
-  }
-  // Keeps `buffer` for later; beyond kKept buffers, the smallest is freed.
-  void Give(ScratchBuffer buffer) {
-    if (buffer.bytes == 0) return;
-    std::lock_guard<std::mutex> lock(mutex_);
-    kept_.push_back(std::move(buffer));
-    if (kept_.size() > kKept) {
-      kept_.erase(std::min_element(kept_.begin(), kept_.end(), [](const auto& a, const auto& b) {
-        return a.bytes < b.bytes;
-      }));
-    }
-  }
-
- private:
-  static constexpr size_t kKept = 8;
-  std::mutex mutex_;
-  std::vector<ScratchBuffer> kept_;
-};
 
 // One collective as the progress thread sees it.
 struct Operation {
@@ -629,7 +588,9 @@ class MpiCommunicator final : public Communicator {
           progressed |= Advance(*o);
         }
       }
-      while (!active.empty() && active.front()->completion->done()) {
+      // Only collectives that succeeded leave: after a failure MPI may still write into a
+      // failed one's buffers, and ExchangeNotices moves it to abandoned_ instead.
+      while (!active.empty() && active.front()->completion->done() && health_->Get().ok()) {
         scratch_.Give(std::move(active.front()->scratch));
         active.pop_front();
       }
@@ -670,8 +631,18 @@ class MpiCommunicator final : public Communicator {
 StatusOr<ReduceScatterChoice> ChooseReduceScatter(MPI_Comm comm, int rank, int size) {
   ZERO_ASSIGN_OR_RETURN(const base::EnvTunables env, base::ReadEnvTunables());
   ReduceScatterAlgorithm forced;
+  const bool is_forced = ParseReduceScatterAlgorithm(env.mpi_reduce_scatter, &forced);
+  // Every rank must take the same path (the probe is collective; algorithms must match).
+  const int mine = is_forced ? static_cast<int>(forced) : -1;
+  int range[2] = {mine, -mine};
+  ZERO_MPI_RETURN_IF_ERROR(MPI_Allreduce(MPI_IN_PLACE, range, 2, MPI_INT, MPI_MAX, comm));
+  if (range[0] != -range[1]) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ZERO_MPI_REDUCE_SCATTER differs across ranks (rank ", rank, " has \"",
+        env.mpi_reduce_scatter, "\"): set the same value, or none, on every rank"));
+  }
   StatusOr<ReduceScatterChoice> choice = ReduceScatterChoice::Fixed(ReduceScatterAlgorithm::kRing);
-  if (ParseReduceScatterAlgorithm(env.mpi_reduce_scatter, &forced)) {
+  if (is_forced) {
     choice = ReduceScatterChoice::Fixed(forced);
   } else if (size > 1) {
     choice = MeasureReduceScatter(comm, rank, size);

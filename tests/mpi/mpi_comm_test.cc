@@ -81,6 +81,23 @@ TEST(MpiComm, ConformanceSuiteForEveryReduceScatterAlgorithm) {
   }
 }
 
+// Ranks that were given different algorithms would run mismatched point-to-point and
+// collective calls (a hang): creation fails on every rank instead, naming the variable.
+TEST(MpiComm, ReduceScatterAlgorithmMustAgreeAcrossRanks) {
+  // MPI may not be initialised yet (the library_init variant): mpirun's variable says.
+  const char* world_rank = std::getenv("OMPI_COMM_WORLD_RANK");
+  const int rank = world_rank != nullptr ? std::atoi(world_rank) : 0;
+  StatusOr<std::unique_ptr<Communicator>> comm = absl::UnknownError("not created");
+  {
+    ScopedEnv differing("ZERO_MPI_REDUCE_SCATTER", rank == 0 ? "ring" : "native");
+    comm = CreateMpiCommunicator(nullptr);
+  }
+  ASSERT_FALSE(comm.ok());
+  EXPECT_EQ(comm.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(comm.status().message().find("ZERO_MPI_REDUCE_SCATTER differs"), std::string::npos)
+      << comm.status();
+}
+
 TEST(MpiComm, ConformanceSuiteWithSignatureChecks) {
   auto comm = NewComm({/*check_signatures=*/true});
   ASSERT_NE(comm, nullptr);
