@@ -11,7 +11,8 @@ peak RSS is that configuration's own, and prints one table:
     zerort-S  zerort.torch at stage S (0-3), MPI communicator
 
 Model: 6 × (Linear(1024, 1024) + Tanh) + Linear(1024, 1), 6.3M fp32 params, batch 64 per rank,
-one PyTorch thread per rank. Per configuration: median step time over `steps` timed steps
+one PyTorch thread per rank (and one for ZeroRT's
+kernels). Per configuration: median step time over `steps` timed steps
 after 3 untimed ones (forward, backward, optimizer step; the slowest rank's median), peak
 RSS per rank (the largest), and for ZeroRT the engine's peak bytes per category.
 """
@@ -109,7 +110,10 @@ def drive(ranks, steps):
         command = [os.path.join(ROOT, "tests", "mpi", "run_mpi.sh"), str(ranks),
                    sys.executable, os.path.abspath(__file__), "--rank-mode", mode,
                    "--steps", str(steps), "--out", out]
-        result = subprocess.run(command, capture_output=True, text=True, check=False)
+        # ZeroRT as a user runs it: the measured reduce-scatter choice (run_mpi.sh would
+        # force the ring), and one thread for its kernels, like PyTorch here.
+        env = dict(os.environ, ZERO_MPI_REDUCE_SCATTER="auto", ZERO_CPU_THREADS="1")
+        result = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
         reports = []
         for name in sorted(os.listdir(out)):
             with open(os.path.join(out, name), encoding="utf-8") as file:

@@ -64,8 +64,9 @@ struct PrecisionConfig {
 
 struct BucketConfig {
   /// [1, 1e15]. Smaller buckets start their reduction earlier in backward and hide more of it;
-  /// larger ones pay less per-collective latency. 4M elements (16 MiB fp32) hid all but one
-  /// bucket's reduction in zero_bench_iteration (README, "Choosing bucket sizes").
+  /// larger ones pay less per-collective latency. With 4M elements (16 MiB fp32), stage 2 left
+  /// about one to two buckets' reduce-scatter exposed after backward in zero_bench_iteration
+  /// (README, "Choosing bucket sizes").
   int64_t reduce_bucket_elems = 4'000'000;
   int64_t first_bucket_elems = 1'000'000;    ///< [1, 1e15]
   bool overlap = true;    ///< launch a bucket's reduction as soon as it is ready
