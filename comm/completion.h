@@ -34,20 +34,31 @@ class Completion {
   }
 
   /// Runs `work` unless the waiter has abandoned the event (then returns false without running
-  /// it): the same guarantee as CompleteAfter's, for work done before completion.
+  /// it): the same guarantee as CompleteAfter's, for work done before completion. The lock is
+  /// not held while `work` runs (done() and Wait() stay responsive); Abandon() waits for it.
   bool RunUnlessAbandoned(const std::function<void()>& work) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (abandoned_) return false;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (abandoned_ || done_) return false;
+      working_ = true;
+    }
     work();
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      working_ = false;
+    }
+    done_signal_.notify_all();
     return true;
   }
 
-  /// The waiter gives up: true if the event was not done (and now never runs its finish),
-  /// false if it completed meanwhile (Wait then returns its status).
+  /// The waiter gives up: true if the event was not done (and now never runs its finish, nor
+  /// any more work: work already running is waited for), false if it completed meanwhile
+  /// (Wait then returns its status).
   bool Abandon() {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::unique_lock<std::mutex> lock(mutex_);
     if (done_) return false;
     abandoned_ = true;
+    done_signal_.wait(lock, [this] { return !working_; });
     return true;
   }
 
@@ -79,6 +90,7 @@ class Completion {
   mutable std::condition_variable done_signal_;
   bool done_ = false;
   bool abandoned_ = false;
+  bool working_ = false;  // RunUnlessAbandoned's work is running
   Status status_;
 };
 
