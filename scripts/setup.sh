@@ -6,7 +6,7 @@ set -euo pipefail
 
 packages=(
   cmake make g++ pkg-config
-  libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev
+  libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev libxxhash-dev
   libopenmpi-dev openmpi-bin
   python3 python3-numpy python3-torch python3-pytest
   gnuplot-nox

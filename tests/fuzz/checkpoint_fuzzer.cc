@@ -5,8 +5,8 @@
 // A checkpoint directory holds meta.json and rank-R-of-N.bin files (see runtime/checkpoint.cc).
 // At start-up the engine takes one real step and saves a real checkpoint; each fuzz input then
 // becomes a checkpoint directory:
-//   - input without the rank-file magic "ZRTCKPT1": the input is meta.json, the rank file is
-//     the real one;
+//   - input without the rank-file magic ("ZRTCKPT", then the format digit): the input is
+//     meta.json, the rank file is the real one;
 //   - input with the magic: the bytes before it are meta.json (none: the real meta.json), the
 //     bytes from it on are the rank file.
 // The rank file is written under every name the meta.json's "world" asks for (1..4; otherwise
@@ -43,7 +43,7 @@
 
 namespace {
 
-constexpr std::string_view kMagic = "ZRTCKPT1";
+constexpr std::string_view kMagic = "ZRTCKPT";  // both formats' files start with it
 
 // Ends the fuzzer at start-up when the harness itself cannot be set up (not a finding).
 void Check(const zero::Status& status, const char* what) {

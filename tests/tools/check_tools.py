@@ -59,6 +59,36 @@ def refused(tool, args, *parts):
     return ok
 
 
+def check_killed_while_saving(kills=6):
+    """zero-train saving after every step, killed (SIGKILL) at random moments: the directory
+    always holds a complete checkpoint that loads (saves are crash-safe)."""
+    import random
+    import signal
+    import time
+    rng = random.Random(7)
+    loaded = 0
+    with tempfile.TemporaryDirectory() as root:
+        ckpt = os.path.join(root, "ckpt")
+        for _ in range(kills):
+            job = subprocess.Popen([os.path.join(BIN, "zero-train"), "--steps", "100000", "--ranks", "2",
+                                    "--width", "256", "--checkpoint_dir", ckpt, "--save_every", "1"]
+                                   + (["--resume"] if os.path.exists(ckpt) else []),
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            deadline = time.time() + 60
+            while not os.path.exists(os.path.join(ckpt, "meta.json")) and time.time() < deadline:
+                time.sleep(0.01)
+            time.sleep(rng.uniform(0.05, 0.6))
+            job.send_signal(signal.SIGKILL)
+            job.wait()
+            with open(os.path.join(ckpt, "zero-train.step")) as f:
+                saved = int(f.read() or 0)
+            resumed = train(["--steps", str(saved + 2), "--ranks", "2", "--width", "256",
+                             "--checkpoint_dir", ckpt, "--resume"])
+            loaded += resumed is not None
+    check(loaded == kills, f"zero-train killed while saving every step, {kills} times: the checkpoint "
+                           f"always loads ({loaded} of {kills})")
+
+
 def check_flags():
     """Flags checked at the door: help, nonsense numbers, values that are values, checkpoints."""
     for tool, own in (("zero-train", ("--steps", "--checkpoint_dir", "--save_every")), ("zero-mem", ("--params", "--layers"))):
@@ -121,6 +151,7 @@ if MODE == "local":
         check(first is not None and resumed is not None and whole is not None and len(resumed[0]) == 20
               and (resumed[1]["final_loss"], resumed[1]["checksum"]) == (whole[1]["final_loss"], whole[1]["checksum"]),
               "checkpoint after 20 steps, resume at stage 3 to 40: identical to the uninterrupted run (fp16 scaler included)")
+    check_killed_while_saving()
     fp16 = train(["--steps", "40", "--precision", "fp16"])
     check(fp16 is not None and fp16[1]["final_loss"] < fp16[0][0]["loss"], "fp16 with dynamic loss scaling trains")
 

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <thread>
 
 #include "tests/engine/toy_trainer.h"
@@ -103,6 +105,116 @@ TEST_F(Checkpoint, ADifferentModelOrOptimizerIsAClearError) {
   o.load_dir = dir_ + "-missing";
   Train(1, ToyConfig(2), o, &statuses);
   EXPECT_EQ(statuses[0].code(), absl::StatusCode::kUnavailable);
+}
+
+// An engine with the toy model registered (the checkpoint's model), and its params' values.
+struct LoadedToy {
+  std::unique_ptr<comm::Communicator> comm;
+  std::unique_ptr<Engine> engine;
+};
+
+LoadedToy ToyEngine(const std::string& dir_to_load) {
+  auto group = comm::CreateLocalGroup(1);
+  LoadedToy toy{std::move((*group)[0]), nullptr};
+  auto engine = Engine::Create(ToyConfig(2), *toy.comm);
+  EXPECT_TRUE(engine.ok()) << engine.status();
+  toy.engine = std::move(*engine);
+  const std::vector<std::pair<const char*, std::vector<int64_t>>> specs = {
+      {"fc1.weight", {37, 13}}, {"fc1.bias", {37}}, {"fc2.weight", {5, 37}}, {"fc2.bias", {5}}};
+  for (size_t p = 0; p < specs.size(); ++p) {
+    EXPECT_TRUE(toy.engine->RegisterParam({specs[p].first, specs[p].second, DType::kFP32, true, 0,
+                                           static_cast<int>(p / 2)}).ok());
+  }
+  EXPECT_TRUE(toy.engine->Finalize().ok());
+  if (!dir_to_load.empty()) EXPECT_TRUE(toy.engine->LoadCheckpoint(dir_to_load).ok());
+  return toy;
+}
+
+std::vector<float> Param0(Engine& engine) {
+  std::vector<float> values(13 * 37);
+  EXPECT_TRUE(engine.GetParam(0, values.data()).ok());
+  return values;
+}
+
+void FlipByte(const std::string& path, std::streamoff at) {
+  std::fstream file(path, std::ios::in | std::ios::out | std::ios::binary);
+  file.seekg(at);
+  char c = 0;
+  file.get(c);
+  file.seekp(at);
+  file.put(static_cast<char>(c ^ 0x40));
+}
+
+TEST_F(Checkpoint, AFlippedByteIsDataLossNamingTheFileAndLoadsNothing) {
+  const std::string copy = dir_ + "-copy";
+  std::filesystem::remove_all(copy);
+  std::filesystem::copy(dir_, copy);
+  LoadedToy toy = ToyEngine(dir_);  // the engine holds the checkpoint's values
+  const std::vector<float> before = Param0(*toy.engine);
+  const std::string victim = copy + "/rank-1-of-2.bin";
+  FlipByte(victim, static_cast<std::streamoff>(std::filesystem::file_size(victim) / 2));
+  const Status s = toy.engine->LoadCheckpoint(copy);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_NE(s.message().find("rank-1-of-2.bin"), std::string::npos) << s;
+  EXPECT_EQ(Param0(*toy.engine), before);  // nothing was half-loaded
+  std::filesystem::resize_file(victim, 5);  // truncated
+  EXPECT_EQ(toy.engine->LoadCheckpoint(copy).code(), absl::StatusCode::kDataLoss);
+  std::filesystem::remove_all(copy);
+}
+
+TEST_F(Checkpoint, ADamagedMetaFieldIsNamedNeverThrown) {
+  const std::string copy = dir_ + "-meta";
+  LoadedToy toy = ToyEngine("");
+  for (const auto& [field, value] : std::vector<std::pair<std::string, std::string>>{
+           {"world", "\"two\""}, {"world", "-3"}, {"step", "1.5"}, {"optimizer", "7"},
+           {"loss_scaler", "[]"}, {"params", "{}"}, {"moments", "1e300"}}) {
+    std::filesystem::remove_all(copy);
+    std::filesystem::copy(dir_, copy);
+    std::ifstream in(copy + "/meta.json");
+    std::string meta((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    in.close();
+    const size_t key = meta.find("\"" + field + "\"");
+    ASSERT_NE(key, std::string::npos) << field;
+    const size_t start = meta.find(':', key) + 1;
+    size_t end = start;
+    for (int depth = 0; end < meta.size(); ++end) {  // the value: up to the next , or } at depth 0
+      const char c = meta[end];
+      if (c == '[' || c == '{') ++depth;
+      if (c == ']' || c == '}') {
+        if (depth == 0) break;
+        --depth;
+      }
+      if (c == ',' && depth == 0) break;
+    }
+    meta.replace(start, end - start, " " + value);
+    std::ofstream(copy + "/meta.json") << meta;
+    const Status s = toy.engine->LoadCheckpoint(copy);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << field << ": " << s;
+    EXPECT_NE(s.message().find(field), std::string::npos) << field << ": " << s;
+  }
+  std::filesystem::remove_all(copy);
+}
+
+TEST_F(Checkpoint, AnUnfinishedSaveNeverHidesTheLastCheckpoint) {
+  // A save that died: DIR.partial with a half-written file beside the complete DIR.
+  std::filesystem::create_directories(dir_ + ".partial");
+  std::ofstream(dir_ + ".partial/rank-0-of-2.bin") << "ZRTCKPT2 half";
+  LoadedToy toy = ToyEngine(dir_);
+  const std::vector<float> saved = Param0(*toy.engine);
+  // The next save replaces both, and a trailing slash names the same checkpoint.
+  ASSERT_TRUE(toy.engine->SaveCheckpoint(dir_ + "/").ok());
+  EXPECT_FALSE(std::filesystem::exists(dir_ + ".partial"));
+  EXPECT_TRUE(std::filesystem::exists(dir_ + "/rank-0-of-1.bin"));
+  EXPECT_FALSE(std::filesystem::exists(dir_ + "/rank-1-of-2.bin"));  // the old files went with it
+  ASSERT_TRUE(toy.engine->LoadCheckpoint(dir_).ok());
+  EXPECT_EQ(Param0(*toy.engine), saved);
+  // No DIR, only DIR.partial: said so.
+  std::filesystem::remove_all(dir_);
+  std::filesystem::create_directories(dir_ + ".partial");
+  const Status s = toy.engine->LoadCheckpoint(dir_);
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+  EXPECT_NE(s.message().find("did not finish"), std::string::npos) << s;
+  std::filesystem::remove_all(dir_ + ".partial");
 }
 
 }  // namespace

@@ -1,0 +1,177 @@
+// Crash-safe, checksummed checkpoint files.
+#include "runtime/checkpoint_files.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+// Header-only XXH3 (Debian's libxxhash-dev): nothing to link, and inlined into the loops.
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <algorithm>
+#include <filesystem>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace zero::runtime {
+namespace {
+
+Status SystemError(const char* what, const std::string& path) {
+  return absl::UnavailableError(
+      absl::StrCat("checkpoint: cannot ", what, " ", path, ": ", std::strerror(errno)));
+}
+
+// fsync of a directory, so that the names created or renamed in it are durable.
+Status SyncDirectory(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return SystemError("open directory", path);
+  const int rc = ::fsync(fd);
+  ::close(fd);
+  if (rc != 0 && errno != EINVAL) return SystemError("sync directory", path);
+  return absl::OkStatus();
+}
+
+std::string ParentOf(const std::string& path) {
+  const std::string parent = std::filesystem::path(path).parent_path().string();
+  return parent.empty() ? "." : parent;
+}
+
+}  // namespace
+
+struct ChecksummedFile::HashState {
+  XXH3_state_t* state = XXH3_createState();
+  ~HashState() { XXH3_freeState(state); }
+};
+
+ChecksummedFile::ChecksummedFile(int fd, std::string path)
+    : fd_(fd), path_(std::move(path)), hash_(std::make_unique<HashState>()) {
+  XXH3_64bits_reset(hash_->state);
+}
+
+ChecksummedFile::~ChecksummedFile() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+StatusOr<std::unique_ptr<ChecksummedFile>> ChecksummedFile::Create(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return SystemError("create", path);
+  return std::unique_ptr<ChecksummedFile>(new ChecksummedFile(fd, path));
+}
+
+Status ChecksummedFile::Write(const void* data, size_t bytes) {
+  XXH3_64bits_update(hash_->state, data, bytes);
+  const char* next = static_cast<const char*>(data);
+  while (bytes > 0) {
+    const ssize_t written = ::write(fd_, next, bytes);
+    if (written < 0 && errno == EINTR) continue;
+    if (written <= 0) return SystemError("write", path_);
+    next += written;
+    bytes -= static_cast<size_t>(written);
+  }
+  return absl::OkStatus();
+}
+
+Status ChecksummedFile::Close() {
+  const uint64_t checksum = XXH3_64bits_digest(hash_->state);
+  ZERO_RETURN_IF_ERROR(Write(&checksum, sizeof checksum));
+  if (::fsync(fd_) != 0) return SystemError("sync", path_);
+  const int rc = ::close(fd_);
+  fd_ = -1;
+  if (rc != 0) return SystemError("close", path_);
+  return absl::OkStatus();
+}
+
+Status VerifyChecksum(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return SystemError("read", path);
+  struct stat info {};
+  if (::fstat(fd, &info) != 0) {
+    ::close(fd);
+    return SystemError("stat", path);
+  }
+  const auto size = static_cast<uint64_t>(info.st_size);
+  if (size < kChecksumBytes) {
+    ::close(fd);
+    return absl::DataLossError(absl::StrCat("checkpoint: ", path, " is truncated (", size,
+                                            " bytes, shorter than its checksum)"));
+  }
+  XXH3_state_t* state = XXH3_createState();
+  XXH3_64bits_reset(state);
+  std::vector<char> chunk(size_t{1} << 20);
+  uint64_t left = size - kChecksumBytes;
+  Status status;
+  while (left > 0 && status.ok()) {
+    const ssize_t got = ::read(fd, chunk.data(), static_cast<size_t>(std::min<uint64_t>(left, chunk.size())));
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) {
+      status = SystemError("read", path);
+      break;
+    }
+    XXH3_64bits_update(state, chunk.data(), static_cast<size_t>(got));
+    left -= static_cast<uint64_t>(got);
+  }
+  uint64_t stored = 0;
+  if (status.ok() && ::read(fd, &stored, sizeof stored) != static_cast<ssize_t>(sizeof stored)) {
+    status = SystemError("read", path);
+  }
+  const uint64_t computed = XXH3_64bits_digest(state);
+  XXH3_freeState(state);
+  ::close(fd);
+  ZERO_RETURN_IF_ERROR(status);
+  if (stored != computed) {
+    return absl::DataLossError(absl::StrFormat(
+        "checkpoint: %s is corrupt: its contents hash to %016x but it records %016x (a "
+        "damaged or partly written file); load an older checkpoint", path, computed, stored));
+  }
+  return absl::OkStatus();
+}
+
+Status WriteFileDurably(const std::string& path, const std::string& text) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return SystemError("create", path);
+  const char* next = text.data();
+  size_t left = text.size();
+  while (left > 0) {
+    const ssize_t written = ::write(fd, next, left);
+    if (written < 0 && errno == EINTR) continue;
+    if (written <= 0) {
+      ::close(fd);
+      return SystemError("write", path);
+    }
+    next += written;
+    left -= static_cast<size_t>(written);
+  }
+  const bool synced = ::fsync(fd) == 0;
+  if (::close(fd) != 0 || !synced) return SystemError("sync", path);
+  return absl::OkStatus();
+}
+
+Status PublishDirectory(const std::string& partial, const std::string& dir) {
+  ZERO_RETURN_IF_ERROR(SyncDirectory(partial));
+  std::error_code error;
+  if (!std::filesystem::exists(dir, error)) {
+    if (::rename(partial.c_str(), dir.c_str()) != 0) return SystemError("rename into", dir);
+    return SyncDirectory(ParentOf(dir));
+  }
+  if (::renameat2(AT_FDCWD, partial.c_str(), AT_FDCWD, dir.c_str(), RENAME_EXCHANGE) == 0) {
+    ZERO_RETURN_IF_ERROR(SyncDirectory(ParentOf(dir)));
+    std::filesystem::remove_all(partial, error);  // now the previous checkpoint
+    return absl::OkStatus();
+  }
+  if (errno != EINVAL && errno != ENOSYS && errno != ENOTSUP) return SystemError("swap in", dir);
+  const std::string old = dir + ".old";
+  std::filesystem::remove_all(old, error);
+  if (::rename(dir.c_str(), old.c_str()) != 0) return SystemError("rename aside", dir);
+  if (::rename(partial.c_str(), dir.c_str()) != 0) return SystemError("rename into", dir);
+  ZERO_RETURN_IF_ERROR(SyncDirectory(ParentOf(dir)));
+  std::filesystem::remove_all(old, error);
+  return absl::OkStatus();
+}
+
+}  // namespace zero::runtime
