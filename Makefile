@@ -36,7 +36,8 @@ bench: build
 #               holds the run-time options compiled into the test programs). The two tests whose host
 #               program is not built here (python3 via ctypes, the example built against the
 #               installed package) run in a second ctest call with the ASan runtime preloaded and
-#               leak checking off (python3's and cmake's own allocations are not ours).
+#               leak checking off (python3's and cmake's own allocations are not ours). The
+#               python label (PyTorch in the process) is left out.
 #   build-tsan  ZERO_SANITIZE=thread: only the in-process communicator and engine tests
 #               (SANITIZE_TSAN_TESTS, CTest label tsan), with ZERO_CPU_THREADS=1 so that no
 #               OpenMP parallel region runs (libgomp is not TSan-instrumented).
@@ -52,9 +53,9 @@ sanitize: sanitize-address sanitize-thread
 sanitize-address: setup
 	@cmake -S . -B build-asan -DZERO_SANITIZE=address $(SANITIZE_CMAKE_ARGS) >/dev/null
 	@cmake --build build-asan -j $(JOBS)
-	@cd build-asan && ctest -L 'unit|mpi' -E '$(SANITIZE_HOSTED)' --output-on-failure -j $(JOBS) --timeout 1800
+	@cd build-asan && ctest -L 'unit|mpi' -LE python -E '$(SANITIZE_HOSTED)' --output-on-failure -j $(JOBS) --timeout 1800
 	@cd build-asan && LD_PRELOAD="$$(cat zero_asan_runtime.txt)" ASAN_OPTIONS=detect_leaks=0 \
-	  ctest -L 'unit|mpi' -R '$(SANITIZE_HOSTED)' --output-on-failure -j $(JOBS) --timeout 1800
+	  ctest -L 'unit|mpi' -LE python -R '$(SANITIZE_HOSTED)' --output-on-failure -j $(JOBS) --timeout 1800
 
 sanitize-thread: setup
 	@cmake -S . -B build-tsan -DZERO_SANITIZE=thread \
