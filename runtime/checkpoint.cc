@@ -3,7 +3,8 @@
 // every file, what falls inside the parts it owns now.
 //
 //   DIR/meta.json            format, world, stage, step, optimizer, moment count, loss scaler,
-//                            and each param's name, shape and dtype (rank 0 writes it)
+//                            the trainer's user_data, and each param's name, shape and dtype
+//                            (rank 0 writes it)
 // Frozen params (requires_grad = false) are not saved: they never change; set them again with
 // SetParam after loading.
 //
@@ -62,6 +63,7 @@ struct Meta {
   std::string optimizer;
   LossScaler::State scaler;
   nlohmann::json params;
+  std::string user_data;  // optional
 };
 
 Status FieldError(const std::string& path, const std::string& field, const char* expected) {
@@ -123,6 +125,9 @@ StatusOr<Meta> ReadMeta(const std::string& dir) {
   ZERO_RETURN_IF_ERROR(Field(*scaler, "iteration", path, "loss_scaler.iteration", &meta.scaler.iteration));
   ZERO_RETURN_IF_ERROR(Field(*scaler, "last_overflow", path, "loss_scaler.last_overflow",
                              &meta.scaler.last_overflow));
+  if (json.contains("user_data")) {
+    ZERO_RETURN_IF_ERROR(Field(json, "user_data", path, "user_data", &meta.user_data));
+  }
   const auto params = json.find("params");
   if (params == json.end() || !params->is_array()) return FieldError(path, "params", "an array");
   for (size_t p = 0; p < params->size(); ++p) {
@@ -188,6 +193,7 @@ Status EngineImpl::SaveCheckpoint(const std::string& target) {
     meta["step"] = step_;
     meta["optimizer"] = OptimizerTypeName(config_.optimizer.type);
     meta["moments"] = optimizer_->state_count();
+    meta["user_data"] = user_data_;
     const LossScaler::State scaler = loss_scaler_.state();
     meta["loss_scaler"] = {{"scale", scaler.scale}, {"remaining_hysteresis", scaler.remaining_hysteresis},
                            {"iteration", scaler.iteration}, {"last_overflow", scaler.last_overflow}};
@@ -310,6 +316,7 @@ Status EngineImpl::LoadCheckpoint(const std::string& target) {
   for (const auto& [param, parts] : owned) ZERO_RETURN_IF_ERROR(optimizer_->WriteOwned(param, parts));
   step_ = meta.step;
   loss_scaler_.set_state(meta.scaler);
+  user_data_ = meta.user_data;
   // Every rank now holds the checkpoint's values: nothing to compare at the next iteration.
   std::fill(set_hash_.begin(), set_hash_.end(), 0);
   replicas_synced_ = true;

@@ -49,6 +49,8 @@ class EngineImpl final : public Engine {
   StatusOr<StepInfo> Step() override;
   Status SaveCheckpoint(const std::string& dir) override;
   Status LoadCheckpoint(const std::string& dir) override;
+  void set_checkpoint_user_data(std::string data) override { user_data_ = std::move(data); }
+  const std::string& checkpoint_user_data() const override { return user_data_; }
   MemoryStats GetMemoryStats() const override { return allocator_.Stats(); }
   EngineCounters counters() const override { return counters_; }
   int64_t steps_taken() const override { return step_; }
@@ -166,6 +168,7 @@ class EngineImpl final : public Engine {
   bool replicas_synced_ = false;   // SyncReplicas ran
   std::vector<uint64_t> set_hash_;  // stage 3: per param, a hash of the values given to SetParam
   base::Buffer replica_staging_;    // device params hashed through host memory
+  std::string user_data_;  // trainer state saved in and loaded from checkpoints
 };
 
 }  // namespace zero::runtime

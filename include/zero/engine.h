@@ -155,6 +155,13 @@ class Engine {
   /// (names, shapes, dtypes; errors name the first difference). Collective; after Finalize,
   /// between steps.
   virtual Status LoadCheckpoint(const std::string& dir) = 0;
+  /// The trainer's own state (data position, RNG seeds: any text, e.g. JSON) to save inside
+  /// the next checkpoints, so that it can never disagree with the engine's state after a
+  /// crash. Rank 0's value is the one written. Empty by default.
+  virtual void set_checkpoint_user_data(std::string data) = 0;
+  /// The trainer state of the checkpoint last loaded (empty when none was loaded or it held
+  /// none).
+  virtual const std::string& checkpoint_user_data() const = 0;
 
   /// Bytes held now and at peak, per category.
   virtual MemoryStats GetMemoryStats() const = 0;

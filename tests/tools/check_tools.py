@@ -80,8 +80,8 @@ def check_killed_while_saving(kills=6):
             time.sleep(rng.uniform(0.05, 0.6))
             job.send_signal(signal.SIGKILL)
             job.wait()
-            with open(os.path.join(ckpt, "zero-train.step")) as f:
-                saved = int(f.read() or 0)
+            with open(os.path.join(ckpt, "meta.json")) as f:
+                saved = int(json.load(f)["user_data"])  # zero-train's position, saved inside
             resumed = train(["--steps", str(saved + 2), "--ranks", "2", "--width", "256",
                              "--checkpoint_dir", ckpt, "--resume"])
             loaded += resumed is not None
@@ -116,7 +116,7 @@ def check_flags():
         result = subprocess.run([os.path.join(BIN, "zero-train"), "--steps", "3", "--ranks", "2", "--checkpoint_dir", ckpt],
                                 capture_output=True, text=True, timeout=300)
         saved = os.path.exists(os.path.join(ckpt, "meta.json"))
-        step = open(os.path.join(ckpt, "zero-train.step")).read().strip() if saved else ""
+        step = json.load(open(os.path.join(ckpt, "meta.json")))["user_data"] if saved else ""
         check(result.returncode == 0 and "after the last step" in result.stderr and saved and step == "3",
               "--checkpoint_dir without --save_every says so and saves after the last step")
     check(refused("zero-mem", ["measure", "--layers", "0"], "--layers 0"), "zero-mem measure --layers 0 is refused")
@@ -152,6 +152,16 @@ if MODE == "local":
               and (resumed[1]["final_loss"], resumed[1]["checksum"]) == (whole[1]["final_loss"], whole[1]["checksum"]),
               "checkpoint after 20 steps, resume at stage 3 to 40: identical to the uninterrupted run (fp16 scaler included)")
     check_killed_while_saving()
+    with tempfile.TemporaryDirectory() as root:  # a checkpoint without zero-train's position
+        ckpt = os.path.join(root, "ckpt")
+        train(["--steps", "2", "--ranks", "2", "--checkpoint_dir", ckpt])
+        meta_path = os.path.join(ckpt, "meta.json")
+        meta = json.load(open(meta_path))
+        meta["user_data"] = "abc"
+        json.dump(meta, open(meta_path, "w"))
+        check(refused("zero-train", ["--steps", "4", "--ranks", "2", "--checkpoint_dir", ckpt, "--resume"],
+                      "cannot resume", '"abc"'),
+              "--resume from a checkpoint whose trainer position is not a step is refused, not restarted at 0")
     fp16 = train(["--steps", "40", "--precision", "fp16"])
     check(fp16 is not None and fp16[1]["final_loss"] < fp16[0][0]["loss"], "fp16 with dynamic loss scaling trains")
 

@@ -201,13 +201,18 @@ TEST_F(Checkpoint, AnUnfinishedSaveNeverHidesTheLastCheckpoint) {
   std::ofstream(dir_ + ".partial/rank-0-of-2.bin") << "ZRTCKPT2 half";
   LoadedToy toy = ToyEngine(dir_);
   const std::vector<float> saved = Param0(*toy.engine);
-  // The next save replaces both, and a trailing slash names the same checkpoint.
+  EXPECT_EQ(toy.engine->checkpoint_user_data(), "");  // saved without any
+  // The next save replaces both, and a trailing slash names the same checkpoint; the
+  // trainer's state goes with it.
+  toy.engine->set_checkpoint_user_data(R"({"epoch": 3, "sample": 1200})");
   ASSERT_TRUE(toy.engine->SaveCheckpoint(dir_ + "/").ok());
+  toy.engine->set_checkpoint_user_data("");
   EXPECT_FALSE(std::filesystem::exists(dir_ + ".partial"));
   EXPECT_TRUE(std::filesystem::exists(dir_ + "/rank-0-of-1.bin"));
   EXPECT_FALSE(std::filesystem::exists(dir_ + "/rank-1-of-2.bin"));  // the old files went with it
   ASSERT_TRUE(toy.engine->LoadCheckpoint(dir_).ok());
   EXPECT_EQ(Param0(*toy.engine), saved);
+  EXPECT_EQ(toy.engine->checkpoint_user_data(), R"({"epoch": 3, "sample": 1200})");
   // No DIR, only DIR.partial: said so.
   std::filesystem::remove_all(dir_);
   std::filesystem::create_directories(dir_ + ".partial");

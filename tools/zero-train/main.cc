@@ -26,6 +26,7 @@
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "mlp.h"
 #include "report.h"
@@ -256,12 +257,19 @@ Status RunRank(comm::Communicator& comm, const Config& config, const MlpOptions&
   const std::string checkpoints = absl::GetFlag(FLAGS_checkpoint_dir);
   const int save_every = absl::GetFlag(FLAGS_save_every);
   int first = 0;
-  // The trainer keeps its own position (steps skipped for overflow count here, not in the
-  // engine's step count) beside the engine's checkpoint, as a data loader would.
-  const std::string position = checkpoints + "/zero-train.step";
+  // The trainer's own position (steps skipped for overflow count here, not in the engine's
+  // step count) travels inside the engine's checkpoint (user data), as a data loader's would,
+  // so the two can never disagree after a crash. Checkpoints written before user data existed
+  // keep it in zero-train.step beside them.
   if (absl::GetFlag(FLAGS_resume) && std::ifstream(checkpoints + "/meta.json").good()) {
     ZERO_RETURN_IF_ERROR(engine->LoadCheckpoint(checkpoints));
-    std::ifstream(position) >> first;
+    std::string position = engine->checkpoint_user_data();
+    if (position.empty()) std::ifstream(checkpoints + "/zero-train.step") >> position;
+    if (!absl::SimpleAtoi(position, &first) || first < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "cannot resume from ", checkpoints, ": its trainer position is \"", position,
+          "\", not a step number (the checkpoint was not written by zero-train, or is damaged)"));
+    }
     if (report != nullptr) std::fprintf(stderr, "zero-train: resumed from %s at step %d\n", checkpoints.c_str(), first);
   }
   float loss_scale = engine->loss_scale();
@@ -275,8 +283,8 @@ Status RunRank(comm::Communicator& comm, const Config& config, const MlpOptions&
     loss = summed / comm.size();
     // Every save_every steps, and after the last (the only save when save_every is 0).
     if (!checkpoints.empty() && ((save_every > 0 && (step + 1) % save_every == 0) || step + 1 == steps)) {
+      engine->set_checkpoint_user_data(std::to_string(step + 1));
       ZERO_RETURN_IF_ERROR(engine->SaveCheckpoint(checkpoints));
-      if (comm.rank() == 0) std::ofstream(position) << step + 1 << "\n";
     }
     if (report != nullptr) {
       RankMemory mine;
