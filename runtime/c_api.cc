@@ -191,6 +191,20 @@ zero_status zero_load_checkpoint(zero_engine* engine, const char* dir) {
   return Report(engine->engine->LoadCheckpoint(dir));
 }
 
+zero_status zero_set_checkpoint_user_data(zero_engine* engine, const char* data) {
+  ZERO_C_REQUIRE(engine, "zero_set_checkpoint_user_data");
+  ZERO_C_REQUIRE(data, "zero_set_checkpoint_user_data");
+  engine->engine->set_checkpoint_user_data(data);
+  return ZERO_OK;
+}
+
+zero_status zero_checkpoint_user_data(const zero_engine* engine, const char** data) {
+  ZERO_C_REQUIRE(engine, "zero_checkpoint_user_data");
+  ZERO_C_REQUIRE(data, "zero_checkpoint_user_data");
+  *data = engine->engine->checkpoint_user_data().c_str();
+  return ZERO_OK;
+}
+
 zero_status zero_memory_stats(const zero_engine* engine, struct zero_memory_stats* out) {
   ZERO_C_REQUIRE(engine, "zero_memory_stats");
   ZERO_C_REQUIRE(out, "zero_memory_stats");

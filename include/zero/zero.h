@@ -120,6 +120,11 @@ ZERO_API zero_status zero_release(zero_engine* engine, int unit);
 /** Checkpoints: collective; load works at any world size and stage (see zero/engine.h). */
 ZERO_API zero_status zero_save_checkpoint(zero_engine* engine, const char* dir);
 ZERO_API zero_status zero_load_checkpoint(zero_engine* engine, const char* dir);
+/** The trainer's own state (text, e.g. JSON) saved inside the next checkpoints (rank 0's). */
+ZERO_API zero_status zero_set_checkpoint_user_data(zero_engine* engine, const char* data);
+/** The trainer state of the checkpoint last loaded ("" if none): owned by the engine, valid
+ *  until the next zero_load_checkpoint or zero_engine_destroy. */
+ZERO_API zero_status zero_checkpoint_user_data(const zero_engine* engine, const char** data);
 ZERO_API zero_status zero_memory_stats(const zero_engine* engine, struct zero_memory_stats* out);
 /** Rank and world size of the engine's group. */
 ZERO_API int zero_engine_rank(const zero_engine* engine);

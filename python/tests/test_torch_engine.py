@@ -148,7 +148,7 @@ def train_sharded(stage, world=2, guard=None, raise_first=True, steps=range(STEP
         model = models[rank]
         engine = zerort.torch.initialize(model, config, comm)
         if load is not None:
-            engine.load_checkpoint(load)
+            assert engine.load_checkpoint(load) == {"next_step": steps[0]}
         mine = slice(bounds[rank], bounds[rank + 1])
         weight = (bounds[rank + 1] - bounds[rank]) * world / BATCH
         for step in steps:
@@ -157,7 +157,7 @@ def train_sharded(stage, world=2, guard=None, raise_first=True, steps=range(STEP
             (weight * loss).backward()
             engine.step()
         if save is not None:
-            engine.save_checkpoint(save)
+            engine.save_checkpoint(save, client_state={"next_step": steps[-1] + 1})
         engine.close()  # the model keeps the final values (stage 3: gathered back)
         return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
 

@@ -215,6 +215,18 @@ class Engine:
         _check(library().zero_load_checkpoint(self._handle, str(directory).encode()),
                "zero_load_checkpoint")
 
+    def set_checkpoint_user_data(self, text):
+        """The trainer's own state (text) to save inside the next checkpoints (rank 0's)."""
+        _check(library().zero_set_checkpoint_user_data(self._handle, text.encode()),
+               "zero_set_checkpoint_user_data")
+
+    def checkpoint_user_data(self):
+        """The trainer state of the checkpoint last loaded ("" if none)."""
+        data = ctypes.c_char_p()
+        _check(library().zero_checkpoint_user_data(self._handle, ctypes.byref(data)),
+               "zero_checkpoint_user_data")
+        return (data.value or b"").decode()
+
     def memory_stats(self):
         """Bytes per category: {"params": (current, peak), ...}."""
         stats = MemoryStats()

@@ -30,6 +30,7 @@ Every failure is a zerort exception carrying the status and the library's messag
 """
 import contextlib
 import ctypes
+import json
 
 import torch
 
@@ -208,15 +209,21 @@ class TorchEngine:
             result[name] = full
         return result
 
-    def save_checkpoint(self, directory):
-        """Every rank saves its part; loadable at any world size and stage."""
+    def save_checkpoint(self, directory, client_state=None):
+        """Every rank saves its part; loadable at any world size and stage. `client_state`
+        (a JSON-serialisable dict: data position, epoch, RNG seeds) is saved inside the same
+        checkpoint, as DeepSpeed's client_state, so it can never disagree with it."""
+        self._engine.set_checkpoint_user_data(json.dumps(client_state or {}))
         self._engine.save_checkpoint(directory)
 
     def load_checkpoint(self, directory):
-        """Loads params and optimizer state; the model's params show the loaded values."""
+        """Loads params and optimizer state (the model's params show the loaded values);
+        returns the client_state saved with it ({} if none)."""
         self._engine.load_checkpoint(directory)
+        text = self._engine.checkpoint_user_data()
         if self._units is None:
             self._bind_views()
+        return json.loads(text) if text else {}
 
     def _detach(self):
         """Before the engine's memory goes: hooks removed, params given their own copies
