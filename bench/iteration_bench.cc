@@ -120,13 +120,10 @@ class Model {
   int stage_ = 0;
 };
 
-// Stage 0's step_ms per (backward_ms, bucket), for vs_stage0 (stage 0 runs first).
-std::map<std::pair<int64_t, int64_t>, double>& StageZeroSteps() {
-  static auto* steps = new std::map<std::pair<int64_t, int64_t>, double>;
-  return *steps;
-}
+// Stage 0's step_ms per (backward_ms, bucket) of this run, for vs_stage0 (stage 0 runs first).
+using StageZeroSteps = std::map<std::pair<int64_t, int64_t>, double>;
 
-void BM_Iteration(benchmark::State& state, comm::Communicator* comm) {
+void BM_Iteration(benchmark::State& state, comm::Communicator* comm, StageZeroSteps* stage0) {
   const int stage = static_cast<int>(state.range(0));
   const double backward_ms = static_cast<double>(state.range(1));
   const int64_t bucket_elems = state.range(2) * (int64_t{1} << 20);
@@ -168,8 +165,8 @@ void BM_Iteration(benchmark::State& state, comm::Communicator* comm) {
   state.counters["overlap"] = comm_ms > 0 ? std::max(0.0, 1.0 - exposed_ms / comm_ms) : 1.0;
   state.counters["ranks"] = comm->size();
   const auto key = std::make_pair(state.range(1), state.range(2));
-  if (stage == 0) StageZeroSteps()[key] = step_ms;
-  if (StageZeroSteps().count(key)) state.counters["vs_stage0"] = step_ms / StageZeroSteps()[key];
+  if (stage == 0) (*stage0)[key] = step_ms;
+  if (stage0->count(key)) state.counters["vs_stage0"] = step_ms / stage0->at(key);
 }
 
 }  // namespace
@@ -189,7 +186,8 @@ int main(int argc, char** argv) {
   }
   std::unique_ptr<zero::comm::Communicator> world = std::move(*created);
   // Every stage at the default buckets, then at 4M- and 1M-element buckets.
-  auto* b = benchmark::RegisterBenchmark("BM_Iteration", BM_Iteration, world.get());
+  StageZeroSteps stage0;
+  auto* b = benchmark::RegisterBenchmark("BM_Iteration", BM_Iteration, world.get(), &stage0);
   for (int64_t bucket : {0, 4, 1}) {
     for (int stage : {0, 1, 2, 3}) b->Args({stage, 60, bucket});
   }

@@ -30,6 +30,14 @@ import torch
 from . import errors
 
 
+def engine_view(address, param):
+    """A tensor shaped like `param`, over `param.numel()` elements of its dtype at `address`
+    (engine memory: the tensor does not own it)."""
+    nbytes = param.numel() * param.element_size()
+    buffer = (ctypes.c_byte * nbytes).from_address(address)
+    return torch.frombuffer(buffer, dtype=param.dtype, count=param.numel()).view(param.shape)
+
+
 def _resize_storage(tensor, numel):
     """Resizes the storage under `tensor` to `numel` elements (0 frees it)."""
     if hasattr(tensor, "untyped_storage"):
@@ -94,10 +102,7 @@ class UnitGathering:
                     continue
                 self._persistent.add(unit)
                 for (param, _), address in zip(members, addresses):
-                    nbytes = param.numel() * param.element_size()
-                    buffer = (ctypes.c_byte * nbytes).from_address(address)
-                    param.data = torch.frombuffer(buffer, dtype=param.dtype,
-                                                  count=param.numel()).view(param.shape)
+                    param.data = engine_view(address, param)
         module_units = {m: [u for u in us if u not in self._persistent]
                         for m, us in module_units.items()}
         for sub, units in module_units.items():
@@ -126,11 +131,7 @@ class UnitGathering:
                 self._waiting[unit] = {pid for _, pid in self._members[unit]}
                 for param, pid in self._members[unit]:
                     _resize_storage(param.data, param.numel())
-                    address = self._engine.param_data(pid)
-                    nbytes = param.numel() * param.element_size()
-                    buffer = (ctypes.c_byte * nbytes).from_address(address)
-                    source = torch.frombuffer(buffer, dtype=param.dtype, count=param.numel())
-                    param.data.copy_(source.view(param.shape))
+                    param.data.copy_(engine_view(self._engine.param_data(pid), param))
 
     def release(self, units):
         """Frees `units` (engine and storages)."""

@@ -29,7 +29,6 @@ Every failure is a zerort exception carrying the status and the library's messag
 (zerort.errors): DuplicateGradientError, UnusedParametersError, DeadlineExceededError, ...
 """
 import contextlib
-import ctypes
 import json
 
 import torch
@@ -45,14 +44,6 @@ _UNUSED_HINT = (
     "silently. Fix: pass use_reentrant=False, or make the block's input require grad "
     "(x.requires_grad_()). Other causes: a branch of the model that did not run on this rank "
     "(set guard.on_unused = \"zero\"), or a param that is not used at all (freeze it).")
-
-
-def _view(address, param):
-    """A tensor over `param.numel()` elements of `param.dtype` at `address`."""
-    nbytes = param.numel() * param.element_size()
-    buffer = (ctypes.c_byte * nbytes).from_address(address)
-    return torch.frombuffer(buffer, dtype=param.dtype,
-                            count=param.numel()).view(param.shape)
 
 
 class TorchEngine:
@@ -133,7 +124,7 @@ class TorchEngine:
         """Stages 0-2: every trainable param's data becomes the engine's copy."""
         with torch.no_grad():
             for _, param, pid in self._params:
-                param.data = _view(self._engine.param_data(pid), param)
+                param.data = _stage3.engine_view(self._engine.param_data(pid), param)
 
     def _add_grad_hook(self, param, pid, unit):
         def hand_over():

@@ -10,9 +10,12 @@
 """
 import json
 import os
+import random
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 
 BIN = sys.argv[1]
 MODE = sys.argv[2]
@@ -62,9 +65,6 @@ def refused(tool, args, *parts):
 def check_killed_while_saving(kills=6):
     """zero-train saving after every step, killed (SIGKILL) at random moments: the directory
     always holds a complete checkpoint that loads (saves are crash-safe)."""
-    import random
-    import signal
-    import time
     rng = random.Random(7)
     loaded = 0
     with tempfile.TemporaryDirectory() as root:
