@@ -7,7 +7,7 @@
 #include "comm/reduce.h"
 #include "kernels/cpu/norms.h"
 #include "kernels/cpu/optimizers.h"
-#include "runtime/base/raw_memory.h"
+#include "base/raw_memory.h"
 
 namespace zero::runtime {
 namespace {

@@ -16,7 +16,7 @@
 #include "absl/types/span.h"
 #include "kernels/cpu/cpu_exec.h"
 #include "kernels/segments.h"
-#include "runtime/base/allocator.h"
+#include "base/allocator.h"
 #include "zero/device.h"
 #include "zero/status.h"
 

@@ -1,6 +1,6 @@
 // Engine creation, registration, Finalize and parameter access.
 #include "absl/strings/str_cat.h"
-#include "runtime/base/env.h"
+#include "base/env.h"
 #include "runtime/engine_impl.h"
 
 namespace zero {

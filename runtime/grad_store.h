@@ -15,7 +15,7 @@
 #include "comm/bucket_scheduler.h"
 #include "zero/communicator.h"
 #include "partition/partition_plan.h"
-#include "runtime/base/allocator.h"
+#include "base/allocator.h"
 #include "runtime/device_ops.h"
 
 namespace zero::runtime {

@@ -5,7 +5,7 @@
 #ifndef ZERO_RUNTIME_HOST_COLLECTIVES_H_
 #define ZERO_RUNTIME_HOST_COLLECTIVES_H_
 
-#include "runtime/base/allocator.h"
+#include "base/allocator.h"
 #include "runtime/device_ops.h"
 #include "zero/communicator.h"
 

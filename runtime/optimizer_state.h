@@ -14,7 +14,7 @@
 
 #include "kernels/segments.h"
 #include "partition/partition_plan.h"
-#include "runtime/base/allocator.h"
+#include "base/allocator.h"
 #include "runtime/device_ops.h"
 #include "runtime/grad_store.h"
 #include "zero/config.h"

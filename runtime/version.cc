@@ -3,7 +3,7 @@
 
 #include <string>
 
-#include "runtime/base/cpu_isa.h"
+#include "base/cpu_isa.h"
 
 namespace zero {
 

@@ -34,8 +34,8 @@
 #include "comm/mpi/mpi_rounds.h"
 #include "comm/mpi/scratch_pool.h"
 #include "comm/mpi/mpi_tuning.h"
-#include "runtime/base/env.h"
-#include "runtime/base/logging.h"
+#include "base/env.h"
+#include "base/logging.h"
 #include "zero/device.h"
 
 namespace zero::comm {

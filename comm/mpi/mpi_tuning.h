@@ -9,7 +9,7 @@
 //
 //   ZERO_MPI_REDUCE_SCATTER = auto (default) | ring | allreduce | native
 //
-// (read with the other tunables, runtime/base/env.h) forces one algorithm for every size, with
+// (read with the other tunables, base/env.h) forces one algorithm for every size, with
 // no measurement; the choice is logged at INFO.
 #ifndef ZERO_COMM_MPI_MPI_TUNING_H_
 #define ZERO_COMM_MPI_MPI_TUNING_H_

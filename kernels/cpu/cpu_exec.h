@@ -2,8 +2,8 @@
 #ifndef ZERO_KERNELS_CPU_CPU_EXEC_H_
 #define ZERO_KERNELS_CPU_CPU_EXEC_H_
 
-#include "runtime/base/cpu_isa.h"
-#include "runtime/base/env.h"
+#include "base/cpu_isa.h"
+#include "base/env.h"
 
 namespace zero::kernels {
 

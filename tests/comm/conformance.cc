@@ -6,7 +6,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "runtime/base/raw_memory.h"
+#include "base/raw_memory.h"
 
 namespace zero::testing {
 namespace {

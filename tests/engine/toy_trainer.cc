@@ -4,7 +4,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "runtime/base/raw_memory.h"
+#include "base/raw_memory.h"
 
 namespace zero::testing {
 namespace {

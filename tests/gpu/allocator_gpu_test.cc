@@ -2,7 +2,7 @@
 // CUDA device).
 #include <gtest/gtest.h>
 
-#include "runtime/base/allocator.h"
+#include "base/allocator.h"
 
 namespace zero::base {
 namespace {

@@ -1,6 +1,6 @@
 // The accounting allocator: every byte counted under its category, peaks kept, frees and moves
 // un-count exactly once, concurrent use is safe.
-#include "runtime/base/allocator.h"
+#include "base/allocator.h"
 
 #include <gtest/gtest.h>
 

@@ -1,5 +1,5 @@
 // Environment tunables: defaults, valid values, and errors that name the variable.
-#include "runtime/base/env.h"
+#include "base/env.h"
 
 #include <gtest/gtest.h>
 #include <stdlib.h>

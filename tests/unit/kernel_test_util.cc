@@ -3,7 +3,7 @@
 
 #include <cmath>
 
-#include "runtime/base/cpu_isa.h"
+#include "base/cpu_isa.h"
 #include "zero/dtype.h"
 
 namespace zero::testing {

@@ -1,5 +1,5 @@
 // Logging: level filtering, rank prefix, lazy evaluation of disabled lines.
-#include "runtime/base/logging.h"
+#include "base/logging.h"
 
 #include <gtest/gtest.h>
 

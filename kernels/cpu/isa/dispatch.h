@@ -3,7 +3,7 @@
 #define ZERO_KERNELS_CPU_ISA_DISPATCH_H_
 
 #include "kernels/cpu/isa/loops.h"
-#include "runtime/base/cpu_isa.h"
+#include "base/cpu_isa.h"
 
 /// ZERO_ISA_DISPATCH(isa, Loop, args...) calls avx512::Loop, avx2::Loop or scalar::Loop.
 /// Builds for other architectures than x86-64 have only the scalar loops.

@@ -1,11 +1,11 @@
 // The accounting allocator and its tracker.
-#include "runtime/base/allocator.h"
+#include "base/allocator.h"
 
 #include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "runtime/base/raw_memory.h"
+#include "base/raw_memory.h"
 
 namespace zero::base {
 

@@ -1,6 +1,6 @@
 // Host, pinned-host and device allocation primitives. CUDA parts compile only when the build
 // has CUDA (ZERO_HAVE_CUDA); otherwise pinned and device placements report kUnavailable.
-#include "runtime/base/raw_memory.h"
+#include "base/raw_memory.h"
 
 #include <cstdlib>
 #include <cstring>

@@ -1,8 +1,8 @@
 // The x86-64 vector instruction sets the CPU kernels are built for, and run-time detection of
 // which one this CPU (and OS) supports. The binary runs on any x86-64; the kernels pick the
 // widest supported set at run time.
-#ifndef ZERO_RUNTIME_BASE_CPU_ISA_H_
-#define ZERO_RUNTIME_BASE_CPU_ISA_H_
+#ifndef ZERO_BASE_CPU_ISA_H_
+#define ZERO_BASE_CPU_ISA_H_
 
 #include <string_view>
 
@@ -28,4 +28,4 @@ CpuIsa DetectCpuIsa();
 
 }  // namespace zero::base
 
-#endif  // ZERO_RUNTIME_BASE_CPU_ISA_H_
+#endif  // ZERO_BASE_CPU_ISA_H_

@@ -1,8 +1,8 @@
 // Untracked allocation primitives behind the accounting allocator: host (64-byte aligned),
 // page-locked host and CUDA device memory. Only allocator.cc allocates with these; CopyBytes is
 // also for copies whose placements are not known in advance (a trainer's pointers).
-#ifndef ZERO_RUNTIME_BASE_RAW_MEMORY_H_
-#define ZERO_RUNTIME_BASE_RAW_MEMORY_H_
+#ifndef ZERO_BASE_RAW_MEMORY_H_
+#define ZERO_BASE_RAW_MEMORY_H_
 
 #include <cstdint>
 
@@ -24,4 +24,4 @@ Status CopyBytes(void* destination, const void* source, int64_t bytes);
 
 }  // namespace zero::base
 
-#endif  // ZERO_RUNTIME_BASE_RAW_MEMORY_H_
+#endif  // ZERO_BASE_RAW_MEMORY_H_

@@ -1,5 +1,5 @@
 // Logger output.
-#include "runtime/base/logging.h"
+#include "base/logging.h"
 
 #include <unistd.h>
 

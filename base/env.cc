@@ -1,5 +1,5 @@
 // Parsing of ZeroRT's environment variables.
-#include "runtime/base/env.h"
+#include "base/env.h"
 
 #include <cstdlib>
 #include <string>

@@ -7,14 +7,14 @@
 //                                                      the MPI reduce-scatter algorithm (auto:
 //                                                      measured per size when a communicator
 //                                                      is created; comm/mpi/mpi_tuning.h)
-#ifndef ZERO_RUNTIME_BASE_ENV_H_
-#define ZERO_RUNTIME_BASE_ENV_H_
+#ifndef ZERO_BASE_ENV_H_
+#define ZERO_BASE_ENV_H_
 
 #include <optional>
 #include <string>
 
-#include "runtime/base/cpu_isa.h"
-#include "runtime/base/logging.h"
+#include "base/cpu_isa.h"
+#include "base/logging.h"
 #include "zero/status.h"
 
 namespace zero::base {
@@ -33,4 +33,4 @@ StatusOr<EnvTunables> ReadEnvTunables();
 
 }  // namespace zero::base
 
-#endif  // ZERO_RUNTIME_BASE_ENV_H_
+#endif  // ZERO_BASE_ENV_H_

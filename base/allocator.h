@@ -1,8 +1,8 @@
 // The accounting allocator: every buffer the runtime holds is allocated here, tagged with a
 // MemoryCategory, and counted until it is freed. MemoryStats (current and peak per category)
 // is what the engine's MemoryStats() and the stage-2-versus-3 memory benchmark read.
-#ifndef ZERO_RUNTIME_BASE_ALLOCATOR_H_
-#define ZERO_RUNTIME_BASE_ALLOCATOR_H_
+#ifndef ZERO_BASE_ALLOCATOR_H_
+#define ZERO_BASE_ALLOCATOR_H_
 
 #include <cstdint>
 #include <functional>
@@ -90,4 +90,4 @@ class Allocator {
 
 }  // namespace zero::base
 
-#endif  // ZERO_RUNTIME_BASE_ALLOCATOR_H_
+#endif  // ZERO_BASE_ALLOCATOR_H_

@@ -5,8 +5,8 @@
 // rank appears once it is known.
 //
 //   ZERO_LOG(logger, kInfo) << "bucket " << b << " launched";
-#ifndef ZERO_RUNTIME_BASE_LOGGING_H_
-#define ZERO_RUNTIME_BASE_LOGGING_H_
+#ifndef ZERO_BASE_LOGGING_H_
+#define ZERO_BASE_LOGGING_H_
 
 #include <sstream>
 #include <string_view>
@@ -62,4 +62,4 @@ class LogLine {
   } else                                                                  \
     ::zero::base::LogLine((logger), ::zero::base::LogLevel::level).stream()
 
-#endif  // ZERO_RUNTIME_BASE_LOGGING_H_
+#endif  // ZERO_BASE_LOGGING_H_

@@ -1,5 +1,5 @@
 // CPU instruction-set detection and names.
-#include "runtime/base/cpu_isa.h"
+#include "base/cpu_isa.h"
 
 #include <string>
 
