@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "zero/communicator.h"
 #include "zero/engine.h"
+#include "zero/preemption.h"
 #include "zero/version.h"
 
 struct zero_comm {
@@ -185,10 +186,27 @@ zero_status zero_save_checkpoint(zero_engine* engine, const char* dir) {
   return Report(engine->engine->SaveCheckpoint(dir));
 }
 
+zero_status zero_save_checkpoint_tagged(zero_engine* engine, const char* root, const char* tag) {
+  ZERO_C_REQUIRE(engine, "zero_save_checkpoint_tagged");
+  ZERO_C_REQUIRE(root, "zero_save_checkpoint_tagged");
+  ZERO_C_REQUIRE(tag, "zero_save_checkpoint_tagged");
+  return Report(engine->engine->SaveCheckpoint(root, tag));
+}
+
 zero_status zero_load_checkpoint(zero_engine* engine, const char* dir) {
   ZERO_C_REQUIRE(engine, "zero_load_checkpoint");
   ZERO_C_REQUIRE(dir, "zero_load_checkpoint");
   return Report(engine->engine->LoadCheckpoint(dir));
+}
+
+zero_status zero_install_preemption_handler(void) { return Report(zero::InstallPreemptionHandler()); }
+
+zero_status zero_preemption_requested(zero_engine* engine, int* requested) {
+  ZERO_C_REQUIRE(engine, "zero_preemption_requested");
+  ZERO_C_REQUIRE(requested, "zero_preemption_requested");
+  zero::StatusOr<bool> answer = engine->engine->PreemptionRequested();
+  if (answer.ok()) *requested = *answer ? 1 : 0;
+  return Report(answer.status());
 }
 
 zero_status zero_set_checkpoint_user_data(zero_engine* engine, const char* data) {

@@ -1,11 +1,11 @@
-// Crash-safe, checksummed checkpoint files.
+// Crash-safe checkpoint files: durable writes and atomic publication.
 #include "runtime/checkpoint_files.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-// Header-only XXH3 (Debian's libxxhash-dev): nothing to link, and inlined into the loops.
+// Header-only XXH3 (Debian's libxxhash-dev): nothing to link.
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
@@ -44,46 +44,15 @@ std::string ParentOf(const std::string& path) {
 
 }  // namespace
 
-struct ChecksummedFile::HashState {
-  XXH3_state_t* state = XXH3_createState();
-  ~HashState() { XXH3_freeState(state); }
-};
-
-ChecksummedFile::ChecksummedFile(int fd, std::string path)
-    : fd_(fd), path_(std::move(path)), hash_(std::make_unique<HashState>()) {
-  XXH3_64bits_reset(hash_->state);
-}
-
-ChecksummedFile::~ChecksummedFile() {
-  if (fd_ >= 0) ::close(fd_);
-}
-
-StatusOr<std::unique_ptr<ChecksummedFile>> ChecksummedFile::Create(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return SystemError("create", path);
-  return std::unique_ptr<ChecksummedFile>(new ChecksummedFile(fd, path));
-}
-
-Status ChecksummedFile::Write(const void* data, size_t bytes) {
-  XXH3_64bits_update(hash_->state, data, bytes);
+Status WriteAll(int fd, const void* data, size_t bytes, const std::string& path) {
   const char* next = static_cast<const char*>(data);
   while (bytes > 0) {
-    const ssize_t written = ::write(fd_, next, bytes);
+    const ssize_t written = ::write(fd, next, bytes);
     if (written < 0 && errno == EINTR) continue;
-    if (written <= 0) return SystemError("write", path_);
+    if (written <= 0) return SystemError("write", path);
     next += written;
     bytes -= static_cast<size_t>(written);
   }
-  return absl::OkStatus();
-}
-
-Status ChecksummedFile::Close() {
-  const uint64_t checksum = XXH3_64bits_digest(hash_->state);
-  ZERO_RETURN_IF_ERROR(Write(&checksum, sizeof checksum));
-  if (::fsync(fd_) != 0) return SystemError("sync", path_);
-  const int rc = ::close(fd_);
-  fd_ = -1;
-  if (rc != 0) return SystemError("close", path_);
   return absl::OkStatus();
 }
 
@@ -135,21 +104,17 @@ Status VerifyChecksum(const std::string& path) {
 Status WriteFileDurably(const std::string& path, const std::string& text) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return SystemError("create", path);
-  const char* next = text.data();
-  size_t left = text.size();
-  while (left > 0) {
-    const ssize_t written = ::write(fd, next, left);
-    if (written < 0 && errno == EINTR) continue;
-    if (written <= 0) {
-      ::close(fd);
-      return SystemError("write", path);
-    }
-    next += written;
-    left -= static_cast<size_t>(written);
-  }
-  const bool synced = ::fsync(fd) == 0;
-  if (::close(fd) != 0 || !synced) return SystemError("sync", path);
-  return absl::OkStatus();
+  Status status = WriteAll(fd, text.data(), text.size(), path);
+  if (status.ok() && ::fsync(fd) != 0) status = SystemError("sync", path);
+  if (::close(fd) != 0 && status.ok()) status = SystemError("close", path);
+  return status;
+}
+
+Status ReplaceFileAtomically(const std::string& path, const std::string& text) {
+  const std::string temporary = path + ".tmp";
+  ZERO_RETURN_IF_ERROR(WriteFileDurably(temporary, text));
+  if (::rename(temporary.c_str(), path.c_str()) != 0) return SystemError("rename into", path);
+  return SyncDirectory(ParentOf(path));
 }
 
 Status PublishDirectory(const std::string& partial, const std::string& dir) {

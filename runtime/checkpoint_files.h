@@ -2,51 +2,35 @@
 // read so that damage is found before anything is loaded (internal to runtime).
 //
 // A checkpoint directory is written under DIR.partial and becomes DIR in one rename
-// (PublishDirectory) once every file in it is on stable storage; each rank file ends with the
-// XXH3-64 of everything before it (ChecksummedFile, VerifyChecksum).
+// (PublishDirectory) once every file in it is on stable storage. The rank files' own format
+// is in checkpoint_format.h.
 #ifndef ZERO_RUNTIME_CHECKPOINT_FILES_H_
 #define ZERO_RUNTIME_CHECKPOINT_FILES_H_
 
 #include <cstddef>
 #include <cstdint>
-#include <memory>
 #include <string>
 
 #include "zero/status.h"
 
 namespace zero::runtime {
 
-/// Bytes of the checksum trailer at the end of a checksummed file.
+/// Bytes of the checksum trailer at the end of a format-2 rank file.
 inline constexpr size_t kChecksumBytes = 8;
 
-/// A file written front to back whose last 8 bytes are the XXH3-64 of what precedes them.
-class ChecksummedFile {
- public:
-  /// Creates (truncates) `path`. kUnavailable names the path and the system's reason.
-  static StatusOr<std::unique_ptr<ChecksummedFile>> Create(const std::string& path);
-  ~ChecksummedFile();
-  ChecksummedFile(const ChecksummedFile&) = delete;
-  ChecksummedFile& operator=(const ChecksummedFile&) = delete;
+/// Writes all `bytes` of `data` to the file descriptor `fd` (retrying short writes);
+/// kUnavailable names `path` and the system's reason.
+Status WriteAll(int fd, const void* data, size_t bytes, const std::string& path);
 
-  /// Appends `bytes` bytes.
-  Status Write(const void* data, size_t bytes);
-  /// Appends the checksum, flushes the file to stable storage (fsync) and closes it.
-  Status Close();
-
- private:
-  ChecksummedFile(int fd, std::string path);
-  int fd_;
-  std::string path_;
-  struct HashState;
-  std::unique_ptr<HashState> hash_;
-};
-
-/// Checks the trailer of a checksummed file against its contents. kDataLoss names the file
+/// Checks the trailer of a format-2 rank file (the XXH3-64 of everything before it). kDataLoss names the file
 /// and says what is wrong (too short, or the checksums); kUnavailable when it cannot be read.
 Status VerifyChecksum(const std::string& path);
 
 /// Writes `text` to `path` and flushes it to stable storage.
 Status WriteFileDurably(const std::string& path, const std::string& text);
+/// Replaces `path` by a file holding `text` in one rename: a reader sees the old or the new
+/// text, never a mix (`path`.tmp is written and synced first; the directory after).
+Status ReplaceFileAtomically(const std::string& path, const std::string& text);
 
 /// Makes the finished directory `partial` visible as `dir`: `dir`'s previous contents are
 /// replaced in one atomic step (renameat2 RENAME_EXCHANGE, then the old contents are deleted;

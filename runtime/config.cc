@@ -66,6 +66,7 @@ const Range kLossScaleMin{0, 0x1p64, true, false, "> 0 and ≤ 2^64"};
 const Range kTimeout{0, 604800, false, false, "≥ 0 and ≤ 604800 (one week; 0 waits forever)"};
 const Range kReplicaCheck{0, kIntMax, false, false,
                           "a whole number ≥ 0 and ≤ 2147483647 (0 never checks)"};
+const Range kKeepLast{0, kIntMax, false, false, "a whole number ≥ 0 and ≤ 2147483647 (0 keeps all)"};
 
 Status CheckRange(absl::string_view key, double value, const Range& range, absl::string_view quoted) {
   if (range.Contains(value)) return absl::OkStatus();
@@ -380,6 +381,8 @@ StatusOr<Config> Config::FromJson(std::string_view text) {
                                                        {"broadcast", InitParams::kBroadcast},
                                                        {"verify", InitParams::kVerify}})},
       {"replica_check_every", Number(&c.guard.replica_check_every, kReplicaCheck)}};
+  const std::map<std::string, Handler> checkpoint = {
+      {"keep_last", Number(&c.checkpoint.keep_last, kKeepLast)}};
   auto section = [](const std::map<std::string, Handler>& handlers) -> Handler {
     return [&handlers](const Value& v) { return ReadObject(v, handlers); };
   };
@@ -390,7 +393,7 @@ StatusOr<Config> Config::FromJson(std::string_view text) {
       {"stage3", section(stage3)},
       {"gradient_accumulation_steps", Number(&c.gradient_accumulation_steps, kAccumulation)},
       {"clip_grad_norm", Number(&c.clip_grad_norm, kClip)}, {"loss_scale", section(loss_scale)},
-      {"guard", section(guard)}};
+      {"guard", section(guard)}, {"checkpoint", section(checkpoint)}};
   const std::string root;
   ZERO_RETURN_IF_ERROR(ReadObject(Value{json, root, literals}, top));
   ZERO_RETURN_IF_ERROR(c.Validate());
@@ -424,7 +427,8 @@ Status Config::Validate() const {
   ZERO_RETURN_IF_ERROR(CheckStored("loss_scale.hysteresis", loss_scale.hysteresis, kHysteresis));
   ZERO_RETURN_IF_ERROR(CheckStored("loss_scale.min", loss_scale.min, kLossScaleMin));
   ZERO_RETURN_IF_ERROR(CheckStored("guard.timeout_s", guard.timeout_s, kTimeout));
-  return CheckStored("guard.replica_check_every", guard.replica_check_every, kReplicaCheck);
+  ZERO_RETURN_IF_ERROR(CheckStored("guard.replica_check_every", guard.replica_check_every, kReplicaCheck));
+  return CheckStored("checkpoint.keep_last", checkpoint.keep_last, kKeepLast);
 }
 
 }  // namespace zero

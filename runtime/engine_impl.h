@@ -4,6 +4,7 @@
 #ifndef ZERO_RUNTIME_ENGINE_IMPL_H_
 #define ZERO_RUNTIME_ENGINE_IMPL_H_
 
+#include <map>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -13,6 +14,7 @@
 #include "partition/partition_plan.h"
 #include "base/allocator.h"
 #include "base/logging.h"
+#include "runtime/checkpoint_format.h"
 #include "runtime/device_ops.h"
 #include "runtime/grad_guard.h"
 #include "runtime/grad_store.h"
@@ -48,9 +50,11 @@ class EngineImpl final : public Engine {
   Status EndBackward() override;
   StatusOr<StepInfo> Step() override;
   Status SaveCheckpoint(const std::string& dir) override;
+  Status SaveCheckpoint(const std::string& root, const std::string& tag) override;
   Status LoadCheckpoint(const std::string& dir) override;
   void set_checkpoint_user_data(std::string data) override { user_data_ = std::move(data); }
   const std::string& checkpoint_user_data() const override { return user_data_; }
+  StatusOr<bool> PreemptionRequested() override;
   MemoryStats GetMemoryStats() const override { return allocator_.Stats(); }
   EngineCounters counters() const override { return counters_; }
   int64_t steps_taken() const override { return step_; }
@@ -97,6 +101,17 @@ class EngineImpl final : public Engine {
   Status BeforeCollective();
   bool LastMicroBatch() const { return micro_batch_ + 1 == config_.gradient_accumulation_steps; }
   Status AllGatherParams();
+
+  // Checkpoints (checkpoint.cc).
+  // After a step every rank took on its own (writing or reading its part): `local` on this
+  // rank, kAborted naming a failing rank on the others, OK only if every rank succeeded.
+  Status AgreeOnOutcome(const Status& local, const std::string& what);
+  Status WriteRankFile(const std::string& path);
+  // The registered params and the optimizer are the checkpoint's; else names the difference.
+  Status CheckCheckpointMatches(const CheckpointMeta& meta) const;
+  // Host copies of this rank's owned parts filled from the checkpoint's records.
+  StatusOr<std::map<int, std::vector<OptimizerState::OwnedPart>>> ReadCheckpointShard(
+      const std::string& dir, const CheckpointMeta& meta);
 
   // Replicas (engine_replicas.cc).
   // A hash of host or device values.

@@ -132,6 +132,15 @@ StatusOr<std::vector<OptimizerState::OwnedPart>> OptimizerState::ReadOwned(int p
   return parts;
 }
 
+std::vector<std::pair<int64_t, int64_t>> OptimizerState::OwnedExtents(int param) const {
+  const int64_t offset = plan_.placement(param).offset;
+  std::vector<std::pair<int64_t, int64_t>> extents;
+  ForOwnedPart(param, [&](const OwnedRange&, int64_t begin, int64_t end) {
+    extents.emplace_back(begin - offset, end - begin);
+  });
+  return extents;
+}
+
 Status OptimizerState::WriteOwned(int param, const std::vector<OwnedPart>& parts) {
   const int64_t offset = plan_.placement(param).offset;
   size_t next = 0;

@@ -10,6 +10,7 @@
 #define ZERO_RUNTIME_OPTIMIZER_STATE_H_
 
 #include <functional>
+#include <utility>
 #include <vector>
 
 #include "kernels/segments.h"
@@ -56,6 +57,8 @@ class OptimizerState {
   /// The rank's owned parts of `param` (for checkpoints, and to put a param back untouched
   /// after a step, as PyTorch skips params without a gradient).
   StatusOr<std::vector<OwnedPart>> ReadOwned(int param) const;
+  /// The (begin, numel) of each part ReadOwned returns, without reading anything.
+  std::vector<std::pair<int64_t, int64_t>> OwnedExtents(int param) const;
   /// Writes back parts from ReadOwned (same begin and numel), and the bf16/fp16 model copy
   /// rounded from them.
   Status WriteOwned(int param, const std::vector<OwnedPart>& parts);

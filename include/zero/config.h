@@ -12,7 +12,8 @@
 //     "loss_scale": {"mode": "none", "initial_power": 16, "window": 1000, "hysteresis": 2,
 //                    "min": 1.0},
 //     "guard": {"on_duplicate": "error", "on_unused": "error", "consistency_check": false,
-//               "timeout_s": 600, "init_params": "broadcast", "replica_check_every": 0} }
+//               "timeout_s": 600, "init_params": "broadcast", "replica_check_every": 0},
+//     "checkpoint": {"keep_last": 0} }
 //
 // Every key is optional. Unknown keys, wrong types and out-of-range values are
 // kInvalidArgument naming the key as a dotted path (e.g. `buckets.reduce_bucket_elems`,
@@ -107,6 +108,12 @@ struct GuardConfig {
   int replica_check_every = 0;  ///< ≥ 0
 };
 
+struct CheckpointConfig {
+  /// SaveCheckpoint(root, tag) keeps this many newest checkpoints of `root` (by step) and
+  /// deletes older ones once the new one is complete; 0 keeps all. [0, 2147483647]
+  int keep_last = 0;
+};
+
 /// The whole configuration.
 struct Config {
   int stage = 2;  ///< 0, 1, 2 or 3
@@ -119,6 +126,7 @@ struct Config {
   float clip_grad_norm = 0.0f;  ///< ≥ 0 and finite; 0: no clipping
   LossScaleConfig loss_scale;
   GuardConfig guard;
+  CheckpointConfig checkpoint;
 
   /// Parses the JSON above; missing keys keep their defaults. Then Validate(). Text that is not
   /// JSON is kInvalidArgument with nlohmann's reason (line, column); a number beyond a double

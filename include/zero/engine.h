@@ -79,6 +79,7 @@ struct EngineCounters {
   int64_t gathers_prefetched = 0;  ///< stage 3: Gathers whose all-gather prefetch had started
   int64_t gathers_on_demand = 0;   ///< stage 3: Gathers that had to start their all-gather
   int64_t trace_invalidations = 0; ///< stage 3: times a changed gather order dropped the trace
+  int64_t checkpoint_bytes_read = 0;  ///< bytes LoadCheckpoint read from rank files
 };
 
 class Engine {
@@ -146,14 +147,25 @@ class Engine {
   /// Unscales, checks for overflow, clips, steps the rank's shard and gathers the params.
   virtual StatusOr<StepInfo> Step() = 0;
 
-  /// Writes a checkpoint into directory `dir` (created if missing): every rank its own shard of
-  /// the fp32 weights and optimizer moments (`rank-R-of-N.bin`), rank 0 the metadata
-  /// (`meta.json`: params, step, loss scale). Collective; between steps (after Step()).
+  /// Writes a checkpoint into directory `dir`: every rank its own shard of the fp32 weights
+  /// and optimizer moments (`rank-R-of-N.bin`, an index of its records first, each record
+  /// with its checksum), rank 0 the metadata (`meta.json`: params, step, loss scale, user
+  /// data). Crash-safe: written into `dir.partial`, synced, then swapped in as `dir` in one
+  /// rename, so `dir` always holds a complete checkpoint (the previous one until the swap).
+  /// Collective; between steps (after Step()). A rank that fails makes every rank fail
+  /// (kAborted naming it), and nothing is published.
   virtual Status SaveCheckpoint(const std::string& dir) = 0;
-  /// Restores a checkpoint written at any world size and any stage: each rank reads the parts
-  /// of every file that fall in its own shard. The params registered must match the checkpoint
-  /// (names, shapes, dtypes; errors name the first difference). Collective; after Finalize,
-  /// between steps.
+  /// Writes checkpoint `root/tag` as above, then points `root/latest` at it (replaced in one
+  /// rename once every rank has finished), then deletes the oldest checkpoints of `root` (by
+  /// step) beyond `checkpoint.keep_last`. LoadCheckpoint(root) loads the latest. `tag` is a
+  /// plain file name (e.g. "step-1000"); otherwise kInvalidArgument.
+  virtual Status SaveCheckpoint(const std::string& root, const std::string& tag) = 0;
+  /// Restores a checkpoint written at any world size and any stage (`dir` itself, or the one
+  /// `dir/latest` names). Each rank reads every file's index and only the records that overlap
+  /// its own shard, checking each record's checksum (counters().checkpoint_bytes_read). The
+  /// params registered must match the checkpoint (names, shapes, dtypes; errors name the first
+  /// difference). A damaged or missing file is kDataLoss naming it; the engine is unchanged on
+  /// every rank when any rank fails. Collective; after Finalize, between steps.
   virtual Status LoadCheckpoint(const std::string& dir) = 0;
   /// The trainer's own state (data position, RNG seeds: any text, e.g. JSON) to save inside
   /// the next checkpoints, so that it can never disagree with the engine's state after a
@@ -162,6 +174,12 @@ class Engine {
   /// The trainer state of the checkpoint last loaded (empty when none was loaded or it held
   /// none).
   virtual const std::string& checkpoint_user_data() const = 0;
+
+  /// Whether any rank has been asked to stop (a preemption signal received after
+  /// InstallPreemptionHandler(), or RequestPreemption(); zero/preemption.h): the same answer on
+  /// every rank, so that all of them save a checkpoint at the same step boundary and exit.
+  /// Collective (one small all-reduce); call it between steps, e.g. once per step.
+  virtual StatusOr<bool> PreemptionRequested() = 0;
 
   /// Bytes held now and at peak, per category.
   virtual MemoryStats GetMemoryStats() const = 0;

@@ -40,10 +40,11 @@ typedef enum {
   ZERO_ALREADY_EXISTS = 6,
   ZERO_RESOURCE_EXHAUSTED = 8,
   ZERO_FAILED_PRECONDITION = 9,
+  ZERO_ABORTED = 10, /* another rank failed a collective operation (its error says why) */
   ZERO_UNIMPLEMENTED = 12,
   ZERO_INTERNAL = 13,
   ZERO_UNAVAILABLE = 14,
-  ZERO_DATA_LOSS = 15, /* guard.replica_check_every found replicas that differ */
+  ZERO_DATA_LOSS = 15, /* a damaged checkpoint, or replicas that differ (replica_check_every) */
   ZERO_DUPLICATE_GRADIENT = 100,
   ZERO_UNUSED_PARAMETERS = 101
 } zero_status;
@@ -119,7 +120,15 @@ ZERO_API zero_status zero_gather(zero_engine* engine, int unit);
 ZERO_API zero_status zero_release(zero_engine* engine, int unit);
 /** Checkpoints: collective; load works at any world size and stage (see zero/engine.h). */
 ZERO_API zero_status zero_save_checkpoint(zero_engine* engine, const char* dir);
+/** Writes checkpoint root/tag, then points root/latest at it and keeps the newest
+ *  checkpoint.keep_last; zero_load_checkpoint(root) loads the latest. */
+ZERO_API zero_status zero_save_checkpoint_tagged(zero_engine* engine, const char* root, const char* tag);
 ZERO_API zero_status zero_load_checkpoint(zero_engine* engine, const char* dir);
+/** Preemption (zero/preemption.h): SIGTERM and SIGUSR1 only record a request; every rank
+ *  polls zero_preemption_requested between steps (collective; the same answer everywhere),
+ *  saves a checkpoint and exits. */
+ZERO_API zero_status zero_install_preemption_handler(void);
+ZERO_API zero_status zero_preemption_requested(zero_engine* engine, int* requested);
 /** The trainer's own state (text, e.g. JSON) saved inside the next checkpoints (rank 0's). */
 ZERO_API zero_status zero_set_checkpoint_user_data(zero_engine* engine, const char* data);
 /** The trainer state of the checkpoint last loaded ("" if none): owned by the engine, valid

@@ -4,6 +4,7 @@ Each rank is a thread with its own copy of the model (same seed), its own engine
 of every batch; the reference is one plain PyTorch model trained on the whole batch with
 torch.optim.AdamW. Final params must agree to a relative error of 1e-5 (fp32).
 """
+import signal
 import threading
 
 import pytest
@@ -126,10 +127,13 @@ def skips_branch(rank, step):
 
 
 def train_sharded(stage, world=2, guard=None, raise_first=True, steps=range(STEPS),
-                  load=None, save=None, perturb=False, **model_options):
+                  load=None, save=None, perturb=False, preempt_at=None,
+                  **model_options):
     """Trains on `world` in-process ranks; optionally loads a checkpoint first and saves one
-    after. Rows are split as evenly as `world` allows, each rank's loss weighted so that the
-    ranks' averaged gradients are the whole batch's."""
+    after. With `preempt_at`, rank 0 sends itself SIGUSR1 after that step; every rank
+    polls preemption_requested() after each step and, once it is true, saves the checkpoint
+    `save`/step-N and stops. Rows are split as evenly as `world` allows, each rank's loss
+    weighted so that the ranks' averaged gradients are the whole batch's."""
     config = {"stage": stage, "optimizer": OPTIMIZER, "stage3": {"persistence_threshold": 0},
               "buckets": {"first_bucket_elems": 64, "reduce_bucket_elems": 256},
               "guard": dict({"timeout_s": 30}, **(guard or {}))}
@@ -151,12 +155,24 @@ def train_sharded(stage, world=2, guard=None, raise_first=True, steps=range(STEP
             assert engine.load_checkpoint(load) == {"next_step": steps[0]}
         mine = slice(bounds[rank], bounds[rank + 1])
         weight = (bounds[rank + 1] - bounds[rank]) * world / BATCH
+        preempted = False
         for step in steps:
             tokens, targets = batch(step)
             loss = loss_of(model, tokens[mine], targets[mine], not skips_branch(rank, step))
             (weight * loss).backward()
             engine.step()
-        if save is not None:
+            if preempt_at is None:
+                continue
+            if rank == 0 and step == preempt_at:
+                # To this thread: handled before the call returns (os.kill's may land
+                # on any thread, later).
+                signal.pthread_kill(threading.get_ident(), signal.SIGUSR1)
+            if engine.preemption_requested():
+                engine.save_checkpoint(save, tag=f"step-{step + 1}",
+                                       client_state={"next_step": step + 1})
+                preempted = True
+                break
+        if save is not None and not preempted:
             engine.save_checkpoint(save, client_state={"next_step": steps[-1] + 1})
         engine.close()  # the model keeps the final values (stage 3: gathered back)
         return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
@@ -260,6 +276,20 @@ def test_checkpoint_from_two_ranks_stage2_resumes_at_stage3(tmp_path, world):
     train_sharded(2, world=2, steps=range(half), save=tmp_path / "ckpt")
     for trained in train_sharded(3, world=world, steps=range(half, STEPS),
                                  load=tmp_path / "ckpt"):
+        assert_close(trained, reference())
+
+
+def test_preempted_run_saves_at_a_step_boundary_and_resumes_from_latest(tmp_path):
+    """SIGUSR1 after step 4: both ranks save step-5 and stop; resumed from the series root
+    (its `latest`), the result equals the uninterrupted run."""
+    zerort.install_preemption_handler()
+    try:
+        train_sharded(2, steps=range(STEPS), save=tmp_path, preempt_at=4)
+    finally:
+        signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    assert (tmp_path / "latest").read_text().strip() == "step-5"
+    for trained in train_sharded(2, steps=range(5, STEPS), load=tmp_path):
         assert_close(trained, reference())
 
 

@@ -6,9 +6,9 @@
 The library is found through ZERORT_LIBRARY, the build tree (build/lib/libzerort.so beside
 this package's source) or the dynamic loader's path.
 """
-from .core import (Communicator, Engine, local_group, mpi_communicator,
-                   version)
-from .errors import (AlreadyExistsError, CancelledError, DataLossError,
+from .core import (Communicator, Engine, install_preemption_handler,
+                   local_group, mpi_communicator, version)
+from .errors import (AbortedError, AlreadyExistsError, CancelledError, DataLossError,
                      DeadlineExceededError, DuplicateGradientError,
                      FailedPreconditionError, InternalError,
                      InvalidArgumentError, NotFoundError,
@@ -16,7 +16,8 @@ from .errors import (AlreadyExistsError, CancelledError, DataLossError,
                      UnimplementedError, UnusedParametersError, ZeroError)
 
 __all__ = [
-    "Communicator", "Engine", "local_group", "mpi_communicator", "version",
+    "Communicator", "Engine", "install_preemption_handler", "local_group",
+    "mpi_communicator", "version", "AbortedError",
     "ZeroError", "CancelledError", "InvalidArgumentError",
     "DeadlineExceededError", "NotFoundError", "AlreadyExistsError",
     "ResourceExhaustedError", "FailedPreconditionError", "UnimplementedError",

@@ -38,6 +38,12 @@ def version():
     return library().zero_version().decode()
 
 
+def install_preemption_handler():
+    """SIGTERM and SIGUSR1 (sent by batch schedulers before preemption) only record a
+    request from now on; Engine.preemption_requested() tells every rank at once."""
+    _check(library().zero_install_preemption_handler(), "zero_install_preemption_handler")
+
+
 class Communicator:
     """One rank's communicator (owns the C handle; close() or garbage collection frees it)."""
 
@@ -205,13 +211,29 @@ class Engine:
         """Stage 3: frees a unit's gathered params."""
         _check(library().zero_release(self._handle, unit), "zero_release")
 
-    def save_checkpoint(self, directory):
-        """Saves this rank's part of a checkpoint (every rank calls it)."""
-        _check(library().zero_save_checkpoint(self._handle, str(directory).encode()),
-               "zero_save_checkpoint")
+    def save_checkpoint(self, directory, tag=None):
+        """Saves this rank's part of a checkpoint (every rank calls it). With a tag: into
+        directory/tag, then directory/latest names it and only the newest
+        checkpoint.keep_last stay."""
+        if tag is None:
+            _check(library().zero_save_checkpoint(self._handle, str(directory).encode()),
+                   "zero_save_checkpoint")
+        else:
+            _check(library().zero_save_checkpoint_tagged(
+                self._handle, str(directory).encode(), str(tag).encode()),
+                "zero_save_checkpoint_tagged")
+
+    def preemption_requested(self):
+        """Whether any rank received SIGTERM/SIGUSR1 after install_preemption_handler()
+        (collective: call it on every rank between steps; the same answer everywhere)."""
+        requested = ctypes.c_int(0)
+        _check(library().zero_preemption_requested(self._handle, ctypes.byref(requested)),
+               "zero_preemption_requested")
+        return bool(requested.value)
 
     def load_checkpoint(self, directory):
-        """Loads a checkpoint saved at any world size and stage."""
+        """Loads a checkpoint saved at any world size and stage (or the one
+        directory/latest names)."""
         _check(library().zero_load_checkpoint(self._handle, str(directory).encode()),
                "zero_load_checkpoint")
 

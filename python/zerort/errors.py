@@ -62,8 +62,14 @@ class UnavailableError(ZeroError):
     status = 14
 
 
+class AbortedError(ZeroError):
+    """Another rank failed its part of a collective call (its error says why)."""
+    status = 10
+
+
 class DataLossError(ZeroError):
-    """Replicas that should be identical differ (guard.replica_check_every)."""
+    """A damaged checkpoint, or replicas that should be identical differ
+    (guard.replica_check_every)."""
     status = 15
 
 
@@ -80,7 +86,7 @@ class UnusedParametersError(ZeroError):
 _BY_STATUS = {cls.status: cls for cls in (
     CancelledError, InvalidArgumentError, DeadlineExceededError, NotFoundError,
     AlreadyExistsError, ResourceExhaustedError, FailedPreconditionError,
-    UnimplementedError, InternalError, UnavailableError, DataLossError,
+    AbortedError, UnimplementedError, InternalError, UnavailableError, DataLossError,
     DuplicateGradientError, UnusedParametersError)}
 
 

@@ -200,16 +200,26 @@ class TorchEngine:
             result[name] = full
         return result
 
-    def save_checkpoint(self, directory, client_state=None):
-        """Every rank saves its part; loadable at any world size and stage. `client_state`
-        (a JSON-serialisable dict: data position, epoch, RNG seeds) is saved inside the same
-        checkpoint, as DeepSpeed's client_state, so it can never disagree with it."""
+    def save_checkpoint(self, directory, tag=None, client_state=None):
+        """Every rank saves its part; loadable at any world size and stage. With a `tag`
+        (as DeepSpeed's save_checkpoint(save_dir, tag)): into directory/tag, then
+        directory/latest names it and only the newest `checkpoint.keep_last` stay.
+        `client_state` (a JSON-serialisable dict: data position, epoch, RNG seeds) is saved
+        inside the same checkpoint, as DeepSpeed's client_state, so it can never disagree
+        with it."""
         self._engine.set_checkpoint_user_data(json.dumps(client_state or {}))
-        self._engine.save_checkpoint(directory)
+        self._engine.save_checkpoint(directory, tag)
+
+    def preemption_requested(self):
+        """After zerort.install_preemption_handler(): whether any rank got SIGTERM or
+        SIGUSR1. Collective (every rank calls it at the same step); the same answer on
+        every rank, so all of them save and exit together."""
+        return self._engine.preemption_requested()
 
     def load_checkpoint(self, directory):
-        """Loads params and optimizer state (the model's params show the loaded values);
-        returns the client_state saved with it ({} if none)."""
+        """Loads params and optimizer state (the model's params show the loaded values) from
+        `directory`, or from the checkpoint directory/latest names; returns the
+        client_state saved with it ({} if none)."""
         self._engine.load_checkpoint(directory)
         text = self._engine.checkpoint_user_data()
         if self._units is None:

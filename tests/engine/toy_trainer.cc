@@ -134,8 +134,7 @@ Config ToyConfig(int stage) {
   return c;
 }
 
-Status TrainToy(Engine& engine, const ToyOptions& o, ToyResult* result) {
-  const Shapes shapes{o.inputs, o.hidden, o.outputs};
+StatusOr<std::vector<ParamId>> RegisterToyModel(Engine& engine, const ToyOptions& o) {
   const std::vector<std::vector<int64_t>> dims = {
       {o.hidden, o.inputs}, {o.hidden}, {o.outputs, o.hidden}, {o.outputs}};
   const char* names[] = {"fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"};
@@ -146,6 +145,12 @@ Status TrainToy(Engine& engine, const ToyOptions& o, ToyResult* result) {
     ids.push_back(id);
   }
   ZERO_RETURN_IF_ERROR(engine.Finalize());
+  return ids;
+}
+
+Status TrainToy(Engine& engine, const ToyOptions& o, ToyResult* result) {
+  const Shapes shapes{o.inputs, o.hidden, o.outputs};
+  ZERO_ASSIGN_OR_RETURN(const std::vector<ParamId> ids, RegisterToyModel(engine, o));
   const Model<float> init = InitialModel<float>(o);
   const std::vector<const std::vector<float>*> init_parts = {&init.w1, &init.b1, &init.w2, &init.b2};
   const std::vector<int64_t> numel = shapes.Numel();

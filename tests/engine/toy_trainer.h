@@ -39,6 +39,10 @@ struct ToyResult {
 /// at stage 3 every unit is gathered on demand (no persistent units).
 Config ToyConfig(int stage);
 
+/// Registers the model's four params (fc1.weight, fc1.bias, fc2.weight, fc2.bias; one
+/// stage-3 unit per layer) and finalizes.
+StatusOr<std::vector<ParamId>> RegisterToyModel(Engine& engine, const ToyOptions& options);
+
 /// Registers the model, finalizes, trains. Every rank of the engine's group must call it.
 Status TrainToy(Engine& engine, const ToyOptions& options, ToyResult* result);
 

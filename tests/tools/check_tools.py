@@ -3,15 +3,21 @@
 
     check_tools.py BIN_DIR local   the flags checked at the door (--help, nonsense numbers,
                                    checkpoints), zero-train on in-process ranks (stages agree,
-                                   --json valid, the guard patterns train) and zero-mem (the
-                                   paper's figures, measure with --csv and --plot)
-    check_tools.py BIN_DIR mpi     zero-train under mpirun -np 2 and 3 (stages agree, and agree
-                                   with the same run on in-process ranks)
+                                   --json valid, the guard patterns train, killed and
+                                   preempted runs resume), zero-ckpt (inspect, verify,
+                                   consolidate read back by an independent safetensors reader,
+                                   reshard) and zero-mem (the paper's figures, measure with
+                                   --csv and --plot)
+    check_tools.py BIN_DIR mpi     zero-train under mpirun -np 2 and 3 (stages agree, agree with
+                                   the same run on in-process ranks, SIGUSR1 to mpirun saves and
+                                   resumes)
 """
+import ctypes
 import json
 import os
 import random
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
@@ -19,6 +25,10 @@ import time
 
 BIN = sys.argv[1]
 MODE = sys.argv[2]
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
+os.environ.setdefault("ZERORT_LIBRARY", os.path.join(BIN, "..", "lib", "libzerort.so"))
+import zerort  # noqa: E402 - the package of this source tree, over BIN's library
 RUN_MPI = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "mpi", "run_mpi.sh")
 failures = []
 CONFIG_STAGE3 = os.path.join(tempfile.mkdtemp(), "stage3.json")
@@ -62,6 +72,136 @@ def refused(tool, args, *parts):
     return ok
 
 
+def latest(root):
+    """The checkpoint directory root/latest names."""
+    with open(os.path.join(root, "latest")) as f:
+        return os.path.join(root, f.read().strip())
+
+
+def saved_position(root):
+    """zero-train's position, saved inside its newest checkpoint (user data)."""
+    with open(os.path.join(latest(root), "meta.json")) as f:
+        return int(json.load(f)["user_data"])
+
+
+def check_preempted(signum, launcher=(), flags=()):
+    """zero-train sent `signum` mid-run (to itself, or to mpirun which forwards it): it saves
+    at the next step boundary, exits 0, and --resume continues to the same result as the
+    uninterrupted run."""
+    name = signal.Signals(signum).name
+    where = f"under mpirun -np {launcher[1]}" if launcher else "in-process"
+    with tempfile.TemporaryDirectory() as root:
+        ckpt = os.path.join(root, "ckpt")
+        common = ["--width", "192", "--checkpoint_dir", ckpt] + list(flags)
+        job = subprocess.Popen(list(launcher) + [os.path.join(BIN, "zero-train"), "--json", "--steps", "100000"]
+                               + common, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for line in job.stdout:  # a few steps in
+            if json.loads(line).get("step", 0) >= 3:
+                break
+        job.send_signal(signum)
+        out, err = job.communicate(timeout=300)
+        stopped = job.returncode == 0 and "stop requested" in err
+        if not stopped:
+            print(f"exit {job.returncode}:", err[-2000:])
+        position = saved_position(ckpt) if stopped else -1
+        resumed = train(["--steps", str(position + 5), "--resume"] + common, launcher) if stopped else None
+        whole = train(["--steps", str(position + 5)] + common[:2] + list(flags), launcher) if stopped else None
+        check(stopped and position >= 3 and resumed is not None and whole is not None
+              and len(resumed[0]) == 5 and resumed[1]["checksum"] == whole[1]["checksum"],
+              f"zero-train {where} given {name} after step {position}: saved at the step boundary, "
+              f"exited 0, and --resume gives the uninterrupted run's result")
+
+
+def check_zero_ckpt():
+    """zero-ckpt on a checkpoint written by zero-train: inspect, verify (and a damaged copy),
+    consolidate (read back by a small independent safetensors reader, compared with the
+    engine's GetParam after loading), reshard (resumes like the original)."""
+    tool = os.path.join(BIN, "zero-ckpt")
+    with tempfile.TemporaryDirectory() as root:
+        ckpt = os.path.join(root, "ckpt")
+        flags = ["--ranks", "2", "--stage", "3", "--depth", "2", "--width", "24"]
+        train(["--steps", "6"] + flags + ["--checkpoint_dir", ckpt])
+        inspect = run([tool, "inspect", ckpt])
+        check(inspect.returncode == 0 and all(part in inspect.stdout for part in (
+            "format 3", "step 6", "stage 3", "world 2", "adamw", "layer0.weight", "[24, 24]",
+            "rank-1-of-2.bin", "every checksum matches")), "zero-ckpt inspect says what a checkpoint holds")
+        check(run([tool, "verify", ckpt]).returncode == 0, "zero-ckpt verify: exit 0 on an intact checkpoint")
+        damaged = os.path.join(root, "damaged")
+        subprocess.run(["cp", "-r", latest(ckpt), damaged], check=True)
+        victim = os.path.join(damaged, "rank-1-of-2.bin")
+        with open(victim, "r+b") as f:
+            f.seek(-7, os.SEEK_END)
+            byte = f.read(1)
+            f.seek(-7, os.SEEK_END)
+            f.write(bytes([byte[0] ^ 0x10]))
+        check(refused("zero-ckpt", ["verify", damaged], "rank-1-of-2.bin", "corrupt"),
+              "zero-ckpt verify: a flipped byte is a non-zero exit naming the file")
+        os.remove(victim)
+        check(refused("zero-ckpt", ["verify", damaged], "rank-1-of-2.bin", "missing"),
+              "zero-ckpt verify: a missing rank file is a non-zero exit naming it")
+        for dtype in ("fp32", "bf16"):
+            out = os.path.join(root, f"model-{dtype}.safetensors")
+            made = run([tool, "consolidate", ckpt, "--out", out, "--dtype", dtype])
+            check(made.returncode == 0 and consolidated_matches(out, ckpt, dtype),
+                  f"zero-ckpt consolidate --dtype {dtype}: the safetensors file holds every param as "
+                  f"the engine's GetParam gives it")
+        resharded = os.path.join(root, "three")
+        made = run([tool, "reshard", ckpt, "--world", "3", "--out", resharded])
+        files = sorted(os.listdir(resharded)) if made.returncode == 0 else []
+        more = ["--steps", "9", "--resume", "--ranks", "3"] + flags[2:]
+        a, b = train(more + ["--checkpoint_dir", resharded]), train(more + ["--checkpoint_dir", ckpt])
+        check(files == ["meta.json", "rank-0-of-3.bin", "rank-1-of-3.bin", "rank-2-of-3.bin"]
+              and a is not None and b is not None and a[1]["checksum"] == b[1]["checksum"],
+              "zero-ckpt reshard --world 3: three rank files, and resuming from them equals resuming "
+              "from the original")
+
+
+def read_safetensors(path):
+    """A small reader of the safetensors format: {name: (dtype, shape, raw bytes)}."""
+    with open(path, "rb") as f:
+        (length,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(length))
+        data = f.read()
+    header.pop("__metadata__", None)
+    return {name: (entry["dtype"], entry["shape"], data[entry["data_offsets"][0]:entry["data_offsets"][1]])
+            for name, entry in header.items()}
+
+
+def bf16(value):
+    """fp32 → bf16 bits, round to nearest even (finite values)."""
+    bits = struct.unpack("<I", struct.pack("<f", value))[0]
+    return (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+
+
+def consolidated_matches(path, ckpt, dtype):
+    """Every param of the safetensors file equals the engine's value after loading `ckpt`."""
+    tensors = read_safetensors(path)
+    with open(os.path.join(latest(ckpt), "meta.json")) as f:
+        params = json.load(f)["params"]
+    comm = zerort.local_group(1)[0]
+    engine = zerort.Engine({"stage": 1}, comm)
+    for p in params:
+        engine.register_param(p["name"], p["shape"])
+    engine.finalize()
+    engine.load_checkpoint(ckpt)
+    ok = sorted(tensors) == sorted(p["name"] for p in params)
+    for pid, p in enumerate(params):
+        numel = 1
+        for d in p["shape"]:
+            numel *= d
+        values = (ctypes.c_float * numel)()
+        engine.get_param(pid, ctypes.addressof(values))
+        kind, shape, raw = tensors.get(p["name"], (None, None, b""))
+        if dtype == "fp32":
+            want = struct.pack(f"<{numel}f", *values)
+        else:
+            want = struct.pack(f"<{numel}H", *(bf16(v) for v in values))
+        ok = ok and kind == dtype.upper().replace("FP", "F") and shape == p["shape"] and raw == want
+    engine.close()
+    comm.close()
+    return ok
+
+
 def check_killed_while_saving(kills=6):
     """zero-train saving after every step, killed (SIGKILL) at random moments: the directory
     always holds a complete checkpoint that loads (saves are crash-safe)."""
@@ -75,13 +215,12 @@ def check_killed_while_saving(kills=6):
                                    + (["--resume"] if os.path.exists(ckpt) else []),
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             deadline = time.time() + 60
-            while not os.path.exists(os.path.join(ckpt, "meta.json")) and time.time() < deadline:
+            while not os.path.exists(os.path.join(ckpt, "latest")) and time.time() < deadline:
                 time.sleep(0.01)
             time.sleep(rng.uniform(0.05, 0.6))
             job.send_signal(signal.SIGKILL)
             job.wait()
-            with open(os.path.join(ckpt, "meta.json")) as f:
-                saved = int(json.load(f)["user_data"])  # zero-train's position, saved inside
+            saved = saved_position(ckpt)
             resumed = train(["--steps", str(saved + 2), "--ranks", "2", "--width", "256",
                              "--checkpoint_dir", ckpt, "--resume"])
             loaded += resumed is not None
@@ -91,7 +230,8 @@ def check_killed_while_saving(kills=6):
 
 def check_flags():
     """Flags checked at the door: help, nonsense numbers, values that are values, checkpoints."""
-    for tool, own in (("zero-train", ("--steps", "--checkpoint_dir", "--save_every")), ("zero-mem", ("--params", "--layers"))):
+    for tool, own in (("zero-train", ("--steps", "--checkpoint_dir", "--save_every", "--keep_last")),
+                      ("zero-mem", ("--params", "--layers")), ("zero-ckpt", ("--out", "--dtype", "--world"))):
         for flag in ("--help", "-h"):
             result = subprocess.run([os.path.join(BIN, tool), flag], capture_output=True, text=True, timeout=60)
             check(all(f in result.stdout for f in own) and "No flags matched" not in result.stdout,
@@ -115,8 +255,8 @@ def check_flags():
         ckpt = os.path.join(scratch, "ckpt")
         result = subprocess.run([os.path.join(BIN, "zero-train"), "--steps", "3", "--ranks", "2", "--checkpoint_dir", ckpt],
                                 capture_output=True, text=True, timeout=300)
-        saved = os.path.exists(os.path.join(ckpt, "meta.json"))
-        step = json.load(open(os.path.join(ckpt, "meta.json")))["user_data"] if saved else ""
+        saved = os.path.exists(os.path.join(ckpt, "latest"))
+        step = str(saved_position(ckpt)) if saved else ""
         check(result.returncode == 0 and "after the last step" in result.stderr and saved and step == "3",
               "--checkpoint_dir without --save_every says so and saves after the last step")
     check(refused("zero-mem", ["measure", "--layers", "0"], "--layers 0"), "zero-mem measure --layers 0 is refused")
@@ -152,16 +292,23 @@ if MODE == "local":
               and (resumed[1]["final_loss"], resumed[1]["checksum"]) == (whole[1]["final_loss"], whole[1]["checksum"]),
               "checkpoint after 20 steps, resume at stage 3 to 40: identical to the uninterrupted run (fp16 scaler included)")
     check_killed_while_saving()
+    check_preempted(signal.SIGTERM, flags=["--ranks", "2"])
+    check_zero_ckpt()
     with tempfile.TemporaryDirectory() as root:  # a checkpoint without zero-train's position
         ckpt = os.path.join(root, "ckpt")
         train(["--steps", "2", "--ranks", "2", "--checkpoint_dir", ckpt])
-        meta_path = os.path.join(ckpt, "meta.json")
+        meta_path = os.path.join(latest(ckpt), "meta.json")
         meta = json.load(open(meta_path))
         meta["user_data"] = "abc"
         json.dump(meta, open(meta_path, "w"))
         check(refused("zero-train", ["--steps", "4", "--ranks", "2", "--checkpoint_dir", ckpt, "--resume"],
                       "cannot resume", '"abc"'),
               "--resume from a checkpoint whose trainer position is not a step is refused, not restarted at 0")
+        junk = os.path.join(root, "junk")
+        os.makedirs(junk)
+        open(os.path.join(junk, "notes.txt"), "w").close()
+        check(refused("zero-train", ["--steps", "4", "--ranks", "2", "--checkpoint_dir", junk, "--resume"],
+                      "cannot resume", junk), "--resume from a directory holding no checkpoint is refused")
     fp16 = train(["--steps", "40", "--precision", "fp16"])
     check(fp16 is not None and fp16[1]["final_loss"] < fp16[0][0]["loss"], "fp16 with dynamic loss scaling trains")
 
@@ -193,6 +340,7 @@ else:
             local = train(["--stage", "2", "--steps", "30", "--ranks", str(ranks)])
             check(local is not None and close(local[1]["final_loss"], base["final_loss"], 1e-5),
                   f"np {ranks}: the MPI run matches the same run on {ranks} in-process ranks")
+    check_preempted(signal.SIGUSR1, launcher=(RUN_MPI, "2"))
     # A checkpoint written by 2 MPI processes, resumed by 3 (resharded), against the same
     # save-and-resume on in-process ranks.
     with tempfile.TemporaryDirectory() as ckpt_mpi, tempfile.TemporaryDirectory() as ckpt_local:

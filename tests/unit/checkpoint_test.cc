@@ -104,7 +104,7 @@ TEST_F(Checkpoint, ADifferentModelOrOptimizerIsAClearError) {
   EXPECT_NE(statuses[0].message().find("moment"), std::string::npos) << statuses[0];
   o.load_dir = dir_ + "-missing";
   Train(1, ToyConfig(2), o, &statuses);
-  EXPECT_EQ(statuses[0].code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(statuses[0].code(), absl::StatusCode::kNotFound);
 }
 
 // An engine with the toy model registered (the checkpoint's model), and its params' values.
@@ -126,7 +126,9 @@ LoadedToy ToyEngine(const std::string& dir_to_load) {
                                            static_cast<int>(p / 2)}).ok());
   }
   EXPECT_TRUE(toy.engine->Finalize().ok());
-  if (!dir_to_load.empty()) EXPECT_TRUE(toy.engine->LoadCheckpoint(dir_to_load).ok());
+  if (!dir_to_load.empty()) {
+    EXPECT_TRUE(toy.engine->LoadCheckpoint(dir_to_load).ok());
+  }
   return toy;
 }
 
@@ -145,20 +147,44 @@ void FlipByte(const std::string& path, std::streamoff at) {
   file.put(static_cast<char>(c ^ 0x40));
 }
 
-TEST_F(Checkpoint, AFlippedByteIsDataLossNamingTheFileAndLoadsNothing) {
+TEST_F(Checkpoint, DamageAnywhereIsAnErrorNamingTheFileAndLoadsNothing) {
   const std::string copy = dir_ + "-copy";
-  std::filesystem::remove_all(copy);
-  std::filesystem::copy(dir_, copy);
   LoadedToy toy = ToyEngine(dir_);  // the engine holds the checkpoint's values
   const std::vector<float> before = Param0(*toy.engine);
   const std::string victim = copy + "/rank-1-of-2.bin";
-  FlipByte(victim, static_cast<std::streamoff>(std::filesystem::file_size(victim) / 2));
+  const auto size = static_cast<std::streamoff>(std::filesystem::file_size(dir_ + "/rank-1-of-2.bin"));
+  int64_t records = 0;
+  std::ifstream(dir_ + "/rank-1-of-2.bin", std::ios::binary).seekg(8).read(reinterpret_cast<char*>(&records), 8);
+  const std::streamoff index_checksum = 16 + 40 * records;
+  // Flipped bytes: the magic, the record count, an index entry, the index's checksum, the
+  // first payload, the middle, the last byte.
+  for (const std::streamoff at : {std::streamoff{3}, std::streamoff{9}, std::streamoff{30}, index_checksum + 2,
+                                  index_checksum + 8, size / 2, size - 1}) {
+    std::filesystem::remove_all(copy);
+    std::filesystem::copy(dir_, copy);
+    FlipByte(victim, at);
+    const Status s = toy.engine->LoadCheckpoint(copy);
+    EXPECT_TRUE(s.code() == absl::StatusCode::kDataLoss || s.code() == absl::StatusCode::kInvalidArgument)
+        << "byte " << at << ": " << s;
+    EXPECT_NE(s.message().find("rank-1-of-2.bin"), std::string::npos) << "byte " << at << ": " << s;
+    EXPECT_EQ(Param0(*toy.engine), before) << "byte " << at << ": half loaded";
+  }
+  // Truncated at several lengths, or with bytes appended.
+  for (const std::streamoff length : {std::streamoff{5}, std::streamoff{20}, index_checksum + 4, size / 2, size - 1,
+                                      size + 1}) {
+    std::filesystem::remove_all(copy);
+    std::filesystem::copy(dir_, copy);
+    std::filesystem::resize_file(victim, static_cast<uintmax_t>(length));
+    const Status s = toy.engine->LoadCheckpoint(copy);
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << "length " << length << ": " << s;
+    EXPECT_NE(s.message().find("rank-1-of-2.bin"), std::string::npos) << "length " << length << ": " << s;
+    EXPECT_EQ(Param0(*toy.engine), before) << "length " << length << ": half loaded";
+  }
+  // A rank file missing.
+  std::filesystem::remove(victim);
   const Status s = toy.engine->LoadCheckpoint(copy);
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
-  EXPECT_NE(s.message().find("rank-1-of-2.bin"), std::string::npos) << s;
-  EXPECT_EQ(Param0(*toy.engine), before);  // nothing was half-loaded
-  std::filesystem::resize_file(victim, 5);  // truncated
-  EXPECT_EQ(toy.engine->LoadCheckpoint(copy).code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(s.message().find("missing"), std::string::npos) << s;
   std::filesystem::remove_all(copy);
 }
 

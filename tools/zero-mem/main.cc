@@ -18,10 +18,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/command_line.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
-#include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -48,29 +48,6 @@ namespace {
 constexpr int kMaxRanks = 1 << 20;           // estimate: a formula, any plausible rank count
 constexpr int kMaxMeasuredRanks = 1024;      // measure: in-process ranks are threads
 constexpr double kMaxMeasuredParams = 1e9;   // layers × width², on every in-process rank
-
-// --help and --helpshort list the flags of files under `dir` (abseil's default looks for a file
-// named after the program and finds none), with paths from `dir` on.
-void HelpShowsOwnFlags(const char* dir) {
-  absl::FlagsUsageConfig usage;
-  usage.contains_help_flags = [dir](absl::string_view file) { return absl::StrContains(file, dir); };
-  usage.contains_helpshort_flags = usage.contains_help_flags;
-  usage.normalize_filename = [dir](absl::string_view file) {
-    const size_t at = file.find(dir);
-    return std::string(at == absl::string_view::npos ? file : file.substr(at));
-  };
-  absl::SetFlagsUsageConfig(usage);
-}
-
-// The arguments with -h spelled --help (before any "--").
-std::vector<char*> HelpAliases(int argc, char** argv) {
-  static char help[] = "--help";
-  std::vector<char*> args(argv, argv + argc);
-  for (size_t i = 1; i < args.size() && std::string(args[i]) != "--"; ++i) {
-    if (std::string(args[i]) == "-h") args[i] = help;
-  }
-  return args;
-}
 
 std::string Gb(double bytes) {
   const double gb = bytes / 1e9;

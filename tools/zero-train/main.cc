@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -20,11 +21,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/command_line.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
-#include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -32,6 +33,7 @@
 #include "report.h"
 #include "zero/communicator.h"
 #include "zero/engine.h"
+#include "zero/preemption.h"
 
 ABSL_FLAG(int, ranks, 4, "in-process ranks, 1-1024 (under mpirun every process is one rank instead)");
 ABSL_FLAG(int, stage, 2, "ZeRO stage: 0 (data parallel), 1, 2 or 3");
@@ -50,11 +52,15 @@ ABSL_FLAG(std::string, config, "", "a JSON config (DESIGN.md keys); flags given 
 ABSL_FLAG(std::string, device, "cpu", "cpu or cuda");
 ABSL_FLAG(bool, json, false, "one JSON object per step on stdout, then a summary object");
 ABSL_FLAG(std::string, checkpoint_dir, "",
-          "where to save checkpoints (each rank its shard; loads at any rank count); without --save_every, "
-          "one after the last step");
+          "where to save checkpoints: DIR/step-N (each rank its shard; loads at any rank count), DIR/latest "
+          "names the newest; without --save_every, one after the last step. SIGTERM or SIGUSR1 saves one at "
+          "the next step boundary and exits 0");
 ABSL_FLAG(int, save_every, 0,
           "save a checkpoint every N steps (and after the last) into --checkpoint_dir; 0: after the last only");
-ABSL_FLAG(bool, resume, false, "continue from --checkpoint_dir if it holds a checkpoint");
+ABSL_FLAG(int, keep_last, 2, "keep the newest N checkpoints in --checkpoint_dir (0: all)");
+ABSL_FLAG(bool, resume, false,
+          "continue from the newest checkpoint in --checkpoint_dir (an absent or empty directory starts at "
+          "step 0; one holding no loadable checkpoint is an error)");
 ABSL_FLAG(int, depth, 4, "hidden layers (≥ 1; depth × width² ≤ 1e9)");
 ABSL_FLAG(int, width, 64, "layer width (≥ 1)");
 ABSL_FLAG(int, batch, 16, "samples per rank per step (≥ --accumulation)");
@@ -69,29 +75,6 @@ using Json = nlohmann::json;
 
 constexpr int kMaxRanks = 1024;          // in-process ranks are threads
 constexpr double kMaxModelParams = 1e9;  // depth × width², fp32 copies on every rank
-
-// --help and --helpshort list the flags of files under `dir` (abseil's default looks for a file
-// named after the program and finds none), with paths from `dir` on.
-void HelpShowsOwnFlags(const char* dir) {
-  absl::FlagsUsageConfig usage;
-  usage.contains_help_flags = [dir](absl::string_view file) { return absl::StrContains(file, dir); };
-  usage.contains_helpshort_flags = usage.contains_help_flags;
-  usage.normalize_filename = [dir](absl::string_view file) {
-    const size_t at = file.find(dir);
-    return std::string(at == absl::string_view::npos ? file : file.substr(at));
-  };
-  absl::SetFlagsUsageConfig(usage);
-}
-
-// The arguments with -h spelled --help (before any "--").
-std::vector<char*> HelpAliases(int argc, char** argv) {
-  static char help[] = "--help";
-  std::vector<char*> args(argv, argv + argc);
-  for (size_t i = 1; i < args.size() && std::string(args[i]) != "--"; ++i) {
-    if (std::string(args[i]) == "-h") args[i] = help;
-  }
-  return args;
-}
 
 // The flags given on the command line, each with its value as written ("--lr=3e-3" and "--lr
 // 3e-3" give {"lr", "3e-3"}; "--json" and "--nojson" give {"json", ""}), so that they override
@@ -135,7 +118,8 @@ constexpr ConfigFlag kConfigFlags[] = {
     {"reduce_bucket_elems", {"buckets.reduce_bucket_elems"}},
     {"first_bucket_elems", {"buckets.first_bucket_elems"}},
     {"accumulation", {"gradient_accumulation_steps"}},
-    {"clip", {"clip_grad_norm"}}};
+    {"clip", {"clip_grad_norm"}},
+    {"keep_last", {"checkpoint.keep_last"}}};
 
 // A config error about a key that a given flag set names the flag and its value as written.
 Status NameTheFlag(const Status& status, const GivenFlags& given) {
@@ -188,6 +172,7 @@ StatusOr<Json> ConfigJson(const GivenFlags& given) {
   if (use("first_bucket_elems")) json["buckets"]["first_bucket_elems"] = absl::GetFlag(FLAGS_first_bucket_elems);
   if (use("accumulation")) json["gradient_accumulation_steps"] = absl::GetFlag(FLAGS_accumulation);
   if (use("clip")) json["clip_grad_norm"] = absl::GetFlag(FLAGS_clip);
+  if (use("keep_last")) json["checkpoint"]["keep_last"] = absl::GetFlag(FLAGS_keep_last);
   // The model's optional patterns need the guard policies that handle them.
   if (absl::GetFlag(FLAGS_tied) || absl::GetFlag(FLAGS_recompute)) json["guard"]["on_duplicate"] = "count";
   if (absl::GetFlag(FLAGS_branch)) json["guard"]["on_unused"] = "zero";
@@ -248,6 +233,31 @@ StatusOr<std::vector<RankMemory>> GatherMemory(comm::Communicator& comm, const E
   return memory;
 }
 
+// Loads the newest checkpoint of `dir` and returns zero-train's position (the step to start
+// at), kept inside the checkpoint as user data so that the two never disagree after a crash.
+// An absent or empty `dir` starts at 0 (the first run of a job that always passes --resume);
+// a `dir` holding no loadable checkpoint is an error, never a silent restart.
+StatusOr<int> Resume(Engine& engine, const std::string& dir, bool reports) {
+  std::error_code error;
+  if (!std::filesystem::exists(dir, error) || std::filesystem::is_empty(dir, error)) {
+    if (reports) std::fprintf(stderr, "zero-train: no checkpoint in %s yet: starting at step 0\n", dir.c_str());
+    return 0;
+  }
+  const Status loaded = engine.LoadCheckpoint(dir);
+  if (!loaded.ok()) {
+    return Status(loaded.code(), absl::StrCat("cannot resume from ", dir, ": ", loaded.message()));
+  }
+  std::string position = engine.checkpoint_user_data();
+  int first = 0;
+  if (!absl::SimpleAtoi(position, &first) || first < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cannot resume from ", dir, ": its trainer position is \"", position,
+        "\", not a step number (the checkpoint was not written by zero-train, or is damaged)"));
+  }
+  if (reports) std::fprintf(stderr, "zero-train: resumed from %s at step %d\n", dir.c_str(), first);
+  return first;
+}
+
 Status RunRank(comm::Communicator& comm, const Config& config, const MlpOptions& options, Report* report,
                const std::string& setup) {
   ZERO_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(config, comm));
@@ -257,20 +267,8 @@ Status RunRank(comm::Communicator& comm, const Config& config, const MlpOptions&
   const std::string checkpoints = absl::GetFlag(FLAGS_checkpoint_dir);
   const int save_every = absl::GetFlag(FLAGS_save_every);
   int first = 0;
-  // The trainer's own position (steps skipped for overflow count here, not in the engine's
-  // step count) travels inside the engine's checkpoint (user data), as a data loader's would,
-  // so the two can never disagree after a crash. Checkpoints written before user data existed
-  // keep it in zero-train.step beside them.
-  if (absl::GetFlag(FLAGS_resume) && std::ifstream(checkpoints + "/meta.json").good()) {
-    ZERO_RETURN_IF_ERROR(engine->LoadCheckpoint(checkpoints));
-    std::string position = engine->checkpoint_user_data();
-    if (position.empty()) std::ifstream(checkpoints + "/zero-train.step") >> position;
-    if (!absl::SimpleAtoi(position, &first) || first < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "cannot resume from ", checkpoints, ": its trainer position is \"", position,
-          "\", not a step number (the checkpoint was not written by zero-train, or is damaged)"));
-    }
-    if (report != nullptr) std::fprintf(stderr, "zero-train: resumed from %s at step %d\n", checkpoints.c_str(), first);
+  if (absl::GetFlag(FLAGS_resume)) {
+    ZERO_ASSIGN_OR_RETURN(first, Resume(*engine, checkpoints, report != nullptr));
   }
   float loss_scale = engine->loss_scale();
   double loss = 0;
@@ -281,16 +279,26 @@ Status RunRank(comm::Communicator& comm, const Config& config, const MlpOptions&
     float summed = static_cast<float>(local_loss);
     ZERO_RETURN_IF_ERROR(comm.AllReduce(&summed, &summed, 1, DType::kFP32, comm::ReduceOp::kSum)->Wait(config.guard.timeout_s));
     loss = summed / comm.size();
-    // Every save_every steps, and after the last (the only save when save_every is 0).
-    if (!checkpoints.empty() && ((save_every > 0 && (step + 1) % save_every == 0) || step + 1 == steps)) {
-      engine->set_checkpoint_user_data(std::to_string(step + 1));
-      ZERO_RETURN_IF_ERROR(engine->SaveCheckpoint(checkpoints));
-    }
     if (report != nullptr) {
       RankMemory mine;
       const MemoryStats stats = engine->GetMemoryStats();
       std::copy(stats.peak.begin(), stats.peak.end(), mine.peak);
       report->Step(step, loss, info, mine);
+    }
+    if (checkpoints.empty()) continue;
+    // Every save_every steps, after the last (the only save when save_every is 0), and when a
+    // scheduler's signal asks to stop (every rank gets the same answer at the same step).
+    ZERO_ASSIGN_OR_RETURN(const bool preempted, engine->PreemptionRequested());
+    if ((save_every > 0 && (step + 1) % save_every == 0) || step + 1 == steps || preempted) {
+      engine->set_checkpoint_user_data(std::to_string(step + 1));
+      ZERO_RETURN_IF_ERROR(engine->SaveCheckpoint(checkpoints, absl::StrCat("step-", step + 1)));
+    }
+    if (preempted) {
+      if (report != nullptr) {
+        std::fprintf(stderr, "zero-train: stop requested (SIGTERM/SIGUSR1): saved %s/step-%d; continue with --resume\n",
+                     checkpoints.c_str(), step + 1);
+      }
+      break;
     }
   }
   ZERO_ASSIGN_OR_RETURN(double checksum, model.Checksum(*engine));
@@ -333,6 +341,13 @@ int Main(const GivenFlags& given) {
       return 2;
     }
     comms = std::move(*group);
+  }
+  if (!absl::GetFlag(FLAGS_checkpoint_dir).empty()) {
+    const Status handler = InstallPreemptionHandler();
+    if (!handler.ok()) {
+      std::fprintf(stderr, "zero-train: %s\n", std::string(handler.message()).c_str());
+      return 1;
+    }
   }
   const int world = comms.front()->size();
   const bool save_at_end_only = !absl::GetFlag(FLAGS_checkpoint_dir).empty() && absl::GetFlag(FLAGS_save_every) == 0;

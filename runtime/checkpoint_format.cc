@@ -1,0 +1,432 @@
+// The checkpoint's files: meta.json's fields checked one by one, rank files written index
+// first and read record by record.
+#include "runtime/checkpoint_format.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+// Header-only XXH3 (Debian's libxxhash-dev): nothing to link, and inlined into the loops.
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <type_traits>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "runtime/checkpoint_files.h"
+
+namespace zero::runtime {
+namespace {
+
+constexpr char kMagicV1[8] = {'Z', 'R', 'T', 'C', 'K', 'P', 'T', '1'};
+constexpr char kMagicV2[8] = {'Z', 'R', 'T', 'C', 'K', 'P', 'T', '2'};
+constexpr char kMagicV3[8] = {'Z', 'R', 'T', 'C', 'K', 'P', 'T', '3'};
+constexpr int64_t kHeaderBytes = 16;      // magic, record count
+constexpr int64_t kIndexEntryBytes = 40;  // param, pad, begin, numel, offset, checksum
+
+Status SystemError(const char* what, const std::string& path) {
+  return absl::UnavailableError(
+      absl::StrCat("checkpoint: cannot ", what, " ", path, ": ", std::strerror(errno)));
+}
+
+Status FieldError(const std::string& path, const std::string& field, const char* expected) {
+  return absl::InvalidArgumentError(absl::StrCat("checkpoint: ", path, ": field \"", field,
+                                                 "\" is missing or not ", expected));
+}
+
+template <typename T>
+Status Field(const nlohmann::json& object, const char* key, const std::string& path,
+             const std::string& field, T* out) {
+  const auto it = object.find(key);
+  if constexpr (std::is_same_v<T, std::string>) {
+    if (it == object.end() || !it->is_string()) return FieldError(path, field, "a string");
+  } else if constexpr (std::is_same_v<T, bool>) {
+    if (it == object.end() || !it->is_boolean()) return FieldError(path, field, "true or false");
+  } else if constexpr (std::is_floating_point_v<T>) {
+    if (it == object.end() || !it->is_number()) return FieldError(path, field, "a number");
+  } else {
+    if (it == object.end() || !it->is_number_integer()) return FieldError(path, field, "an integer");
+    const int64_t value = it->get<int64_t>();
+    if (value < std::numeric_limits<T>::min() || value > std::numeric_limits<T>::max()) {
+      return FieldError(path, field, "an integer in range");
+    }
+  }
+  *out = it->get<T>();
+  return absl::OkStatus();
+}
+
+Status ReadParams(const nlohmann::json& json, const std::string& path, CheckpointMeta* meta) {
+  const auto params = json.find("params");
+  if (params == json.end() || !params->is_array()) return FieldError(path, "params", "an array");
+  for (size_t p = 0; p < params->size(); ++p) {
+    const nlohmann::json& entry = (*params)[p];
+    const std::string field = absl::StrCat("params[", p, "]");
+    if (!entry.is_object()) return FieldError(path, field, "an object");
+    CheckpointMeta::Param param;
+    ZERO_RETURN_IF_ERROR(Field(entry, "name", path, field + ".name", &param.name));
+    ZERO_RETURN_IF_ERROR(Field(entry, "dtype", path, field + ".dtype", &param.dtype));
+    if (entry.contains("requires_grad")) {
+      ZERO_RETURN_IF_ERROR(Field(entry, "requires_grad", path, field + ".requires_grad", &param.requires_grad));
+    }
+    const auto shape = entry.find("shape");
+    if (shape == entry.end() || !shape->is_array()) return FieldError(path, field + ".shape", "an array");
+    param.numel = 1;
+    for (const auto& d : *shape) {
+      if (!d.is_number_integer() || d.get<int64_t>() < 0 || d.get<int64_t>() > (int64_t{1} << 40)) {
+        return FieldError(path, field + ".shape", "an array of sizes in [0, 2^40]");
+      }
+      param.shape.push_back(d.get<int64_t>());
+      if (param.numel > (int64_t{1} << 50) / std::max<int64_t>(1, d.get<int64_t>())) {
+        return FieldError(path, field + ".shape", "a shape of at most 2^50 elements");
+      }
+      param.numel *= d.get<int64_t>();
+    }
+    meta->params.push_back(std::move(param));
+  }
+  return absl::OkStatus();
+}
+
+uint64_t Checksum(const void* data, size_t bytes) { return XXH3_64bits(data, bytes); }
+
+}  // namespace
+
+std::string TrimmedDir(std::string dir) {
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  return dir;
+}
+
+std::string RankFilePath(const std::string& dir, int rank, int world) {
+  return absl::StrCat(dir, "/rank-", rank, "-of-", world, ".bin");
+}
+
+StatusOr<std::string> ResolveCheckpointDir(const std::string& target) {
+  const std::string dir = TrimmedDir(target);
+  std::error_code error;
+  if (std::filesystem::exists(dir + "/meta.json", error)) return dir;
+  std::ifstream latest(dir + "/latest");
+  if (!latest) return dir;  // ReadCheckpointMeta says what is missing
+  std::string tag;
+  std::getline(latest, tag);
+  if (tag.empty() || tag.find('/') != std::string::npos || tag == "." || tag == "..") {
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint: ", dir, "/latest does not name a checkpoint "
+                                                   "in ", dir, " (it holds \"", tag, "\")"));
+  }
+  return dir + "/" + tag;
+}
+
+StatusOr<CheckpointMeta> ReadCheckpointMeta(const std::string& dir) {
+  const std::string path = dir + "/meta.json";
+  std::ifstream file(path);
+  if (!file) {
+    std::error_code error;
+    if (!std::filesystem::exists(dir, error)) {
+      if (std::filesystem::exists(dir + ".partial", error)) {
+        return absl::NotFoundError(absl::StrCat(
+            "checkpoint: ", dir, " does not exist; ", dir, ".partial is a save that did not finish "
+            "(the job stopped while saving), not a checkpoint"));
+      }
+      return absl::NotFoundError(absl::StrCat("checkpoint: ", dir, " does not exist"));
+    }
+    return absl::NotFoundError(absl::StrCat("checkpoint: ", dir, " holds no meta.json (nor a `latest` "
+                                            "file naming a checkpoint): not a ZeroRT checkpoint"));
+  }
+  const nlohmann::json json = nlohmann::json::parse(file, nullptr, /*allow_exceptions=*/false);
+  if (json.is_discarded() || !json.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint: ", path, " is not JSON (damaged?)"));
+  }
+  CheckpointMeta meta;
+  ZERO_RETURN_IF_ERROR(Field(json, "format", path, "format", &meta.format));
+  if (meta.format < 1 || meta.format > kCheckpointFormat) {
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint: ", path, " has format ", meta.format,
+                                                   "; this ZeroRT reads formats 1 to ", kCheckpointFormat));
+  }
+  ZERO_RETURN_IF_ERROR(Field(json, "world", path, "world", &meta.world));
+  if (meta.world < 1) return FieldError(path, "world", "a positive integer");
+  if (meta.format >= 3 || json.contains("stage")) {
+    ZERO_RETURN_IF_ERROR(Field(json, "stage", path, "stage", &meta.stage));
+  }
+  ZERO_RETURN_IF_ERROR(Field(json, "moments", path, "moments", &meta.moments));
+  if (meta.moments < 0 || meta.moments > 2) return FieldError(path, "moments", "0, 1 or 2");
+  ZERO_RETURN_IF_ERROR(Field(json, "step", path, "step", &meta.step));
+  ZERO_RETURN_IF_ERROR(Field(json, "optimizer", path, "optimizer", &meta.optimizer));
+  const auto scaler = json.find("loss_scaler");
+  if (scaler == json.end() || !scaler->is_object()) return FieldError(path, "loss_scaler", "an object");
+  ZERO_RETURN_IF_ERROR(Field(*scaler, "scale", path, "loss_scaler.scale", &meta.scaler.scale));
+  ZERO_RETURN_IF_ERROR(Field(*scaler, "remaining_hysteresis", path, "loss_scaler.remaining_hysteresis",
+                             &meta.scaler.remaining_hysteresis));
+  ZERO_RETURN_IF_ERROR(Field(*scaler, "iteration", path, "loss_scaler.iteration", &meta.scaler.iteration));
+  ZERO_RETURN_IF_ERROR(Field(*scaler, "last_overflow", path, "loss_scaler.last_overflow",
+                             &meta.scaler.last_overflow));
+  if (json.contains("user_data")) {
+    ZERO_RETURN_IF_ERROR(Field(json, "user_data", path, "user_data", &meta.user_data));
+  }
+  ZERO_RETURN_IF_ERROR(ReadParams(json, path, &meta));
+  return meta;
+}
+
+std::string CheckpointMetaJson(const CheckpointMeta& meta) {
+  nlohmann::json json;
+  json["format"] = meta.format;
+  json["world"] = meta.world;
+  json["stage"] = meta.stage;
+  json["step"] = meta.step;
+  json["optimizer"] = meta.optimizer;
+  json["moments"] = meta.moments;
+  json["user_data"] = meta.user_data;
+  json["loss_scaler"] = {{"scale", meta.scaler.scale}, {"remaining_hysteresis", meta.scaler.remaining_hysteresis},
+                         {"iteration", meta.scaler.iteration}, {"last_overflow", meta.scaler.last_overflow}};
+  json["params"] = nlohmann::json::array();
+  for (const CheckpointMeta::Param& p : meta.params) {
+    json["params"].push_back({{"name", p.name}, {"shape", p.shape}, {"dtype", p.dtype},
+                              {"requires_grad", p.requires_grad}});
+  }
+  return json.dump(1) + "\n";
+}
+
+// ---- RankFileWriter ----
+
+RankFileWriter::RankFileWriter(int fd, std::string path, std::vector<RecordExtent> records, int moments)
+    : fd_(fd), path_(std::move(path)), records_(std::move(records)), moments_(moments) {}
+
+RankFileWriter::~RankFileWriter() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+StatusOr<std::unique_ptr<RankFileWriter>> RankFileWriter::Create(const std::string& path,
+                                                                  std::vector<RecordExtent> records,
+                                                                  int moments) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return SystemError("create", path);
+  return std::unique_ptr<RankFileWriter>(new RankFileWriter(fd, path, std::move(records), moments));
+}
+
+Status RankFileWriter::Append(const float* values) {
+  if (checksums_.size() >= records_.size()) {
+    return absl::FailedPreconditionError(absl::StrCat("checkpoint: ", path_, ": more records than announced"));
+  }
+  const size_t bytes = static_cast<size_t>(records_[checksums_.size()].numel) * (1 + moments_) * sizeof(float);
+  if (checksums_.empty()) {  // the payloads start after the header, the index and its checksum
+    const off_t start = kHeaderBytes + kIndexEntryBytes * static_cast<off_t>(records_.size()) + 8;
+    if (::lseek(fd_, start, SEEK_SET) != start) return SystemError("seek in", path_);
+  }
+  checksums_.push_back(Checksum(values, bytes));
+  return WriteAll(fd_, values, bytes, path_);
+}
+
+Status RankFileWriter::Close() {
+  if (checksums_.size() != records_.size()) {
+    return absl::FailedPreconditionError(absl::StrCat("checkpoint: ", path_, ": ", checksums_.size(),
+                                                      " records appended, ", records_.size(), " announced"));
+  }
+  // The header and index, written last: a file cut short anywhere fails a checksum.
+  std::vector<char> header(static_cast<size_t>(kHeaderBytes + kIndexEntryBytes * records_.size() + 8), 0);
+  char* at = header.data();
+  auto put = [&at](const auto& value) {
+    std::memcpy(at, &value, sizeof value);
+    at += sizeof value;
+  };
+  std::memcpy(at, kMagicV3, sizeof kMagicV3);
+  at += sizeof kMagicV3;
+  put(static_cast<int64_t>(records_.size()));
+  uint64_t offset = static_cast<uint64_t>(header.size());
+  for (size_t k = 0; k < records_.size(); ++k) {
+    put(records_[k].param);
+    put(int32_t{0});
+    put(records_[k].begin);
+    put(records_[k].numel);
+    put(offset);
+    put(checksums_[k]);
+    offset += static_cast<uint64_t>(records_[k].numel) * (1 + moments_) * sizeof(float);
+  }
+  put(Checksum(header.data(), header.size() - 8));
+  if (::lseek(fd_, 0, SEEK_SET) != 0) return SystemError("seek in", path_);
+  ZERO_RETURN_IF_ERROR(WriteAll(fd_, header.data(), header.size(), path_));
+  if (::fsync(fd_) != 0) return SystemError("sync", path_);
+  const int rc = ::close(fd_);
+  fd_ = -1;
+  if (rc != 0) return SystemError("close", path_);
+  return absl::OkStatus();
+}
+
+// ---- RankFileReader ----
+
+RankFileReader::~RankFileReader() { ::close(fd_); }
+
+StatusOr<std::unique_ptr<RankFileReader>> RankFileReader::Open(const std::string& path,
+                                                              const CheckpointMeta& meta) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT) {
+      return absl::DataLossError(absl::StrCat("checkpoint: ", path, " is missing (the checkpoint is incomplete)"));
+    }
+    return SystemError("read", path);
+  }
+  struct stat info {};
+  if (::fstat(fd, &info) != 0) {
+    ::close(fd);
+    return SystemError("stat", path);
+  }
+  std::unique_ptr<RankFileReader> reader(new RankFileReader(fd, path, meta.moments, info.st_size));
+  char magic[8] = {};
+  ZERO_RETURN_IF_ERROR(reader->ReadAt(magic, sizeof magic, 0));
+  if (std::memcmp(magic, kMagicV3, sizeof magic) == 0) {
+    reader->format_ = 3;
+    ZERO_RETURN_IF_ERROR(reader->ReadIndex(meta));
+  } else if (std::memcmp(magic, kMagicV2, sizeof magic) == 0 || std::memcmp(magic, kMagicV1, sizeof magic) == 0) {
+    reader->format_ = magic[7] - '0';
+    if (reader->format_ == 2) {
+      ZERO_RETURN_IF_ERROR(VerifyChecksum(path));
+      reader->bytes_read_ += reader->file_bytes_;
+    }
+    ZERO_RETURN_IF_ERROR(reader->ScanLegacy(meta));
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint: ", path, " is not a ZeroRT rank file"));
+  }
+  return reader;
+}
+
+Status RankFileReader::ReadAt(void* out, int64_t bytes, int64_t offset) {
+  char* next = static_cast<char*>(out);
+  while (bytes > 0) {
+    const ssize_t got = ::pread(fd_, next, static_cast<size_t>(bytes), offset);
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) return SystemError("read", path_);
+    if (got == 0) {
+      return absl::DataLossError(absl::StrCat("checkpoint: ", path_, " is truncated (", file_bytes_,
+                                              " bytes; the data goes on past its end)"));
+    }
+    next += got;
+    bytes -= got;
+    offset += got;
+    bytes_read_ += got;
+  }
+  return absl::OkStatus();
+}
+
+Status RankFileReader::CheckExtent(const RecordExtent& e, const CheckpointMeta& meta, int64_t k) const {
+  // A size read from the file is never trusted for an allocation (a fuzzed file asked for
+  // 7e15 floats): the record must lie inside its param.
+  if (e.param < 0 || static_cast<size_t>(e.param) >= meta.params.size()) {
+    return absl::DataLossError(absl::StrCat("checkpoint: ", path_, " is corrupt: record ", k, " names param ",
+                                            e.param, " of ", meta.params.size()));
+  }
+  const int64_t numel = meta.params[e.param].numel;
+  if (e.begin < 0 || e.numel < 0 || e.begin > numel || e.numel > numel - e.begin) {
+    return absl::DataLossError(absl::StrCat("checkpoint: ", path_, " is corrupt: record ", k, " holds elements [",
+                                            e.begin, ", +", e.numel, ") of \"", meta.params[e.param].name,
+                                            "\", which has ", numel));
+  }
+  return absl::OkStatus();
+}
+
+Status RankFileReader::ReadIndex(const CheckpointMeta& meta) {
+  int64_t count = 0;
+  ZERO_RETURN_IF_ERROR(ReadAt(&count, sizeof count, 8));
+  if (count < 0 || count > (file_bytes_ - kHeaderBytes) / kIndexEntryBytes) {
+    return absl::DataLossError(absl::StrCat("checkpoint: ", path_, " is corrupt or truncated: its header "
+                                            "announces ", count, " records, more than its ", file_bytes_,
+                                            " bytes can hold"));
+  }
+  std::vector<char> header(static_cast<size_t>(kHeaderBytes + kIndexEntryBytes * count + 8));
+  ZERO_RETURN_IF_ERROR(ReadAt(header.data(), static_cast<int64_t>(header.size()), 0));
+  uint64_t stored = 0;
+  std::memcpy(&stored, header.data() + header.size() - 8, sizeof stored);
+  const uint64_t computed = Checksum(header.data(), header.size() - 8);
+  if (stored != computed) {
+    return absl::DataLossError(absl::StrFormat(
+        "checkpoint: %s is corrupt: its index hashes to %016x but records %016x (a damaged or partly "
+        "written file); load an older checkpoint", path_, computed, stored));
+  }
+  const char* at = header.data() + kHeaderBytes;
+  auto get = [&at](auto* value) {
+    std::memcpy(value, at, sizeof *value);
+    at += sizeof *value;
+  };
+  uint64_t expected_offset = header.size();
+  for (int64_t k = 0; k < count; ++k) {
+    Record r;
+    int32_t pad = 0;
+    get(&r.param);
+    get(&pad);
+    get(&r.begin);
+    get(&r.numel);
+    get(&r.offset);
+    get(&r.checksum);
+    ZERO_RETURN_IF_ERROR(CheckExtent(r, meta, k));
+    if (r.offset != expected_offset) {
+      return absl::DataLossError(absl::StrCat("checkpoint: ", path_, " is corrupt: record ", k, " starts at ",
+                                              r.offset, ", expected ", expected_offset));
+    }
+    expected_offset += static_cast<uint64_t>(r.numel) * (1 + moments_) * sizeof(float);
+    records_.push_back(r);
+  }
+  if (expected_offset != static_cast<uint64_t>(file_bytes_)) {
+    return absl::DataLossError(absl::StrCat("checkpoint: ", path_, " is ",
+                                            expected_offset > static_cast<uint64_t>(file_bytes_) ? "truncated" : "corrupt",
+                                            ": its index describes ", expected_offset, " bytes, the file has ",
+                                            file_bytes_));
+  }
+  return absl::OkStatus();
+}
+
+Status RankFileReader::ScanLegacy(const CheckpointMeta& meta) {
+  int64_t offset = 8;
+  int64_t count = std::numeric_limits<int64_t>::max();
+  int64_t end = file_bytes_;
+  if (format_ == 1) {
+    ZERO_RETURN_IF_ERROR(ReadAt(&count, sizeof count, offset));
+    offset += 8;
+  } else {
+    end -= 16;  // the record count and the checksum
+  }
+  for (int64_t k = 0; k < count; ++k) {
+    if (format_ == 2 && offset >= end) {
+      int64_t written = -1;
+      ZERO_RETURN_IF_ERROR(ReadAt(&written, sizeof written, offset));
+      if (written != k) {
+        return absl::DataLossError(absl::StrCat("checkpoint: ", path_, " holds ", k,
+                                                " records but its footer says ", written));
+      }
+      break;
+    }
+    Record r;
+    ZERO_RETURN_IF_ERROR(ReadAt(&r.param, sizeof r.param, offset));
+    ZERO_RETURN_IF_ERROR(ReadAt(&r.begin, sizeof r.begin, offset + 4));
+    ZERO_RETURN_IF_ERROR(ReadAt(&r.numel, sizeof r.numel, offset + 12));
+    ZERO_RETURN_IF_ERROR(CheckExtent(r, meta, k));
+    r.offset = static_cast<uint64_t>(offset + 20);
+    offset += 20 + r.numel * (1 + moments_) * static_cast<int64_t>(sizeof(float));
+    if (offset > end) {
+      return absl::DataLossError(absl::StrCat("checkpoint: ", path_, " is truncated (record ", k, ")"));
+    }
+    records_.push_back(r);
+  }
+  return absl::OkStatus();
+}
+
+Status RankFileReader::Read(size_t k, std::vector<float>* values) {
+  const Record& r = records_.at(k);
+  values->resize(static_cast<size_t>(r.numel) * (1 + moments_));
+  const int64_t bytes = static_cast<int64_t>(values->size() * sizeof(float));
+  ZERO_RETURN_IF_ERROR(ReadAt(values->data(), bytes, static_cast<int64_t>(r.offset)));
+  if (format_ == 3) {
+    const uint64_t computed = Checksum(values->data(), static_cast<size_t>(bytes));
+    if (computed != r.checksum) {
+      return absl::DataLossError(absl::StrFormat(
+          "checkpoint: %s is corrupt: record %d (elements [%d, +%d) of param %d) hashes to %016x but its "
+          "index records %016x; load an older checkpoint", path_, k, r.begin, r.numel, r.param, computed,
+          r.checksum));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace zero::runtime

@@ -1,0 +1,152 @@
+// The on-disk format of a checkpoint (internal to runtime): meta.json, and one rank file per
+// saving rank that starts with an index of its records, so that a loading rank reads only the
+// records that overlap what it owns, each checked against its own checksum.
+//
+//   DIR/meta.json        format, world, stage, step, optimizer, moment count, loss scaler,
+//                        the trainer's user_data, each param's name, shape, dtype and
+//                        requires_grad (rank 0 writes it)
+//   DIR/rank-R-of-N.bin  format 3:
+//       "ZRTCKPT3", int64 record count n,
+//       n index entries {int32 param, int32 0, int64 begin, int64 numel, uint64 offset,
+//                        uint64 XXH3-64 of the record's payload},
+//       uint64 XXH3-64 of everything before it (the header),
+//       then the records' payloads back to back, each at its offset: `numel` fp32 weights of
+//       elements [begin, begin + numel) of the param, then `numel` values of each moment.
+//   Format 2 ("ZRTCKPT2": records {int32 param, int64 begin, int64 numel, payload} in line,
+//   then the record count and the XXH3-64 of the whole file) and format 1 ("ZRTCKPT1", the
+//   count after the magic, no checksum) still load; their index is built by a scan.
+#ifndef ZERO_RUNTIME_CHECKPOINT_FORMAT_H_
+#define ZERO_RUNTIME_CHECKPOINT_FORMAT_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/loss_scaler.h"
+#include "zero/status.h"
+
+namespace zero::runtime {
+
+/// The format SaveCheckpoint writes.
+inline constexpr int kCheckpointFormat = 3;
+
+/// meta.json.
+struct CheckpointMeta {
+  struct Param {
+    std::string name;
+    std::vector<int64_t> shape;
+    std::string dtype;
+    bool requires_grad = true;  // frozen params have no records
+    int64_t numel = 0;
+  };
+  int format = kCheckpointFormat;
+  int world = 0;
+  int stage = 0;
+  int moments = 0;
+  int64_t step = 0;
+  std::string optimizer;
+  LossScaler::State scaler{};
+  std::string user_data;
+  std::vector<Param> params;
+};
+
+/// Reads DIR/meta.json and checks every field's type and range: kInvalidArgument names the
+/// file and the field; kNotFound when DIR is missing (saying so when only DIR.partial, an
+/// unfinished save, is there); kUnavailable when it cannot be read.
+StatusOr<CheckpointMeta> ReadCheckpointMeta(const std::string& dir);
+/// meta.json's text.
+std::string CheckpointMetaJson(const CheckpointMeta& meta);
+
+/// `dir` without trailing slashes.
+std::string TrimmedDir(std::string dir);
+/// The checkpoint `dir` names: `dir` itself when it holds meta.json; else, when it holds a
+/// `latest` file (a series written by SaveCheckpoint(root, tag)), the tag that file names.
+StatusOr<std::string> ResolveCheckpointDir(const std::string& dir);
+/// DIR/rank-R-of-N.bin
+std::string RankFilePath(const std::string& dir, int rank, int world);
+
+/// Which elements of which param a record holds.
+struct RecordExtent {
+  int32_t param = 0;
+  int64_t begin = 0;
+  int64_t numel = 0;
+};
+
+/// Writes a rank file of format 3: the records are announced first (their index), then
+/// appended in that order, so no more than one record is held in memory.
+class RankFileWriter {
+ public:
+  /// Creates (truncates) `path` for `records`, each numel · (1 + moments) floats.
+  static StatusOr<std::unique_ptr<RankFileWriter>> Create(const std::string& path,
+                                                          std::vector<RecordExtent> records,
+                                                          int moments);
+  ~RankFileWriter();
+  RankFileWriter(const RankFileWriter&) = delete;
+  RankFileWriter& operator=(const RankFileWriter&) = delete;
+
+  /// Appends the next record's payload: weights, then each moment (numel floats each).
+  Status Append(const float* values);
+  /// Writes the index with every record's checksum, syncs the file to disk and closes it.
+  /// kFailedPrecondition when fewer records were appended than announced.
+  Status Close();
+
+ private:
+  RankFileWriter(int fd, std::string path, std::vector<RecordExtent> records, int moments);
+  int fd_;
+  std::string path_;
+  std::vector<RecordExtent> records_;
+  std::vector<uint64_t> checksums_;
+  int moments_;
+};
+
+/// Reads one rank file of any format, record by record.
+class RankFileReader {
+ public:
+  /// A record in the file: its extent, where its payload starts, and the XXH3-64 of the
+  /// payload (format 3; formats 1 and 2 have none per record).
+  struct Record : RecordExtent {
+    uint64_t offset = 0;
+    uint64_t checksum = 0;
+  };
+
+  /// Opens `path` and reads its index (format 2: checks the whole file's checksum first;
+  /// format 1: scans it). Every record must lie inside its param (`meta`'s shapes) and inside
+  /// the file. kDataLoss names the file for damage (checksums, truncation); kInvalidArgument
+  /// for a file that is not a rank file.
+  static StatusOr<std::unique_ptr<RankFileReader>> Open(const std::string& path,
+                                                        const CheckpointMeta& meta);
+  ~RankFileReader();
+  RankFileReader(const RankFileReader&) = delete;
+  RankFileReader& operator=(const RankFileReader&) = delete;
+
+  int format() const { return format_; }
+  const std::vector<Record>& records() const { return records_; }
+  /// Reads record `k`'s payload (numel · (1 + moments) floats) and checks its checksum.
+  Status Read(size_t k, std::vector<float>* values);
+  /// Bytes read from the file so far (index, payloads, and the whole file for format 2).
+  int64_t bytes_read() const { return bytes_read_; }
+  /// The file's size.
+  int64_t file_bytes() const { return file_bytes_; }
+
+ private:
+  RankFileReader(int fd, std::string path, int moments, int64_t file_bytes)
+      : fd_(fd), path_(std::move(path)), moments_(moments), file_bytes_(file_bytes) {}
+  // Reads exactly `bytes` at `offset`; kDataLoss if the file ends first.
+  Status ReadAt(void* out, int64_t bytes, int64_t offset);
+  Status ReadIndex(const CheckpointMeta& meta);
+  Status ScanLegacy(const CheckpointMeta& meta);
+  Status CheckExtent(const RecordExtent& extent, const CheckpointMeta& meta, int64_t k) const;
+
+  int fd_;
+  std::string path_;
+  int moments_;
+  int64_t file_bytes_;
+  int format_ = 0;
+  std::vector<Record> records_;
+  int64_t bytes_read_ = 0;
+};
+
+}  // namespace zero::runtime
+
+#endif  // ZERO_RUNTIME_CHECKPOINT_FORMAT_H_

@@ -1,0 +1,108 @@
+// A series of checkpoints in one root: SaveCheckpoint(root, tag) writes root/tag, points
+// root/latest at it once complete, and keeps the newest checkpoint.keep_last;
+// LoadCheckpoint(root) loads the one `latest` names.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "tests/engine/run_on_ranks.h"
+#include "tests/engine/toy_trainer.h"
+#include "zero/engine.h"
+
+namespace zero {
+namespace {
+
+using testing::RunOnRanks;
+using testing::ToyConfig;
+using testing::ToyOptions;
+
+std::string Latest(const std::string& root) {
+  std::ifstream in(root + "/latest");
+  std::string tag;
+  std::getline(in, tag);
+  return tag;
+}
+
+class CheckpointSeries : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = ::testing::TempDir() + "zerort-series-" + std::to_string(::getpid()) + "-" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    std::filesystem::remove_all(root_);
+  }
+  void TearDown() override { std::filesystem::remove_all(root_); }
+  std::string root_;
+};
+
+TEST_F(CheckpointSeries, LatestFollowsTheNewestAndOnlyKeepLastRemain) {
+  Config config = ToyConfig(2);
+  config.checkpoint.keep_last = 2;
+  std::vector<int64_t> loaded_step(2, -1);
+  std::vector<Status> statuses = RunOnRanks(2, [&](int r, comm::Communicator& c) -> Status {
+    ZERO_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(config, c));
+    ToyOptions o;
+    o.steps = 2;
+    testing::ToyResult result;
+    ZERO_RETURN_IF_ERROR(testing::TrainToy(*engine, o, &result));  // at step 2
+    for (const char* tag : {"step-2", "step-2b", "step-2c"}) {
+      engine->set_checkpoint_user_data(tag);
+      ZERO_RETURN_IF_ERROR(engine->SaveCheckpoint(root_ + "/", tag));
+      if (r == 0 && Latest(root_) != tag) return absl::InternalError("latest does not name the newest");
+    }
+    engine->set_checkpoint_user_data("");
+    ZERO_RETURN_IF_ERROR(engine->LoadCheckpoint(root_));
+    loaded_step[r] = engine->steps_taken();
+    if (engine->checkpoint_user_data() != "step-2c") {
+      return absl::InternalError("loaded " + engine->checkpoint_user_data() + ", not the latest");
+    }
+    // A tag that is not a plain name is refused before anything is written.
+    for (const char* bad : {"", "a/b", "latest", "..", "x.partial"}) {
+      const Status s = engine->SaveCheckpoint(root_, bad);
+      if (s.code() != absl::StatusCode::kInvalidArgument) return absl::InternalError("tag accepted: " + std::string(bad));
+    }
+    return absl::OkStatus();
+  });
+  for (const Status& s : statuses) ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(loaded_step, (std::vector<int64_t>{2, 2}));
+  EXPECT_EQ(Latest(root_), "step-2c");
+  // Same step: ordered by name, so "step-2" went.
+  EXPECT_FALSE(std::filesystem::exists(root_ + "/step-2"));
+  EXPECT_TRUE(std::filesystem::exists(root_ + "/step-2b/meta.json"));
+  EXPECT_TRUE(std::filesystem::exists(root_ + "/step-2c/meta.json"));
+  EXPECT_FALSE(std::filesystem::exists(root_ + "/latest.tmp"));
+}
+
+TEST_F(CheckpointSeries, OlderStepsGoFirstAndOtherDirectoriesStay) {
+  Config config = ToyConfig(1);
+  config.checkpoint.keep_last = 1;
+  std::filesystem::create_directories(root_ + "/notes");  // not a checkpoint: never deleted
+  const std::vector<Status> statuses = RunOnRanks(3, [&](int, comm::Communicator& c) -> Status {
+    ZERO_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(config, c));
+    ToyOptions o;
+    o.steps = 1;
+    testing::ToyResult result;
+    ZERO_RETURN_IF_ERROR(testing::TrainToy(*engine, o, &result));
+    return engine->SaveCheckpoint(root_, "z-first");
+  });
+  for (const Status& s : statuses) ASSERT_TRUE(s.ok()) << s;
+  // A later step under a name that sorts first: still the newest, so "z-first" goes.
+  const std::vector<Status> again = RunOnRanks(3, [&](int, comm::Communicator& c) -> Status {
+    ZERO_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(config, c));
+    ToyOptions o;
+    o.steps = 2;
+    testing::ToyResult result;
+    ZERO_RETURN_IF_ERROR(testing::TrainToy(*engine, o, &result));
+    return engine->SaveCheckpoint(root_, "a-second");
+  });
+  for (const Status& s : again) ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(Latest(root_), "a-second");
+  EXPECT_FALSE(std::filesystem::exists(root_ + "/z-first"));
+  EXPECT_TRUE(std::filesystem::exists(root_ + "/notes"));
+}
+
+}  // namespace
+}  // namespace zero

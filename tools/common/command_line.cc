@@ -1,0 +1,30 @@
+#include "common/command_line.h"
+
+#include <string>
+
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
+
+namespace zero::tools {
+
+void HelpShowsOwnFlags(const char* dir) {
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = [dir](absl::string_view file) { return absl::StrContains(file, dir); };
+  usage.contains_helpshort_flags = usage.contains_help_flags;
+  usage.normalize_filename = [dir](absl::string_view file) {
+    const size_t at = file.find(dir);
+    return std::string(at == absl::string_view::npos ? file : file.substr(at));
+  };
+  absl::SetFlagsUsageConfig(usage);
+}
+
+std::vector<char*> HelpAliases(int argc, char** argv) {
+  static char help[] = "--help";
+  std::vector<char*> args(argv, argv + argc);
+  for (size_t i = 1; i < args.size() && std::string(args[i]) != "--"; ++i) {
+    if (std::string(args[i]) == "-h") args[i] = help;
+  }
+  return args;
+}
+
+}  // namespace zero::tools

@@ -1,0 +1,19 @@
+// Command-line conveniences shared by the tools (zero-train, zero-mem, zero-ckpt).
+#ifndef ZERO_TOOLS_COMMON_COMMAND_LINE_H_
+#define ZERO_TOOLS_COMMON_COMMAND_LINE_H_
+
+#include <vector>
+
+namespace zero::tools {
+
+/// --help and --helpshort list the flags defined in files under `dir` (e.g. "zero-mem/"),
+/// with paths from `dir` on (abseil's default looks for a file named after the program and
+/// finds none). `dir` must outlive the program's flag parsing (a string literal).
+void HelpShowsOwnFlags(const char* dir);
+
+/// The arguments with -h spelled --help (before any "--").
+std::vector<char*> HelpAliases(int argc, char** argv);
+
+}  // namespace zero::tools
+
+#endif  // ZERO_TOOLS_COMMON_COMMAND_LINE_H_

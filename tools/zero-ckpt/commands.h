@@ -1,0 +1,31 @@
+// zero-ckpt's commands, each on one checkpoint directory (or a series root with `latest`).
+#ifndef ZERO_TOOLS_ZERO_CKPT_COMMANDS_H_
+#define ZERO_TOOLS_ZERO_CKPT_COMMANDS_H_
+
+#include <string>
+
+#include "zero/dtype.h"
+#include "zero/status.h"
+
+namespace zero::tools {
+
+/// Prints format, world, stage, step, optimizer, params with shapes, each file with its size,
+/// records and whether its checksums match (every record is read), and the total bytes.
+/// Returns the first problem found (after printing everything).
+Status Inspect(const std::string& dir);
+
+/// Checks that every file is present, every checksum matches and the records cover every
+/// saved param exactly; prints one line. OK only if the checkpoint is complete and intact.
+Status Verify(const std::string& dir);
+
+/// Writes the full params (fp32 masters, as `dtype`: fp32 or bf16) into a safetensors file
+/// keyed by param name (frozen params are not in checkpoints, so not in the file).
+Status Consolidate(const std::string& dir, const std::string& out, DType dtype);
+
+/// Loads the checkpoint on `world` in-process ranks and saves it again into `out` (offline
+/// resharding, so that a job at that rank count starts from files of its own shape).
+Status Reshard(const std::string& dir, int world, const std::string& out);
+
+}  // namespace zero::tools
+
+#endif  // ZERO_TOOLS_ZERO_CKPT_COMMANDS_H_

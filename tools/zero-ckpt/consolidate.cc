@@ -1,0 +1,72 @@
+// zero-ckpt consolidate: the full params as a safetensors file.
+//
+// safetensors (https://github.com/huggingface/safetensors): an 8-byte little-endian header
+// length N, N bytes of JSON {"name": {"dtype": "F32"|"BF16", "shape": [...], "data_offsets":
+// [begin, end]}, ..., "__metadata__": {string: string}} (offsets relative to the data, which
+// follows the header; the header is padded with spaces to a multiple of 8), then the data.
+#include <cstdio>
+#include <memory>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "commands.h"
+#include "zero/checkpoint.h"
+
+namespace zero::tools {
+
+Status Consolidate(const std::string& dir, const std::string& out, DType dtype) {
+  if (dtype != DType::kFP32 && dtype != DType::kBF16) {
+    return absl::InvalidArgumentError(absl::StrCat("--dtype ", DTypeName(dtype), ": consolidate writes fp32 or bf16"));
+  }
+  ZERO_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader, CheckpointReader::Open(dir));
+  const size_t element = DTypeSize(dtype);
+  nlohmann::ordered_json header;
+  header["__metadata__"] = {{"format", "pt"}, {"producer", "zero-ckpt consolidate"},
+                            {"step", std::to_string(reader->step())}};
+  int64_t offset = 0;
+  int skipped = 0;
+  for (const CheckpointReader::Param& p : reader->params()) {
+    if (!p.saved) {
+      ++skipped;
+      continue;
+    }
+    const int64_t bytes = p.numel * static_cast<int64_t>(element);
+    header[p.name] = {{"dtype", dtype == DType::kFP32 ? "F32" : "BF16"}, {"shape", p.shape},
+                      {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+  }
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');
+  const std::string partial = out + ".partial";
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> file(std::fopen(partial.c_str(), "wb"), &std::fclose);
+  if (file == nullptr) return absl::UnavailableError(absl::StrCat("cannot create ", partial));
+  const uint64_t length = text.size();  // little-endian on every platform ZeroRT builds for
+  bool written = std::fwrite(&length, sizeof length, 1, file.get()) == 1 &&
+                 std::fwrite(text.data(), 1, text.size(), file.get()) == text.size();
+  std::vector<float> values;
+  std::vector<uint16_t> narrow;
+  for (int p = 0; written && p < static_cast<int>(reader->params().size()); ++p) {
+    const CheckpointReader::Param& param = reader->params()[p];
+    if (!param.saved) continue;
+    values.resize(static_cast<size_t>(param.numel));
+    ZERO_RETURN_IF_ERROR(reader->ReadParam(p, values.data()));
+    if (dtype == DType::kFP32) {
+      written = std::fwrite(values.data(), sizeof(float), values.size(), file.get()) == values.size();
+    } else {
+      narrow.resize(values.size());
+      for (size_t i = 0; i < values.size(); ++i) narrow[i] = FloatToBf16(values[i]);
+      written = std::fwrite(narrow.data(), sizeof(uint16_t), narrow.size(), file.get()) == narrow.size();
+    }
+  }
+  if (!written || std::fclose(file.release()) != 0) return absl::UnavailableError(absl::StrCat("cannot write ", partial));
+  if (std::rename(partial.c_str(), out.c_str()) != 0) return absl::UnavailableError(absl::StrCat("cannot rename into ", out));
+  std::printf("%s: %zu params, %lld bytes of %s data (step %lld)%s\n", out.c_str(),
+              reader->params().size() - skipped, static_cast<long long>(offset), DTypeName(dtype),
+              static_cast<long long>(reader->step()),
+              skipped > 0 ? absl::StrCat("; ", skipped, " frozen params are not in checkpoints").c_str() : "");
+  return absl::OkStatus();
+}
+
+}  // namespace zero::tools
