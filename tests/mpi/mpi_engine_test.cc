@@ -1,12 +1,14 @@
 // The engine under mpirun: the stage equivalence test on the MPI communicator (stages 0-3
 // agree within 1e-5 relative and match a float64 single-process AdamW), with every rank
-// holding identical params after each step.
+// holding identical params after each step; a preemption request on one process reaches
+// every rank at the same step.
 #include <gtest/gtest.h>
 
 #include <cmath>
 
-#include "zero/communicator.h"
 #include "tests/engine/toy_trainer.h"
+#include "zero/communicator.h"
+#include "zero/preemption.h"
 
 namespace zero {
 namespace {
@@ -39,6 +41,24 @@ TEST(MpiEngine, StagesFollowTheSameLossTrajectory) {
     ASSERT_TRUE((*comm)->AllReduce(&low, &low, 1, DType::kFP32, comm::ReduceOp::kMax)->Wait(60).ok());
     EXPECT_EQ(high, -low) << "ranks hold different params at stage " << stage;
   }
+}
+
+TEST(MpiEngine, APreemptionRequestOnOneProcessReachesEveryRank) {
+  auto comm = comm::CreateMpiCommunicator(nullptr);
+  ASSERT_TRUE(comm.ok()) << comm.status();
+  auto engine = Engine::Create(testing::ToyConfig(2), **comm);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  ASSERT_TRUE(testing::RegisterToyModel(**engine, testing::ToyOptions{}).ok());
+  ClearPreemption();
+  auto before = (*engine)->PreemptionRequested();
+  ASSERT_TRUE(before.ok()) << before.status();
+  EXPECT_FALSE(*before);
+  const int last = (*comm)->size() - 1;  // as if only this process got the scheduler's signal
+  if ((*comm)->rank() == last) RequestPreemption();
+  auto after = (*engine)->PreemptionRequested();
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_TRUE(*after) << "rank " << (*comm)->rank() << " did not see rank " << last << "'s request";
+  ClearPreemption();
 }
 
 }  // namespace

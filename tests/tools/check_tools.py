@@ -112,6 +112,42 @@ def check_preempted(signum, launcher=(), flags=()):
               f"exited 0, and --resume gives the uninterrupted run's result")
 
 
+def check_slurm_example():
+    """examples/slurm/train.sbatch with stand-ins for srun and scontrol: SIGUSR1 to the batch
+    shell (what --signal=B:USR1@120 does) reaches the ranks, they save and exit 0, the script
+    requeues; run again, it resumes from the checkpoint."""
+    script = os.path.join(HERE, "..", "..", "examples", "slurm", "train.sbatch")
+    with tempfile.TemporaryDirectory() as root:
+        stubs = os.path.join(root, "bin")
+        os.makedirs(stubs)
+        for name, body in (("srun", 'shift\nexec "$@" --ranks 2 --width 128'),
+                           ("scontrol", 'echo "scontrol $*" >> "$CKPT.requeued"')):
+            with open(os.path.join(stubs, name), "w") as f:
+                f.write("#!/bin/sh\n" + body + "\n")
+            os.chmod(os.path.join(stubs, name), 0o755)
+        env = dict(os.environ, PATH=stubs + os.pathsep + os.environ["PATH"], SLURM_JOB_ID="42",
+                   ZERO_TRAIN=os.path.join(BIN, "zero-train"), CKPT=os.path.join(root, "ckpt"))
+        job = subprocess.Popen(["bash", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        for line in job.stdout:
+            if line.startswith("{") and json.loads(line).get("step", 0) >= 3:
+                break
+        job.send_signal(signal.SIGUSR1)
+        out, err = job.communicate(timeout=300)
+        requeued = os.path.exists(env["CKPT"] + ".requeued") and "requeue 42" in open(env["CKPT"] + ".requeued").read()
+        position = saved_position(env["CKPT"]) if job.returncode == 0 else -1
+        if job.returncode != 0 or not requeued:
+            print(f"exit {job.returncode}:", out[-1000:], err[-2000:])
+        again = subprocess.Popen(["bash", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        for line in again.stdout:
+            break  # the first step record: the run is under way
+        again.send_signal(signal.SIGUSR1)
+        _, err2 = again.communicate(timeout=300)
+        check(job.returncode == 0 and requeued and position >= 3 and again.returncode == 0
+              and f"resumed from {env['CKPT']} at step {position}" in err2,
+              f"examples/slurm/train.sbatch: SIGUSR1 to the batch shell saves step {position}, exits 0 and "
+              "requeues; the requeued job resumes there")
+
+
 def check_zero_ckpt():
     """zero-ckpt on a checkpoint written by zero-train: inspect, verify (and a damaged copy),
     consolidate (read back by a small independent safetensors reader, compared with the
@@ -294,6 +330,7 @@ if MODE == "local":
     check_killed_while_saving()
     check_preempted(signal.SIGTERM, flags=["--ranks", "2"])
     check_zero_ckpt()
+    check_slurm_example()
     with tempfile.TemporaryDirectory() as root:  # a checkpoint without zero-train's position
         ckpt = os.path.join(root, "ckpt")
         train(["--steps", "2", "--ranks", "2", "--checkpoint_dir", ckpt])
