@@ -2,7 +2,8 @@
 // driven through the public API exactly as a trainer resumes: Engine::LoadCheckpoint(dir) on a
 // 1-rank local engine (stage 2, AdamW) with a small registered model.
 //
-// A checkpoint directory holds meta.json and rank-R-of-N.bin files (see runtime/checkpoint.cc).
+// A checkpoint directory holds meta.json and rank-R-of-N.bin files (runtime/checkpoint_format.h;
+// format 3 starts with an index of records, formats 1 and 2 are scanned).
 // At start-up the engine takes one real step and saves a real checkpoint; each fuzz input then
 // becomes a checkpoint directory:
 //   - input without the rank-file magic ("ZRTCKPT", then the format digit): the input is
@@ -43,7 +44,7 @@
 
 namespace {
 
-constexpr std::string_view kMagic = "ZRTCKPT";  // both formats' files start with it
+constexpr std::string_view kMagic = "ZRTCKPT";  // every format's rank files start with it
 
 // Ends the fuzzer at start-up when the harness itself cannot be set up (not a finding).
 void Check(const zero::Status& status, const char* what) {
