@@ -238,30 +238,34 @@ def consolidated_matches(path, ckpt, dtype):
     return ok
 
 
-def check_killed_while_saving(kills=6):
-    """zero-train saving after every step, killed (SIGKILL) at random moments: the directory
-    always holds a complete checkpoint that loads (saves are crash-safe)."""
+def check_killed_while_saving(kills=6, launcher=()):
+    """zero-train saving after every step, killed (SIGKILL; under mpirun every process of the
+    job at once) at random moments: the directory always holds a complete checkpoint that
+    loads (saves are crash-safe)."""
     rng = random.Random(7)
     loaded = 0
+    where = f"under mpirun -np {launcher[1]}" if launcher else "in-process"
     with tempfile.TemporaryDirectory() as root:
         ckpt = os.path.join(root, "ckpt")
+        flags = ["--width", "256", "--checkpoint_dir", ckpt] + ([] if launcher else ["--ranks", "2"])
         for _ in range(kills):
-            job = subprocess.Popen([os.path.join(BIN, "zero-train"), "--steps", "100000", "--ranks", "2",
-                                    "--width", "256", "--checkpoint_dir", ckpt, "--save_every", "1"]
+            job = subprocess.Popen(list(launcher) + [os.path.join(BIN, "zero-train"), "--steps", "100000",
+                                                     "--save_every", "1"] + flags
                                    + (["--resume"] if os.path.exists(ckpt) else []),
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             deadline = time.time() + 60
             while not os.path.exists(os.path.join(ckpt, "latest")) and time.time() < deadline:
                 time.sleep(0.01)
             time.sleep(rng.uniform(0.05, 0.6))
+            if launcher:  # mpirun and its ranks: every process naming this checkpoint directory
+                subprocess.run(["pkill", "-KILL", "-f", ckpt])
             job.send_signal(signal.SIGKILL)
             job.wait()
             saved = saved_position(ckpt)
-            resumed = train(["--steps", str(saved + 2), "--ranks", "2", "--width", "256",
-                             "--checkpoint_dir", ckpt, "--resume"])
+            resumed = train(["--steps", str(saved + 2), "--resume"] + flags, launcher)
             loaded += resumed is not None
-    check(loaded == kills, f"zero-train killed while saving every step, {kills} times: the checkpoint "
-                           f"always loads ({loaded} of {kills})")
+    check(loaded == kills, f"zero-train {where} killed while saving every step, {kills} times: the "
+                           f"checkpoint always loads ({loaded} of {kills})")
 
 
 def check_flags():
@@ -378,6 +382,7 @@ else:
             check(local is not None and close(local[1]["final_loss"], base["final_loss"], 1e-5),
                   f"np {ranks}: the MPI run matches the same run on {ranks} in-process ranks")
     check_preempted(signal.SIGUSR1, launcher=(RUN_MPI, "2"))
+    check_killed_while_saving(kills=3, launcher=(RUN_MPI, "2"))
     # A checkpoint written by 2 MPI processes, resumed by 3 (resharded), against the same
     # save-and-resume on in-process ranks.
     with tempfile.TemporaryDirectory() as ckpt_mpi, tempfile.TemporaryDirectory() as ckpt_local:
