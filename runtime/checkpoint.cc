@@ -18,6 +18,7 @@
 #include <memory>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
 #include "runtime/checkpoint_files.h"
 #include "runtime/checkpoint_format.h"
@@ -26,13 +27,16 @@
 namespace zero::runtime {
 namespace {
 
-// The checkpoints of a series in `root` (directories holding meta.json), oldest first by
-// step, then by name.
+// The checkpoints of a series in `root` (directories holding a readable meta.json; not
+// symlinks, nor the .partial and .old leftovers of an interrupted save), oldest first by step,
+// then by name.
 std::vector<std::string> SeriesCheckpoints(const std::string& root) {
   std::vector<std::pair<int64_t, std::string>> found;
   std::error_code error;
   for (const auto& entry : std::filesystem::directory_iterator(root, error)) {
-    if (!entry.is_directory(error)) continue;
+    const std::string name = entry.path().filename().string();
+    const bool leftover = absl::EndsWith(name, ".partial") || absl::EndsWith(name, ".old");
+    if (leftover || entry.is_symlink(error) || !entry.is_directory(error)) continue;
     const std::string path = entry.path().string();
     StatusOr<CheckpointMeta> meta = ReadCheckpointMeta(path);
     if (meta.ok()) found.emplace_back(meta->step, entry.path().filename().string());
@@ -70,10 +74,11 @@ Status EngineImpl::WriteRankFile(const std::string& path) {
   }
   ZERO_ASSIGN_OR_RETURN(std::unique_ptr<RankFileWriter> out,
                         RankFileWriter::Create(path, extents, optimizer_->state_count()));
+  std::vector<float> scratch;
   for (size_t p = 0; writes && p < specs_.size(); ++p) {
     if (!specs_[p].requires_grad) continue;
-    ZERO_ASSIGN_OR_RETURN(std::vector<OptimizerState::OwnedPart> parts, optimizer_->ReadOwned(static_cast<int>(p)));
-    for (const OptimizerState::OwnedPart& part : parts) ZERO_RETURN_IF_ERROR(out->Append(part.values.data()));
+    ZERO_RETURN_IF_ERROR(optimizer_->VisitOwned(static_cast<int>(p), &scratch,
+                                                [&](int64_t, int64_t, const float* values) { return out->Append(values); }));
   }
   return out->Close();
 }
@@ -162,6 +167,12 @@ Status EngineImpl::CheckCheckpointMatches(const CheckpointMeta& meta) const {
           params[p].dtype, " but ", ParamLabel(static_cast<int>(p)), " is registered with shape [",
           absl::StrJoin(s.shape, ", "), "] ", DTypeName(s.dtype)));
     }
+    if (params[p].requires_grad != s.requires_grad) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "checkpoint param ", p, " \"", params[p].name, "\" was ", params[p].requires_grad ? "trainable" : "frozen",
+          " when saved but ", ParamLabel(static_cast<int>(p)), " is registered ",
+          s.requires_grad ? "trainable" : "frozen", " (frozen params are not saved)"));
+    }
   }
   if (params.size() != specs_.size()) {
     const std::string first_unmatched = params.size() > specs_.size()
@@ -188,6 +199,9 @@ StatusOr<std::map<int, std::vector<OptimizerState::OwnedPart>>> EngineImpl::Read
     if (specs_[p].requires_grad) extents[p] = optimizer_->OwnedExtents(static_cast<int>(p));
   }
   const int moments = meta.moments;
+  // Per param and owned extent: the spans the records covered, which must tile it exactly.
+  std::vector<std::vector<std::vector<std::pair<int64_t, int64_t>>>> covered(specs_.size());
+  for (size_t p = 0; p < specs_.size(); ++p) covered[p].resize(extents[p].size());
   std::vector<float> values;
   for (int q = 0; q < meta.world; ++q) {
     ZERO_ASSIGN_OR_RETURN(std::unique_ptr<RankFileReader> file,
@@ -196,11 +210,13 @@ StatusOr<std::map<int, std::vector<OptimizerState::OwnedPart>>> EngineImpl::Read
       const RankFileReader::Record& r = file->records()[k];
       const int64_t end = r.begin + r.numel;
       const auto& mine = extents[r.param];
-      if (!std::any_of(mine.begin(), mine.end(), [&](const auto& e) {
-            return std::max(e.first, r.begin) < std::min(e.first + e.second, end);
-          })) {
-        continue;  // not read at all
+      bool overlaps = false;
+      for (size_t i = 0; i < mine.size(); ++i) {
+        const int64_t first = std::max(mine[i].first, r.begin), last = std::min(mine[i].first + mine[i].second, end);
+        if (first < last) covered[r.param][i].emplace_back(first, last);
+        overlaps = overlaps || first < last;
       }
+      if (!overlaps) continue;  // not read at all
       ZERO_RETURN_IF_ERROR(file->Read(k, &values));
       if (owned.count(r.param) == 0) {
         ZERO_ASSIGN_OR_RETURN(owned[r.param], optimizer_->ReadOwned(r.param));
@@ -214,6 +230,12 @@ StatusOr<std::map<int, std::vector<OptimizerState::OwnedPart>>> EngineImpl::Read
       }
     }
     counters_.checkpoint_bytes_read += file->bytes_read();
+  }
+  for (size_t p = 0; p < specs_.size(); ++p) {
+    for (size_t i = 0; i < extents[p].size(); ++i) {
+      const auto& [begin, numel] = extents[p][i];
+      ZERO_RETURN_IF_ERROR(CheckTiling(std::move(covered[p][i]), begin, begin + numel, ParamLabel(static_cast<int>(p))));
+    }
   }
   return owned;
 }
@@ -233,7 +255,11 @@ Status EngineImpl::LoadCheckpoint(const std::string& target) {
     read = owned.status();
   }
   ZERO_RETURN_IF_ERROR(AgreeOnOutcome(read, "LoadCheckpoint"));
-  for (const auto& [param, parts] : *owned) ZERO_RETURN_IF_ERROR(optimizer_->WriteOwned(param, parts));
+  Status written;
+  for (const auto& [param, parts] : *owned) written.Update(optimizer_->WriteOwned(param, parts));
+  // A rank that could not write its part (a device error) must not leave the others waiting
+  // in the gather below.
+  ZERO_RETURN_IF_ERROR(AgreeOnOutcome(written, "LoadCheckpoint"));
   step_ = meta->step;
   loss_scaler_.set_state(meta->scaler);
   user_data_ = meta->user_data;

@@ -10,6 +10,7 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -31,6 +32,7 @@ constexpr char kMagicV2[8] = {'Z', 'R', 'T', 'C', 'K', 'P', 'T', '2'};
 constexpr char kMagicV3[8] = {'Z', 'R', 'T', 'C', 'K', 'P', 'T', '3'};
 constexpr int64_t kHeaderBytes = 16;      // magic, record count
 constexpr int64_t kIndexEntryBytes = 40;  // param, pad, begin, numel, offset, checksum
+constexpr int kMaxCheckpointWorld = 1 << 20;
 
 Status SystemError(const char* what, const std::string& path) {
   return absl::UnavailableError(
@@ -98,6 +100,25 @@ uint64_t Checksum(const void* data, size_t bytes) { return XXH3_64bits(data, byt
 
 }  // namespace
 
+Status CheckTiling(std::vector<std::pair<int64_t, int64_t>> spans, int64_t begin, int64_t end,
+                   const std::string& what) {
+  std::sort(spans.begin(), spans.end());
+  int64_t covered = begin;
+  for (const auto& [first, last] : spans) {
+    if (first != covered) {
+      return absl::DataLossError(absl::StrCat(
+          "checkpoint: ", what, ": elements ", first < covered ? "saved twice from " : "missing from ",
+          std::min(first, covered), " (rank files of different saves?)"));
+    }
+    covered = last;
+  }
+  if (covered != end) {
+    return absl::DataLossError(absl::StrCat("checkpoint: ", what, ": elements [", covered, ", ", end,
+                                            ") are in no rank file"));
+  }
+  return absl::OkStatus();
+}
+
 std::string TrimmedDir(std::string dir) {
   while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
   return dir;
@@ -109,8 +130,7 @@ std::string RankFilePath(const std::string& dir, int rank, int world) {
 
 StatusOr<std::string> ResolveCheckpointDir(const std::string& target) {
   const std::string dir = TrimmedDir(target);
-  std::error_code error;
-  if (std::filesystem::exists(dir + "/meta.json", error)) return dir;
+  // `latest` first: a series root may also hold an older checkpoint of its own (meta.json).
   std::ifstream latest(dir + "/latest");
   if (!latest) return dir;  // ReadCheckpointMeta says what is missing
   std::string tag;
@@ -149,7 +169,9 @@ StatusOr<CheckpointMeta> ReadCheckpointMeta(const std::string& dir) {
                                                    "; this ZeroRT reads formats 1 to ", kCheckpointFormat));
   }
   ZERO_RETURN_IF_ERROR(Field(json, "world", path, "world", &meta.world));
-  if (meta.world < 1) return FieldError(path, "world", "a positive integer");
+  if (meta.world < 1 || meta.world > kMaxCheckpointWorld) {
+    return FieldError(path, "world", "an integer from 1 to 1048576");
+  }
   if (meta.format >= 3 || json.contains("stage")) {
     ZERO_RETURN_IF_ERROR(Field(json, "stage", path, "stage", &meta.stage));
   }
@@ -330,7 +352,7 @@ Status RankFileReader::CheckExtent(const RecordExtent& e, const CheckpointMeta& 
 Status RankFileReader::ReadIndex(const CheckpointMeta& meta) {
   int64_t count = 0;
   ZERO_RETURN_IF_ERROR(ReadAt(&count, sizeof count, 8));
-  if (count < 0 || count > (file_bytes_ - kHeaderBytes) / kIndexEntryBytes) {
+  if (count < 0 || count > (file_bytes_ - kHeaderBytes - 8) / kIndexEntryBytes) {
     return absl::DataLossError(absl::StrCat("checkpoint: ", path_, " is corrupt or truncated: its header "
                                             "announces ", count, " records, more than its ", file_bytes_,
                                             " bytes can hold"));
@@ -365,7 +387,14 @@ Status RankFileReader::ReadIndex(const CheckpointMeta& meta) {
       return absl::DataLossError(absl::StrCat("checkpoint: ", path_, " is corrupt: record ", k, " starts at ",
                                               r.offset, ", expected ", expected_offset));
     }
-    expected_offset += static_cast<uint64_t>(r.numel) * (1 + moments_) * sizeof(float);
+    // Each record must fit in what is left of the file (no sum can wrap around).
+    const uint64_t bytes = static_cast<uint64_t>(r.numel) * (1 + moments_) * sizeof(float);
+    if (bytes > static_cast<uint64_t>(file_bytes_) - std::min<uint64_t>(expected_offset, file_bytes_)) {
+      return absl::DataLossError(absl::StrCat("checkpoint: ", path_, " is truncated: record ", k, " (", bytes,
+                                              " bytes at ", expected_offset, ") goes past its end (", file_bytes_,
+                                              " bytes)"));
+    }
+    expected_offset += bytes;
     records_.push_back(r);
   }
   if (expected_offset != static_cast<uint64_t>(file_bytes_)) {

@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "runtime/loss_scaler.h"
@@ -60,11 +61,16 @@ std::string CheckpointMetaJson(const CheckpointMeta& meta);
 
 /// `dir` without trailing slashes.
 std::string TrimmedDir(std::string dir);
-/// The checkpoint `dir` names: `dir` itself when it holds meta.json; else, when it holds a
-/// `latest` file (a series written by SaveCheckpoint(root, tag)), the tag that file names.
+/// The checkpoint `dir` names: when it holds a `latest` file (a series written by
+/// SaveCheckpoint(root, tag)), the tag that file names; else `dir` itself.
 StatusOr<std::string> ResolveCheckpointDir(const std::string& dir);
 /// DIR/rank-R-of-N.bin
 std::string RankFilePath(const std::string& dir, int rank, int world);
+
+/// kDataLoss unless the (begin, end) spans tile [begin, end) exactly: no element missing (in
+/// no rank file), none twice (rank files of different saves). `what` names the param.
+Status CheckTiling(std::vector<std::pair<int64_t, int64_t>> spans, int64_t begin, int64_t end,
+                   const std::string& what);
 
 /// Which elements of which param a record holds.
 struct RecordExtent {

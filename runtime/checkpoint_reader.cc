@@ -64,29 +64,6 @@ float CheckpointReader::loss_scale() const { return state_->meta.scaler.scale; }
 const std::vector<CheckpointReader::Param>& CheckpointReader::params() const { return state_->params; }
 const std::vector<CheckpointReader::File>& CheckpointReader::files() const { return state_->files; }
 
-namespace {
-
-// The (begin, end) intervals must tile [0, numel) exactly.
-Status CheckCoverage(std::vector<std::pair<int64_t, int64_t>> spans, int64_t numel, const std::string& name) {
-  std::sort(spans.begin(), spans.end());
-  int64_t covered = 0;
-  for (const auto& [begin, end] : spans) {
-    if (begin != covered) {
-      return absl::DataLossError(absl::StrCat(
-          "checkpoint: param \"", name, "\": elements ", begin < covered ? "saved twice from " : "missing from ",
-          std::min(begin, covered), " (the rank files do not fit together: files of different saves?)"));
-    }
-    covered = end;
-  }
-  if (covered != numel) {
-    return absl::DataLossError(absl::StrCat("checkpoint: param \"", name, "\": elements [", covered, ", ", numel,
-                                            ") are in no rank file"));
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace
-
 Status CheckpointReader::Verify() {
   Status first;
   std::vector<std::vector<std::pair<int64_t, int64_t>>> spans(state_->params.size());
@@ -107,7 +84,8 @@ Status CheckpointReader::Verify() {
   ZERO_RETURN_IF_ERROR(first);
   for (size_t p = 0; p < state_->params.size(); ++p) {
     if (!state_->params[p].saved) continue;
-    ZERO_RETURN_IF_ERROR(CheckCoverage(spans[p], state_->params[p].numel, state_->params[p].name));
+    ZERO_RETURN_IF_ERROR(runtime::CheckTiling(std::move(spans[p]), 0, state_->params[p].numel,
+                                               "param \"" + state_->params[p].name + "\""));
   }
   return absl::OkStatus();
 }
@@ -134,7 +112,7 @@ Status CheckpointReader::ReadParam(int param, float* out) {
       spans.emplace_back(r.begin, r.begin + r.numel);
     }
   }
-  return CheckCoverage(std::move(spans), p.numel, p.name);
+  return runtime::CheckTiling(std::move(spans), 0, p.numel, "param \"" + p.name + "\"");
 }
 
 }  // namespace zero

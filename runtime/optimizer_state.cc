@@ -114,22 +114,33 @@ Status OptimizerState::RoundModelCopy(int param) {
 }
 
 StatusOr<std::vector<OptimizerState::OwnedPart>> OptimizerState::ReadOwned(int param) const {
-  const int64_t offset = plan_.placement(param).offset;
   std::vector<OwnedPart> parts;
+  std::vector<float> scratch;
+  ZERO_RETURN_IF_ERROR(VisitOwned(param, &scratch, [&](int64_t begin, int64_t numel, const float* values) {
+    parts.push_back({begin, numel, std::vector<float>(values, values + scratch.size())});
+    return absl::OkStatus();
+  }));
+  return parts;
+}
+
+Status OptimizerState::VisitOwned(
+    int param, std::vector<float>* scratch,
+    const std::function<Status(int64_t begin, int64_t numel, const float* values)>& fn) const {
+  const int64_t offset = plan_.placement(param).offset;
   Status status = absl::OkStatus();
   ForOwnedPart(param, [&](const OwnedRange& r, int64_t begin, int64_t end) {
+    if (!status.ok()) return;
     const int64_t at = begin - r.begin, n = end - begin;
-    OwnedPart part{begin - offset, n, std::vector<float>(static_cast<size_t>(n * (1 + state_count())))};
-    float* to = part.values.data();
+    scratch->resize(static_cast<size_t>(n * (1 + state_count())));
+    float* to = scratch->data();
     for (const float* from : {r.master + at, StateAt(state0_, r, at), StateAt(state1_, r, at)}) {
       if (from == nullptr) continue;
       status.Update(ops_.Copy(to, from, n * 4));
       to += n;
     }
-    parts.push_back(std::move(part));
+    if (status.ok()) status = fn(begin - offset, n, scratch->data());
   });
-  ZERO_RETURN_IF_ERROR(status);
-  return parts;
+  return status;
 }
 
 std::vector<std::pair<int64_t, int64_t>> OptimizerState::OwnedExtents(int param) const {

@@ -57,6 +57,10 @@ class OptimizerState {
   /// The rank's owned parts of `param` (for checkpoints, and to put a param back untouched
   /// after a step, as PyTorch skips params without a gradient).
   StatusOr<std::vector<OwnedPart>> ReadOwned(int param) const;
+  /// Each part of ReadOwned in turn, copied into `scratch` (its capacity reused, so saving a
+  /// checkpoint touches no fresh memory per part): fn(begin, numel, values).
+  Status VisitOwned(int param, std::vector<float>* scratch,
+                    const std::function<Status(int64_t begin, int64_t numel, const float* values)>& fn) const;
   /// The (begin, numel) of each part ReadOwned returns, without reading anything.
   std::vector<std::pair<int64_t, int64_t>> OwnedExtents(int param) const;
   /// Writes back parts from ReadOwned (same begin and numel), and the bf16/fp16 model copy

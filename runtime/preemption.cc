@@ -3,8 +3,8 @@
 
 #include <signal.h>
 
+#include <atomic>
 #include <cerrno>
-#include <csignal>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -13,10 +13,12 @@
 namespace zero {
 namespace {
 
-// Process-wide by necessity: a signal handler reaches only static storage.
-volatile std::sig_atomic_t preemption_requested = 0;
+// Process-wide by necessity: a signal handler reaches only static storage. A lock-free atomic
+// is safe in a handler and between the rank threads.
+std::atomic<int> preemption_requested{0};
+static_assert(std::atomic<int>::is_always_lock_free, "the signal handler needs a lock-free flag");
 
-extern "C" void RecordPreemption(int) { preemption_requested = 1; }
+extern "C" void RecordPreemption(int) { preemption_requested.store(1, std::memory_order_relaxed); }
 
 }  // namespace
 
@@ -34,9 +36,9 @@ Status InstallPreemptionHandler() {
   return absl::OkStatus();
 }
 
-void RequestPreemption() { preemption_requested = 1; }
-bool PreemptionSignalled() { return preemption_requested != 0; }
-void ClearPreemption() { preemption_requested = 0; }
+void RequestPreemption() { preemption_requested.store(1, std::memory_order_relaxed); }
+bool PreemptionSignalled() { return preemption_requested.load(std::memory_order_relaxed) != 0; }
+void ClearPreemption() { preemption_requested.store(0, std::memory_order_relaxed); }
 
 namespace runtime {
 

@@ -6,6 +6,7 @@
 // follows the header; the header is padded with spaces to a multiple of 8), then the data.
 #include <cstdio>
 #include <memory>
+#include <set>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -21,6 +22,16 @@ Status Consolidate(const std::string& dir, const std::string& out, DType dtype) 
     return absl::InvalidArgumentError(absl::StrCat("--dtype ", DTypeName(dtype), ": consolidate writes fp32 or bf16"));
   }
   ZERO_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader, CheckpointReader::Open(dir));
+  // Every record checked first: the sizes below are then backed by the files' real bytes.
+  ZERO_RETURN_IF_ERROR(reader->Verify());
+  std::set<std::string> names;
+  for (const CheckpointReader::Param& p : reader->params()) {
+    if (p.name == "__metadata__" || !names.insert(p.name).second) {
+      return absl::InvalidArgumentError(absl::StrCat("param name \"", p.name, "\" is ",
+                                                     p.name == "__metadata__" ? "reserved" : "not unique",
+                                                     " in a safetensors file"));
+    }
+  }
   const size_t element = DTypeSize(dtype);
   nlohmann::ordered_json header;
   header["__metadata__"] = {{"format", "pt"}, {"producer", "zero-ckpt consolidate"},

@@ -21,7 +21,9 @@ namespace {
 StatusOr<Config> ConfigFor(const CheckpointReader& reader) {
   ZERO_ASSIGN_OR_RETURN(Config config, Config::FromJson(absl::StrCat(R"({"stage": 1, "optimizer": {"type": ")",
                                                                      reader.optimizer(), R"("}})")));
-  config.guard.timeout_s = 0;  // in-process ranks on one machine: no deadline needed
+  // SGD keeps a momentum buffer only with momentum > 0; its value does not matter here.
+  if (config.optimizer.type == OptimizerType::kSgd && reader.moments() == 1) config.optimizer.momentum = 0.9f;
+  config.guard.timeout_s = 600;
   return config;
 }
 

@@ -235,11 +235,17 @@ StatusOr<std::vector<RankMemory>> GatherMemory(comm::Communicator& comm, const E
 
 // Loads the newest checkpoint of `dir` and returns zero-train's position (the step to start
 // at), kept inside the checkpoint as user data so that the two never disagree after a crash.
-// An absent or empty `dir` starts at 0 (the first run of a job that always passes --resume);
+// An absent or empty `dir` (or one holding only an interrupted first save) starts at 0 (the
+// first run of a job that always passes --resume);
 // a `dir` holding no loadable checkpoint is an error, never a silent restart.
 StatusOr<int> Resume(Engine& engine, const std::string& dir, bool reports) {
+  // Absent, empty, or holding only what an interrupted first save left (*.partial).
   std::error_code error;
-  if (!std::filesystem::exists(dir, error) || std::filesystem::is_empty(dir, error)) {
+  bool fresh = true;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, error)) {
+    fresh = fresh && absl::EndsWith(entry.path().filename().string(), ".partial");
+  }
+  if (fresh) {
     if (reports) std::fprintf(stderr, "zero-train: no checkpoint in %s yet: starting at step 0\n", dir.c_str());
     return 0;
   }
