@@ -1,6 +1,6 @@
-// libFuzzer target: the checkpoint reader (EngineImpl::LoadCheckpoint, runtime/checkpoint.cc),
-// driven through the public API exactly as a trainer resumes: Engine::LoadCheckpoint(dir) on a
-// 1-rank local engine (stage 2, AdamW) with a small registered model.
+// libFuzzer target: the checkpoint readers, driven through the public API: Engine::LoadCheckpoint
+// (dir) on a 1-rank local engine (stage 2, AdamW) with a small registered model, exactly as a
+// trainer resumes, then zero::CheckpointReader (Open, Verify, ReadParam) as zero-ckpt reads.
 //
 // A checkpoint directory holds meta.json and rank-R-of-N.bin files (runtime/checkpoint_format.h;
 // format 3 starts with an index of records, formats 1 and 2 are scanned).
@@ -38,6 +38,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "zero/checkpoint.h"
 #include "zero/communicator.h"
 #include "zero/config.h"
 #include "zero/engine.h"
@@ -172,5 +173,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   // Any Status is a fine answer; only a crash is a finding.
   (void)harness->engine->LoadCheckpoint(harness->dir);
+  // The same files through the engine-free reader (zero-ckpt's path), whose sizes come from
+  // meta.json alone: every param it can hold in a bounded buffer.
+  auto reader = zero::CheckpointReader::Open(harness->dir);
+  if (reader.ok()) {
+    (void)(*reader)->Verify();
+    for (size_t p = 0; p < (*reader)->params().size(); ++p) {
+      if ((*reader)->params()[p].numel > (int64_t{1} << 20)) continue;
+      std::vector<float> values(static_cast<size_t>((*reader)->params()[p].numel));
+      (void)(*reader)->ReadParam(static_cast<int>(p), values.data());
+    }
+  }
   return 0;
 }

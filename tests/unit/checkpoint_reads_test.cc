@@ -54,9 +54,9 @@ class CheckpointReads : public ::testing::Test {
   // Loads the checkpoint on `world` ranks at `stage`: each rank's bytes read and status; the
   // params each rank holds before and after.
   std::vector<int64_t> Load(int world, int stage, std::vector<Status>* statuses,
-                            std::vector<bool>* unchanged = nullptr) {
+                            std::vector<char>* unchanged = nullptr) {
     std::vector<int64_t> bytes(world, -1);
-    if (unchanged != nullptr) unchanged->assign(world, false);
+    if (unchanged != nullptr) unchanged->assign(world, 0);
     *statuses = RunOnRanks(world, [&](int r, comm::Communicator& c) -> Status {
       ZERO_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(ToyConfig(stage), c));
       ZERO_ASSIGN_OR_RETURN(std::vector<ParamId> ids, RegisterToyModel(*engine, Model()));
@@ -65,7 +65,7 @@ class CheckpointReads : public ::testing::Test {
       const Status loaded = engine->LoadCheckpoint(dir_);
       bytes[r] = engine->counters().checkpoint_bytes_read;
       ZERO_RETURN_IF_ERROR(engine->GetParam(ids[0], after.data()));
-      if (unchanged != nullptr) (*unchanged)[r] = after == before;
+      if (unchanged != nullptr) (*unchanged)[r] = after == before ? 1 : 0;
       return loaded;
     });
     return bytes;
@@ -108,7 +108,7 @@ TEST_F(CheckpointReads, ARankThatCannotReadItsPartFailsEveryRankAndNoneLoads) {
   file.put('\x7f');
   file.close();
   std::vector<Status> statuses;
-  std::vector<bool> unchanged;
+  std::vector<char> unchanged;  // not vector<bool>: ranks write it concurrently
   Load(4, 2, &statuses, &unchanged);
   EXPECT_EQ(statuses[3].code(), absl::StatusCode::kDataLoss) << statuses[3];
   EXPECT_NE(statuses[3].message().find("rank-3-of-4.bin"), std::string::npos) << statuses[3];
