@@ -38,8 +38,6 @@ class BucketScheduler {
   Status WaitAll(double timeout_s);
 
   int in_flight() const { return static_cast<int>(in_flight_.size()); }
-  /// The first bucket not launched yet (num_buckets when all are).
-  int next_to_launch() const { return next_; }
 
  private:
   struct Entry {

@@ -169,10 +169,4 @@ std::vector<Fragment> PartitionPlan::FragmentsOnRank(int rank) const {
   return fragments;
 }
 
-int64_t PartitionPlan::param_numel() const {
-  int64_t total = 0;
-  for (const ParamInfo& p : params_) total += p.numel;
-  return total;
-}
-
 }  // namespace zero::partition

@@ -98,8 +98,6 @@ class PartitionPlan {
   int64_t state_numel() const { return state_numel_; }
   /// Bytes of the flat parameter buffer holding every bucket unsharded.
   int64_t flat_bytes() const { return flat_bytes_; }
-  /// Sum of the params' own sizes (no padding).
-  int64_t param_numel() const;
 
  private:
   PlanConfig config_;

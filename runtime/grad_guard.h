@@ -31,8 +31,6 @@ class GradGuard {
 
   /// Starts micro-batch number `iteration` (1-based, counted over the whole run).
   void BeginMicroBatch(int64_t iteration);
-  /// True while the first micro-batch learns arrival counts (count policy only).
-  bool learning() const { return learning_; }
 
   /// May the trainer still add into `param`'s gradient? DuplicateGradient once it is complete.
   Status CheckWritable(int param, bool bucket_launched) const;

@@ -26,7 +26,8 @@ class GradStore {
   /// none is in flight.
   using WaitForBuffer = std::function<Status()>;
 
-  /// Allocates the store of `stage` (0, 1 or 2) for `plan` on the ops' device, zeroed.
+  /// Allocates the store of `stage` for `plan` on the ops' device, zeroed: the full gradient
+  /// at stages 0 and 1, the rank's shard plus a pool of bucket buffers at stages 2 and 3.
   static StatusOr<std::unique_ptr<GradStore>> Create(int stage, const partition::PartitionPlan& plan,
                                                      int pool_buffers, comm::Communicator& comm,
                                                      base::Allocator& allocator, DeviceOps& ops,

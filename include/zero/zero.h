@@ -99,9 +99,9 @@ ZERO_API zero_status zero_register_param(zero_engine* engine, const char* name, 
                                          int ndim, zero_dtype dtype, int requires_grad, int group,
                                          int unit, int64_t* id);
 ZERO_API zero_status zero_finalize(zero_engine* engine);
-/** Copies a full value (host memory, the param's dtype) into the param. */
 /** Device "cuda": the cudaStream_t the trainer computes on (NULL: the legacy default stream). */
 ZERO_API zero_status zero_set_stream(zero_engine* engine, void* cuda_stream);
+/** Copies a full value (host memory, the param's dtype) into the param. */
 ZERO_API zero_status zero_set_param(zero_engine* engine, int64_t id, const void* host_src);
 /** Copies the param's full value out (collective at stage 3). */
 ZERO_API zero_status zero_get_param(zero_engine* engine, int64_t id, void* host_dst);
