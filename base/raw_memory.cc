@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_converters.h"
 
 #if ZERO_HAVE_CUDA
 #include <cuda_runtime.h>

@@ -19,14 +19,18 @@ class Completion {
   /// Marks the event done with `status` and wakes every waiter. Later calls are ignored.
   void Complete(Status status) { CompleteAfter(nullptr, std::move(status)); }
 
-  /// Runs `finish` (may be null) and marks the event done with `status`, atomically with respect
-  /// to Abandon: once Abandon() returned true, `finish` never runs (it would write into buffers
-  /// the abandoning caller may have freed).
-  void CompleteAfter(const std::function<void()>& finish, Status status) {
+  /// Runs `finish` (may be null) and marks the event done with `status`, or with `finish`'s
+  /// error when `status` is OK and it fails (a copy out of staging memory, say), atomically
+  /// with respect to Abandon: once Abandon() returned true, `finish` never runs (it would write
+  /// into buffers the abandoning caller may have freed).
+  void CompleteAfter(const std::function<Status()>& finish, Status status) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       if (done_) return;
-      if (finish && !abandoned_) finish();
+      if (finish && !abandoned_) {
+        Status finished = finish();
+        if (status.ok()) status = std::move(finished);
+      }
       done_ = true;
       status_ = std::move(status);
     }

@@ -108,7 +108,7 @@ Status CheckpointReader::ReadParam(int param, float* out) {
       const auto& r = reader->records()[k];
       if (r.param != param) continue;
       ZERO_RETURN_IF_ERROR(reader->Read(k, &values));
-      std::memcpy(out + r.begin, values.data(), static_cast<size_t>(r.numel) * sizeof(float));
+      if (r.numel > 0) std::memcpy(out + r.begin, values.data(), static_cast<size_t>(r.numel) * sizeof(float));
       spans.emplace_back(r.begin, r.begin + r.numel);
     }
   }

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <vector>
 
+#include "base/status_converters.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/casts_cuda.h"
 #include "kernels/cuda/optimizers_cuda.h"

@@ -4,6 +4,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include "base/status_converters.h"
 #include "comm/local/arrival.h"
 
 namespace zero::comm {

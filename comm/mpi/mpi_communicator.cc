@@ -28,6 +28,7 @@
 #endif
 
 #include "absl/strings/str_cat.h"
+#include "base/status_converters.h"
 #include "comm/completion.h"
 #include "comm/group_health.h"
 #include "comm/mpi/mpi_ops.h"
@@ -119,7 +120,7 @@ struct Operation {
   int64_t sequence = 0;
   std::vector<MpiRound> rounds;   // the collective (mpi_rounds.h)
   size_t next_round = 0;
-  std::function<void()> finish;   // after the last round: copy out of staging
+  std::function<Status()> finish;  // after the last round: copy out of staging
   ScratchBuffer scratch;          // the rounds' temporaries (from the communicator's pool)
   PinnedBuffer staged_send, staged_recv;  // CUDA device buffers copied through host memory
   int device = -1;                        // their CUDA device, for the copy back
@@ -381,9 +382,10 @@ class MpiCommunicator final : public Communicator {
     void* device_recv = *recv;
     *send = o.staged_send.data();
     *recv = o.staged_recv.data();
-    o.finish = [&o, device_recv, recv_bytes] {
-      cudaSetDevice(o.device);  // the progress thread copies back
-      cudaMemcpy(device_recv, o.staged_recv.data(), recv_bytes, cudaMemcpyDefault);
+    o.finish = [&o, device_recv, recv_bytes]() -> Status {
+      ZERO_CUDA_RETURN_IF_ERROR(cudaSetDevice(o.device));  // the progress thread copies back
+      ZERO_CUDA_RETURN_IF_ERROR(cudaMemcpy(device_recv, o.staged_recv.data(), recv_bytes, cudaMemcpyDefault));
+      return absl::OkStatus();
     };
     return absl::OkStatus();
 #else
@@ -443,7 +445,15 @@ class MpiCommunicator final : public Communicator {
       }
       if (!o.requests.empty()) return;
     }
-    o.completion->CompleteAfter(o.finish, absl::OkStatus());  // no copy-out once abandoned
+    // No copy-out once abandoned; a copy-out that fails leaves this rank without the result
+    // its peers have, so it breaks the group like any other failure.
+    o.completion->CompleteAfter(
+        [this, &o]() -> Status {
+          Status copied = o.finish ? o.finish() : absl::OkStatus();
+          if (!copied.ok()) health_->Break(copied);
+          return copied;
+        },
+        absl::OkStatus());
   }
 
   // Completes `o` with a failure, which breaks the group.

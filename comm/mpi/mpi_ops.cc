@@ -3,6 +3,8 @@
 
 #include <algorithm>
 
+#include "base/status_converters.h"
+
 namespace zero::comm {
 namespace {
 

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_converters.h"
 #include "comm/group_health.h"
 #include "zero/device.h"
 

@@ -21,7 +21,11 @@
 // zeroes them at the start of each optimizer step's first micro-batch. Gradients are averaged
 // over ranks (sum / world, as DDP); micro-batches are summed (divide the loss by the number of
 // micro-batches, as in PyTorch). Calls out of order are kFailedPrecondition naming the call
-// and the state; nothing is modified by a failed call.
+// and the state; nothing is modified by a failed call, with one exception: a collective that
+// fails (a peer's error, a timeout, a transport error) breaks the communicator's group, because
+// the ranks may now hold different states. Every later call then returns that first error
+// (EndBackward and Step may have begun their collectives before it came); the way on is to
+// restart the ranks and load the last checkpoint.
 //
 // The gradient guard (config "guard", DESIGN.md): a second gradient for a param is
 // DuplicateGradient (IsDuplicateGradient) or, with on_duplicate = "count", summed; params with

@@ -1,5 +1,6 @@
 // Conversions and the element-wise sum on CUDA: grid-stride loops, one element per thread
 // step (these run once per SetParam or per bucket, far from the step's bandwidth budget).
+#include "base/status_converters.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/casts_cuda.h"
 #include "kernels/cuda/elementwise.cuh"

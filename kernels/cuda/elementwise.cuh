@@ -11,6 +11,7 @@
 
 #include <cstdint>
 
+#include "base/status_converters.h"
 #include "absl/types/span.h"
 #include "kernels/segments.h"
 #include "kernels/type_dispatch.h"

@@ -6,6 +6,7 @@
 #include <cub/block/block_reduce.cuh>
 #include <vector>
 
+#include "base/status_converters.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/elementwise.cuh"
 #include "kernels/cuda/optimizers_cuda.h"
