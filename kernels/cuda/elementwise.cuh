@@ -1,7 +1,7 @@
-// Multi-tensor apply for the CUDA optimizer kernels (internal to kernels/cuda): the launch
-// table, element access by dtype (one element, or four through one 16-byte / 8-byte load),
-// the element-wise driver every optimizer kernel shares, and the launcher that walks a segment
-// list in launches of at most kSegmentsPerLaunch segments with one block per 8K-element chunk.
+// Multi-tensor apply for the CUDA optimizer kernels (internal to kernels/cuda): element access
+// by dtype (one element, or four through one 16-byte / 8-byte load), the element-wise driver
+// every optimizer kernel shares, and the launcher over the host-built launch tables
+// (kernels/launch_table.h: at most kSegmentsPerLaunch segments, one block per 8K elements).
 #ifndef ZERO_KERNELS_CUDA_ELEMENTWISE_CUH_
 #define ZERO_KERNELS_CUDA_ELEMENTWISE_CUH_
 
@@ -13,31 +13,15 @@
 
 #include "base/status_converters.h"
 #include "absl/types/span.h"
+#include "kernels/launch_table.h"
 #include "kernels/segments.h"
 #include "kernels/type_dispatch.h"
 #include "zero/status.h"
 
 namespace zero::kernels::cuda {
 
-constexpr int kSegmentsPerLaunch = 24;
-// Elements per block: 512 threads × 4 vector iterations of 4. Small enough that a 1M-element
-// shard still fills an H100's 132 SMs (128 blocks; with 64K chunks it ran 16 blocks at 0.34 of
-// the copy roofline), large enough that block scheduling stays negligible at 1G elements.
-constexpr int64_t kChunk = 8192;
 constexpr int kThreads = 512;
 constexpr int kVector = 4;  // elements per vector access: 16 bytes of fp32, 8 of bf16/fp16
-
-/// What one launch covers: segments, an optional float array and scalar per segment (LAMB's
-/// update buffer and trust ratio), each segment's index in the caller's list, and per segment
-/// the first block's index. About 1.7 KB, well inside the 4 KB kernel-argument limit.
-struct Table {
-  Segment segments[kSegmentsPerLaunch];
-  float* aux[kSegmentsPerLaunch];
-  float scalar[kSegmentsPerLaunch];
-  int index[kSegmentsPerLaunch];
-  int first_block[kSegmentsPerLaunch + 1];
-  int count;
-};
 
 // Element access: fp32, bf16 and fp16 storage read as / written from float.
 struct F32 {};
@@ -98,14 +82,10 @@ __device__ inline bool VectorAligned(const void* p, int bytes) {
   return (reinterpret_cast<uintptr_t>(p) % (kVector * (bytes > 0 ? bytes : 1))) == 0;
 }
 
-/// The segment and element range of this block; `*k` is the segment's slot in the table.
-__device__ inline const Segment& BlockSegment(const Table& t, int64_t* begin, int64_t* end, int* k) {
-  int s = 0;
-  while (s + 1 < t.count && static_cast<int>(blockIdx.x) >= t.first_block[s + 1]) ++s;
-  *begin = (static_cast<int64_t>(blockIdx.x) - t.first_block[s]) * kChunk;
-  *end = min(*begin + kChunk, t.segments[s].numel);
-  *k = s;
-  return t.segments[s];
+/// The segment and element range of this block (BlockRange); `*k` is the segment's slot.
+__device__ inline const Segment& BlockSegment(const LaunchTable& t, int64_t* begin, int64_t* end, int* k) {
+  BlockRange(t, static_cast<int>(blockIdx.x), k, begin, end);
+  return t.segments[*k];
 }
 
 /// The values one element-wise operation sees: weight, gradient, the two moments, and the
@@ -120,7 +100,7 @@ struct Element {
 /// present, and aux (when Op::kWritesAux). Chunks whose arrays are all vector-aligned move
 /// four elements per access, so each thread keeps several 16-byte loads in flight.
 template <typename P, typename G, typename Op>
-__device__ void ApplyToChunk(const Table& t, const Op& op) {
+__device__ void ApplyToChunk(const LaunchTable& t, const Op& op) {
   int64_t begin, end;
   int k;
   const Segment& s = BlockSegment(t, &begin, &end, &k);
@@ -175,34 +155,16 @@ __device__ void ApplyToChunk(const Table& t, const Op& op) {
   }
 }
 
-/// Calls launch(table, blocks) for consecutive groups of non-empty segments. `aux` and
-/// `scalars` are empty or hold one entry per segment.
+/// Calls launch(table, blocks) for each table of BuildLaunchTables(segments, aux, scalars).
 template <typename Launch>
 Status ForEachLaunch(absl::Span<const Segment> segments, absl::Span<float* const> aux,
                      absl::Span<const float> scalars, Launch launch) {
-  Table table{};
-  int blocks = 0;
-  auto flush = [&]() -> Status {
-    if (table.count == 0) return absl::OkStatus();
-    table.first_block[table.count] = blocks;
-    if (blocks > 0) launch(table, blocks);
+  ZERO_ASSIGN_OR_RETURN(const std::vector<LaunchTable> tables, BuildLaunchTables(segments, aux, scalars));
+  for (const LaunchTable& table : tables) {
+    launch(table, table.blocks());
     ZERO_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-    table = Table{};
-    blocks = 0;
-    return absl::OkStatus();
-  };
-  for (size_t i = 0; i < segments.size(); ++i) {
-    const Segment& s = segments[i];
-    if (s.numel == 0) continue;
-    table.segments[table.count] = s;
-    table.aux[table.count] = aux.empty() ? nullptr : aux[i];
-    table.scalar[table.count] = scalars.empty() ? 0.0f : scalars[i];
-    table.index[table.count] = static_cast<int>(i);
-    table.first_block[table.count] = blocks;
-    blocks += static_cast<int>((s.numel + kChunk - 1) / kChunk);
-    if (++table.count == kSegmentsPerLaunch) ZERO_RETURN_IF_ERROR(flush());
   }
-  return flush();
+  return absl::OkStatus();
 }
 
 /// The CUDA kernels' element-type tags, for kernels::DispatchTypes.
@@ -221,7 +183,7 @@ Status LaunchOverSegments(SegmentTypes types, absl::Span<const Segment> segments
                           LaunchOne launch_one) {
   Status status = absl::OkStatus();
   DispatchTypes<Tags>(types, [&](auto p, auto g) {
-    status.Update(ForEachLaunch(segments, aux, scalars, [&](const Table& t, int blocks) { launch_one(p, g, t, blocks); }));
+    status.Update(ForEachLaunch(segments, aux, scalars, [&](const LaunchTable& t, int blocks) { launch_one(p, g, t, blocks); }));
   });
   return status;
 }

@@ -20,7 +20,7 @@ using BlockSum = cub::BlockReduce<double, kThreads>;
 
 // One partial per block: the chunk's sum of squares (the span's data travels as Segment::grad).
 template <typename G>
-__global__ void __launch_bounds__(kThreads) SquaresKernel(Table t, double* partials) {
+__global__ void __launch_bounds__(kThreads) SquaresKernel(LaunchTable t, double* partials) {
   __shared__ BlockSum::TempStorage shared;
   int64_t begin, end;
   int k;
@@ -51,7 +51,7 @@ __global__ void __launch_bounds__(kThreads) SquaresKernel(Table t, double* parti
 }
 
 // Block k sums the partials of the table's k-th segment, in order, into per_span[index].
-__global__ void __launch_bounds__(kThreads) SpanSumsKernel(Table t, const double* partials, double* per_span) {
+__global__ void __launch_bounds__(kThreads) SpanSumsKernel(LaunchTable t, const double* partials, double* per_span) {
   __shared__ BlockSum::TempStorage shared;
   const int k = blockIdx.x;
   double sum = 0.0;
@@ -89,7 +89,7 @@ Status SquaredNormsCuda(void* workspace, size_t* workspace_bytes, absl::Span<con
     s.grad = span.data;
     s.numel = span.numel;
     segments.push_back(s);
-    chunks += (span.numel + cuda::kChunk - 1) / cuda::kChunk;
+    chunks += (span.numel + kChunkElems - 1) / kChunkElems;
   }
   const size_t needed = static_cast<size_t>(std::max<int64_t>(chunks, 1)) * sizeof(double);
   if (workspace == nullptr) {
@@ -110,7 +110,7 @@ Status SquaredNormsCuda(void* workspace, size_t* workspace_bytes, absl::Span<con
   int first = 0;
   Status status = absl::OkStatus();
   auto launch = [&](auto tag) {
-    status.Update(cuda::ForEachLaunch(segments, {}, {}, [&](const cuda::Table& t, int blocks) {
+    status.Update(cuda::ForEachLaunch(segments, {}, {}, [&](const LaunchTable& t, int blocks) {
       cuda::SquaresKernel<decltype(tag)><<<blocks, cuda::kThreads, 0, s>>>(t, partials + first);
       if (per_span != nullptr) cuda::SpanSumsKernel<<<t.count, cuda::kThreads, 0, s>>>(t, partials + first, per_span);
       first += blocks;

@@ -73,7 +73,7 @@ struct LambApplyOp {
 };
 
 template <typename P, typename G, typename Op>
-__global__ void __launch_bounds__(kThreads) ApplyKernel(Table t, Op op, const int32_t* skip) {
+__global__ void __launch_bounds__(kThreads) ApplyKernel(LaunchTable t, Op op, const int32_t* skip) {
   if (Skipped(skip)) return;
   ApplyToChunk<P, G>(t, op);
 }
@@ -83,7 +83,7 @@ template <typename Op>
 Status Launch(SegmentTypes types, absl::Span<const Segment> segments, absl::Span<float* const> aux,
               absl::Span<const float> scalars, const Op& op, const int32_t* skip, CudaStream stream) {
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
-  return LaunchOverSegments(types, segments, aux, scalars, [&](auto p, auto g, const Table& t, int blocks) {
+  return LaunchOverSegments(types, segments, aux, scalars, [&](auto p, auto g, const LaunchTable& t, int blocks) {
     ApplyKernel<decltype(p), decltype(g), Op><<<blocks, kThreads, 0, s>>>(t, op, skip);
   });
 }
