@@ -8,7 +8,7 @@
 
 #include "kernels/segments.h"
 
-namespace zero::kernels::cpu {
+namespace zero::kernels {
 
 /// Adam/AdamW scalars, computed once on the host.
 struct AdamCoeffs {
@@ -80,6 +80,6 @@ inline LambCoeffs MakeLambCoeffs(const LambHyper& h) {
   return c;
 }
 
-}  // namespace zero::kernels::cpu
+}  // namespace zero::kernels
 
 #endif  // ZERO_KERNELS_COEFFICIENTS_H_

@@ -27,7 +27,7 @@ Status KeyError(absl::string_view key, absl::string_view what) {
 // ---------------------------------------------------------------------------------------------
 // What each numeric key allows. FromJson checks the value as written, Validate the stored one;
 // both use these. Every range is finite (NaN and ±Inf are never in one), and the kernels'
-// argument checks (kernels/cpu/launch_checks.cc) accept everything inside them.
+// argument checks (kernels/launch_checks.cc) accept everything inside them.
 
 // [min, max], either end open; `allowed` says it in messages.
 struct Range {

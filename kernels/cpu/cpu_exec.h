@@ -4,6 +4,7 @@
 
 #include "base/cpu_isa.h"
 #include "base/env.h"
+#include "zero/status.h"
 
 namespace zero::kernels {
 
@@ -15,6 +16,9 @@ struct CpuExec {
 
 /// The best ISA the CPU supports, capped by ZERO_CPU_ISA, with ZERO_CPU_THREADS threads.
 CpuExec CpuExecFromEnv(const base::EnvTunables& env);
+
+/// The ISA is supported by this CPU and the thread count is not negative.
+Status CheckExec(const CpuExec& exec);
 
 }  // namespace zero::kernels
 

@@ -5,7 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu/isa/dispatch.h"
-#include "kernels/cpu/launch_checks.h"
+#include "kernels/launch_checks.h"
 
 namespace zero::kernels {
 
@@ -41,7 +41,7 @@ Status SquaredNormsCpu(void* workspace, size_t* workspace_bytes,
                                                    per_span.size(), " entries for ",
                                                    spans.size(), " spans"));
   }
-  ZERO_RETURN_IF_ERROR(cpu::CheckExec(exec));
+  ZERO_RETURN_IF_ERROR(CheckExec(exec));
 
   double* partials = static_cast<double*>(workspace);
   ZERO_ISA_DISPATCH(exec.isa, SquaresLoop, dtype, spans.data(),

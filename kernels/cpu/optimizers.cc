@@ -6,20 +6,17 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu/isa/dispatch.h"
-#include "kernels/cpu/launch_checks.h"
+#include "kernels/launch_checks.h"
 
 namespace zero::kernels {
-
-using cpu::CheckExec;
-using cpu::Skipped;
 
 Status AdamStepCpu(const AdamHyper& h, SegmentTypes types, absl::Span<const Segment> segments,
                    const CpuExec& exec) {
   ZERO_RETURN_IF_ERROR(CheckExec(exec));
-  ZERO_RETURN_IF_ERROR(cpu::CheckAdam("AdamStepCpu", h, types, segments));
+  ZERO_RETURN_IF_ERROR(CheckAdam("AdamStepCpu", h, types, segments));
   if (Skipped(h.common)) return absl::OkStatus();
 
-  const cpu::AdamCoeffs c = cpu::MakeAdamCoeffs(h);
+  const AdamCoeffs c = MakeAdamCoeffs(h);
   ZERO_ISA_DISPATCH(exec.isa, AdamLoop, c, types, segments.data(),
                     static_cast<int64_t>(segments.size()), exec.threads);
   return absl::OkStatus();
@@ -28,10 +25,10 @@ Status AdamStepCpu(const AdamHyper& h, SegmentTypes types, absl::Span<const Segm
 Status SgdStepCpu(const SgdHyper& h, SegmentTypes types, absl::Span<const Segment> segments,
                   const CpuExec& exec) {
   ZERO_RETURN_IF_ERROR(CheckExec(exec));
-  ZERO_RETURN_IF_ERROR(cpu::CheckSgd("SgdStepCpu", h, types, segments));
+  ZERO_RETURN_IF_ERROR(CheckSgd("SgdStepCpu", h, types, segments));
   if (Skipped(h.common)) return absl::OkStatus();
 
-  const cpu::SgdCoeffs c = cpu::MakeSgdCoeffs(h);
+  const SgdCoeffs c = MakeSgdCoeffs(h);
   ZERO_ISA_DISPATCH(exec.isa, SgdLoop, c, types, segments.data(),
                     static_cast<int64_t>(segments.size()), exec.threads);
   return absl::OkStatus();
@@ -40,10 +37,10 @@ Status SgdStepCpu(const SgdHyper& h, SegmentTypes types, absl::Span<const Segmen
 Status LionStepCpu(const LionHyper& h, SegmentTypes types, absl::Span<const Segment> segments,
                    const CpuExec& exec) {
   ZERO_RETURN_IF_ERROR(CheckExec(exec));
-  ZERO_RETURN_IF_ERROR(cpu::CheckLion("LionStepCpu", h, types, segments));
+  ZERO_RETURN_IF_ERROR(CheckLion("LionStepCpu", h, types, segments));
   if (Skipped(h.common)) return absl::OkStatus();
 
-  const cpu::LionCoeffs c = cpu::MakeLionCoeffs(h);
+  const LionCoeffs c = MakeLionCoeffs(h);
   ZERO_ISA_DISPATCH(exec.isa, LionLoop, c, types, segments.data(),
                     static_cast<int64_t>(segments.size()), exec.threads);
   return absl::OkStatus();
@@ -52,9 +49,9 @@ Status LionStepCpu(const LionHyper& h, SegmentTypes types, absl::Span<const Segm
 Status LambUpdateCpu(const LambHyper& h, SegmentTypes types, absl::Span<const Segment> segments,
                      absl::Span<float* const> updates, const CpuExec& exec) {
   ZERO_RETURN_IF_ERROR(CheckExec(exec));
-  ZERO_RETURN_IF_ERROR(cpu::CheckLambUpdate("LambUpdateCpu", h, types, segments, updates));
+  ZERO_RETURN_IF_ERROR(CheckLambUpdate("LambUpdateCpu", h, types, segments, updates));
   if (Skipped(h.common)) return absl::OkStatus();
-  ZERO_ISA_DISPATCH(exec.isa, LambUpdateLoop, cpu::MakeLambCoeffs(h), types, segments.data(), updates.data(),
+  ZERO_ISA_DISPATCH(exec.isa, LambUpdateLoop, MakeLambCoeffs(h), types, segments.data(), updates.data(),
                     static_cast<int64_t>(segments.size()), exec.threads);
   return absl::OkStatus();
 }
@@ -63,7 +60,7 @@ Status LambApplyCpu(const LambHyper& h, DType param_type, absl::Span<const Segme
                     absl::Span<const float* const> updates, absl::Span<const float> trust_ratios,
                     const CpuExec& exec) {
   ZERO_RETURN_IF_ERROR(CheckExec(exec));
-  ZERO_RETURN_IF_ERROR(cpu::CheckLambApply("LambApplyCpu", h, param_type, segments, updates, trust_ratios));
+  ZERO_RETURN_IF_ERROR(CheckLambApply("LambApplyCpu", h, param_type, segments, updates, trust_ratios));
   if (Skipped(h.common)) return absl::OkStatus();
   ZERO_ISA_DISPATCH(exec.isa, LambApplyLoop, h.lr, trust_ratios.data(), param_type,
                     segments.data(), updates.data(), static_cast<int64_t>(segments.size()),

@@ -3,7 +3,7 @@
 // the CPU loops use MulAdd) as kernels/cpu.
 #include "absl/strings/str_cat.h"
 #include "kernels/coefficients.h"
-#include "kernels/cpu/launch_checks.h"
+#include "kernels/launch_checks.h"
 #include "kernels/cuda/elementwise.cuh"
 #include "kernels/cuda/optimizers_cuda.h"
 
@@ -15,7 +15,7 @@ __device__ inline bool Skipped(const int32_t* skip) { return skip != nullptr && 
 
 struct AdamOp {
   static constexpr bool kReadsAux = false, kWritesAux = false, kWritesWeights = true;
-  cpu::AdamCoeffs c;
+  AdamCoeffs c;
   __device__ void operator()(Element& e, float) const {
     float g = e.g * c.grad_scale;
     g = fmaf(e.w, c.l2_decay, g);
@@ -29,7 +29,7 @@ struct AdamOp {
 
 struct SgdOp {
   static constexpr bool kReadsAux = false, kWritesAux = false, kWritesWeights = true;
-  cpu::SgdCoeffs c;
+  SgdCoeffs c;
   __device__ void operator()(Element& e, float) const {
     float g = fmaf(e.w, c.weight_decay, e.g * c.grad_scale);
     if (c.momentum != 0.0f) {
@@ -42,7 +42,7 @@ struct SgdOp {
 
 struct LionOp {
   static constexpr bool kReadsAux = false, kWritesAux = false, kWritesWeights = true;
-  cpu::LionCoeffs c;
+  LionCoeffs c;
   __device__ void operator()(Element& e, float) const {
     const float g = e.g * c.grad_scale;
     const float x = fmaf(g, c.one_minus_beta1, e.m * c.beta1);
@@ -55,7 +55,7 @@ struct LionOp {
 // LAMB pass 1: the moments and the update direction u = m̂/(sqrt(v̂)+eps) + wd·p into aux.
 struct LambUpdateOp {
   static constexpr bool kReadsAux = false, kWritesAux = true, kWritesWeights = false;
-  cpu::LambCoeffs c;
+  LambCoeffs c;
   __device__ void operator()(Element& e, float) const {
     const float g = e.g * c.grad_scale;
     e.m = fmaf(g - e.m, c.one_minus_beta1, e.m);
@@ -92,33 +92,33 @@ Status Launch(SegmentTypes types, absl::Span<const Segment> segments, absl::Span
 }  // namespace cuda
 
 Status AdamStepCuda(const AdamHyper& h, SegmentTypes types, absl::Span<const Segment> segments, CudaStream stream) {
-  ZERO_RETURN_IF_ERROR(cpu::CheckAdam("AdamStepCuda", h, types, segments));
-  return cuda::Launch(types, segments, {}, {}, cuda::AdamOp{cpu::MakeAdamCoeffs(h)}, h.common.skip, stream);
+  ZERO_RETURN_IF_ERROR(CheckAdam("AdamStepCuda", h, types, segments));
+  return cuda::Launch(types, segments, {}, {}, cuda::AdamOp{MakeAdamCoeffs(h)}, h.common.skip, stream);
 }
 
 Status SgdStepCuda(const SgdHyper& h, SegmentTypes types, absl::Span<const Segment> segments, CudaStream stream) {
-  ZERO_RETURN_IF_ERROR(cpu::CheckSgd("SgdStepCuda", h, types, segments));
-  return cuda::Launch(types, segments, {}, {}, cuda::SgdOp{cpu::MakeSgdCoeffs(h)}, h.common.skip, stream);
+  ZERO_RETURN_IF_ERROR(CheckSgd("SgdStepCuda", h, types, segments));
+  return cuda::Launch(types, segments, {}, {}, cuda::SgdOp{MakeSgdCoeffs(h)}, h.common.skip, stream);
 }
 
 Status LionStepCuda(const LionHyper& h, SegmentTypes types, absl::Span<const Segment> segments, CudaStream stream) {
-  ZERO_RETURN_IF_ERROR(cpu::CheckLion("LionStepCuda", h, types, segments));
-  return cuda::Launch(types, segments, {}, {}, cuda::LionOp{cpu::MakeLionCoeffs(h)}, h.common.skip, stream);
+  ZERO_RETURN_IF_ERROR(CheckLion("LionStepCuda", h, types, segments));
+  return cuda::Launch(types, segments, {}, {}, cuda::LionOp{MakeLionCoeffs(h)}, h.common.skip, stream);
 }
 
 Status LambUpdateCuda(const LambHyper& h, SegmentTypes types, absl::Span<const Segment> segments,
                       absl::Span<float* const> updates, CudaStream stream) {
-  ZERO_RETURN_IF_ERROR(cpu::CheckLambUpdate("LambUpdateCuda", h, types, segments, updates));
+  ZERO_RETURN_IF_ERROR(CheckLambUpdate("LambUpdateCuda", h, types, segments, updates));
   std::vector<Segment> reads(segments.begin(), segments.end());
   for (Segment& s : reads) s.model_param = nullptr;  // pass 1 writes no weights
-  return cuda::Launch({DType::kFP32, types.grad}, reads, updates, {}, cuda::LambUpdateOp{cpu::MakeLambCoeffs(h)},
+  return cuda::Launch({DType::kFP32, types.grad}, reads, updates, {}, cuda::LambUpdateOp{MakeLambCoeffs(h)},
                       h.common.skip, stream);
 }
 
 Status LambApplyCuda(const LambHyper& h, DType param_type, absl::Span<const Segment> segments,
                      absl::Span<const float* const> updates, absl::Span<const float> trust_ratios,
                      CudaStream stream) {
-  ZERO_RETURN_IF_ERROR(cpu::CheckLambApply("LambApplyCuda", h, param_type, segments, updates, trust_ratios));
+  ZERO_RETURN_IF_ERROR(CheckLambApply("LambApplyCuda", h, param_type, segments, updates, trust_ratios));
   std::vector<Segment> weights(segments.begin(), segments.end());
   for (Segment& s : weights) s.grad = s.state0 = s.state1 = nullptr;  // pass 2 touches weights only
   // The driver's aux slots are float*; pass 2 only reads them (LambApplyOp::kWritesAux is false).

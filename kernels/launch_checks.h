@@ -1,13 +1,12 @@
-// Argument checks shared by the CPU kernel launchers (internal to kernels/cpu).
-#ifndef ZERO_KERNELS_CPU_LAUNCH_CHECKS_H_
-#define ZERO_KERNELS_CPU_LAUNCH_CHECKS_H_
+// Argument checks shared by the CPU and CUDA kernel launchers (internal to kernels).
+#ifndef ZERO_KERNELS_LAUNCH_CHECKS_H_
+#define ZERO_KERNELS_LAUNCH_CHECKS_H_
 
 #include "absl/types/span.h"
-#include "kernels/cpu/cpu_exec.h"
 #include "kernels/segments.h"
 #include "zero/status.h"
 
-namespace zero::kernels::cpu {
+namespace zero::kernels {
 
 /// Which optional arrays a kernel reads or writes.
 struct SegmentNeeds {
@@ -15,9 +14,6 @@ struct SegmentNeeds {
   bool state0 = false;
   bool state1 = false;
 };
-
-/// The ISA is supported by this CPU and the thread count is not negative.
-Status CheckExec(const CpuExec& exec);
 
 /// Every segment has a non-negative size and the pointers `needs` and `types` call for;
 /// a model_param is present exactly when types.param is bf16/fp16.
@@ -56,6 +52,6 @@ inline bool Skipped(const StepCommon& common) {
   return common.skip != nullptr && *common.skip != 0;
 }
 
-}  // namespace zero::kernels::cpu
+}  // namespace zero::kernels
 
-#endif  // ZERO_KERNELS_CPU_LAUNCH_CHECKS_H_
+#endif  // ZERO_KERNELS_LAUNCH_CHECKS_H_

@@ -1,24 +1,12 @@
 // Argument checks shared by the CPU kernel launchers.
-#include "kernels/cpu/launch_checks.h"
+#include "kernels/launch_checks.h"
 
 #include <cmath>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
 
-namespace zero::kernels::cpu {
-
-Status CheckExec(const CpuExec& exec) {
-  if (exec.isa > base::DetectCpuIsa()) {
-    return absl::InvalidArgumentError(absl::StrCat("CPU ISA ", base::CpuIsaName(exec.isa),
-                                                   " requested, but this CPU supports at most ",
-                                                   base::CpuIsaName(base::DetectCpuIsa())));
-  }
-  if (exec.threads < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("thread count ", exec.threads, " is negative"));
-  }
-  return absl::OkStatus();
-}
+namespace zero::kernels {
 
 Status CheckSegments(const char* kernel, SegmentTypes types, absl::Span<const Segment> segments,
                      SegmentNeeds needs) {
@@ -143,4 +131,4 @@ Status CheckLambApply(const char* kernel, const LambHyper& h, DType param_type,
   return absl::OkStatus();
 }
 
-}  // namespace zero::kernels::cpu
+}  // namespace zero::kernels
