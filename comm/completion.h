@@ -14,6 +14,21 @@
 
 namespace zero::comm {
 
+/// Waits on `signal` (with `lock` held on its mutex) until `done()`; with timeout_s > 0 gives
+/// up after that long (capped at kLongestWaitSeconds) and returns false.
+template <typename Done>
+bool WaitUntilDone(std::condition_variable& signal, std::unique_lock<std::mutex>& lock, double timeout_s,
+                   Done done) {
+  if (timeout_s <= 0) {
+    signal.wait(lock, done);
+    return true;
+  }
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                            std::chrono::duration<double>(std::min(timeout_s, kLongestWaitSeconds)));
+  return signal.wait_until(lock, deadline, done);
+}
+
 class Completion {
  public:
   /// Marks the event done with `status` and wakes every waiter. Later calls are ignored.
@@ -76,15 +91,7 @@ class Completion {
   /// On true, `*status` holds the outcome.
   bool Wait(double timeout_s, Status* status) const {
     std::unique_lock<std::mutex> lock(mutex_);
-    auto is_done = [this] { return done_; };
-    if (timeout_s > 0) {
-      const auto deadline = std::chrono::steady_clock::now() +
-                            std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                                std::chrono::duration<double>(std::min(timeout_s, kLongestWaitSeconds)));
-      if (!done_signal_.wait_until(lock, deadline, is_done)) return false;
-    } else {
-      done_signal_.wait(lock, is_done);
-    }
+    if (!WaitUntilDone(done_signal_, lock, timeout_s, [this] { return done_; })) return false;
     *status = status_;
     return true;
   }

@@ -4,7 +4,7 @@
 #include <cstring>
 #include <vector>
 
-#include "comm/reduce.h"
+#include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/norms.h"
 #include "kernels/cpu/optimizers.h"
 #include "base/raw_memory.h"
@@ -31,26 +31,15 @@ class CpuDeviceOps final : public DeviceOps {
     return base::CopyBytes(destination, source, bytes);  // the trainer's pointer may be on a GPU
   }
   Status AddInto(void* accumulator, const void* addend, int64_t numel, DType dtype) override {
-    const void* inputs[2] = {accumulator, addend};
-    comm::ReduceInto(accumulator, inputs, 2, numel, dtype, comm::ReduceOp::kSum);
+    kernels::AddIntoCpu(accumulator, addend, numel, dtype);
     return absl::OkStatus();
   }
   Status Widen(float* out, const void* in, int64_t numel, DType dtype) override {
-    const uint16_t* bits = static_cast<const uint16_t*>(in);
-    switch (dtype) {
-      case DType::kFP32: std::memcpy(out, in, static_cast<size_t>(numel) * 4); break;
-      case DType::kBF16: for (int64_t i = 0; i < numel; ++i) out[i] = Bf16ToFloat(bits[i]); break;
-      case DType::kFP16: for (int64_t i = 0; i < numel; ++i) out[i] = HalfToFloat(bits[i]); break;
-    }
+    kernels::WidenCpu(out, in, numel, dtype);
     return absl::OkStatus();
   }
   Status Narrow(void* out, const float* in, int64_t numel, DType dtype) override {
-    uint16_t* bits = static_cast<uint16_t*>(out);
-    switch (dtype) {
-      case DType::kFP32: std::memcpy(out, in, static_cast<size_t>(numel) * 4); break;
-      case DType::kBF16: for (int64_t i = 0; i < numel; ++i) bits[i] = FloatToBf16(in[i]); break;
-      case DType::kFP16: for (int64_t i = 0; i < numel; ++i) bits[i] = FloatToHalf(in[i]); break;
-    }
+    kernels::NarrowCpu(out, in, numel, dtype);
     return absl::OkStatus();
   }
 

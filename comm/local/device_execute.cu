@@ -1,11 +1,10 @@
 // The local backend's collectives on CUDA device buffers: a reduction kernel over the ranks'
 // inputs (fp32 accumulation in rank order, one rounding) and device-to-device copies.
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include "base/status_converters.h"
 #include "comm/local/arrival.h"
+#include "kernels/cuda/elementwise.cuh"
 
 namespace zero::comm {
 namespace {
@@ -16,50 +15,37 @@ struct Inputs {
   const void* pointers[kMaxRanks];
 };
 
-template <typename T>
-__device__ float Load(const void* p, int64_t i) { return static_cast<float>(static_cast<const T*>(p)[i]); }
-template <>
-__device__ float Load<__nv_bfloat16>(const void* p, int64_t i) { return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]); }
-template <>
-__device__ float Load<__half>(const void* p, int64_t i) { return __half2float(static_cast<const __half*>(p)[i]); }
-
-template <typename T>
-__device__ void Store(void* p, int64_t i, float v) { static_cast<T*>(p)[i] = static_cast<T>(v); }
-template <>
-__device__ void Store<__nv_bfloat16>(void* p, int64_t i, float v) { static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v); }
-template <>
-__device__ void Store<__half>(void* p, int64_t i, float v) { static_cast<__half*>(p)[i] = __float2half_rn(v); }
-
 // out[i] = op over k (in order) of inputs[k][i]; `out` may alias an input at the same index.
-template <typename T, bool kMax>
+// (Element access by dtype tag: kernels/cuda/elementwise.cuh, as the optimizer kernels.)
+template <typename Tag, bool kMax>
 __global__ void ReduceKernel(void* out, Inputs inputs, int count_inputs, int64_t count) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < count; i += int64_t{gridDim.x} * blockDim.x) {
-    float acc = Load<T>(inputs.pointers[0], i);
+    float acc = kernels::cuda::Load(Tag{}, inputs.pointers[0], i);
     for (int k = 1; k < count_inputs; ++k) {
-      const float x = Load<T>(inputs.pointers[k], i);
+      const float x = kernels::cuda::Load(Tag{}, inputs.pointers[k], i);
       acc = kMax ? fmaxf(acc, x) : acc + x;
     }
-    Store<T>(out, i, acc);
+    kernels::cuda::Store(Tag{}, out, i, acc);
   }
 }
 
-template <typename T>
+template <typename Tag>
 void LaunchReduce(void* out, const Inputs& inputs, int n, int64_t count, ReduceOp op) {
   const int threads = 256;
   const int blocks = static_cast<int>((count + threads - 1) / threads < 4096 ? (count + threads - 1) / threads : 4096);
   if (count == 0) return;
   if (op == ReduceOp::kMax) {
-    ReduceKernel<T, true><<<blocks, threads>>>(out, inputs, n, count);
+    ReduceKernel<Tag, true><<<blocks, threads>>>(out, inputs, n, count);
   } else {
-    ReduceKernel<T, false><<<blocks, threads>>>(out, inputs, n, count);
+    ReduceKernel<Tag, false><<<blocks, threads>>>(out, inputs, n, count);
   }
 }
 
 Status Reduce(void* out, const Inputs& inputs, int n, int64_t count, DType dtype, ReduceOp op) {
   switch (dtype) {
-    case DType::kFP32: LaunchReduce<float>(out, inputs, n, count, op); break;
-    case DType::kBF16: LaunchReduce<__nv_bfloat16>(out, inputs, n, count, op); break;
-    case DType::kFP16: LaunchReduce<__half>(out, inputs, n, count, op); break;
+    case DType::kFP32: LaunchReduce<kernels::cuda::F32>(out, inputs, n, count, op); break;
+    case DType::kBF16: LaunchReduce<kernels::cuda::Bf16>(out, inputs, n, count, op); break;
+    case DType::kFP16: LaunchReduce<kernels::cuda::Half>(out, inputs, n, count, op); break;
   }
   ZERO_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return absl::OkStatus();

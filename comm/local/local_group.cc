@@ -12,9 +12,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "comm/completion.h"
 #include "comm/group_health.h"
 #include "comm/local/arrival.h"
-#include "comm/reduce.h"
+#include "comm/host_reduce.h"
 #include "zero/device.h"
 
 namespace zero::comm {
@@ -217,18 +218,10 @@ class LocalWork final : public Work {
     Status outcome;
     {
       std::unique_lock<std::mutex> lock(slot_->mutex);
-      auto is_done = [this] { return slot_->done; };
-      if (timeout_s > 0) {
-        const auto deadline = std::chrono::steady_clock::now() +
-                              std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                                  std::chrono::duration<double>(std::min(timeout_s, kLongestWaitSeconds)));
-        if (!slot_->completed.wait_until(lock, deadline, is_done)) {
-          // Fail the slot while holding its mutex: the late rank will not execute it.
-          slot_->done = true;
-          slot_->status = Timeout(timeout_s);
-        }
-      } else {
-        slot_->completed.wait(lock, is_done);
+      if (!WaitUntilDone(slot_->completed, lock, timeout_s, [this] { return slot_->done; })) {
+        // Fail the slot while holding its mutex: the late rank will not execute it.
+        slot_->done = true;
+        slot_->status = Timeout(timeout_s);
       }
       outcome = slot_->status;
     }

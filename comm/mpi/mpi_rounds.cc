@@ -4,7 +4,7 @@
 #include <climits>
 #include <cstring>
 
-#include "comm/reduce.h"
+#include "comm/host_reduce.h"
 
 namespace zero::comm {
 namespace {

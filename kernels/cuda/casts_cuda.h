@@ -1,7 +1,7 @@
 // Element-wise conversions and sums on CUDA device memory that the engine needs besides the
 // optimizer steps: fp32 master copies from bf16/fp16 params and back, and adding one gradient
-// buffer into another. The host counterparts are zero/dtype.h's conversions and
-// comm::ReduceInto; the results are bit-identical to them (round to nearest even, one rounding).
+// buffer into another. The host counterparts are kernels/cpu/elementwise.h; the results are
+// bit-identical to them (round to nearest even, one rounding).
 #ifndef ZERO_KERNELS_CUDA_CASTS_CUDA_H_
 #define ZERO_KERNELS_CUDA_CASTS_CUDA_H_
 

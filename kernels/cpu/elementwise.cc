@@ -1,9 +1,10 @@
-// Host elementwise reductions.
-#include "comm/reduce.h"
+// Host element-wise operations.
+#include "kernels/cpu/elementwise.h"
 
 #include <algorithm>
+#include <cstring>
 
-namespace zero::comm {
+namespace zero::kernels {
 namespace {
 
 // Element formats: how to read an element as fp32 and write fp32 back.
@@ -26,9 +27,8 @@ struct Half {
 // Blocks keep the fp32 accumulator in cache while each input streams through once.
 constexpr int64_t kBlock = 4096;
 
-template <typename Format, typename Combine>
-void Reduce(void* out, const void* const* inputs, int num_inputs, int64_t count,
-            Combine combine) {
+template <typename Format, typename Op>
+void Reduce(void* out, const void* const* inputs, int num_inputs, int64_t count, Op combine) {
   using T = typename Format::T;
   float acc[kBlock];
   for (int64_t begin = 0; begin < count; begin += kBlock) {
@@ -46,8 +46,8 @@ void Reduce(void* out, const void* const* inputs, int num_inputs, int64_t count,
 
 template <typename Format>
 void ReduceFormat(void* out, const void* const* inputs, int num_inputs, int64_t count,
-                  ReduceOp op) {
-  if (op == ReduceOp::kSum) {
+                  Combine combine) {
+  if (combine == Combine::kSum) {
     Reduce<Format>(out, inputs, num_inputs, count, [](float a, float b) { return a + b; });
   } else {
     Reduce<Format>(out, inputs, num_inputs, count,
@@ -58,12 +58,35 @@ void ReduceFormat(void* out, const void* const* inputs, int num_inputs, int64_t 
 }  // namespace
 
 void ReduceInto(void* out, const void* const* inputs, int num_inputs, int64_t count, DType dtype,
-                ReduceOp op) {
+                Combine combine) {
   switch (dtype) {
-    case DType::kFP32: return ReduceFormat<F32>(out, inputs, num_inputs, count, op);
-    case DType::kBF16: return ReduceFormat<Bf16>(out, inputs, num_inputs, count, op);
-    case DType::kFP16: return ReduceFormat<Half>(out, inputs, num_inputs, count, op);
+    case DType::kFP32: return ReduceFormat<F32>(out, inputs, num_inputs, count, combine);
+    case DType::kBF16: return ReduceFormat<Bf16>(out, inputs, num_inputs, count, combine);
+    case DType::kFP16: return ReduceFormat<Half>(out, inputs, num_inputs, count, combine);
   }
 }
 
-}  // namespace zero::comm
+void AddIntoCpu(void* accumulator, const void* addend, int64_t numel, DType dtype) {
+  const void* inputs[2] = {accumulator, addend};
+  ReduceInto(accumulator, inputs, 2, numel, dtype, Combine::kSum);
+}
+
+void WidenCpu(float* out, const void* in, int64_t numel, DType dtype) {
+  const uint16_t* bits = static_cast<const uint16_t*>(in);
+  switch (dtype) {
+    case DType::kFP32: std::memcpy(out, in, static_cast<size_t>(numel) * 4); break;
+    case DType::kBF16: for (int64_t i = 0; i < numel; ++i) out[i] = Bf16ToFloat(bits[i]); break;
+    case DType::kFP16: for (int64_t i = 0; i < numel; ++i) out[i] = HalfToFloat(bits[i]); break;
+  }
+}
+
+void NarrowCpu(void* out, const float* in, int64_t numel, DType dtype) {
+  uint16_t* bits = static_cast<uint16_t*>(out);
+  switch (dtype) {
+    case DType::kFP32: std::memcpy(out, in, static_cast<size_t>(numel) * 4); break;
+    case DType::kBF16: for (int64_t i = 0; i < numel; ++i) bits[i] = FloatToBf16(in[i]); break;
+    case DType::kFP16: for (int64_t i = 0; i < numel; ++i) bits[i] = FloatToHalf(in[i]); break;
+  }
+}
+
+}  // namespace zero::kernels
