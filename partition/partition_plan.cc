@@ -169,4 +169,21 @@ std::vector<Fragment> PartitionPlan::FragmentsOnRank(int rank) const {
   return fragments;
 }
 
+int64_t PartitionPlan::ParamByteOffset(int param) const {
+  const ParamPlacement& place = placements_[param];
+  return place.offset * buckets_[place.bucket].element_bytes();
+}
+
+std::vector<int64_t> PartitionPlan::CompactShardOffsets(bool trainable_only, int64_t* total_bytes) const {
+  std::vector<int64_t> offsets(buckets_.size(), -1);
+  int64_t bytes = 0;
+  for (const Bucket& b : buckets_) {
+    if (trainable_only && !b.trainable) continue;
+    offsets[b.index] = bytes;
+    bytes += b.shard_bytes();
+  }
+  *total_bytes = bytes;
+  return offsets;
+}
+
 }  // namespace zero::partition

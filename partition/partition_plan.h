@@ -57,6 +57,15 @@ struct Bucket {
   int64_t byte_offset = 0;    ///< start within the flat parameter buffer (all dtypes share it)
   int64_t state_offset = 0;   ///< start of every rank's shard within its optimizer state
                               ///< (trainable buckets only)
+
+  /// Bytes of one element.
+  int64_t element_bytes() const { return static_cast<int64_t>(DTypeSize(dtype)); }
+  /// Bytes of the whole (padded) bucket.
+  int64_t bytes() const { return numel * element_bytes(); }
+  /// Bytes of one rank's shard.
+  int64_t shard_bytes() const { return shard_numel * element_bytes(); }
+  /// Where rank `rank`'s shard starts within the bucket, in bytes.
+  int64_t shard_byte_offset(int rank) const { return rank * shard_bytes(); }
 };
 
 /// Where one param sits.
@@ -98,6 +107,12 @@ class PartitionPlan {
   int64_t state_numel() const { return state_numel_; }
   /// Bytes of the flat parameter buffer holding every bucket unsharded.
   int64_t flat_bytes() const { return flat_bytes_; }
+  /// Where `param`'s first element sits within its bucket, in bytes.
+  int64_t ParamByteOffset(int param) const;
+  /// A buffer holding one shard of each bucket back to back (stage 2-3 gradient shards, stage 3
+  /// param shards): each bucket's byte offset in it (-1 for frozen buckets when
+  /// `trainable_only`), and the buffer's size in `*total_bytes`.
+  std::vector<int64_t> CompactShardOffsets(bool trainable_only, int64_t* total_bytes) const;
 
  private:
   PlanConfig config_;

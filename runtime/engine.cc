@@ -107,7 +107,7 @@ int64_t EngineImpl::ParamBytes(int param) const {
 char* EngineImpl::ParamAddress(int param) const {
   const auto& place = plan_->placement(param);
   const auto& bucket = plan_->buckets()[place.bucket];
-  return params_.as<char>() + bucket.byte_offset + place.offset * static_cast<int64_t>(DTypeSize(bucket.dtype));
+  return params_.as<char>() + bucket.byte_offset + plan_->ParamByteOffset(param);
 }
 
 StatusOr<ParamId> EngineImpl::RegisterParam(const ParamSpec& spec) {
@@ -194,8 +194,7 @@ Status EngineImpl::Finalize() {
   auto owned_params = [this](int bucket) {
     if (config_.stage == 3) return ShardOf(bucket);
     const partition::Bucket& b = plan_->buckets()[bucket];
-    const int64_t begin = config_.stage == 0 ? 0 : comm_.rank() * b.shard_numel;
-    return params_.as<char>() + b.byte_offset + begin * static_cast<int64_t>(DTypeSize(b.dtype));
+    return params_.as<char>() + b.byte_offset + (config_.stage == 0 ? 0 : b.shard_byte_offset(comm_.rank()));
   };
   OptimizerState::SumOverRanks sum_over_ranks;
   if (config_.stage != 0) {  // LAMB's per-param norms: each rank holds only part of a param

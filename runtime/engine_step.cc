@@ -79,7 +79,7 @@ Status EngineImpl::AllGatherParams() {
   for (const partition::Bucket& b : plan_->buckets()) {
     if (!b.trainable) continue;
     char* base = params_.as<char>() + b.byte_offset;
-    char* own = base + comm_.rank() * b.shard_numel * static_cast<int64_t>(DTypeSize(b.dtype));
+    char* own = base + b.shard_byte_offset(comm_.rank());
     works.push_back(comm_.AllGather(own, base, b.shard_numel, b.dtype));
   }
   for (comm::WorkPtr& work : works) {

@@ -5,21 +5,11 @@
 #include "runtime/engine_impl.h"
 
 namespace zero::runtime {
-namespace {
-
-int64_t ElementSize(const partition::Bucket& b) { return static_cast<int64_t>(DTypeSize(b.dtype)); }
-
-}  // namespace
-
 Status EngineImpl::SetupUnits() {
   const auto& buckets = plan_->buckets();
   units_ = std::vector<Unit>(buckets.size());
-  shard_offset_.assign(buckets.size(), 0);
   int64_t bytes = 0;
-  for (const partition::Bucket& b : buckets) {
-    shard_offset_[b.index] = bytes;
-    bytes += b.shard_numel * ElementSize(b);
-  }
+  shard_offset_ = plan_->CompactShardOffsets(/*trainable_only=*/false, &bytes);
   ZERO_ASSIGN_OR_RETURN(params_, allocator_.Allocate(bytes, MemoryCategory::kParams, ops_->placement()));
   ZERO_RETURN_IF_ERROR(ops_->Zero(params_.data(), params_.bytes()));
   // Small units, and params registered without a unit, stay gathered for the whole run.
@@ -50,7 +40,7 @@ Status EngineImpl::StartGather(int bucket) {
         "; release units you are done with before gathering more, or raise stage3.max_live_elems"));
   }
   Unit& unit = units_[bucket];
-  ZERO_ASSIGN_OR_RETURN(unit.buffer, allocator_.Allocate(b.numel * ElementSize(b), MemoryCategory::kGathered,
+  ZERO_ASSIGN_OR_RETURN(unit.buffer, allocator_.Allocate(b.bytes(), MemoryCategory::kGathered,
                                                          ops_->placement()));
   ZERO_RETURN_IF_ERROR(BeforeCollective());  // the shard may come from kernels still queued
   unit.pending = comm_.AllGather(ShardOf(bucket), unit.buffer.data(), b.shard_numel, b.dtype);
@@ -169,7 +159,7 @@ char* EngineImpl::GatheredParam(int param) {
   const auto& place = plan_->placement(param);
   const Unit& u = units_[place.bucket];
   if (u.buffer.data() == nullptr || (!u.persistent && u.holders == 0)) return nullptr;
-  return u.buffer.as<char>() + place.offset * ElementSize(plan_->buckets()[place.bucket]);
+  return u.buffer.as<char>() + plan_->ParamByteOffset(param);
 }
 
 }  // namespace zero::runtime

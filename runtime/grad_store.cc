@@ -11,8 +11,6 @@ namespace {
 using comm::BucketScheduler;
 using partition::Bucket;
 
-int64_t ElementSize(const Bucket& b) { return static_cast<int64_t>(DTypeSize(b.dtype)); }
-
 // Stages 0 and 1: gradients laid out exactly like the params.
 class FullGradStore final : public GradStore {
  public:
@@ -22,7 +20,7 @@ class FullGradStore final : public GradStore {
 
   StatusOr<void*> View(int param) override {
     const auto& place = plan_.placement(param);
-    return BucketBase(place.bucket) + place.offset * ElementSize(plan_.buckets()[place.bucket]);
+    return BucketBase(place.bucket) + plan_.ParamByteOffset(param);
   }
 
   StatusOr<std::pair<BucketScheduler::Launch, BucketScheduler::Finish>> Reduction(
@@ -36,7 +34,7 @@ class FullGradStore final : public GradStore {
         return comm_.AllReduce(base, base, b.numel, b.dtype, comm::ReduceOp::kSum);
       };
     } else {
-      char* own = base + comm_.rank() * b.shard_numel * ElementSize(b);
+      char* own = base + b.shard_byte_offset(comm_.rank());
       launch = [this, base, own, &b] {
         return comm_.ReduceScatter(base, own, b.shard_numel, b.dtype, comm::ReduceOp::kSum);
       };
@@ -47,7 +45,7 @@ class FullGradStore final : public GradStore {
   void* OwnedGrad(int bucket) override {
     const Bucket& b = plan_.buckets()[bucket];
     return stage_ == 0 ? BucketBase(bucket)
-                       : BucketBase(bucket) + comm_.rank() * b.shard_numel * ElementSize(b);
+                       : BucketBase(bucket) + b.shard_byte_offset(comm_.rank());
   }
 
   Status Zero() override { return ops_.Zero(buffer_.data(), buffer_.bytes()); }
@@ -79,14 +77,14 @@ class ShardedGradStore final : public GradStore {
   StatusOr<void*> View(int param) override {
     const auto& place = plan_.placement(param);
     ZERO_ASSIGN_OR_RETURN(char* base, BucketBuffer(place.bucket));
-    return base + place.offset * ElementSize(plan_.buckets()[place.bucket]);
+    return base + plan_.ParamByteOffset(param);
   }
 
   StatusOr<std::pair<BucketScheduler::Launch, BucketScheduler::Finish>> Reduction(
       int bucket, bool) override {
     const Bucket& b = plan_.buckets()[bucket];
     ZERO_ASSIGN_OR_RETURN(char* base, BucketBuffer(bucket));  // a bucket nobody wrote: zeros
-    char* own = base + comm_.rank() * b.shard_numel * ElementSize(b);
+    char* own = base + b.shard_byte_offset(comm_.rank());
     BucketScheduler::Launch launch = [this, base, own, &b] {
       return comm_.ReduceScatter(base, own, b.shard_numel, b.dtype, comm::ReduceOp::kSum);
     };
@@ -122,7 +120,7 @@ class ShardedGradStore final : public GradStore {
       holder_[bucket] = free_.back();
       free_.pop_back();
       const Bucket& b = plan_.buckets()[bucket];
-      ZERO_RETURN_IF_ERROR(ops_.Zero(pool_[holder_[bucket]].data(), b.numel * ElementSize(b)));
+      ZERO_RETURN_IF_ERROR(ops_.Zero(pool_[holder_[bucket]].data(), b.bytes()));
     }
     return pool_[holder_[bucket]].as<char>();
   }
@@ -153,15 +151,13 @@ StatusOr<std::unique_ptr<GradStore>> GradStore::Create(int stage,
     ZERO_RETURN_IF_ERROR(store->Zero());
     return store;
   }
-  std::vector<int64_t> offsets(plan.buckets().size(), -1);
   int64_t shard_bytes = 0, largest_bucket = 0;
+  std::vector<int64_t> offsets = plan.CompactShardOffsets(/*trainable_only=*/true, &shard_bytes);
   int trainable = 0;
   for (const Bucket& b : plan.buckets()) {
     if (!b.trainable) continue;
     ++trainable;
-    offsets[b.index] = shard_bytes;
-    shard_bytes += b.shard_numel * ElementSize(b);
-    largest_bucket = std::max(largest_bucket, b.numel * ElementSize(b));
+    largest_bucket = std::max(largest_bucket, b.bytes());
   }
   ZERO_ASSIGN_OR_RETURN(base::Buffer shard,
                         allocator.Allocate(shard_bytes, MemoryCategory::kGrads, ops.placement()));

@@ -46,7 +46,7 @@ StatusOr<std::unique_ptr<OptimizerState>> OptimizerState::Create(
   int64_t state_offset = 0, master_offset = 0;
   for (OwnedRange& r : s->ranges_) {
     const partition::Bucket& b = plan.buckets()[r.bucket];
-    const int64_t element = static_cast<int64_t>(DTypeSize(b.dtype));
+    const int64_t element = b.element_bytes();
     char* param_part = r.params;
     kernels::Segment segment;
     if (b.dtype == DType::kFP32) {
@@ -92,7 +92,7 @@ void OptimizerState::ForOwnedPart(int param, Fn fn) const {
 Status OptimizerState::RefreshMaster(int param) {
   const partition::Bucket& b = plan_.buckets()[plan_.placement(param).bucket];
   if (b.dtype == DType::kFP32) return absl::OkStatus();  // the params are the master
-  const int64_t element = static_cast<int64_t>(DTypeSize(b.dtype));
+  const int64_t element = b.element_bytes();
   Status status = absl::OkStatus();
   ForOwnedPart(param, [&](const OwnedRange& r, int64_t begin, int64_t end) {
     const int64_t at = begin - r.begin;
@@ -104,7 +104,7 @@ Status OptimizerState::RefreshMaster(int param) {
 Status OptimizerState::RoundModelCopy(int param) {
   const partition::Bucket& b = plan_.buckets()[plan_.placement(param).bucket];
   if (b.dtype == DType::kFP32) return absl::OkStatus();  // the master is the model copy
-  const int64_t element = static_cast<int64_t>(DTypeSize(b.dtype));
+  const int64_t element = b.element_bytes();
   Status status = absl::OkStatus();
   ForOwnedPart(param, [&](const OwnedRange& r, int64_t begin, int64_t end) {
     const int64_t at = begin - r.begin;
@@ -237,7 +237,7 @@ Status OptimizerState::BuildLambBatches(const std::vector<kernels::Segment>& ran
     const OwnedRange& r = ranges_[k];
     const kernels::Segment& whole = range_segments[k];
     const partition::Bucket& b = plan_.buckets()[r.bucket];
-    const int64_t element = static_cast<int64_t>(DTypeSize(b.dtype));
+    const int64_t element = b.element_bytes();
     auto [it, fresh] = batch_of.emplace(std::make_pair(b.group, static_cast<int>(b.dtype)), lamb_batches_.size());
     if (fresh) lamb_batches_.push_back({{b.dtype, b.dtype}, {}, {}, {}});
     LambBatch& batch = lamb_batches_[it->second];

@@ -160,6 +160,43 @@ TEST(PartitionPlan, PropertiesHoldForRandomModelsWorldsCapsAndStages) {
   }
 }
 
+TEST(PartitionPlan, ByteOffsetsAreTheOneAnswerEveryBufferUses) {
+  std::mt19937 rng(77);
+  for (int trial = 0; trial < 200; ++trial) {
+    const int stage = trial % 4;
+    PlanConfig config;
+    config.world_size = 1 + trial % 7;
+    config.stage = stage;
+    config.first_bucket_elems = 1 + rng() % 3000;
+    config.reduce_bucket_elems = 1 + rng() % 20000;
+    auto plan = PartitionPlan::Build(RandomParams(rng, stage), config);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    for (size_t p = 0; p < plan->params().size(); ++p) {
+      const ParamPlacement& place = plan->placement(static_cast<int>(p));
+      const Bucket& b = plan->buckets()[place.bucket];
+      EXPECT_EQ(plan->ParamByteOffset(static_cast<int>(p)), place.offset * static_cast<int64_t>(DTypeSize(b.dtype)));
+      EXPECT_LE(plan->ParamByteOffset(static_cast<int>(p)) + place.numel * b.element_bytes(), b.bytes());
+    }
+    for (const bool trainable_only : {false, true}) {
+      int64_t total = -1;
+      const std::vector<int64_t> offsets = plan->CompactShardOffsets(trainable_only, &total);
+      ASSERT_EQ(offsets.size(), plan->buckets().size());
+      int64_t next = 0;
+      for (const Bucket& b : plan->buckets()) {
+        EXPECT_EQ(b.shard_bytes() * config.world_size, b.bytes());
+        EXPECT_EQ(b.shard_byte_offset(config.world_size - 1) + b.shard_bytes(), b.bytes());
+        if (trainable_only && !b.trainable) {
+          EXPECT_EQ(offsets[b.index], -1);
+          continue;
+        }
+        EXPECT_EQ(offsets[b.index], next);  // shards back to back, in bucket order
+        next += b.shard_bytes();
+      }
+      EXPECT_EQ(total, next);
+    }
+  }
+}
+
 TEST(PartitionPlan, Stage3BucketIsOneUnit) {
   std::vector<ParamInfo> params = {{"l0.w", 100, DType::kFP32, true, 0, 0},
                                    {"l0.b", 10, DType::kFP32, true, 0, 0},
