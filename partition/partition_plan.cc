@@ -169,11 +169,6 @@ std::vector<Fragment> PartitionPlan::FragmentsOnRank(int rank) const {
   return fragments;
 }
 
-int64_t PartitionPlan::ParamByteOffset(int param) const {
-  const ParamPlacement& place = placements_[param];
-  return place.offset * buckets_[place.bucket].element_bytes();
-}
-
 std::vector<int64_t> PartitionPlan::CompactShardOffsets(bool trainable_only, int64_t* total_bytes) const {
   std::vector<int64_t> offsets(buckets_.size(), -1);
   int64_t bytes = 0;

@@ -108,7 +108,9 @@ class PartitionPlan {
   /// Bytes of the flat parameter buffer holding every bucket unsharded.
   int64_t flat_bytes() const { return flat_bytes_; }
   /// Where `param`'s first element sits within its bucket, in bytes.
-  int64_t ParamByteOffset(int param) const;
+  int64_t ParamByteOffset(int param) const {
+    return placements_[param].offset * buckets_[placements_[param].bucket].element_bytes();
+  }
   /// A buffer holding one shard of each bucket back to back (stage 2-3 gradient shards, stage 3
   /// param shards): each bucket's byte offset in it (-1 for frozen buckets when
   /// `trainable_only`), and the buffer's size in `*total_bytes`.
