@@ -5,6 +5,7 @@
 
 #include <memory>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "zero/communicator.h"
@@ -12,7 +13,8 @@
 
 namespace zero::testing {
 
-/// Calls fn(rank, communicator) on `world` threads over a fresh local group.
+/// Calls fn(rank, communicator) on `world` threads over a fresh local group. `fn` returns a
+/// Status (collected per rank) or nothing (gtest assertions inside it report for themselves).
 template <typename Fn>
 std::vector<Status> RunOnRanks(int world, Fn fn) {
   std::vector<Status> statuses(world);
@@ -23,7 +25,13 @@ std::vector<Status> RunOnRanks(int world, Fn fn) {
   }
   std::vector<std::thread> threads;
   for (int r = 0; r < world; ++r) {
-    threads.emplace_back([&, r] { statuses[r] = fn(r, *(*group)[r]); });
+    threads.emplace_back([&, r] {
+      if constexpr (std::is_void_v<decltype(fn(r, *(*group)[r]))>) {
+        fn(r, *(*group)[r]);
+      } else {
+        statuses[r] = fn(r, *(*group)[r]);
+      }
+    });
   }
   for (std::thread& t : threads) t.join();
   return statuses;

@@ -1,10 +1,13 @@
 // The toy trainer: model, data, gradients by hand, and a float64 reference.
 #include "tests/engine/toy_trainer.h"
 
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <cstring>
 
 #include "base/raw_memory.h"
+#include "tests/engine/run_on_ranks.h"
 
 namespace zero::testing {
 namespace {
@@ -269,6 +272,19 @@ std::vector<double> ReferenceLosses(const ToyOptions& o, const Config& config) {
     update(m.b2, g.b2, exp_avg.b2, exp_avg_sq.b2);
   }
   return losses;
+}
+
+std::vector<RankRun> TrainOnLocalRanks(int world, const Config& config, const ToyOptions& options) {
+  std::vector<RankRun> runs(world);
+  const std::vector<Status> statuses = RunOnRanks(world, [&](int r, comm::Communicator& comm) -> Status {
+    ZERO_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(config, comm));
+    const Status trained = TrainToy(*engine, options, &runs[r].result);
+    runs[r].memory = engine->GetMemoryStats();
+    runs[r].counters = engine->counters();
+    return trained;
+  });
+  for (int r = 0; r < world; ++r) EXPECT_TRUE(statuses[r].ok()) << "rank " << r << ": " << statuses[r];
+  return runs;
 }
 
 }  // namespace zero::testing

@@ -46,6 +46,17 @@ StatusOr<std::vector<ParamId>> RegisterToyModel(Engine& engine, const ToyOptions
 /// Registers the model, finalizes, trains. Every rank of the engine's group must call it.
 Status TrainToy(Engine& engine, const ToyOptions& options, ToyResult* result);
 
+/// One rank's run of TrainOnLocalRanks.
+struct RankRun {
+  ToyResult result;
+  MemoryStats memory;
+  EngineCounters counters;
+};
+
+/// Trains the toy model on `world` in-process ranks; each rank's run. A rank that fails is a
+/// test failure naming it.
+std::vector<RankRun> TrainOnLocalRanks(int world, const Config& config, const ToyOptions& options);
+
 /// The same training without ZeroRT: one process, full batch, AdamW (or LAMB when the config
 /// says so) in float64.
 std::vector<double> ReferenceLosses(const ToyOptions& options, const Config& config);

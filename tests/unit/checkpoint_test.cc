@@ -6,8 +6,8 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
-#include <thread>
 
+#include "tests/engine/run_on_ranks.h"
 #include "tests/engine/toy_trainer.h"
 #include "zero/communicator.h"
 #include "zero/engine.h"
@@ -20,17 +20,11 @@ using testing::ToyOptions;
 using testing::ToyResult;
 
 std::vector<ToyResult> Train(int world, const Config& config, const ToyOptions& options, std::vector<Status>* statuses) {
-  auto group = comm::CreateLocalGroup(world);
   std::vector<ToyResult> results(world);
-  statuses->assign(world, absl::OkStatus());
-  std::vector<std::thread> ranks;
-  for (int r = 0; r < world; ++r) {
-    ranks.emplace_back([&, r] {
-      auto engine = Engine::Create(config, *(*group)[r]);
-      (*statuses)[r] = engine.ok() ? testing::TrainToy(**engine, options, &results[r]) : engine.status();
-    });
-  }
-  for (auto& t : ranks) t.join();
+  *statuses = testing::RunOnRanks(world, [&](int r, comm::Communicator& comm) -> Status {
+    ZERO_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(config, comm));
+    return testing::TrainToy(*engine, options, &results[r]);
+  });
   return results;
 }
 

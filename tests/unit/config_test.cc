@@ -8,10 +8,10 @@
 #include <functional>
 #include <limits>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "tests/engine/run_on_ranks.h"
 #include "tests/engine/toy_trainer.h"
 #include "zero/communicator.h"
 #include "zero/config.h"
@@ -156,25 +156,13 @@ TEST(ConfigValidate, RejectsNonFiniteAndSubnormalValuesNamingTheKey) {
 
 // Trains the toy model a few steps on two in-process ranks; every rank's status.
 std::vector<Status> TrainTwoRanks(const Config& config) {
-  auto group = comm::CreateLocalGroup(2);
-  EXPECT_TRUE(group.ok()) << group.status();
-  std::vector<Status> statuses(2);
-  std::vector<std::thread> ranks;
-  for (int r = 0; r < 2; ++r) {
-    ranks.emplace_back([&, r] {
-      auto engine = Engine::Create(config, *(*group)[r]);
-      if (!engine.ok()) {
-        statuses[r] = engine.status();
-        return;
-      }
-      testing::ToyOptions options;
-      options.steps = 3;
-      testing::ToyResult result;
-      statuses[r] = testing::TrainToy(**engine, options, &result);
-    });
-  }
-  for (auto& t : ranks) t.join();
-  return statuses;
+  return testing::RunOnRanks(2, [&](int, comm::Communicator& comm) -> Status {
+    ZERO_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(config, comm));
+    testing::ToyOptions options;
+    options.steps = 3;
+    testing::ToyResult result;
+    return testing::TrainToy(*engine, options, &result);
+  });
 }
 
 // What FromJson accepts, the kernels accept: the defaults of every optimizer at every stage,
@@ -206,30 +194,14 @@ TEST(ConfigSteps, EveryAcceptedConfigSteps) {
 // Each rank registers `specs`, then Finalize; returns each rank's Finalize status.
 std::vector<Status> FinalizeOnRanks(const std::vector<std::vector<ParamSpec>>& specs,
                                     const std::vector<int>& stages = {}) {
-  const int world = static_cast<int>(specs.size());
-  auto group = comm::CreateLocalGroup(world);
-  EXPECT_TRUE(group.ok()) << group.status();
-  std::vector<Status> statuses(world);
-  std::vector<std::thread> ranks;
-  for (int r = 0; r < world; ++r) {
-    ranks.emplace_back([&, r] {
-      Config config;
-      config.guard.timeout_s = 60;
-      if (!stages.empty()) config.stage = stages[r];
-      auto engine = Engine::Create(config, *(*group)[r]);
-      if (!engine.ok()) {
-        statuses[r] = engine.status();
-        return;
-      }
-      for (const ParamSpec& spec : specs[r]) {
-        statuses[r] = (*engine)->RegisterParam(spec).status();
-        if (!statuses[r].ok()) return;
-      }
-      statuses[r] = (*engine)->Finalize();
-    });
-  }
-  for (auto& t : ranks) t.join();
-  return statuses;
+  return testing::RunOnRanks(static_cast<int>(specs.size()), [&](int r, comm::Communicator& comm) -> Status {
+    Config config;
+    config.guard.timeout_s = 60;
+    if (!stages.empty()) config.stage = stages[r];
+    ZERO_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(config, comm));
+    for (const ParamSpec& spec : specs[r]) ZERO_RETURN_IF_ERROR(engine->RegisterParam(spec).status());
+    return engine->Finalize();
+  });
 }
 
 void ExpectEveryRankSays(const std::vector<Status>& statuses, const std::vector<std::string>& parts) {
@@ -282,6 +254,25 @@ TEST(RegistryMismatch, DifferentStagesAreNamed) {
 TEST(RegistryMismatch, AgreeingRanksFinalize) {
   const ParamSpec a{"a", {4}}, b{"b", {3, 5}};
   for (const Status& status : FinalizeOnRanks({{a, b}, {a, b}, {a, b}})) EXPECT_TRUE(status.ok()) << status;
+}
+
+TEST(ConfigJson, RoundTripAndErrorsNameTheKey) {
+  auto config = Config::FromJson(R"({"stage": 1, "optimizer": {"type": "sgd", "lr": 0.1,
+      "momentum": 0.9}, "buckets": {"reduce_bucket_elems": 1000}, "guard": {"timeout_s": 5}})");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->stage, 1);
+  EXPECT_EQ(config->optimizer.type, OptimizerType::kSgd);
+  EXPECT_FLOAT_EQ(config->optimizer.momentum, 0.9f);
+  EXPECT_EQ(config->buckets.reduce_bucket_elems, 1000);
+  auto unknown = Config::FromJson(R"({"buckets": {"reduce_bucket_size": 5}})");
+  EXPECT_NE(unknown.status().message().find("buckets.reduce_bucket_size"), std::string::npos) << unknown.status();
+  auto range = Config::FromJson(R"({"stage": 5})");
+  EXPECT_NE(range.status().message().find("\"stage\""), std::string::npos) << range.status();
+  auto type = Config::FromJson(R"({"optimizer": {"lr": "fast"}})");
+  EXPECT_NE(type.status().message().find("optimizer.lr"), std::string::npos) << type.status();
+  auto choice = Config::FromJson(R"({"optimizer": {"type": "adagrad"}})");
+  EXPECT_NE(choice.status().message().find("adagrad"), std::string::npos) << choice.status();
+  EXPECT_FALSE(Config::FromJson("{not json").ok());
 }
 
 }  // namespace

@@ -2,9 +2,9 @@
 // a fresh group.
 #include <gtest/gtest.h>
 
-#include <thread>
 
 #include "tests/engine/guard_scenarios.h"
+#include "tests/engine/run_on_ranks.h"
 
 namespace zero::testing {
 namespace {
@@ -15,12 +15,8 @@ TEST_P(GuardTest, BehavesAsPromised) {
   const auto& [name, world, stage] = GetParam();
   for (const GuardScenario& scenario : GuardScenarios()) {
     if (scenario.name != name) continue;
-    auto group = comm::CreateLocalGroup(world);
-    ASSERT_TRUE(group.ok());
-    std::vector<Status> results(world);
-    std::vector<std::thread> ranks;
-    for (int r = 0; r < world; ++r) ranks.emplace_back([&, r] { results[r] = scenario.run(*(*group)[r], stage); });
-    for (auto& t : ranks) t.join();
+    const std::vector<Status> results =
+        testing::RunOnRanks(world, [&](int, comm::Communicator& comm) { return scenario.run(comm, stage); });
     for (int r = 0; r < world; ++r) EXPECT_TRUE(results[r].ok()) << "rank " << r << ": " << results[r];
     return;
   }

@@ -4,9 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <functional>
-#include <thread>
 #include <vector>
 
+#include "tests/engine/run_on_ranks.h"
 #include "zero/communicator.h"
 #include "zero/engine.h"
 
@@ -18,30 +18,15 @@ constexpr int kWorld = 3;
 // Runs body(rank, engine) on kWorld in-process ranks, each with a finalized engine holding
 // "w" [5, 7] and "b" [7] (unit 0), and returns each rank's status.
 std::vector<Status> OnRanks(const Config& config, const std::function<Status(int, Engine&)>& body) {
-  auto group = comm::CreateLocalGroup(kWorld);
-  EXPECT_TRUE(group.ok());
-  std::vector<Status> results(kWorld);
-  std::vector<std::thread> ranks;
-  for (int r = 0; r < kWorld; ++r) {
-    ranks.emplace_back([&, r] {
-      auto engine = Engine::Create(config, *(*group)[r]);
-      if (!engine.ok()) {
-        results[r] = engine.status();
-        return;
-      }
-      for (const ParamSpec& spec : {ParamSpec{"w", {5, 7}, DType::kFP32, true, 0, 0},
-                                    ParamSpec{"b", {7}, DType::kFP32, true, 0, 0}}) {
-        if (auto id = (*engine)->RegisterParam(spec); !id.ok()) {
-          results[r] = id.status();
-          return;
-        }
-      }
-      results[r] = (*engine)->Finalize();
-      if (results[r].ok()) results[r] = body(r, **engine);
-    });
-  }
-  for (auto& t : ranks) t.join();
-  return results;
+  return testing::RunOnRanks(kWorld, [&](int r, comm::Communicator& comm) -> Status {
+    ZERO_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(config, comm));
+    for (const ParamSpec& spec : {ParamSpec{"w", {5, 7}, DType::kFP32, true, 0, 0},
+                                  ParamSpec{"b", {7}, DType::kFP32, true, 0, 0}}) {
+      ZERO_RETURN_IF_ERROR(engine->RegisterParam(spec).status());
+    }
+    ZERO_RETURN_IF_ERROR(engine->Finalize());
+    return body(r, *engine);
+  });
 }
 
 // Initial values that depend on the rank for "w" (unless `same`), equal everywhere for "b".

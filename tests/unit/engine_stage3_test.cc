@@ -1,0 +1,124 @@
+// Stage 3 on in-process ranks: memory against the table with a bounded gathered window,
+// prefetch along the recorded order, a changed control flow that drops the trace and stays
+// correct, and views of params whose unit is not gathered.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "tests/engine/run_on_ranks.h"
+#include "tests/engine/toy_trainer.h"
+#include "zero/communicator.h"
+#include "zero/engine.h"
+
+namespace zero {
+namespace {
+
+using testing::RunOnRanks;
+using testing::ToyConfig;
+using testing::ToyOptions;
+using testing::TrainOnLocalRanks;
+
+// Stage 3: (2 + 2 + 12)Ψ/N per rank for bf16 params with fp32 master/m/v, plus the gathered
+// window (at most max_live_elems) and the bucket buffers.
+TEST(EngineStage3, MemoryMatchesTheTableAndTheLiveWindowIsBounded) {
+  constexpr int kWorld = 4, kLayers = 8;
+  const int64_t layer = 1024 * 1024;
+  Config config = ToyConfig(3);
+  config.precision.param = config.precision.grad = config.precision.reduce = DType::kBF16;
+  config.stage3.max_live_elems = 3 * layer;  // three units at a time
+  config.buckets.pool_buffers = 2;
+  std::vector<MemoryStats> stats(kWorld);
+  const std::vector<Status> results = RunOnRanks(kWorld, [&](int r, comm::Communicator& comm) -> Status {
+        ZERO_ASSIGN_OR_RETURN(auto e, Engine::Create(config, comm));
+        for (int l = 0; l < kLayers; ++l) {
+          ZERO_RETURN_IF_ERROR(e->RegisterParam({"layer" + std::to_string(l), {1024, 1024}, DType::kBF16, true, 0, l}).status());
+        }
+        ZERO_RETURN_IF_ERROR(e->Finalize());
+        std::vector<uint16_t> grad(layer, 0);
+        for (int step = 0; step < 2; ++step) {
+          ZERO_RETURN_IF_ERROR(e->BeginIteration());
+          for (int l = 0; l < kLayers; ++l) {  // forward: a sliding window of gathered layers
+            ZERO_RETURN_IF_ERROR(e->Gather(l));
+            if (l >= 2) ZERO_RETURN_IF_ERROR(e->Release(l - 2));
+          }
+          ZERO_RETURN_IF_ERROR(e->Release(kLayers - 2));
+          ZERO_RETURN_IF_ERROR(e->Release(kLayers - 1));
+          for (int l = kLayers - 1; l >= 0; --l) {  // backward
+            ZERO_RETURN_IF_ERROR(e->Gather(l));
+            ZERO_RETURN_IF_ERROR(e->AccumulateGrad(l, grad.data()));
+            ZERO_RETURN_IF_ERROR(e->Release(l));
+          }
+          ZERO_RETURN_IF_ERROR(e->EndBackward());
+          ZERO_RETURN_IF_ERROR(e->Step().status());
+        }
+        // A fourth unit beyond max_live_elems is refused clearly, not over-allocated.
+        ZERO_RETURN_IF_ERROR(e->Gather(0));
+        ZERO_RETURN_IF_ERROR(e->Gather(1));
+        ZERO_RETURN_IF_ERROR(e->Gather(2));
+        const Status over = e->Gather(3);
+        if (!absl::IsResourceExhausted(over) || over.message().find("max_live_elems") == std::string::npos) {
+          return absl::InternalError(absl::StrCat("expected ResourceExhausted naming max_live_elems, got ", over.ToString()));
+        }
+        stats[r] = e->GetMemoryStats();
+        return absl::OkStatus();
+  });
+  for (int r = 0; r < kWorld; ++r) ASSERT_TRUE(results[r].ok()) << results[r];
+  const double psi = double(kLayers) * layer, n = kWorld;
+  const MemoryStats& m = stats[0];
+  const double states = m.Peak(MemoryCategory::kParams) + m.Peak(MemoryCategory::kGrads) + m.Peak(MemoryCategory::kOptimizer);
+  EXPECT_NEAR(states, 16 * psi / n, 0.02 * 16 * psi / n);
+  EXPECT_LE(m.Peak(MemoryCategory::kGathered), 3 * layer * 2) << "the gathered window exceeded max_live_elems";
+  EXPECT_GE(m.Peak(MemoryCategory::kGathered), 2 * layer * 2);
+}
+
+TEST(EngineStage3, PrefetchStartsTheNextUnitsGatherBeforeTheTrainerAsks) {
+  ToyOptions options;
+  options.steps = 5;
+  const auto runs = TrainOnLocalRanks(2, ToyConfig(3), options);
+  if (HasFailure()) return;
+  // Iteration 1 records the order; from iteration 2 on the next unit is already on its way.
+  EXPECT_GT(runs[0].counters.gathers_prefetched, 0);
+  EXPECT_EQ(runs[0].counters.trace_invalidations, 0);
+  Config no_prefetch = ToyConfig(3);
+  no_prefetch.stage3.prefetch_elems = 0;
+  const auto on_demand = TrainOnLocalRanks(2, no_prefetch, options);
+  EXPECT_EQ(on_demand[0].counters.gathers_prefetched, 0);
+  EXPECT_EQ(on_demand[0].result.losses, runs[0].result.losses);
+}
+
+TEST(EngineStage3, ChangedControlFlowDropsTheTraceAndStaysCorrect) {
+  ToyOptions options;
+  options.steps = 8;
+  options.skip_unit0_on_odd_steps = true;  // data-dependent: some iterations skip a unit
+  const auto reference = TrainOnLocalRanks(3, ToyConfig(0), options);
+  const auto runs = TrainOnLocalRanks(3, ToyConfig(3), options);
+  if (HasFailure()) return;
+  EXPECT_GE(runs[0].counters.trace_invalidations, 1);
+  EXPECT_EQ(runs[0].result.losses, reference[0].result.losses);
+  EXPECT_EQ(runs[0].result.final_params, reference[0].result.final_params);
+}
+
+TEST(EngineStage3, ViewsOfUngatheredParamsAreErrors) {
+  auto group = comm::CreateLocalGroup(1);
+  auto engine = Engine::Create(ToyConfig(3), *(*group)[0]);
+  ASSERT_TRUE(engine.ok());
+  Engine& e = **engine;
+  const ParamId a = *e.RegisterParam({"a", {300}, DType::kFP32, true, 0, 5});
+  ASSERT_TRUE(e.Finalize().ok());
+  std::vector<float> values(300, 2.0f), out(300);
+  ASSERT_TRUE(e.SetParam(a, values.data()).ok());
+  const Status view = e.ParamData(a).status();
+  EXPECT_EQ(view.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(view.message().find("Gather(5)"), std::string::npos) << view;
+  ASSERT_TRUE(e.GetParam(a, out.data()).ok());  // gathers for the call
+  EXPECT_EQ(out, values);
+  ASSERT_TRUE(e.Gather(5).ok());
+  EXPECT_EQ(static_cast<float*>(*e.ParamData(a))[299], 2.0f);
+  ASSERT_TRUE(e.Release(5).ok());
+  EXPECT_EQ(e.ParamData(a).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(e.Release(5).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(e.Gather(9).code(), absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace zero

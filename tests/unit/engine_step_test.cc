@@ -1,0 +1,59 @@
+// Step on in-process ranks: an overflow on one rank skips the step everywhere and halves the
+// loss scale; clipping bounds the norm.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "tests/engine/run_on_ranks.h"
+#include "tests/engine/toy_trainer.h"
+#include "zero/communicator.h"
+#include "zero/engine.h"
+
+namespace zero {
+namespace {
+
+using testing::RunOnRanks;
+using testing::ToyConfig;
+
+TEST(EngineStep, LossScalingSkipsOverflowAndClippingBoundsTheNorm) {
+  RunOnRanks(2, [&](int r, comm::Communicator& comm) {
+      Config config = ToyConfig(2);
+      config.loss_scale.mode = LossScaleMode::kDynamic;
+      config.loss_scale.initial_power = 4;
+      config.loss_scale.hysteresis = 1;
+      config.clip_grad_norm = 0.5f;
+      auto engine = Engine::Create(config, comm);
+      ASSERT_TRUE(engine.ok());
+      const ParamId id = *(*engine)->RegisterParam({"w", {1000}});
+      ASSERT_TRUE((*engine)->Finalize().ok());
+      std::vector<float> init(1000, 1.0f), after(1000);
+      ASSERT_TRUE((*engine)->SetParam(id, init.data()).ok());
+      // Step 1: rank 1 has an Inf → skipped everywhere, scale halves, params untouched.
+      std::vector<float> grad(1000, 16.0f);  // 16 × scale 16 … unscaled 1.0 per element
+      if (r == 1) grad[999] = INFINITY;
+      ASSERT_TRUE((*engine)->BeginIteration().ok());
+      ASSERT_TRUE((*engine)->AccumulateGrad(id, grad.data()).ok());
+      ASSERT_TRUE((*engine)->EndBackward().ok());
+      auto info = (*engine)->Step();
+      ASSERT_TRUE(info.ok());
+      EXPECT_TRUE(info->skipped);
+      EXPECT_EQ(info->loss_scale, 8.0f);
+      ASSERT_TRUE((*engine)->GetParam(id, after.data()).ok());
+      EXPECT_EQ(after, init);
+      // Step 2: finite. Unscaled averaged gradient = 1 everywhere: norm sqrt(1000) ≈ 31.6 > 0.5.
+      std::fill(grad.begin(), grad.end(), 8.0f);
+      ASSERT_TRUE((*engine)->BeginIteration().ok());
+      ASSERT_TRUE((*engine)->AccumulateGrad(id, grad.data()).ok());
+      ASSERT_TRUE((*engine)->EndBackward().ok());
+      info = (*engine)->Step();
+      ASSERT_TRUE(info.ok());
+      EXPECT_FALSE(info->skipped);
+      EXPECT_EQ(info->step, 1);
+      EXPECT_NEAR(info->grad_norm, std::sqrt(1000.0f), 1e-3);
+      ASSERT_TRUE((*engine)->GetParam(id, after.data()).ok());
+      EXPECT_NE(after, init);
+  });
+}
+
+}  // namespace
+}  // namespace zero
