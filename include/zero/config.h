@@ -1,4 +1,4 @@
-// Engine configuration: the JSON of DESIGN.md, or the same fields set in C++.
+// Engine configuration: the JSON below, or the same fields set in C++.
 //
 //   { "stage": 2, "device": "cpu",
 //     "optimizer": {"type": "adamw", "lr": 1e-3, "betas": [0.9, 0.999], "eps": 1e-8,

@@ -2,7 +2,7 @@
 // buffers, reduces gradients across data-parallel ranks while backward runs, and steps fused
 // optimizer kernels on each rank's shard.
 //
-// One Engine per rank. The iteration protocol (DESIGN.md):
+// One Engine per rank. The iteration protocol:
 //
 //   auto engine = Engine::Create(config, communicator);      // one per rank
 //   id = engine->RegisterParam({"layer0.weight", {out, in}, DType::kFP32});
@@ -27,7 +27,7 @@
 // (EndBackward and Step may have begun their collectives before it came); the way on is to
 // restart the ranks and load the last checkpoint.
 //
-// The gradient guard (config "guard", DESIGN.md): a second gradient for a param is
+// The gradient guard (config "guard", zero/config.h): a second gradient for a param is
 // DuplicateGradient (IsDuplicateGradient) or, with on_duplicate = "count", summed; params with
 // no gradient at EndBackward are UnusedParameters (IsUnusedParameters) or, with on_unused =
 // "zero", zeros; Finalize compares the registries of all ranks; consistency_check makes ranks

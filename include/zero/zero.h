@@ -3,7 +3,7 @@
  * Every call returns a zero_status (0 = ZERO_OK); zero_last_error() gives the calling
  * thread's message for its last failed call. Objects are opaque handles created and
  * destroyed here. The calls mirror the C++ API (zero/engine.h) one to one; the config is the
- * JSON of DESIGN.md (NULL or "" for the defaults).
+ * JSON described in zero/config.h (NULL or "" for the defaults).
  *
  *   zero_comm* comms[2];  zero_comm_local_group(2, comms);        // or zero_comm_mpi(NULL, &c)
  *   zero_engine* e;       zero_engine_create("{\"stage\": 2}", comms[rank], &e);
@@ -67,8 +67,8 @@ enum {
   ZERO_MEM_CATEGORIES
 };
 
-/** Bytes held now and at peak, per ZERO_MEM_* category. DESIGN.md names both this struct and
- * the function that fills it `zero_memory_stats`; C allows that only for a struct tag, so the
+/** Bytes held now and at peak, per ZERO_MEM_* category. The struct and the function that
+ * fills it share the name `zero_memory_stats`; C allows that only for a struct tag, so the
  * type is spelled `struct zero_memory_stats` (no typedef). */
 struct zero_memory_stats {
   int64_t current[ZERO_MEM_CATEGORIES];
