@@ -171,7 +171,7 @@ Status EngineImpl::Finalize() {
     ZERO_RETURN_IF_ERROR(ops_->Zero(params_.data(), params_.bytes()));
   }
   const int num_buckets = static_cast<int>(plan_->buckets().size());
-  scheduler_ = std::make_unique<comm::BucketScheduler>(
+  scheduler_ = std::make_unique<BucketScheduler>(
       num_buckets,
       [this](int bucket) {
         ++counters_.reductions_launched;

@@ -9,7 +9,7 @@
 #include <optional>
 #include <vector>
 
-#include "comm/bucket_scheduler.h"
+#include "runtime/bucket_scheduler.h"
 #include "zero/communicator.h"
 #include "partition/partition_plan.h"
 #include "base/allocator.h"
@@ -161,7 +161,7 @@ class EngineImpl final : public Engine {
   std::optional<partition::PartitionPlan> plan_;
   base::Buffer params_;
   std::unique_ptr<GradStore> grads_;
-  std::unique_ptr<comm::BucketScheduler> scheduler_;
+  std::unique_ptr<BucketScheduler> scheduler_;
   std::unique_ptr<OptimizerState> optimizer_;
 
   Phase phase_ = Phase::kRegistering;

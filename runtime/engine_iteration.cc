@@ -105,7 +105,7 @@ Status EngineImpl::AccumulateGrad(ParamId id, const void* grad) {
 Status EngineImpl::BucketReady(int bucket) {
   const bool reduce = config_.stage == 2 || LastMicroBatch();
   ZERO_ASSIGN_OR_RETURN(auto reduction, grads_->Reduction(bucket, reduce));
-  comm::BucketScheduler::Launch launch = std::move(reduction.first);
+  BucketScheduler::Launch launch = std::move(reduction.first);
   if (launch && CollectivesWaitForStream()) {
     launch = [this, inner = std::move(launch)]() -> comm::WorkPtr {
       Status finished = BeforeCollective();  // the trainer's gradient kernels on the stream

@@ -8,7 +8,6 @@
 namespace zero::runtime {
 namespace {
 
-using comm::BucketScheduler;
 using partition::Bucket;
 
 // Stages 0 and 1: gradients laid out exactly like the params.

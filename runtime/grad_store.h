@@ -12,7 +12,7 @@
 #include <functional>
 #include <memory>
 
-#include "comm/bucket_scheduler.h"
+#include "runtime/bucket_scheduler.h"
 #include "zero/communicator.h"
 #include "partition/partition_plan.h"
 #include "base/allocator.h"
@@ -38,7 +38,7 @@ class GradStore {
   virtual StatusOr<void*> View(int param) = 0;
   /// The collective and completion step of a trainable bucket once its gradients are ready.
   /// `reduce` is false for micro-batches that only accumulate locally (stages 0-1).
-  virtual StatusOr<std::pair<comm::BucketScheduler::Launch, comm::BucketScheduler::Finish>>
+  virtual StatusOr<std::pair<BucketScheduler::Launch, BucketScheduler::Finish>>
   Reduction(int bucket, bool reduce) = 0;
   /// The rank's reduced gradient for the part of `bucket` it steps (the whole bucket at stage 0,
   /// its shard otherwise); valid after the step's reductions completed.

@@ -1,7 +1,7 @@
-// comm::BucketScheduler on its own, with stand-in collectives: launches strictly in bucket
+// runtime::BucketScheduler on its own, with stand-in collectives: launches strictly in bucket
 // order whatever order buckets become ready in, runs each Finish after its collective
 // succeeded (never after a failure), and refuses calls out of order.
-#include "comm/bucket_scheduler.h"
+#include "runtime/bucket_scheduler.h"
 
 #include <gtest/gtest.h>
 
@@ -9,11 +9,11 @@
 #include <string>
 #include <vector>
 
-namespace zero::comm {
+namespace zero::runtime {
 namespace {
 
 // A collective that completes at once with a given outcome.
-class DoneWork final : public Work {
+class DoneWork final : public comm::Work {
  public:
   explicit DoneWork(Status outcome) : outcome_(std::move(outcome)) {}
   Status Wait(double) override { return outcome_; }
@@ -94,4 +94,4 @@ TEST(BucketScheduler, CallsOutOfOrderAreRefused) {
 }
 
 }  // namespace
-}  // namespace zero::comm
+}  // namespace zero::runtime

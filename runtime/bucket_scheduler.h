@@ -1,8 +1,9 @@
+// (Internal to runtime: the engine's policy for its bucket collectives.)
 // Launches bucket collectives strictly in bucket order, as soon as each bucket and every
 // earlier one is ready, so ranks whose gradients arrive in different orders still issue
 // identical collective sequences; then waits for them and runs each bucket's completion step.
-#ifndef ZERO_COMM_BUCKET_SCHEDULER_H_
-#define ZERO_COMM_BUCKET_SCHEDULER_H_
+#ifndef ZERO_RUNTIME_BUCKET_SCHEDULER_H_
+#define ZERO_RUNTIME_BUCKET_SCHEDULER_H_
 
 #include <deque>
 #include <functional>
@@ -11,12 +12,12 @@
 
 #include "zero/communicator.h"
 
-namespace zero::comm {
+namespace zero::runtime {
 
 class BucketScheduler {
  public:
   /// Starts a bucket's collective; null for a bucket with nothing to send this time.
-  using Launch = std::function<WorkPtr()>;
+  using Launch = std::function<comm::WorkPtr()>;
   /// Runs after the bucket's collective completed successfully (accumulate, release buffers).
   using Finish = std::function<Status()>;
   /// Called for each bucket as it is launched (bucket index), for counters and logs.
@@ -47,7 +48,7 @@ class BucketScheduler {
   };
   struct Flight {
     int bucket;
-    WorkPtr work;
+    comm::WorkPtr work;
     Finish finish;
   };
   std::vector<Entry> entries_;
@@ -57,6 +58,6 @@ class BucketScheduler {
   Describe describe_;
 };
 
-}  // namespace zero::comm
+}  // namespace zero::runtime
 
-#endif  // ZERO_COMM_BUCKET_SCHEDULER_H_
+#endif  // ZERO_RUNTIME_BUCKET_SCHEDULER_H_

@@ -1,9 +1,9 @@
 // In-order launching of bucket collectives.
-#include "comm/bucket_scheduler.h"
+#include "runtime/bucket_scheduler.h"
 
 #include "absl/strings/str_cat.h"
 
-namespace zero::comm {
+namespace zero::runtime {
 
 BucketScheduler::BucketScheduler(int num_buckets, OnLaunch on_launch, Describe describe)
     : entries_(num_buckets), on_launch_(std::move(on_launch)), describe_(std::move(describe)) {}
@@ -58,4 +58,4 @@ Status BucketScheduler::WaitAll(double timeout_s) {
   return absl::OkStatus();
 }
 
-}  // namespace zero::comm
+}  // namespace zero::runtime
