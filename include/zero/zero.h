@@ -90,6 +90,11 @@ ZERO_API zero_status zero_comm_mpi(const void* mpi_comm, zero_comm** out);
 ZERO_API int zero_comm_rank(const zero_comm* comm);
 ZERO_API int zero_comm_size(const zero_comm* comm);
 ZERO_API void zero_comm_destroy(zero_comm* comm);
+/** Copies `bytes` bytes at `data` (host memory) from rank `root` to every rank, bit for bit
+ *  (any element type: frozen weights, buffers, RNG states). Collective; waits at most
+ *  timeout_s seconds (0: forever). */
+ZERO_API zero_status zero_comm_broadcast_bytes(zero_comm* comm, void* data, int64_t bytes, int root,
+                                               double timeout_s);
 
 /** An engine for this rank; `comm` must outlive it. */
 ZERO_API zero_status zero_engine_create(const char* config_json, zero_comm* comm, zero_engine** out);

@@ -127,8 +127,8 @@ def skips_branch(rank, step):
 
 
 def train_sharded(stage, world=2, guard=None, raise_first=True, steps=range(STEPS),
-                  load=None, save=None, perturb=False, preempt_at=None,
-                  **model_options):
+                  load=None, save=None, perturb=False, perturb_frozen=False,
+                  preempt_at=None, **model_options):
     """Trains on `world` in-process ranks; optionally loads a checkpoint first and saves one
     after. With `preempt_at`, rank 0 sends itself SIGUSR1 after that step; every rank
     polls preemption_requested() after each step and, once it is true, saves the checkpoint
@@ -147,6 +147,14 @@ def train_sharded(stage, world=2, guard=None, raise_first=True, steps=range(STEP
                     if param.requires_grad:
                         param.add_(0.1)
     bounds = [BATCH * r // world for r in range(world + 1)]
+    if perturb_frozen:  # every rank but 0 loads other frozen weights and buffers
+        with torch.no_grad():
+            for rank, model in enumerate(models):
+                model.register_buffer("scale_buffer", torch.full((3,), float(rank)))
+                if rank > 0:
+                    for param in model.parameters():
+                        if not param.requires_grad:
+                            param.mul_(1.5)
 
     def body(rank, comm):
         model = models[rank]
@@ -343,6 +351,14 @@ def test_rank0_values_reach_every_rank_before_the_first_forward(stage):
     """Ranks built with different initial values train like rank 0's model (as DDP's
     broadcast at construction)."""
     for trained in train_sharded(stage, perturb=True):
+        assert_close(trained, reference())
+
+
+@pytest.mark.parametrize("stage", [1, 3])
+def test_rank0_frozen_weights_and_buffers_reach_every_rank(stage):
+    """Ranks that loaded other frozen (LoRA base) weights and buffers train like rank 0's
+    model: initialize copies them from rank 0, as DDP does."""
+    for trained in train_sharded(stage, perturb_frozen=True):
         assert_close(trained, reference())
 
 

@@ -64,6 +64,8 @@ _PROTOTYPES = {
                                   ctypes.c_int),
     "zero_memory_stats": ([ctypes.c_void_p, ctypes.POINTER(MemoryStats)],
                           ctypes.c_int),
+    "zero_comm_broadcast_bytes": ([ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
+                                   ctypes.c_int, ctypes.c_double], ctypes.c_int),
     "zero_engine_rank": ([ctypes.c_void_p], ctypes.c_int),
     "zero_engine_world_size": ([ctypes.c_void_p], ctypes.c_int),
 }

@@ -71,6 +71,13 @@ class Communicator:
         """The number of ranks."""
         return library().zero_comm_size(self._handle)
 
+    def broadcast_bytes(self, address, nbytes, root=0, timeout_s=600.0):
+        """Copies `nbytes` bytes at `address` (host memory) from rank `root` to every rank,
+        bit for bit (collective)."""
+        status = library().zero_comm_broadcast_bytes(
+            self._handle, ctypes.c_void_p(address), nbytes, root, timeout_s)
+        _check(status, "zero_comm_broadcast_bytes")
+
     def close(self):
         """Frees the communicator, and first every engine still open on it."""
         for handle in list(self._engines):

@@ -14,8 +14,9 @@ What happens to the model:
 - At stages 0-2 each trainable param's `.data` becomes a view of the engine's own copy
   (`zero_param_data`): the optimizer writes there, so nothing is copied back after a step.
   Rank 0's initial values of the trainable params reach every rank before the first
-  forward (stage 3 refuses different values instead); frozen params and buffers are not
-  broadcast: load them identically on every rank.
+  forward (stage 3 refuses different values instead); rank 0's frozen params and buffers are
+  copied to every rank when the engine is built, as DDP does (not again after: buffers that
+  change in forward, such as BatchNorm statistics, stay per rank).
 - A hook after each param's gradient accumulation (`register_post_accumulate_grad_hook` on
   PyTorch ≥ 2.1, a post hook on the param's AccumulateGrad node before) hands the gradient to
   the engine (`zero_accumulate_grad`: one copy into the bucket) and sets `.grad` to None, so
@@ -59,6 +60,7 @@ class TorchEngine:
         self.loss_scale = (2.0 ** scale.get("initial_power", 16)
                            if scale.get("mode", "none") != "none" else 1.0)
         self._engine = core.Engine(self.config, comm)
+        self._sync_frozen_state(module, comm)
         self._params = []  # (name, param, id)
         trainable = {p for p in module.parameters() if p.requires_grad}
         unit_of, module_units = {}, {}
@@ -103,6 +105,25 @@ class TorchEngine:
         # first gradient.
         self._first_forward = module.register_forward_pre_hook(
             lambda _m, _i: self._start_first_micro_batch())
+
+    def _sync_frozen_state(self, module, comm):
+        """Rank 0's frozen params (LoRA base weights, frozen embeddings) and buffers
+        (BatchNorm statistics, masks) on every rank, as DDP does when it wraps a model: the
+        engine owns only the trainable params, and a rank that loaded or seeded these
+        differently would silently compute another model."""
+        if comm.size == 1:
+            return
+        timeout = float(self.config.get("guard", {}).get("timeout_s", 600.0))
+        frozen = [p for p in module.parameters() if not p.requires_grad]
+        with torch.no_grad():
+            for tensor in frozen + list(module.buffers()):
+                if tensor.device.type != "cpu" or tensor.numel() == 0:
+                    continue
+                values = tensor.detach().contiguous()
+                comm.broadcast_bytes(values.data_ptr(),
+                                     values.numel() * values.element_size(), 0, timeout)
+                if values.data_ptr() != tensor.data_ptr():
+                    tensor.copy_(values)
 
     def _start_first_micro_batch(self):
         self._first_forward.remove()
