@@ -11,6 +11,8 @@
     check_tools.py BIN_DIR mpi     zero-train under mpirun -np 2 and 3 (stages agree, agree with
                                    the same run on in-process ranks, SIGUSR1 to mpirun saves and
                                    resumes)
+    check_tools.py BIN_DIR params CKPT   (used by the checks above) every param of CKPT as an
+                                   engine's GetParam gives it, as JSON of hex fp32 bytes
 """
 import ctypes
 import json
@@ -26,9 +28,6 @@ import time
 BIN = sys.argv[1]
 MODE = sys.argv[2]
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
-os.environ.setdefault("ZERORT_LIBRARY", os.path.join(BIN, "..", "lib", "libzerort.so"))
-import zerort  # noqa: E402 - the package of this source tree, over BIN's library
 RUN_MPI = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "mpi", "run_mpi.sh")
 failures = []
 CONFIG_STAGE3 = os.path.join(tempfile.mkdtemp(), "stage3.json")
@@ -209,9 +208,26 @@ def bf16(value):
     return (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
 
 
-def consolidated_matches(path, ckpt, dtype):
-    """Every param of the safetensors file equals the engine's value after loading `ckpt`."""
-    tensors = read_safetensors(path)
+def engine_params(ckpt):
+    """{name: raw fp32 bytes} of every param as an engine gives them (GetParam) after loading
+    `ckpt`: the zerort package of this tree over BIN's library, in a python3 of its own (with
+    the ASan runtime preloaded when BIN is a sanitizer build)."""
+    env = dict(os.environ, ZERORT_LIBRARY=os.path.join(BIN, "..", "lib", "libzerort.so"))
+    runtime = os.path.join(BIN, "..", "zero_asan_runtime.txt")
+    if os.path.exists(runtime):
+        env.update(LD_PRELOAD=open(runtime).read().strip(), ASAN_OPTIONS="detect_leaks=0")
+    result = subprocess.run([sys.executable, os.path.abspath(__file__), BIN, "params", ckpt],
+                            capture_output=True, text=True, timeout=300, env=env)
+    if result.returncode != 0:
+        print(result.stderr[-2000:])
+        return {}
+    return {name: bytes.fromhex(raw) for name, raw in json.loads(result.stdout).items()}
+
+
+def print_engine_params(ckpt):
+    """The `params` mode: prints {name: hex of the fp32 values} of every param of `ckpt`."""
+    sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
+    import zerort  # noqa: E402 - the package of this source tree
     with open(os.path.join(latest(ckpt), "meta.json")) as f:
         params = json.load(f)["params"]
     comm = zerort.local_group(1)[0]
@@ -220,21 +236,32 @@ def consolidated_matches(path, ckpt, dtype):
         engine.register_param(p["name"], p["shape"])
     engine.finalize()
     engine.load_checkpoint(ckpt)
-    ok = sorted(tensors) == sorted(p["name"] for p in params)
+    out = {}
     for pid, p in enumerate(params):
         numel = 1
         for d in p["shape"]:
             numel *= d
         values = (ctypes.c_float * numel)()
         engine.get_param(pid, ctypes.addressof(values))
-        kind, shape, raw = tensors.get(p["name"], (None, None, b""))
-        if dtype == "fp32":
-            want = struct.pack(f"<{numel}f", *values)
-        else:
-            want = struct.pack(f"<{numel}H", *(bf16(v) for v in values))
-        ok = ok and kind == dtype.upper().replace("FP", "F") and shape == p["shape"] and raw == want
+        out[p["name"]] = bytes(values).hex()
     engine.close()
     comm.close()
+    print(json.dumps(out))
+
+
+def consolidated_matches(path, ckpt, dtype):
+    """Every param of the safetensors file equals the engine's value after loading `ckpt`."""
+    tensors = read_safetensors(path)
+    with open(os.path.join(latest(ckpt), "meta.json")) as f:
+        params = json.load(f)["params"]
+    values = engine_params(ckpt)
+    ok = sorted(tensors) == sorted(p["name"] for p in params) == sorted(values)
+    for p in params:
+        raw_fp32 = values.get(p["name"], b"")
+        floats = struct.unpack(f"<{len(raw_fp32) // 4}f", raw_fp32)
+        kind, shape, raw = tensors.get(p["name"], (None, None, b""))
+        want = raw_fp32 if dtype == "fp32" else struct.pack(f"<{len(floats)}H", *(bf16(v) for v in floats))
+        ok = ok and kind == dtype.upper().replace("FP", "F") and shape == p["shape"] and raw == want
     return ok
 
 
@@ -303,6 +330,9 @@ def check_flags():
     check(refused("zero-mem", ["estimate", "--params", "-5"], "--params -5"), "zero-mem estimate --params -5 is refused")
 
 
+if MODE == "params":
+    print_engine_params(sys.argv[3])
+    sys.exit(0)
 if MODE == "local":
     check_flags()
     runs = {stage: train(["--stage", str(stage), "--steps", "40", "--ranks", "3"]) for stage in (0, 1, 2, 3)}
