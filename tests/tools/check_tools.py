@@ -147,6 +147,30 @@ def check_slurm_example():
               "requeues; the requeued job resumes there")
 
 
+def check_rank_failure_ends_the_job():
+    """One rank of a zero-train job under mpirun dies (SIGKILL, as a node failure): the whole
+    job ends within seconds with a non-zero status instead of hanging."""
+    job = subprocess.Popen([RUN_MPI, "3", os.path.join(BIN, "zero-train"), "--json", "--steps", "100000",
+                            "--width", "128"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in job.stdout:
+        if json.loads(line).get("step", 0) >= 2:
+            break
+    ranks = subprocess.run(["pgrep", "-P", str(job.pid), "-f", "zero-train"], capture_output=True, text=True)
+    victims = ranks.stdout.split()
+    if victims:
+        os.kill(int(victims[-1]), signal.SIGKILL)
+    start = time.time()
+    try:
+        job.communicate(timeout=60)
+        elapsed = time.time() - start
+    except subprocess.TimeoutExpired:
+        job.kill()
+        job.communicate()
+        elapsed = float("inf")
+    check(bool(victims) and job.returncode != 0 and elapsed < 30,
+          f"a rank of a 3-rank job killed mid-run: the job ends in {elapsed:.1f} s with status {job.returncode}")
+
+
 def check_zero_ckpt():
     """zero-ckpt on a checkpoint written by zero-train: inspect, verify (and a damaged copy),
     consolidate (read back by a small independent safetensors reader, compared with the
@@ -413,6 +437,7 @@ else:
                   f"np {ranks}: the MPI run matches the same run on {ranks} in-process ranks")
     check_preempted(signal.SIGUSR1, launcher=(RUN_MPI, "2"))
     check_killed_while_saving(kills=3, launcher=(RUN_MPI, "2"))
+    check_rank_failure_ends_the_job()
     # A checkpoint written by 2 MPI processes, resumed by 3 (resharded), against the same
     # save-and-resume on in-process ranks.
     with tempfile.TemporaryDirectory() as ckpt_mpi, tempfile.TemporaryDirectory() as ckpt_local:
