@@ -8,9 +8,9 @@
 
 #include <chrono>
 #include <random>
-#include <thread>
 
 #include "tests/engine/faulty_communicator.h"
+#include "tests/engine/run_on_ranks.h"
 #include "tests/engine/toy_trainer.h"
 #include "zero/communicator.h"
 #include "zero/engine.h"
@@ -40,32 +40,26 @@ TEST(EngineFailures, RandomDelaysTimeoutsAndFailuresLeaveEveryRankInTheSameState
     const double failure_probability = seeds() % 3 == 0 ? 0.02 : 0.0;
     testing::ToyOptions options;
     options.steps = 6;
-    auto group = comm::CreateLocalGroup(world);
-    ASSERT_TRUE(group.ok());
     std::vector<RankOutcome> outcomes(world);
-    std::vector<std::thread> ranks;
     std::vector<uint32_t> rank_seeds(world);
     for (auto& seed : rank_seeds) seed = seeds();
-    for (int r = 0; r < world; ++r) {
-      ranks.emplace_back([&, r] {
-        testing::FaultyCommunicator comm(*(*group)[r], rank_seeds[r], 0.3, failure_probability);
-        RankOutcome& out = outcomes[r];
-        auto engine = Engine::Create(config, comm);
-        ASSERT_TRUE(engine.ok()) << engine.status();
-        testing::ToyResult result;
-        out.trained = testing::TrainToy(**engine, options, &result);
-        out.steps = result.infos.size();
-        if (!out.trained.ok()) {
-          const auto start = Clock::now();
-          out.next_call = (*engine)->BeginIteration();
-          out.next_call_s = std::chrono::duration<double>(Clock::now() - start).count();
-        }
+    testing::RunOnRanks(world, [&](int r, comm::Communicator& local) {
+      testing::FaultyCommunicator comm(local, rank_seeds[r], 0.3, failure_probability);
+      RankOutcome& out = outcomes[r];
+      auto engine = Engine::Create(config, comm);
+      ASSERT_TRUE(engine.ok()) << engine.status();
+      testing::ToyResult result;
+      out.trained = testing::TrainToy(**engine, options, &result);
+      out.steps = result.infos.size();
+      if (!out.trained.ok()) {
         const auto start = Clock::now();
-        engine->reset();
-        out.destroy_s = std::chrono::duration<double>(Clock::now() - start).count();
-      });
-    }
-    for (auto& t : ranks) t.join();
+        out.next_call = (*engine)->BeginIteration();
+        out.next_call_s = std::chrono::duration<double>(Clock::now() - start).count();
+      }
+      const auto start = Clock::now();
+      engine->reset();
+      out.destroy_s = std::chrono::duration<double>(Clock::now() - start).count();
+    });
     const bool any_failed = !outcomes[0].trained.ok() || !outcomes[world - 1].trained.ok() ||
                             (world > 2 && !outcomes[1].trained.ok());
     (any_failed ? failed_rounds : completed_rounds) += 1;

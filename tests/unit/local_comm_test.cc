@@ -14,6 +14,7 @@
 
 #include "zero/communicator.h"
 #include "tests/comm/conformance.h"
+#include "tests/engine/run_on_ranks.h"
 
 namespace zero::comm {
 namespace {
@@ -21,15 +22,7 @@ namespace {
 // Runs body(comm) on every rank of a fresh local group, one thread per rank, and returns each
 // rank's status.
 std::vector<Status> OnEveryRank(int size, const std::function<Status(Communicator&)>& body) {
-  auto group = CreateLocalGroup(size);
-  EXPECT_TRUE(group.ok());
-  std::vector<Status> results(size);
-  std::vector<std::thread> ranks;
-  for (int r = 0; r < size; ++r) {
-    ranks.emplace_back([&, r] { results[r] = body(*(*group)[r]); });
-  }
-  for (auto& t : ranks) t.join();
-  return results;
+  return testing::RunOnRanks(size, [&](int, Communicator& comm) { return body(comm); });
 }
 
 class LocalConformance : public ::testing::TestWithParam<int> {};
@@ -138,37 +131,30 @@ TEST(LocalComm, RandomDelaysAndTimeoutsNeverTouchFreedBuffers) {
   std::mt19937 seeds(20261122);
   int failed_rounds = 0;
   for (int round = 0; round < kRounds; ++round) {
-    auto group = CreateLocalGroup(kRanks);
-    ASSERT_TRUE(group.ok());
     std::vector<int> completed(kRanks, 0);
     std::vector<Status> first_error(kRanks);
-    std::vector<std::thread> ranks;
     std::vector<uint32_t> rank_seeds(kRanks);
     for (auto& seed : rank_seeds) seed = seeds();
-    for (int r = 0; r < kRanks; ++r) {
-      ranks.emplace_back([&, r] {
-        std::mt19937 random(rank_seeds[r]);
-        Communicator& comm = *(*group)[r];
-        for (int k = 0; k < kCollectives; ++k) {
-          std::this_thread::sleep_for(std::chrono::microseconds(random() % 3000));
-          const double timeout = (random() % 4 == 0) ? 1e-6 * (1 + random() % 2000) : 5.0;
-          auto data = std::make_unique<std::vector<float>>(kRanks * 257, static_cast<float>(r + 1));
-          auto out = std::make_unique<std::vector<float>>(257, -1.0f);
-          const Status s = comm.ReduceScatter(data->data(), out->data(), 257, DType::kFP32, ReduceOp::kSum)
-                               ->Wait(timeout);
-          if (!s.ok()) {
-            first_error[r] = s;
-            return;
-          }
-          if ((*out)[0] != kRanks * (kRanks + 1) / 2.0f) {
-            first_error[r] = absl::InternalError("wrong sum");
-            return;
-          }
-          ++completed[r];
+    testing::RunOnRanks(kRanks, [&](int r, Communicator& comm) {
+      std::mt19937 random(rank_seeds[r]);
+      for (int k = 0; k < kCollectives; ++k) {
+        std::this_thread::sleep_for(std::chrono::microseconds(random() % 3000));
+        const double timeout = (random() % 4 == 0) ? 1e-6 * (1 + random() % 2000) : 5.0;
+        auto data = std::make_unique<std::vector<float>>(kRanks * 257, static_cast<float>(r + 1));
+        auto out = std::make_unique<std::vector<float>>(257, -1.0f);
+        const Status s = comm.ReduceScatter(data->data(), out->data(), 257, DType::kFP32, ReduceOp::kSum)
+                             ->Wait(timeout);
+        if (!s.ok()) {
+          first_error[r] = s;
+          return;
         }
-      });
-    }
-    for (auto& t : ranks) t.join();
+        if ((*out)[0] != kRanks * (kRanks + 1) / 2.0f) {
+          first_error[r] = absl::InternalError("wrong sum");
+          return;
+        }
+        ++completed[r];
+      }
+    });
     for (int r = 0; r < kRanks; ++r) {
       EXPECT_NE(first_error[r].code(), absl::StatusCode::kInternal) << first_error[r];
       // A collective completes on every rank or on none: ranks that stopped early agree.
