@@ -31,12 +31,10 @@ std::vector<float> Scaled(int rank, int p, float factor) {
   return g;
 }
 
-// The stage every scenario runs at (2 or 3); set by GuardScenarios' wrapper for each run.
-thread_local int scenario_stage = 2;
-
-Config BaseConfig() {
+// The config every scenario starts from, at `stage` (2 or 3).
+Config BaseConfig(int stage) {
   Config c;
-  c.stage = scenario_stage;
+  c.stage = stage;
   c.optimizer.type = OptimizerType::kSgd;
   c.optimizer.lr = kLr;
   c.optimizer.weight_decay = 0.0f;
@@ -107,10 +105,10 @@ Status ExpectSgdResult(Engine& e, int p, const std::function<double(int rank)>& 
 const std::vector<float> kOnce = {1.0f};
 const std::vector<float> kSplit = {0.3f, 0.7f};  // one gradient arriving in two parts
 
-Status ReentrantCheckpointing(comm::Communicator& comm) {
+Status ReentrantCheckpointing(comm::Communicator& comm, int stage) {
   const int rank = comm.rank();
   {  // Default policy: the second arrival is refused with the param, the cause and the fix.
-    ZERO_ASSIGN_OR_RETURN(auto e, MakeEngine(comm, BaseConfig()));
+    ZERO_ASSIGN_OR_RETURN(auto e, MakeEngine(comm, BaseConfig(stage)));
     ZERO_RETURN_IF_ERROR(e->BeginIteration());
     ZERO_RETURN_IF_ERROR(e->AccumulateGrad(kHead, Scaled(rank, kHead, 1).data()));
     ZERO_RETURN_IF_ERROR(e->AccumulateGrad(kBranch, Scaled(rank, kBranch, 1).data()));
@@ -126,7 +124,7 @@ Status ReentrantCheckpointing(comm::Communicator& comm) {
     ZERO_RETURN_IF_ERROR(ExpectSgdResult(*e, kBlock, [](int) { return 0.3; }));
   }
   // on_duplicate = "count": both parts are summed before the reduction, every iteration.
-  Config config = BaseConfig();
+  Config config = BaseConfig(stage);
   config.guard.on_duplicate = DuplicatePolicy::kCount;
   ZERO_ASSIGN_OR_RETURN(auto e, MakeEngine(comm, config));
   for (int iteration = 0; iteration < 2; ++iteration) {
@@ -139,18 +137,18 @@ Status ReentrantCheckpointing(comm::Communicator& comm) {
   return ExpectError(changed, absl::StatusCode::kFailedPrecondition, {"graph changed", "block.weight"}, "count");
 }
 
-Status TiedEmbedding(comm::Communicator& comm) {
+Status TiedEmbedding(comm::Communicator& comm, int stage) {
   const int rank = comm.rank();
   // The embedding matrix is used by the input lookup and, tied, by the output projection:
   // its gradient arrives twice.
   {
-    ZERO_ASSIGN_OR_RETURN(auto e, MakeEngine(comm, BaseConfig()));
+    ZERO_ASSIGN_OR_RETURN(auto e, MakeEngine(comm, BaseConfig(stage)));
     const Status twice = Backward(*e, rank, {{0.5f, 0.5f}, kOnce, kOnce, kOnce});
     ZERO_RETURN_IF_ERROR(ExpectError(twice, absl::StatusCode::kAlreadyExists, {"\"embed.weight\"", "used twice"}, "tied"));
     if (!IsDuplicateGradient(twice)) return absl::InternalError("not a DuplicateGradient");
     ZERO_RETURN_IF_ERROR(e->EndBackward());  // the engine is still usable
   }
-  Config config = BaseConfig();
+  Config config = BaseConfig(stage);
   config.guard.on_duplicate = DuplicatePolicy::kCount;
   ZERO_ASSIGN_OR_RETURN(auto e, MakeEngine(comm, config));
   ZERO_RETURN_IF_ERROR(Backward(*e, rank, {{0.25f, 0.75f}, kOnce, kOnce, kOnce}));
@@ -158,12 +156,12 @@ Status TiedEmbedding(comm::Communicator& comm) {
   return ExpectSgdResult(*e, kEmbed, [](int) { return 1.0; });
 }
 
-Status BranchUnusedOnOneRank(comm::Communicator& comm) {
+Status BranchUnusedOnOneRank(comm::Communicator& comm, int stage) {
   const int rank = comm.rank(), last = comm.size() - 1;
   const std::vector<float> branch = rank == last ? std::vector<float>{} : kOnce;
   // on_unused = "zero": ranks that skipped a param contribute zeros; nobody hangs — also when
   // different ranks skip different params (the last skips the branch, rank 0 the block).
-  Config config = BaseConfig();
+  Config config = BaseConfig(stage);
   config.guard.on_unused = UnusedPolicy::kZero;
   {
     ZERO_ASSIGN_OR_RETURN(auto e, MakeEngine(comm, config));
@@ -176,7 +174,7 @@ Status BranchUnusedOnOneRank(comm::Communicator& comm) {
   }
   // The default: the rank that skipped it is told which param and how to fix it; the others
   // are not left hanging: their wait ends with DeadlineExceeded naming the bucket's param.
-  ZERO_ASSIGN_OR_RETURN(auto e, MakeEngine(comm, BaseConfig()));
+  ZERO_ASSIGN_OR_RETURN(auto e, MakeEngine(comm, BaseConfig(stage)));
   const Status status = Backward(*e, rank, {kOnce, kOnce, branch, kOnce});
   if (rank == last) {
     if (!IsUnusedParameters(status)) return absl::InternalError(absl::StrCat("expected UnusedParameters, got ", status.ToString()));
@@ -186,8 +184,8 @@ Status BranchUnusedOnOneRank(comm::Communicator& comm) {
   return ExpectError(status, absl::StatusCode::kDeadlineExceeded, {"branch.weight"}, "peer of unused");
 }
 
-Status ParamNoRankUsed(comm::Communicator& comm) {
-  Config config = BaseConfig();
+Status ParamNoRankUsed(comm::Communicator& comm, int stage) {
+  Config config = BaseConfig(stage);
   config.optimizer.type = OptimizerType::kAdamW;
   config.optimizer.weight_decay = 0.1f;
   config.guard.on_unused = UnusedPolicy::kZero;
@@ -204,7 +202,7 @@ Status ParamNoRankUsed(comm::Communicator& comm) {
   // Its optimizer state must be untouched too: with SGD momentum (no dampening) a step that
   // skips the param and then one that uses it must equal that one step alone.
   // One bucket, so that the state next to the param's belongs to other params, not padding.
-  Config sgd = BaseConfig();
+  Config sgd = BaseConfig(stage);
   sgd.optimizer.momentum = 0.9f;
   sgd.guard.on_unused = UnusedPolicy::kZero;
   sgd.buckets.first_bucket_elems = sgd.buckets.reduce_bucket_elems = 1000;
@@ -216,9 +214,9 @@ Status ParamNoRankUsed(comm::Communicator& comm) {
   return ExpectSgdResult(*m, kBranch, [](int) { return 1.0; });
 }
 
-Status RankSkipsEndBackward(comm::Communicator& comm) {
+Status RankSkipsEndBackward(comm::Communicator& comm, int stage) {
   const int rank = comm.rank(), last = comm.size() - 1;
-  ZERO_ASSIGN_OR_RETURN(auto e, MakeEngine(comm, BaseConfig()));
+  ZERO_ASSIGN_OR_RETURN(auto e, MakeEngine(comm, BaseConfig(stage)));
   if (rank == last) {  // begins an iteration, skips its backward, begins the next
     ZERO_RETURN_IF_ERROR(e->BeginIteration());
     return ExpectError(e->BeginIteration(), absl::StatusCode::kFailedPrecondition,
@@ -228,31 +226,31 @@ Status RankSkipsEndBackward(comm::Communicator& comm) {
   return ExpectError(status, absl::StatusCode::kDeadlineExceeded, {"bucket 0", "head.bias"}, "peer of skipper");
 }
 
-Status DifferentRegistrationOrder(comm::Communicator& comm) {
+Status DifferentRegistrationOrder(comm::Communicator& comm, int stage) {
   if (comm.size() == 1) return absl::OkStatus();  // nothing to disagree with
   const bool swapped = comm.rank() == comm.size() - 1;
-  const Status status = MakeEngine(comm, BaseConfig(), swapped).status();
+  const Status status = MakeEngine(comm, BaseConfig(stage), swapped).status();
   return ExpectError(status, absl::StatusCode::kInvalidArgument,
                      {"registered different params", "param index 1", swapped ? "\"branch.weight\"" : "\"block.weight\""},
                      "registration order");
 }
 
-Status DivergedBucketLayout(comm::Communicator& comm) {
-  Config config = BaseConfig();
+Status DivergedBucketLayout(comm::Communicator& comm, int stage) {
+  Config config = BaseConfig(stage);
   config.guard.consistency_check = true;
   const bool odd = comm.rank() == comm.size() - 1 && comm.size() > 1;
   if (odd) config.buckets.first_bucket_elems = config.buckets.reduce_bucket_elems = 1000;
   ZERO_ASSIGN_OR_RETURN(auto e, MakeEngine(comm, config));
   const Status status = Backward(*e, comm.rank(), {kOnce, kOnce, kOnce, kOnce});
   if (comm.size() == 1) return status;  // alone, the check passes and training proceeds
-  if (scenario_stage == 3) return status;  // stage-3 buckets are units: the caps change nothing
+  if (stage == 3) return status;  // stage-3 buckets are units: the caps change nothing
   return ExpectError(status, absl::StatusCode::kFailedPrecondition, {"ranks diverged", "bucket 0"}, "divergence");
 }
 
 }  // namespace
 
 std::vector<GuardScenario> GuardScenarios() {
-  const std::vector<std::pair<std::string, Status (*)(comm::Communicator&)>> scenarios = {
+  const std::vector<std::pair<std::string, Status (*)(comm::Communicator&, int)>> scenarios = {
       {"ReentrantCheckpointing", ReentrantCheckpointing},
       {"TiedEmbedding", TiedEmbedding},
       {"BranchUnusedOnOneRank", BranchUnusedOnOneRank},
@@ -261,12 +259,7 @@ std::vector<GuardScenario> GuardScenarios() {
       {"DifferentRegistrationOrder", DifferentRegistrationOrder},
       {"DivergedBucketLayout", DivergedBucketLayout}};
   std::vector<GuardScenario> out;
-  for (const auto& [name, run] : scenarios) {
-    out.push_back({name, [run = run](comm::Communicator& comm, int stage) {
-                     scenario_stage = stage;
-                     return run(comm);
-                   }});
-  }
+  for (const auto& [name, run] : scenarios) out.push_back({name, run});
   return out;
 }
 
