@@ -52,16 +52,24 @@ void SetBytes(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * kParams * kElems * 12);
 }
 
+// Writes a checkpoint's worth of bytes to `path` with plain write() calls (and fsync when
+// `sync`): the roofline's file. False if a write fell short.
+bool WriteRawFile(const std::string& path, const std::vector<char>& chunk, bool sync) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  bool written = fd >= 0;
+  for (int p = 0; written && p < kParams * 3; ++p) {
+    written = ::write(fd, chunk.data(), chunk.size()) == static_cast<ssize_t>(chunk.size());
+  }
+  if (sync) ::fsync(fd);
+  ::close(fd);
+  return written;
+}
+
 void BM_RawWriteAndSync(benchmark::State& state) {
   const std::string path = Dir() + "-raw.bin";
   std::vector<char> chunk(kElems * 4, 1);
   for (auto _ : state) {
-    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    for (int p = 0; p < kParams * 3; ++p) {
-      if (::write(fd, chunk.data(), chunk.size()) != static_cast<ssize_t>(chunk.size())) state.SkipWithError("write");
-    }
-    ::fsync(fd);
-    ::close(fd);
+    if (!WriteRawFile(path, chunk, /*sync=*/true)) state.SkipWithError("write");
   }
   SetBytes(state);
   std::filesystem::remove(path);
@@ -81,11 +89,7 @@ BENCHMARK(BM_SaveCheckpoint)->Unit(benchmark::kMillisecond)->UseRealTime();
 void BM_RawRead(benchmark::State& state) {
   const std::string path = Dir() + "-raw.bin";
   std::vector<char> chunk(kElems * 4, 1);
-  {
-    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    for (int p = 0; p < kParams * 3; ++p) (void)!::write(fd, chunk.data(), chunk.size());
-    ::close(fd);
-  }
+  if (!WriteRawFile(path, chunk, /*sync=*/false)) state.SkipWithError("write");
   for (auto _ : state) {
     const int fd = ::open(path.c_str(), O_RDONLY);
     for (int p = 0; p < kParams * 3; ++p) {

@@ -44,12 +44,22 @@ struct LaunchTable {
   ZERO_HOST_DEVICE int blocks() const { return first_block[count]; }
 };
 
-/// The tables for `segments` (empty segments are skipped), in order. `aux` and `scalars` are
-/// empty or hold one entry per segment; kInvalidArgument otherwise, or when one launch would
-/// need more than kMaxBlocksPerLaunch blocks.
+/// Calls launch(table) for each table of `segments` in order (empty segments are skipped),
+/// building one table at a time on the stack: nothing is allocated on the kernels' launch path.
+/// `aux` and `scalars` are empty or hold one entry per segment; kInvalidArgument otherwise, or
+/// when one segment would need more than kMaxBlocksPerLaunch blocks (checked before any launch).
+template <typename Launch>
+Status ForEachLaunchTable(absl::Span<const Segment> segments, absl::Span<float* const> aux,
+                          absl::Span<const float> scalars, Launch launch);
+
+/// The tables ForEachLaunchTable would launch, collected (for tests and inspection).
 StatusOr<std::vector<LaunchTable>> BuildLaunchTables(absl::Span<const Segment> segments,
                                                      absl::Span<float* const> aux,
                                                      absl::Span<const float> scalars);
+
+/// The argument checks of ForEachLaunchTable.
+Status CheckLaunchArguments(absl::Span<const Segment> segments, absl::Span<float* const> aux,
+                            absl::Span<const float> scalars);
 
 /// Block `block` of a launch of `t`: its slot in the table (`*slot`) and its element range
 /// [*begin, *end) of that segment.
@@ -61,6 +71,36 @@ ZERO_HOST_DEVICE inline void BlockRange(const LaunchTable& t, int block, int* sl
   *begin = static_cast<int64_t>(block - t.first_block[s]) * kChunkElems;
   const int64_t last = *begin + kChunkElems;
   *end = last < t.segments[s].numel ? last : t.segments[s].numel;
+}
+
+template <typename Launch>
+Status ForEachLaunchTable(absl::Span<const Segment> segments, absl::Span<float* const> aux,
+                          absl::Span<const float> scalars, Launch launch) {
+  ZERO_RETURN_IF_ERROR(CheckLaunchArguments(segments, aux, scalars));
+  LaunchTable table{};
+  int64_t blocks = 0;
+  auto flush = [&]() -> Status {
+    if (table.count == 0) return absl::OkStatus();
+    table.first_block[table.count] = static_cast<int>(blocks);
+    ZERO_RETURN_IF_ERROR(launch(table));
+    table = LaunchTable{};
+    blocks = 0;
+    return absl::OkStatus();
+  };
+  for (size_t i = 0; i < segments.size(); ++i) {
+    const Segment& s = segments[i];
+    if (s.numel <= 0) continue;
+    const int64_t needed = (s.numel + kChunkElems - 1) / kChunkElems;
+    if (blocks + needed > kMaxBlocksPerLaunch) ZERO_RETURN_IF_ERROR(flush());
+    table.segments[table.count] = s;
+    table.aux[table.count] = aux.empty() ? nullptr : aux[i];
+    table.scalar[table.count] = scalars.empty() ? 0.0f : scalars[i];
+    table.index[table.count] = static_cast<int>(i);
+    table.first_block[table.count] = static_cast<int>(blocks);
+    blocks += needed;
+    if (++table.count == kSegmentsPerLaunch) ZERO_RETURN_IF_ERROR(flush());
+  }
+  return flush();
 }
 
 }  // namespace zero::kernels

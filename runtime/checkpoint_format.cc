@@ -414,7 +414,7 @@ Status RankFileReader::ScanLegacy(const CheckpointMeta& meta) {
     ZERO_RETURN_IF_ERROR(ReadAt(&count, sizeof count, offset));
     offset += 8;
   } else {
-    end -= 16;  // the record count and the checksum
+    end -= static_cast<int64_t>(sizeof(int64_t) + kChecksumBytes);  // the record count, the checksum
   }
   for (int64_t k = 0; k < count; ++k) {
     if (format_ == 2 && offset >= end) {

@@ -155,16 +155,15 @@ __device__ void ApplyToChunk(const LaunchTable& t, const Op& op) {
   }
 }
 
-/// Calls launch(table, blocks) for each table of BuildLaunchTables(segments, aux, scalars).
+/// Calls launch(table, blocks) for each table of ForEachLaunchTable(segments, aux, scalars).
 template <typename Launch>
 Status ForEachLaunch(absl::Span<const Segment> segments, absl::Span<float* const> aux,
                      absl::Span<const float> scalars, Launch launch) {
-  ZERO_ASSIGN_OR_RETURN(const std::vector<LaunchTable> tables, BuildLaunchTables(segments, aux, scalars));
-  for (const LaunchTable& table : tables) {
+  return ForEachLaunchTable(segments, aux, scalars, [&launch](const LaunchTable& table) -> Status {
     launch(table, table.blocks());
     ZERO_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  }
-  return absl::OkStatus();
+    return absl::OkStatus();
+  });
 }
 
 /// The CUDA kernels' element-type tags, for kernels::DispatchTypes.

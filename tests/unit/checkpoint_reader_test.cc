@@ -2,12 +2,11 @@
 // engine that loads it, says what it holds, and finds every damaged or missing file.
 #include <gtest/gtest.h>
 
-#include <unistd.h>
-
 #include <filesystem>
 #include <fstream>
 
 #include "tests/engine/run_on_ranks.h"
+#include "tests/engine/scratch_dir.h"
 #include "tests/engine/toy_trainer.h"
 #include "zero/checkpoint.h"
 #include "zero/engine.h"
@@ -22,9 +21,7 @@ using testing::ToyOptions;
 class CheckpointReaderTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = ::testing::TempDir() + "zerort-reader-" + std::to_string(::getpid()) + "-" +
-           ::testing::UnitTest::GetInstance()->current_test_info()->name();
-    std::filesystem::remove_all(dir_);
+    dir_ = testing::ScratchDir("zerort-reader");
     params_.assign(4, {});
     // 3 ranks at stage 3, 4 steps: the params every rank's engine holds at the end.
     const std::vector<Status> statuses = RunOnRanks(3, [&](int r, comm::Communicator& c) -> Status {

@@ -4,13 +4,12 @@
 // fail, and no rank loads anything.
 #include <gtest/gtest.h>
 
-#include <unistd.h>
-
 #include <filesystem>
 #include <fstream>
 #include <numeric>
 
 #include "tests/engine/run_on_ranks.h"
+#include "tests/engine/scratch_dir.h"
 #include "tests/engine/toy_trainer.h"
 #include "zero/engine.h"
 
@@ -31,9 +30,7 @@ ToyOptions Model() {
 class CheckpointReads : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = ::testing::TempDir() + "zerort-reads-" + std::to_string(::getpid()) + "-" +
-           ::testing::UnitTest::GetInstance()->current_test_info()->name();
-    std::filesystem::remove_all(dir_);
+    dir_ = testing::ScratchDir("zerort-reads");
     ToyOptions o = Model();
     o.steps = 3;
     o.save_dir = dir_;

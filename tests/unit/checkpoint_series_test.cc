@@ -3,13 +3,12 @@
 // LoadCheckpoint(root) loads the one `latest` names.
 #include <gtest/gtest.h>
 
-#include <unistd.h>
-
 #include <filesystem>
 #include <fstream>
 #include <string>
 
 #include "tests/engine/run_on_ranks.h"
+#include "tests/engine/scratch_dir.h"
 #include "tests/engine/toy_trainer.h"
 #include "zero/engine.h"
 
@@ -30,9 +29,7 @@ std::string Latest(const std::string& root) {
 class CheckpointSeries : public ::testing::Test {
  protected:
   void SetUp() override {
-    root_ = ::testing::TempDir() + "zerort-series-" + std::to_string(::getpid()) + "-" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name();
-    std::filesystem::remove_all(root_);
+    root_ = testing::ScratchDir("zerort-series");
   }
   void TearDown() override { std::filesystem::remove_all(root_); }
   std::string root_;

@@ -8,6 +8,7 @@
 #include <iterator>
 
 #include "tests/engine/run_on_ranks.h"
+#include "tests/engine/scratch_dir.h"
 #include "tests/engine/toy_trainer.h"
 #include "zero/communicator.h"
 #include "zero/engine.h"
@@ -31,9 +32,7 @@ std::vector<ToyResult> Train(int world, const Config& config, const ToyOptions& 
 class Checkpoint : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = ::testing::TempDir() + "zerort-ckpt-" + std::to_string(::getpid()) + "-" +
-           ::testing::UnitTest::GetInstance()->current_test_info()->name();
-    std::filesystem::remove_all(dir_);
+    dir_ = testing::ScratchDir("zerort-ckpt");
     // The uninterrupted run: 20 steps on 2 ranks at stage 2, saved after step 9.
     ToyOptions full;
     full.steps = 20;

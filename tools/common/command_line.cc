@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "absl/flags/parse.h"
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
 
@@ -25,6 +26,12 @@ std::vector<char*> HelpAliases(int argc, char** argv) {
     if (std::string(args[i]) == "-h") args[i] = help;
   }
   return args;
+}
+
+std::vector<char*> ParseToolCommandLine(int argc, char** argv, const char* dir) {
+  HelpShowsOwnFlags(dir);
+  std::vector<char*> args = HelpAliases(argc, argv);
+  return absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
 }
 
 }  // namespace zero::tools

@@ -14,6 +14,10 @@ void HelpShowsOwnFlags(const char* dir);
 /// The arguments with -h spelled --help (before any "--").
 std::vector<char*> HelpAliases(int argc, char** argv);
 
+/// HelpShowsOwnFlags(dir), then abseil's parse of the arguments (with -h as --help): the
+/// positional arguments, the program name first.
+std::vector<char*> ParseToolCommandLine(int argc, char** argv, const char* dir);
+
 }  // namespace zero::tools
 
 #endif  // ZERO_TOOLS_COMMON_COMMAND_LINE_H_

@@ -11,7 +11,6 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "commands.h"
 #include "common/command_line.h"
@@ -28,9 +27,7 @@ int main(int argc, char** argv) {
       "  zero-ckpt consolidate DIR --out model.safetensors [--dtype bf16]\n"
       "  zero-ckpt reshard DIR --world N --out DIR2   # files for a job at N ranks\n\n"
       "DIR is a checkpoint directory, or a series root whose `latest` file names one.");
-  zero::tools::HelpShowsOwnFlags("zero-ckpt/");
-  std::vector<char*> args = zero::tools::HelpAliases(argc, argv);
-  const std::vector<char*> positional = absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
+  const std::vector<char*> positional = zero::tools::ParseToolCommandLine(argc, argv, "zero-ckpt/");
   if (positional.size() != 3) {
     std::fprintf(stderr, "usage: zero-ckpt inspect|verify|consolidate|reshard DIR [flags] (see --help)\n");
     return 2;

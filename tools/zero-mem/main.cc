@@ -20,7 +20,6 @@
 
 #include "common/command_line.h"
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -240,9 +239,7 @@ int main(int argc, char** argv) {
       "  zero-mem estimate --params 7.5e9 --ranks 64       # DESIGN.md's formulas, DeepSpeed's beside\n"
       "  zero-mem estimate --preset llama-7b --ranks 1,8,64 --plot memory.png\n"
       "  zero-mem measure --layers 8 --width 1024 --ranks 1,2,4 [--csv]   # the engine's peaks");
-  zero::tools::HelpShowsOwnFlags("zero-mem/");
-  std::vector<char*> args = zero::tools::HelpAliases(argc, argv);
-  const std::vector<char*> positional = absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
+  const std::vector<char*> positional = zero::tools::ParseToolCommandLine(argc, argv, "zero-mem/");
   const std::string command = positional.size() > 1 ? positional[1] : "";
   zero::Status status;
   if (command == "estimate") {
