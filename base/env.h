@@ -2,7 +2,8 @@
 //
 //   ZERO_DEBUG        WARN (default) | INFO | DETAIL   log verbosity
 //   ZERO_CPU_ISA      avx512 | avx2 | scalar           cap the CPU kernels' instruction set
-//   ZERO_CPU_THREADS  N ≥ 0                            threads for CPU kernels (0 = all cores)
+//   ZERO_CPU_THREADS  N ≥ 0                            threads per rank for CPU kernels (0 = the
+//                                                      rank's share of the cores, see cpu_exec.h)
 //   ZERO_MPI_REDUCE_SCATTER  auto | ring | allreduce | native
 //                                                      the MPI reduce-scatter algorithm (auto:
 //                                                      measured per size when a communicator
@@ -23,7 +24,7 @@ namespace zero::base {
 struct EnvTunables {
   LogLevel log_level = LogLevel::kWarn;
   std::optional<CpuIsa> cpu_isa_cap;  ///< unset: the best the CPU supports
-  int cpu_threads = 0;                ///< 0: all cores
+  int cpu_threads = 0;                ///< 0: the rank's share of the cores
   std::string mpi_reduce_scatter = "auto";  ///< auto, ring, allreduce or native
 };
 

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "bench/mpi_reporting.h"
+#include "comm/mpi/mpi_rounds.h"
 #include "zero/communicator.h"
 
 namespace zero::bench {
@@ -99,6 +100,22 @@ void RawAllReduceKeepShard(std::vector<float>& full, std::vector<float>& part,
             scratch.begin() + static_cast<int64_t>(rank + 1) * part.size(), part.begin());
 }
 
+// Our ring's rounds run blocking on this thread (no progress thread, no hand-off): what the
+// communicator's reduce-scatter costs without the thread that runs it in the background.
+void RingOnThisThread(std::vector<float>& full, std::vector<float>& part, std::vector<char>& scratch) {
+  comm::ReduceScatterCall call;
+  call.send = full.data();
+  call.recv = part.data();
+  call.count = static_cast<int64_t>(part.size());
+  call.comm = MPI_COMM_WORLD;
+  MPI_Comm_rank(MPI_COMM_WORLD, &call.rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &call.size);
+  call.tag = 31000;
+  const auto algorithm = comm::ReduceScatterAlgorithm::kRing;
+  scratch.resize(comm::ReduceScatterScratchBytes(algorithm, call));
+  comm::RunRoundsBlocking(comm::ReduceScatterRounds(algorithm, call, scratch.data()));
+}
+
 // Seconds per call of `call`, after one warm-up, over `iterations` calls.
 template <typename Call>
 double TimeRaw(int64_t iterations, Call call) {
@@ -137,6 +154,9 @@ void BM_Mpi(benchmark::State& state, Communicator* comm, CollectiveKind kind) {
     const double raw_allreduce = TimeRaw(iterations, [&] { RawAllReduceKeepShard(full, part, scratch); });
     state.counters["raw_rsb_ms"] = raw_seconds * 1e3;
     state.counters["raw_allreduce_ms"] = raw_allreduce * 1e3;
+    std::vector<char> ring_scratch;
+    state.counters["ring_on_caller_ms"] =
+        TimeRaw(iterations, [&] { RingOnThisThread(full, part, ring_scratch); }) * 1e3;
     raw_seconds = std::min(raw_seconds, raw_allreduce);
   }
   (void)RunCollective(*comm, kind, full, part);  // warm-up

@@ -22,8 +22,14 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const Config& config,
   // Once an MPI collective was abandoned it may still write into the engine's buffers: from
   // then on they are kept, not freed (during the engine's life and when it is destroyed).
   allocator.KeepAllocationsWhen([&communicator] { return communicator.AbandonedWorkMayTouchBuffers(); });
+  const kernels::CpuExec exec = kernels::CpuExecFromEnv(env, communicator.ranks_on_this_host());
+  if (config.device == Device::kCpu) {
+    ZERO_LOG(logger, kInfo) << "CPU kernels: " << base::CpuIsaName(exec.isa) << ", " << exec.threads
+                            << " thread(s) per rank, " << communicator.ranks_on_this_host()
+                            << " rank(s) on this host (ZERO_CPU_THREADS sets the count)";
+  }
   ZERO_ASSIGN_OR_RETURN(std::unique_ptr<runtime::DeviceOps> ops,
-                        runtime::DeviceOps::Create(config.device, kernels::CpuExecFromEnv(env), allocator));
+                        runtime::DeviceOps::Create(config.device, exec, allocator));
   return std::unique_ptr<Engine>(new runtime::EngineImpl(config, communicator, logger, allocator, std::move(ops)));
 }
 

@@ -69,7 +69,7 @@ class ShardedGradStore final : public GradStore {
                    std::vector<base::Buffer> pool, WaitForBuffer wait_for_buffer)
       : plan_(plan), comm_(comm), ops_(ops), shard_(std::move(shard)), shard_offsets_(std::move(shard_offsets)),
         pool_(std::move(pool)), holder_(plan.buckets().size(), -1),
-        wait_for_buffer_(std::move(wait_for_buffer)) {
+        shard_is_zero_(plan.buckets().size(), true), wait_for_buffer_(std::move(wait_for_buffer)) {
     for (int i = static_cast<int>(pool_.size()) - 1; i >= 0; --i) free_.push_back(i);
   }
 
@@ -83,13 +83,17 @@ class ShardedGradStore final : public GradStore {
       int bucket, bool) override {
     const Bucket& b = plan_.buckets()[bucket];
     ZERO_ASSIGN_OR_RETURN(char* base, BucketBuffer(bucket));  // a bucket nobody wrote: zeros
-    char* own = base + b.shard_byte_offset(comm_.rank());
+    // The first reduction of a bucket since Zero() writes its sum straight into the shard;
+    // later micro-batches reduce in place and add their chunk, after the collective.
+    const bool first = shard_is_zero_[bucket];
+    shard_is_zero_[bucket] = false;
+    char* own = first ? static_cast<char*>(OwnedGrad(bucket)) : base + b.shard_byte_offset(comm_.rank());
     BucketScheduler::Launch launch = [this, base, own, &b] {
       return comm_.ReduceScatter(base, own, b.shard_numel, b.dtype, comm::ReduceOp::kSum);
     };
-    BucketScheduler::Finish finish = [this, bucket, own, &b] {
+    BucketScheduler::Finish finish = [this, bucket, own, first, &b] {
       // Queued before any later reuse of the pool buffer (which first zeroes it) on the device.
-      Status added = ops_.AddInto(OwnedGrad(bucket), own, b.shard_numel, b.dtype);
+      Status added = first ? absl::OkStatus() : ops_.AddInto(OwnedGrad(bucket), own, b.shard_numel, b.dtype);
       free_.push_back(holder_[bucket]);
       holder_[bucket] = -1;
       return added;
@@ -99,7 +103,10 @@ class ShardedGradStore final : public GradStore {
 
   void* OwnedGrad(int bucket) override { return shard_.as<char>() + shard_offsets_[bucket]; }
 
-  Status Zero() override { return ops_.Zero(shard_.data(), shard_.bytes()); }
+  Status Zero() override {
+    shard_is_zero_.assign(shard_is_zero_.size(), true);
+    return ops_.Zero(shard_.data(), shard_.bytes());
+  }
 
  private:
   // The pool buffer holding `bucket` this micro-batch, taking (and zeroing) one if needed.
@@ -132,6 +139,7 @@ class ShardedGradStore final : public GradStore {
   std::vector<base::Buffer> pool_;
   std::vector<int> holder_;  // pool buffer index per bucket this micro-batch, or -1
   std::vector<int> free_;
+  std::vector<bool> shard_is_zero_;  // per bucket: no reduction since Zero()
   WaitForBuffer wait_for_buffer_;
 };
 

@@ -4,8 +4,8 @@
 //   stage 0  full gradient buffer; all-reduce each bucket at the last micro-batch
 //   stage 1  full gradient buffer; reduce-scatter each bucket in place at the last micro-batch
 //   stage 2  only the rank's gradient shard persists; each micro-batch's bucket gradients go
-//            into buffers from a bounded pool, are reduce-scattered in place, and the rank's
-//            chunk is added into the shard
+//            into buffers from a bounded pool and are reduce-scattered: the step's first
+//            micro-batch straight into the shard, later ones in place, their chunk then added
 #ifndef ZERO_RUNTIME_GRAD_STORE_H_
 #define ZERO_RUNTIME_GRAD_STORE_H_
 

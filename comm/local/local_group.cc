@@ -261,6 +261,7 @@ class LocalCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return group_->size(); }
   const char* backend() const override { return "local"; }
+  int ranks_on_this_host() const override { return group_->size(); }
   Status Health() const override { return group_->Health(); }
   bool AbandonedWorkMayTouchBuffers() const override { return false; }
 

@@ -94,10 +94,10 @@ class NcclWork final : public Work {
 
 class NcclCommunicator final : public Communicator {
  public:
-  NcclCommunicator(ncclComm_t comm, int rank, int size, cudaStream_t caller, cudaStream_t own,
-                   float* scratch)
-      : group_(std::make_shared<NcclGroup>()), comm_(comm), rank_(rank), size_(size), caller_(caller),
-        own_(own), scratch_(scratch) {
+  NcclCommunicator(ncclComm_t comm, int rank, int size, int ranks_on_this_host, cudaStream_t caller,
+                   cudaStream_t own, float* scratch)
+      : group_(std::make_shared<NcclGroup>()), comm_(comm), rank_(rank), size_(size),
+        ranks_on_this_host_(ranks_on_this_host), caller_(caller), own_(own), scratch_(scratch) {
     group_->comm = comm;
   }
 
@@ -113,6 +113,7 @@ class NcclCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   const char* backend() const override { return "nccl"; }
+  int ranks_on_this_host() const override { return ranks_on_this_host_; }
   bool device_buffers_only() const override { return true; }
   bool ordered_after_stream() const override { return true; }
   Status Health() const override { return group_->health.Get(); }
@@ -182,7 +183,7 @@ class NcclCommunicator final : public Communicator {
 
   std::shared_ptr<NcclGroup> group_;
   ncclComm_t comm_;
-  const int rank_, size_;
+  const int rank_, size_, ranks_on_this_host_;
   cudaStream_t caller_, own_;
   float* scratch_;
   int64_t next_sequence_ = 0;
@@ -210,8 +211,8 @@ StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(Communicator& boo
   ZERO_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&own, cudaStreamNonBlocking));
   ZERO_CUDA_RETURN_IF_ERROR(cudaMalloc(&scratch, sizeof(float)));
   return std::unique_ptr<Communicator>(new NcclCommunicator(
-      comm, bootstrap.rank(), bootstrap.size(), static_cast<cudaStream_t>(options.stream), own,
-      scratch));
+      comm, bootstrap.rank(), bootstrap.size(), bootstrap.ranks_on_this_host(),
+      static_cast<cudaStream_t>(options.stream), own, scratch));
 }
 
 }  // namespace zero::comm

@@ -101,6 +101,11 @@ class Communicator {
   /// stream before the call (nccl orders its stream after it); otherwise the caller finishes
   /// that work first.
   virtual bool ordered_after_stream() const { return false; }
+  /// How many ranks of this group run on this machine, this one included. They share its
+  /// cores, so the engine sizes its CPU kernels' thread teams by it (cpu_exec.h). local: size();
+  /// mpi: counted at creation (MPI_COMM_TYPE_SHARED); nccl: its bootstrap's. The default, for
+  /// other backends and wrappers, is 1 (a rank alone on its machine).
+  virtual int ranks_on_this_host() const { return 1; }
 
   /// OK while the group works; once it is broken (a collective failed, timed out or was
   /// abandoned, on this rank or on a peer this rank has heard from), the first error, naming

@@ -24,6 +24,7 @@ class FaultyCommunicator final : public comm::Communicator {
   int rank() const override { return inner_.rank(); }
   int size() const override { return inner_.size(); }
   const char* backend() const override { return inner_.backend(); }
+  int ranks_on_this_host() const override { return inner_.ranks_on_this_host(); }
   Status Health() const override { return inner_.Health(); }
   bool AbandonedWorkMayTouchBuffers() const override { return inner_.AbandonedWorkMayTouchBuffers(); }
   int injected_failures() const { return injected_failures_; }

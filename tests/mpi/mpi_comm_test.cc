@@ -53,6 +53,13 @@ TEST(MpiComm, ConformanceSuite) {
   EXPECT_TRUE(status.ok()) << status;
 }
 
+// mpirun on one machine (as the tests run): every rank is on this host.
+TEST(MpiComm, CountsTheRanksOnThisHost) {
+  std::unique_ptr<Communicator> comm = NewComm();
+  ASSERT_NE(comm, nullptr);
+  EXPECT_EQ(comm->ranks_on_this_host(), comm->size());
+}
+
 // Every reduce-scatter algorithm (comm/mpi/mpi_rounds.h), forced through the environment as a
 // user would, passes the whole suite: odd sizes, in place, bf16/fp16, sum and max. A larger
 // case too, where the ring's point-to-point messages take the rendezvous protocol.

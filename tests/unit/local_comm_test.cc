@@ -36,6 +36,15 @@ TEST_P(LocalConformance, EveryCollectiveDtypeAndSizeMatchesFloat64) {
 
 INSTANTIATE_TEST_SUITE_P(Ranks, LocalConformance, ::testing::Values(1, 2, 3, 4, 5));
 
+TEST(LocalComm, EveryRankSharesThisHost) {
+  const auto results = OnEveryRank(3, [](Communicator& comm) {
+    return comm.ranks_on_this_host() == 3
+               ? absl::OkStatus()
+               : absl::InternalError(absl::StrCat("ranks_on_this_host() = ", comm.ranks_on_this_host()));
+  });
+  for (size_t r = 0; r < results.size(); ++r) EXPECT_TRUE(results[r].ok()) << "rank " << r << ": " << results[r];
+}
+
 TEST(LocalComm, ReduceScatterAndAllReduceGiveIdenticalBits) {
   constexpr int kRanks = 3;
   constexpr int64_t kChunk = 1001;
