@@ -48,9 +48,9 @@ StatusOr<EnvTunables> ReadEnvTunables() {
   if (const char* algorithm = Get("ZERO_MPI_REDUCE_SCATTER")) {
     env.mpi_reduce_scatter = absl::AsciiStrToLower(algorithm);
     const std::string& a = env.mpi_reduce_scatter;
-    if (a != "auto" && a != "ring" && a != "allreduce" && a != "native") {
+    if (a != "auto" && a != "ring" && a != "direct" && a != "allreduce" && a != "native") {
       return absl::InvalidArgumentError(absl::StrCat(
-          "ZERO_MPI_REDUCE_SCATTER=", algorithm, " is not one of auto, ring, allreduce, native"));
+          "ZERO_MPI_REDUCE_SCATTER=", algorithm, " is not one of auto, ring, direct, allreduce, native"));
     }
   }
   return env;

@@ -4,7 +4,7 @@
 //   ZERO_CPU_ISA      avx512 | avx2 | scalar           cap the CPU kernels' instruction set
 //   ZERO_CPU_THREADS  N ≥ 0                            threads per rank for CPU kernels (0 = the
 //                                                      rank's share of the cores, see cpu_exec.h)
-//   ZERO_MPI_REDUCE_SCATTER  auto | ring | allreduce | native
+//   ZERO_MPI_REDUCE_SCATTER  auto | ring | direct | allreduce | native
 //                                                      the MPI reduce-scatter algorithm (auto:
 //                                                      measured per size when a communicator
 //                                                      is created; comm/mpi/mpi_tuning.h)
@@ -25,7 +25,7 @@ struct EnvTunables {
   LogLevel log_level = LogLevel::kWarn;
   std::optional<CpuIsa> cpu_isa_cap;  ///< unset: the best the CPU supports
   int cpu_threads = 0;                ///< 0: the rank's share of the cores
-  std::string mpi_reduce_scatter = "auto";  ///< auto, ring, allreduce or native
+  std::string mpi_reduce_scatter = "auto";  ///< auto, ring, direct, allreduce or native
 };
 
 /// Reads and validates the variables above. A malformed value is kInvalidArgument naming the

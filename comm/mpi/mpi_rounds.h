@@ -29,12 +29,13 @@ enum class ReduceScatterAlgorithm {
   kNative,     ///< MPI_Ireduce_scatter_block
   kAllReduce,  ///< MPI_Iallreduce into a full-size temporary, keep this rank's chunk
   kRing,       ///< size − 1 rounds of point-to-point with the right/left neighbour, our add
+  kDirect,     ///< one round: every chunk sent straight to its owner, then our add of n chunks
 };
 inline constexpr ReduceScatterAlgorithm kReduceScatterAlgorithms[] = {
-    ReduceScatterAlgorithm::kRing, ReduceScatterAlgorithm::kAllReduce,
-    ReduceScatterAlgorithm::kNative};
+    ReduceScatterAlgorithm::kRing, ReduceScatterAlgorithm::kDirect,
+    ReduceScatterAlgorithm::kAllReduce, ReduceScatterAlgorithm::kNative};
 
-/// "native", "allreduce", "ring".
+/// "native", "allreduce", "ring", "direct".
 const char* ReduceScatterAlgorithmName(ReduceScatterAlgorithm algorithm);
 
 /// Parses a name above; false when `name` is none of them.

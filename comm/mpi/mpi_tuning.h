@@ -7,7 +7,7 @@
 // transport, the rank count and the size, so the communicator times each algorithm of
 // mpi_rounds.h at a few sizes on its own ranks and keeps the fastest for each size range.
 //
-//   ZERO_MPI_REDUCE_SCATTER = auto (default) | ring | allreduce | native
+//   ZERO_MPI_REDUCE_SCATTER = auto (default) | ring | direct | allreduce | native
 //
 // (read with the other tunables, base/env.h) forces one algorithm for every size, with
 // no measurement; the choice is logged at INFO.

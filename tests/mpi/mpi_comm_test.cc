@@ -64,7 +64,7 @@ TEST(MpiComm, CountsTheRanksOnThisHost) {
 // user would, passes the whole suite: odd sizes, in place, bf16/fp16, sum and max. A larger
 // case too, where the ring's point-to-point messages take the rendezvous protocol.
 TEST(MpiComm, ConformanceSuiteForEveryReduceScatterAlgorithm) {
-  for (const char* algorithm : {"ring", "allreduce", "native"}) {
+  for (const char* algorithm : {"ring", "direct", "allreduce", "native"}) {
     SCOPED_TRACE(algorithm);
     std::unique_ptr<Communicator> comm;
     {
