@@ -8,13 +8,28 @@
 
 namespace zero {
 
-size_t DTypeSize(DType dtype) { return dtype == DType::kFP32 ? 4 : 2; }
+size_t DTypeSize(DType dtype) {
+  switch (dtype) {
+    case DType::kFP32: return 4;
+    case DType::kBF16:
+    case DType::kFP16: return 2;
+    case DType::kInt64: return 8;
+    case DType::kUInt8: return 1;
+  }
+  return 0;
+}
+
+bool IsFloatingPoint(DType dtype) {
+  return dtype == DType::kFP32 || dtype == DType::kBF16 || dtype == DType::kFP16;
+}
 
 const char* DTypeName(DType dtype) {
   switch (dtype) {
     case DType::kFP32: return "fp32";
     case DType::kBF16: return "bf16";
     case DType::kFP16: return "fp16";
+    case DType::kInt64: return "int64";
+    case DType::kUInt8: return "uint8";
   }
   return "invalid";
 }

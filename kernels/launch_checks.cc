@@ -10,6 +10,11 @@ namespace zero::kernels {
 
 Status CheckSegments(const char* kernel, SegmentTypes types, absl::Span<const Segment> segments,
                      SegmentNeeds needs) {
+  if (!IsFloatingPoint(types.param) || !IsFloatingPoint(types.grad)) {
+    return absl::InvalidArgumentError(absl::StrCat(kernel, ": params and gradients must be fp32, bf16 or "
+                                                   "fp16, not ", DTypeName(types.param), " and ",
+                                                   DTypeName(types.grad)));
+  }
   const bool low_precision = types.param != DType::kFP32;
   for (size_t i = 0; i < segments.size(); ++i) {
     const Segment& s = segments[i];

@@ -17,12 +17,16 @@ void DispatchTypes(SegmentTypes types, Fn fn) {
       case DType::kFP32: return fn(param_tag, typename Tags::F32{});
       case DType::kBF16: return fn(param_tag, typename Tags::Bf16{});
       case DType::kFP16: return fn(param_tag, typename Tags::Half{});
+      case DType::kInt64:
+      case DType::kUInt8: return;  // not param types: CheckSegments refuses them first
     }
   };
   switch (types.param) {
     case DType::kFP32: return with_grad(typename Tags::NoCopy{});
     case DType::kBF16: return with_grad(typename Tags::Bf16{});
     case DType::kFP16: return with_grad(typename Tags::Half{});
+    case DType::kInt64:
+    case DType::kUInt8: return;  // not param types: CheckSegments refuses them first
   }
 }
 

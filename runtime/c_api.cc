@@ -1,7 +1,6 @@
 // The C ABI: thin wrappers that turn each Status into a zero_status and a thread-local message.
 #include "zero/zero.h"
 
-#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -71,18 +70,7 @@ zero_status zero_comm_broadcast_bytes(zero_comm* comm, void* data, int64_t bytes
   if (bytes < 0) return Report(absl::InvalidArgumentError("zero_comm_broadcast_bytes: bytes is negative"));
   if (bytes == 0) return ZERO_OK;
   ZERO_C_REQUIRE(data, "zero_comm_broadcast_bytes");
-  // A broadcast copies bits: 2-byte elements carry any bytes, through an even-sized copy when
-  // the count is odd.
-  std::vector<char> padded;
-  void* buffer = data;
-  if (bytes % 2 != 0) {
-    padded.assign(static_cast<size_t>(bytes + 1), 0);
-    std::memcpy(padded.data(), data, static_cast<size_t>(bytes));
-    buffer = padded.data();
-  }
-  const zero::Status status = comm->comm->Broadcast(buffer, (bytes + 1) / 2, zero::DType::kFP16, root)->Wait(timeout_s);
-  if (status.ok() && buffer != data) std::memcpy(data, padded.data(), static_cast<size_t>(bytes));
-  return Report(status);
+  return Report(comm->comm->Broadcast(data, bytes, zero::DType::kUInt8, root)->Wait(timeout_s));
 }
 
 zero_status zero_engine_create(const char* config_json, zero_comm* comm, zero_engine** out) {

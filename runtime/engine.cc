@@ -130,6 +130,10 @@ StatusOr<ParamId> EngineImpl::RegisterParam(const ParamSpec& spec) {
   if (spec.group < 0) {
     return absl::InvalidArgumentError(absl::StrCat("param \"", spec.name, "\": group ", spec.group, " < 0"));
   }
+  if (!IsFloatingPoint(spec.dtype)) {
+    return absl::InvalidArgumentError(absl::StrCat("param \"", spec.name, "\": dtype ", DTypeName(spec.dtype),
+                                                   " is not a param dtype (fp32, bf16 or fp16)"));
+  }
   if (spec.requires_grad && spec.dtype != config_.precision.grad) {
     return absl::UnimplementedError(absl::StrCat(
         "param \"", spec.name, "\" is ", DTypeName(spec.dtype), " but precision.grad is ",

@@ -33,10 +33,10 @@ uint64_t HashSpec(const ParamSpec& s) {
   return Mix(h, s.unit);
 }
 
-// All-gathers `words` 64-bit values from every rank (as raw 16-bit elements).
+// All-gathers `words` 64-bit values from every rank (bit patterns, as int64 elements).
 Status GatherWords(HostCollectives& host, int world, const std::vector<uint64_t>& mine, std::vector<uint64_t>* all) {
   all->assign(mine.size() * world, 0);
-  return host.AllGather(mine.data(), all->data(), static_cast<int64_t>(mine.size() * 4), DType::kFP16);
+  return host.AllGather(mine.data(), all->data(), static_cast<int64_t>(mine.size()), DType::kInt64);
 }
 
 // What a rank registered at one index, as other ranks' messages show it: everything HashSpec

@@ -59,9 +59,9 @@ StatusOr<std::vector<int>> EngineImpl::ParamsDifferingFromRank0(std::vector<int>
       ZERO_ASSIGN_OR_RETURN(mine[p], HashValues(ParamAddress(static_cast<int>(p)), ParamBytes(static_cast<int>(p))));
     }
   }
-  // 64-bit words travel as four 16-bit elements each.
+  // The hashes' bit patterns travel as int64 elements.
   std::vector<uint64_t> all(mine.size() * world, 0);
-  ZERO_RETURN_IF_ERROR(host_.AllGather(mine.data(), all.data(), static_cast<int64_t>(mine.size() * 4), DType::kFP16));
+  ZERO_RETURN_IF_ERROR(host_.AllGather(mine.data(), all.data(), static_cast<int64_t>(mine.size()), DType::kInt64));
   std::vector<int> differing;
   for (size_t p = 0; p < mine.size(); ++p) {
     std::vector<int> ranks;

@@ -2,6 +2,7 @@
 // inputs (fp32 accumulation in rank order, one rounding) and device-to-device copies.
 #include <cuda_runtime.h>
 
+#include "absl/strings/str_cat.h"
 #include "base/status_converters.h"
 #include "comm/local/arrival.h"
 #include "kernels/cuda/elementwise.cuh"
@@ -46,6 +47,11 @@ Status Reduce(void* out, const Inputs& inputs, int n, int64_t count, DType dtype
     case DType::kFP32: LaunchReduce<kernels::cuda::F32>(out, inputs, n, count, op); break;
     case DType::kBF16: LaunchReduce<kernels::cuda::Bf16>(out, inputs, n, count, op); break;
     case DType::kFP16: LaunchReduce<kernels::cuda::Half>(out, inputs, n, count, op); break;
+    case DType::kInt64:
+    case DType::kUInt8:
+      return absl::UnimplementedError(absl::StrCat(
+          "the local communicator does not reduce ", DTypeName(dtype),
+          " CUDA buffers (all-gather and broadcast of them work; reduce host buffers instead)"));
   }
   ZERO_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return absl::OkStatus();

@@ -205,7 +205,7 @@ MpiRound OneCall(std::function<int(MPI_Request*)> call) {
 class MpiCommunicator final : public Communicator {
  public:
   MpiCommunicator(MPI_Comm comm, MPI_Comm control, int rank, int size, int ranks_on_this_host,
-                  HalfPrecisionOps ops, MpiOptions options, ReduceScatterChoice reduce_scatter)
+                  UserOps ops, MpiOptions options, ReduceScatterChoice reduce_scatter)
       : comm_(comm), control_(control), rank_(rank), size_(size),
         ranks_on_this_host_(ranks_on_this_host), ops_(ops), options_(options),
         reduce_scatter_(std::move(reduce_scatter)), cuda_aware_(MpiIsCudaAware()),
@@ -344,11 +344,19 @@ class MpiCommunicator final : public Communicator {
   }
 
  private:
-  static MPI_Datatype Type(DType dtype) { return dtype == DType::kFP32 ? MPI_FLOAT : MPI_UINT16_T; }
-  MPI_Op Op(DType dtype, ReduceOp op) const {
-    if (dtype != DType::kFP32) return ops_.Get(dtype, op);
-    return op == ReduceOp::kSum ? MPI_SUM : MPI_MAX;
+  // bf16 and fp16 travel as 16-bit words reduced by our user operations (mpi_ops.h); the
+  // other types are MPI's own, reduced by its built-in operations except the uint8 sum.
+  static MPI_Datatype Type(DType dtype) {
+    switch (dtype) {
+      case DType::kFP32: return MPI_FLOAT;
+      case DType::kBF16:
+      case DType::kFP16: return MPI_UINT16_T;
+      case DType::kInt64: return MPI_INT64_T;
+      case DType::kUInt8: return MPI_UINT8_T;
+    }
+    return MPI_DATATYPE_NULL;
   }
+  MPI_Op Op(DType dtype, ReduceOp op) const { return ops_.Get(dtype, op); }
 
   StatusOr<std::unique_ptr<Operation>> Prepare(const CollectiveSignature& s, const void* a,
                                                const void* b) {
@@ -374,7 +382,8 @@ class MpiCommunicator final : public Communicator {
                          size_t recv_bytes) {
     const bool device = PlacementOf(*send) == Placement::kDevice || PlacementOf(*recv) == Placement::kDevice;
     if (!device) return absl::OkStatus();
-    const bool builtin_op = o.signature.dtype == DType::kFP32 || o.signature.kind == CollectiveKind::kAllGather ||
+    const bool builtin_op = o.signature.dtype == DType::kFP32 || o.signature.dtype == DType::kInt64 ||
+                            o.signature.kind == CollectiveKind::kAllGather ||
                             o.signature.kind == CollectiveKind::kBroadcast;
     if (cuda_aware_ && builtin_op) return absl::OkStatus();  // MPI reads device memory itself
 #if ZERO_HAVE_CUDA
@@ -626,7 +635,7 @@ class MpiCommunicator final : public Communicator {
   MPI_Comm comm_;
   MPI_Comm control_;  // broken-group notices only
   const int rank_, size_, ranks_on_this_host_;
-  HalfPrecisionOps ops_;
+  UserOps ops_;
   const MpiOptions options_;
   const ReduceScatterChoice reduce_scatter_;
   const bool cuda_aware_;
@@ -699,7 +708,7 @@ StatusOr<std::unique_ptr<Communicator>> CreateMpiCommunicator(const void* mpi_co
   int rank = 0, size = 0;
   ZERO_MPI_RETURN_IF_ERROR(MPI_Comm_rank(comm, &rank));
   ZERO_MPI_RETURN_IF_ERROR(MPI_Comm_size(comm, &size));
-  HalfPrecisionOps ops;
+  UserOps ops;
   Status created = ops.Create();
   StatusOr<ReduceScatterChoice> reduce_scatter = ReduceScatterChoice::Fixed(ReduceScatterAlgorithm::kRing);
   StatusOr<int> ranks_on_this_host = 1;

@@ -1,4 +1,7 @@
-// User MPI_Ops that sum or take the maximum of bf16/fp16 values in fp32 (internal to comm/mpi).
+// The MPI communicator's own reduction operations (internal to comm/mpi): bf16/fp16 sum and
+// maximum computed in fp32, and a uint8 sum that wraps modulo 256. OpenMPI 4.1's vectorised
+// MPI_SUM saturates 8-bit integers (128 + 128 gives 255, measured), where NCCL and the local
+// communicator wrap.
 #ifndef ZERO_COMM_MPI_MPI_OPS_H_
 #define ZERO_COMM_MPI_MPI_OPS_H_
 
@@ -8,18 +11,20 @@
 
 namespace zero::comm {
 
-/// The four user operations of one communicator, created and freed with it.
-class HalfPrecisionOps {
+/// The user operations of one communicator, created and freed with it.
+class UserOps {
  public:
   /// Creates the operations. Errors are MPI errors.
   Status Create();
   /// Frees what Create made.
   void Free();
-  /// The MPI_Op for `op` on 16-bit `dtype` (bf16 or fp16).
+  /// The MPI_Op for `op` on `dtype`: ours for bf16, fp16 and the uint8 sum, MPI's built-in
+  /// MPI_SUM or MPI_MAX otherwise.
   MPI_Op Get(DType dtype, ReduceOp op) const;
 
  private:
-  MPI_Op ops_[2][2] = {{MPI_OP_NULL, MPI_OP_NULL}, {MPI_OP_NULL, MPI_OP_NULL}};
+  MPI_Op half_[2][2] = {{MPI_OP_NULL, MPI_OP_NULL}, {MPI_OP_NULL, MPI_OP_NULL}};  // [bf16, fp16][sum, max]
+  MPI_Op uint8_sum_ = MPI_OP_NULL;
 };
 
 }  // namespace zero::comm

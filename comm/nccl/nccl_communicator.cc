@@ -23,6 +23,8 @@ ncclDataType_t NcclType(DType dtype) {
     case DType::kFP32: return ncclFloat32;
     case DType::kBF16: return ncclBfloat16;
     case DType::kFP16: return ncclFloat16;
+    case DType::kInt64: return ncclInt64;
+    case DType::kUInt8: return ncclUint8;
   }
   return ncclFloat32;
 }
@@ -200,10 +202,8 @@ StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(Communicator& boo
   }
   if (options.device >= 0) ZERO_CUDA_RETURN_IF_ERROR(cudaSetDevice(options.device));
   ncclUniqueId id{};
-  static_assert(sizeof(ncclUniqueId) % 2 == 0, "the id travels as 16-bit elements");
   if (bootstrap.rank() == 0) ZERO_NCCL_RETURN_IF_ERROR(ncclGetUniqueId(&id));
-  ZERO_RETURN_IF_ERROR(
-      bootstrap.Broadcast(&id, sizeof(ncclUniqueId) / 2, DType::kFP16, 0)->Wait());
+  ZERO_RETURN_IF_ERROR(bootstrap.Broadcast(&id, sizeof(ncclUniqueId), DType::kUInt8, 0)->Wait());
   ncclComm_t comm = nullptr;
   ZERO_NCCL_RETURN_IF_ERROR(ncclCommInitRank(&comm, bootstrap.size(), id, bootstrap.rank()));
   cudaStream_t own = nullptr;

@@ -16,17 +16,24 @@
 
 namespace zero {
 
-/// Element type. Values match the C ABI's `zero_dtype`.
-enum class DType : int { kFP32 = 0, kBF16 = 1, kFP16 = 2 };
+/// Element type. Values match the C ABI's `zero_dtype`. Params, gradients and optimizer
+/// states are one of the floating-point types; the integer types are for collectives only
+/// (hashes, counts, raw bytes), as `ncclInt64` and `ncclUint8` in NCCL: their sums and
+/// maxima are exact (uint8 sums wrap modulo 256).
+enum class DType : int { kFP32 = 0, kBF16 = 1, kFP16 = 2, kInt64 = 3, kUInt8 = 4 };
 
-/// Bytes per element: 4 or 2.
+/// Bytes per element: 4, 2, 2, 8, 1.
 size_t DTypeSize(DType dtype);
 
-/// Canonical name: "fp32", "bf16", "fp16".
+/// True for fp32, bf16 and fp16: the types a param may have.
+bool IsFloatingPoint(DType dtype);
+
+/// Canonical name: "fp32", "bf16", "fp16", "int64", "uint8".
 const char* DTypeName(DType dtype);
 
-/// Parses "fp32"/"float32", "bf16"/"bfloat16", "fp16"/"float16"/"half";
-/// anything else is kInvalidArgument naming the accepted spellings.
+/// Parses a param dtype: "fp32"/"float32", "bf16"/"bfloat16", "fp16"/"float16"/"half";
+/// anything else (the integer types included) is kInvalidArgument naming the accepted
+/// spellings.
 StatusOr<DType> ParseDType(std::string_view name);
 
 namespace dtype_internal {

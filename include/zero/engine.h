@@ -63,7 +63,7 @@ using ParamId = int64_t;
 struct ParamSpec {
   std::string name;             ///< unique; used in every message about the param
   std::vector<int64_t> shape;   ///< all dimensions ≥ 1
-  DType dtype = DType::kFP32;
+  DType dtype = DType::kFP32;   ///< fp32, bf16 or fp16
   bool requires_grad = true;    ///< false: laid out, never reduced or stepped
   int group = 0;                ///< optimizer group (≥ 0); groups never share a bucket
   int unit = -1;                ///< stage 3: params with the same unit are gathered together

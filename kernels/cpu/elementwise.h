@@ -1,6 +1,8 @@
-// Host element-wise operations on fp32, bf16 and fp16 arrays, shared by the communicators
-// (their reductions) and the engine's CPU device ops: combine several arrays (sum or maximum,
-// accumulated in fp32 and rounded once), add one into another, widen to fp32, narrow from it.
+// Host element-wise operations, shared by the communicators (their reductions) and the
+// engine's CPU device ops: combine several arrays (sum or maximum: fp32, bf16 and fp16
+// accumulated in fp32 and rounded once, int64 and uint8 exact), add one into another, widen
+// fp32/bf16/fp16 to fp32, narrow fp32 to them (the integer types, which no param has, are
+// left untouched by Widen and Narrow).
 // The CUDA counterparts are in kernels/cuda/casts_cuda.h; both round to nearest even, once.
 #ifndef ZERO_KERNELS_CPU_ELEMENTWISE_H_
 #define ZERO_KERNELS_CPU_ELEMENTWISE_H_
@@ -15,7 +17,8 @@ namespace zero::kernels {
 enum class Combine : int { kSum, kMax };
 
 /// out[i] = combine over k of inputs[k][i], k = 0..num_inputs-1 in that order, accumulated in
-/// fp32 and rounded once to `dtype`. `out` may alias any input at the same positions.
+/// fp32 and rounded once to `dtype` (integers: exact, uint8 sums modulo 256). `out` may alias
+/// any input at the same positions.
 void ReduceInto(void* out, const void* const* inputs, int num_inputs, int64_t count, DType dtype,
                 Combine combine);
 /// accumulator[i] += addend[i] (ReduceInto with two inputs).

@@ -42,6 +42,9 @@ Status WithTag(DType dtype, Launch launch) {
     case DType::kFP32: launch(F32{}); break;
     case DType::kBF16: launch(Bf16{}); break;
     case DType::kFP16: launch(Half{}); break;
+    case DType::kInt64:
+    case DType::kUInt8:
+      return absl::InvalidArgumentError(absl::StrCat(DTypeName(dtype), " arrays: not a param dtype"));
   }
   ZERO_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return absl::OkStatus();

@@ -120,6 +120,9 @@ Status SquaredNormsCuda(void* workspace, size_t* workspace_bytes, absl::Span<con
     case DType::kFP32: launch(cuda::F32{}); break;
     case DType::kBF16: launch(cuda::Bf16{}); break;
     case DType::kFP16: launch(cuda::Half{}); break;
+    case DType::kInt64:
+    case DType::kUInt8:
+      return absl::InvalidArgumentError(absl::StrCat("norms of ", DTypeName(dtype), " arrays: not a param dtype"));
   }
   ZERO_RETURN_IF_ERROR(status);
   if (total == nullptr && nonfinite == nullptr) return absl::OkStatus();

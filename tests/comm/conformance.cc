@@ -1,9 +1,12 @@
 // The communicator conformance suite.
 #include "tests/comm/conformance.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "base/raw_memory.h"
@@ -15,7 +18,8 @@ using comm::CollectiveKind;
 using comm::ReduceOp;
 
 // The input every rank contributes, known to every rank: element i of rank r in case `seed`,
-// a fresh value in [-1, 1] rounded to `dtype`.
+// a fresh value in [-1, 1] rounded to `dtype`; for int64 an integer in [-2^46, 2^46) (sums
+// over up to 64 ranks stay exact in a double), for uint8 one in [0, 256).
 double Input(int rank, int64_t i, uint64_t seed, DType dtype) {
   uint64_t x = (static_cast<uint64_t>(rank) * 0x9E3779B97F4A7C15ull) ^ (i * 0xBF58476D1CE4E5B9ull) ^
                (seed * 0x94D049BB133111EBull);
@@ -27,6 +31,8 @@ double Input(int rank, int64_t i, uint64_t seed, DType dtype) {
     case DType::kFP32: return value;
     case DType::kBF16: return Bf16ToFloat(FloatToBf16(value));
     case DType::kFP16: return HalfToFloat(FloatToHalf(value));
+    case DType::kInt64: return static_cast<double>(static_cast<int64_t>(x >> 17) - (int64_t{1} << 46));
+    case DType::kUInt8: return static_cast<double>(x >> 56);
   }
   return value;
 }
@@ -55,7 +61,11 @@ struct Buffer {
   Status Download() { return device ? base::CopyBytes(bytes.data(), device, bytes.size()) : absl::OkStatus(); }
   void* host(int64_t i) { return bytes.data() + i * DTypeSize(dtype); }
   void Set(int64_t i, double v) {
-    if (dtype == DType::kFP32) {
+    if (dtype == DType::kInt64 || dtype == DType::kUInt8) {
+      const int64_t integer = static_cast<int64_t>(v);
+      const uint8_t byte = static_cast<uint8_t>(integer);
+      std::memcpy(host(i), dtype == DType::kInt64 ? static_cast<const void*>(&integer) : &byte, DTypeSize(dtype));
+    } else if (dtype == DType::kFP32) {
       const float f = static_cast<float>(v);
       std::memcpy(host(i), &f, 4);
     } else {
@@ -65,6 +75,12 @@ struct Buffer {
     }
   }
   double Get(int64_t i) {
+    if (dtype == DType::kInt64) {
+      int64_t integer;
+      std::memcpy(&integer, host(i), 8);
+      return static_cast<double>(integer);
+    }
+    if (dtype == DType::kUInt8) return *static_cast<const uint8_t*>(host(i));
     if (dtype == DType::kFP32) {
       float f;
       std::memcpy(&f, host(i), 4);
@@ -81,6 +97,8 @@ double UnitRoundoff(DType dtype) {
     case DType::kFP32: return std::ldexp(1.0, -24);
     case DType::kBF16: return std::ldexp(1.0, -8);
     case DType::kFP16: return std::ldexp(1.0, -11);
+    case DType::kInt64:
+    case DType::kUInt8: return 0;  // exact
   }
   return 0;
 }
@@ -112,6 +130,11 @@ void Expected(const Case& c, int size, int64_t i, bool pairwise, double* value, 
   }
   if (c.op == ReduceOp::kMax) {
     *value = maximum;
+    *slack = 0;
+    return;
+  }
+  if (!IsFloatingPoint(c.dtype)) {  // exact; uint8 sums wrap modulo 256
+    *value = c.dtype == DType::kUInt8 ? std::fmod(sum, 256.0) : sum;
     *slack = 0;
     return;
   }
@@ -201,15 +224,63 @@ Status RunCase(comm::Communicator& comm, const Case& c, bool pairwise, Placement
   return absl::OkStatus();
 }
 
+// Integers whose bits a double cannot hold (the suite's other cases compare through doubles):
+// 64-bit patterns gathered and their maximum taken, bit for bit, and an odd number of bytes
+// broadcast. Host buffers.
+Status RunIntegerBitsCase(comm::Communicator& comm) {
+  const int rank = comm.rank(), size = comm.size();
+  auto patterns = [](int r) {
+    return std::vector<int64_t>{std::numeric_limits<int64_t>::min() + r, std::numeric_limits<int64_t>::max() - r,
+                                static_cast<int64_t>(0x0123456789abcdefull ^ (static_cast<uint64_t>(r) << 60)), -1 - r};
+  };
+  const std::vector<int64_t> mine = patterns(rank);
+  const int64_t n = static_cast<int64_t>(mine.size());
+  std::vector<int64_t> gathered(static_cast<size_t>(size * n), 0);
+  ZERO_RETURN_IF_ERROR(comm.AllGather(mine.data(), gathered.data(), n, DType::kInt64)->Wait());
+  std::vector<int64_t> maximum = mine;
+  ZERO_RETURN_IF_ERROR(comm.AllReduce(maximum.data(), maximum.data(), n, DType::kInt64, ReduceOp::kMax)->Wait());
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t want = std::numeric_limits<int64_t>::min();
+    for (int r = 0; r < size; ++r) {
+      want = std::max(want, patterns(r)[i]);
+      if (gathered[r * n + i] != patterns(r)[i]) {
+        return absl::InternalError(absl::StrCat("AllGather(int64) on rank ", rank, ": element ", i, " of rank ", r,
+                                                " is ", gathered[r * n + i], ", expected ", patterns(r)[i]));
+      }
+    }
+    if (maximum[i] != want) {
+      return absl::InternalError(absl::StrCat("AllReduce(int64, max) on rank ", rank, ": element ", i, " is ",
+                                              maximum[i], ", expected ", want));
+    }
+  }
+  const int root = size - 1;
+  std::vector<uint8_t> bytes(13, 0xa5);
+  if (rank == root) {
+    for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<uint8_t>(i * 37 + 1);
+  }
+  ZERO_RETURN_IF_ERROR(comm.Broadcast(bytes.data(), static_cast<int64_t>(bytes.size()), DType::kUInt8, root)->Wait());
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    if (bytes[i] != static_cast<uint8_t>(i * 37 + 1)) {
+      return absl::InternalError(absl::StrCat("Broadcast(uint8) on rank ", rank, ": byte ", i, " is ",
+                                              static_cast<int>(bytes[i])));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 Status RunConformanceSuite(comm::Communicator& comm, bool pairwise_rounding, Placement placement) {
   uint64_t seed = 1;
-  for (DType dtype : {DType::kFP32, DType::kBF16, DType::kFP16}) {
+  for (DType dtype : {DType::kFP32, DType::kBF16, DType::kFP16, DType::kInt64, DType::kUInt8}) {
     for (int64_t count : ConformanceSizes()) {
       for (bool in_place : {false, true}) {
         for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax}) {
           for (CollectiveKind kind : {CollectiveKind::kReduceScatter, CollectiveKind::kAllReduce}) {
+            // The local backend does not reduce integer CUDA buffers (kUnimplemented).
+            const bool unsupported = !IsFloatingPoint(dtype) && placement == Placement::kDevice &&
+                                     std::string(comm.backend()) == "local";
+            if (unsupported) continue;
             ZERO_RETURN_IF_ERROR(
                 RunCase(comm, {kind, dtype, op, count, in_place, 0, seed++}, pairwise_rounding, placement));
           }
@@ -224,6 +295,7 @@ Status RunConformanceSuite(comm::Communicator& comm, bool pairwise_rounding, Pla
           pairwise_rounding, placement));
     }
   }
+  if (placement == Placement::kHost) ZERO_RETURN_IF_ERROR(RunIntegerBitsCase(comm));
   return RunCase(comm, {CollectiveKind::kBarrier, DType::kFP32, ReduceOp::kSum, 0, false, 0, 0},
                  pairwise_rounding, placement);
 }

@@ -1,6 +1,7 @@
 // The communicator conformance suite: every collective, dtype, reduction and odd size, in
-// place and out of place, checked against a float64 reference. Written per rank so the same
-// code runs on in-process ranks (one thread each) and under mpirun (one process each).
+// place and out of place, checked against a float64 reference (integer types exactly, 64-bit
+// patterns bit for bit). Written per rank so the same code runs on in-process ranks (one
+// thread each) and under mpirun (one process each).
 #ifndef ZERO_TESTS_COMM_CONFORMANCE_H_
 #define ZERO_TESTS_COMM_CONFORMANCE_H_
 

@@ -111,6 +111,17 @@ TEST(DType, SizesNamesAndParsing) {
   EXPECT_NE(bad.message().find("fp8"), std::string::npos);
 }
 
+TEST(DType, IntegerTypesAreForCollectivesOnly) {
+  EXPECT_EQ(DTypeSize(DType::kInt64), 8u);
+  EXPECT_EQ(DTypeSize(DType::kUInt8), 1u);
+  EXPECT_STREQ(DTypeName(DType::kInt64), "int64");
+  EXPECT_STREQ(DTypeName(DType::kUInt8), "uint8");
+  EXPECT_TRUE(IsFloatingPoint(DType::kBF16));
+  EXPECT_FALSE(IsFloatingPoint(DType::kInt64));
+  EXPECT_FALSE(IsFloatingPoint(DType::kUInt8));
+  EXPECT_EQ(ParseDType("int64").status().code(), absl::StatusCode::kInvalidArgument);  // no param has it
+}
+
 TEST(DType, HalfToFloatIsExactForAll65536Values) {
   for (uint32_t h = 0; h <= 0xffff; ++h) {
     const double expected = HalfValue(static_cast<uint16_t>(h));

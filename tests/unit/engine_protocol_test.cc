@@ -22,6 +22,9 @@ TEST(EngineProtocol, CallsOutOfOrderAreClearErrorsAndLoseNothing) {
   const ParamId b = *e.RegisterParam({"b", {3, 3}});
   EXPECT_EQ(e.RegisterParam({"a", {4}}).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(e.RegisterParam({"bad", {0}}).status().code(), absl::StatusCode::kInvalidArgument);
+  const Status integer = e.RegisterParam({"counter", {4}, DType::kInt64, false}).status();
+  EXPECT_EQ(integer.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(integer.message().find("int64"), std::string::npos) << integer;
   ASSERT_TRUE(e.Finalize().ok());
   EXPECT_EQ(e.RegisterParam({"late", {4}}).status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(e.GradReady(a).code(), absl::StatusCode::kFailedPrecondition);  // before BeginIteration

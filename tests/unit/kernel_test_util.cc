@@ -32,6 +32,8 @@ float SegmentStorage::Grad(int64_t i, DType dtype) const {
     case DType::kFP32: return grad32[i];
     case DType::kBF16: return Bf16ToFloat(grad16[i]);
     case DType::kFP16: return HalfToFloat(grad16[i]);
+    case DType::kInt64:
+    case DType::kUInt8: break;  // no kernel takes them
   }
   return NAN;
 }

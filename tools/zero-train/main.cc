@@ -219,11 +219,11 @@ Status CheckToolFlags(int accumulation) {
   return absl::OkStatus();
 }
 
-// Collects every rank's peak bytes on rank 0 (raw 64-bit values travel as 16-bit elements).
+// Collects every rank's peak bytes on rank 0.
 StatusOr<std::vector<RankMemory>> GatherMemory(comm::Communicator& comm, const Engine& engine, double timeout_s) {
   const MemoryStats stats = engine.GetMemoryStats();
   std::vector<int64_t> mine(stats.peak.begin(), stats.peak.end()), all(mine.size() * comm.size());
-  ZERO_RETURN_IF_ERROR(comm.AllGather(mine.data(), all.data(), static_cast<int64_t>(mine.size() * 4), DType::kFP16)
+  ZERO_RETURN_IF_ERROR(comm.AllGather(mine.data(), all.data(), static_cast<int64_t>(mine.size()), DType::kInt64)
                            ->Wait(timeout_s));
   std::vector<RankMemory> memory(comm.size());
   for (int r = 0; r < comm.size(); ++r) {
