@@ -8,7 +8,7 @@ packages=(
   cmake make g++ pkg-config
   libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev libxxhash-dev
   libopenmpi-dev openmpi-bin
-  python3 python3-numpy python3-torch python3-pytest
+  python3 python3-numpy python3-torch python3-pytest python3-pip python3-setuptools python3-wheel
   gnuplot-nox
 )
 

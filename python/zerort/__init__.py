@@ -3,8 +3,9 @@
     import zerort            # communicators, engines, exceptions (no PyTorch needed)
     import zerort.torch      # the PyTorch integration: zerort.torch.initialize(model, config)
 
-The library is found through ZERORT_LIBRARY, the build tree (build/lib/libzerort.so beside
-this package's source) or the dynamic loader's path.
+The library is found through ZERORT_LIBRARY, the copy a pip install put inside this package,
+the build tree (build/lib/libzerort.so beside this package's source), an install prefix, or
+the dynamic loader's path.
 """
 from .core import (Communicator, Engine, install_preemption_handler,
                    local_group, mpi_communicator, version)

@@ -77,6 +77,8 @@ def _candidates():
     if explicit:
         yield explicit
     here = os.path.dirname(os.path.abspath(__file__))
+    # Installed with pip: the package carries its own copy (python/setup.py).
+    yield os.path.join(here, "libzerort.so")
     # The build tree: python/zerort/ beside build/lib/.
     yield os.path.join(here, "..", "..", "build", "lib", "libzerort.so")
     # Installed: <prefix>/lib/python3/dist-packages/zerort/ or site-packages.
