@@ -432,3 +432,41 @@ def test_branch_skipped_on_one_rank_with_on_unused_zero(stage):
     want = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
     for trained in train_sharded(stage, guard={"on_unused": "zero"}, branch=True):
         assert_close(trained, want)
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_ddp_style_no_sync_loop_matches_single_process_pytorch(stage):
+    """gradient_accumulation_steps = 2, written as for DDP: the first half of each rank's
+    rows under no_sync, the second half then step()."""
+    config = {"stage": stage, "optimizer": OPTIMIZER, "gradient_accumulation_steps": 2,
+              "buckets": {"first_bucket_elems": 64, "reduce_bucket_elems": 256},
+              "guard": {"timeout_s": 30}}
+    world = 2
+    models = [TinyLM() for _ in range(world)]
+    bounds = [BATCH * r // world for r in range(world + 1)]
+
+    def body(rank, comm):
+        model = models[rank]
+        engine = zerort.torch.initialize(model, config, comm)
+        middle = (bounds[rank] + bounds[rank + 1]) // 2
+        halves = [slice(bounds[rank], middle), slice(middle, bounds[rank + 1])]
+        for step in range(STEPS):
+            tokens, targets = batch(step)
+
+            def backward(rows):
+                weight = (rows.stop - rows.start) * world / BATCH
+                (weight * loss_of(model, tokens[rows], targets[rows])).backward()
+
+            with engine.no_sync():
+                backward(halves[0])
+            with pytest.raises(zerort.FailedPreconditionError, match="outside no_sync"):
+                with engine.no_sync():
+                    pass
+            backward(halves[1])
+            assert engine.step() is not None  # the optimizer stepped
+        engine.close()
+        return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+
+    want = reference()
+    for got in run_ranks(world, body):
+        assert_close(got, want)

@@ -205,12 +205,21 @@ class TorchEngine:
 
     @contextlib.contextmanager
     def no_sync(self):
-        """Unsupported: ZeroRT accumulates micro-batches itself
-        (config gradient_accumulation_steps), reducing each into the shard."""
-        raise errors.UnimplementedError(
-            "no_sync(): set gradient_accumulation_steps in the config and call step() after "
-            "every micro-batch's backward; the engine steps the optimizer every N of them")
-        yield  # pragma: no cover
+        """DDP's no_sync, for loops written for it: the backward inside the block is one
+        micro-batch of gradient accumulation, ended when the block exits (no step() call for
+        it). The number of micro-batches per optimizer step is the config's
+        gradient_accumulation_steps, so the last one of each step runs outside no_sync,
+        followed by step(); no_sync around it raises FailedPreconditionError. Stages 0-1
+        reduce once per step, as DDP; stages 2-3 reduce-scatter every micro-batch into the
+        gradient shard (ZeRO-2's trade: no full-size gradient is kept between them)."""
+        if self._micro_batches + 1 >= self.gradient_accumulation_steps:
+            raise errors.FailedPreconditionError(
+                f"no_sync(): this is micro-batch {self._micro_batches + 1} of "
+                f"{self.gradient_accumulation_steps} (gradient_accumulation_steps), the one "
+                "that steps the optimizer: run its backward outside no_sync and call step(), "
+                "or set gradient_accumulation_steps to the number of micro-batches per step")
+        yield
+        self.step()
 
     def state_dict(self):
         """Full copies of every trainable param, by name (collective at stage 3)."""
