@@ -53,6 +53,14 @@ StatusOr<EnvTunables> ReadEnvTunables() {
           "ZERO_MPI_REDUCE_SCATTER=", algorithm, " is not one of auto, ring, direct, allreduce, native"));
     }
   }
+  if (const char* algorithm = Get("ZERO_MPI_ALL_REDUCE")) {
+    env.mpi_all_reduce = absl::AsciiStrToLower(algorithm);
+    const std::string& a = env.mpi_all_reduce;
+    if (a != "auto" && a != "native" && a != "direct") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("ZERO_MPI_ALL_REDUCE=", algorithm, " is not one of auto, native, direct"));
+    }
+  }
   return env;
 }
 

@@ -8,6 +8,7 @@
 //                                                      the MPI reduce-scatter algorithm (auto:
 //                                                      measured per size when a communicator
 //                                                      is created; comm/mpi/mpi_tuning.h)
+//   ZERO_MPI_ALL_REDUCE  auto | native | direct         the MPI all-reduce algorithm (the same)
 #ifndef ZERO_BASE_ENV_H_
 #define ZERO_BASE_ENV_H_
 
@@ -26,6 +27,7 @@ struct EnvTunables {
   std::optional<CpuIsa> cpu_isa_cap;  ///< unset: the best the CPU supports
   int cpu_threads = 0;                ///< 0: the rank's share of the cores
   std::string mpi_reduce_scatter = "auto";  ///< auto, ring, direct, allreduce or native
+  std::string mpi_all_reduce = "auto";      ///< auto, native or direct
 };
 
 /// Reads and validates the variables above. A malformed value is kInvalidArgument naming the

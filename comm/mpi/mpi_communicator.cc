@@ -205,10 +205,12 @@ MpiRound OneCall(std::function<int(MPI_Request*)> call) {
 class MpiCommunicator final : public Communicator {
  public:
   MpiCommunicator(MPI_Comm comm, MPI_Comm control, int rank, int size, int ranks_on_this_host,
-                  UserOps ops, MpiOptions options, ReduceScatterChoice reduce_scatter)
+                  UserOps ops, MpiOptions options, ReduceScatterChoice reduce_scatter,
+                  AllReduceChoice all_reduce)
       : comm_(comm), control_(control), rank_(rank), size_(size),
         ranks_on_this_host_(ranks_on_this_host), ops_(ops), options_(options),
-        reduce_scatter_(std::move(reduce_scatter)), cuda_aware_(MpiIsCudaAware()),
+        reduce_scatter_(std::move(reduce_scatter)), all_reduce_(std::move(all_reduce)),
+        cuda_aware_(MpiIsCudaAware()),
         progress_([this] { ProgressLoop(); }) {}
 
   ~MpiCommunicator() override {
@@ -261,18 +263,7 @@ class MpiCommunicator final : public Communicator {
     const size_t bytes = static_cast<size_t>(count) * DTypeSize(dtype);
     const Status staged = StageIfOnDevice(o, &send, &recv, bytes * size_, bytes);
     if (!staged.ok()) return CompletedWork(staged);
-    ReduceScatterCall call;
-    call.send = send;
-    call.recv = recv;
-    call.count = count;
-    call.dtype = dtype;
-    call.op = op;
-    call.mpi_type = Type(dtype);
-    call.mpi_op = Op(dtype, op);
-    call.comm = comm_;
-    call.rank = rank_;
-    call.size = size_;
-    call.tag = static_cast<int>(next_sequence_ % kPointToPointTags);  // Submit's sequence number
+    const ReduceScatterCall call = Call(send, recv, count, dtype, op);
     const ReduceScatterAlgorithm algorithm = reduce_scatter_.For(static_cast<int64_t>(bytes) * size_);
     o.scratch = scratch_.Take(ReduceScatterScratchBytes(algorithm, call));
     o.rounds = ReduceScatterRounds(algorithm, call, o.scratch.data.get());
@@ -302,14 +293,13 @@ class MpiCommunicator final : public Communicator {
     auto operation = Prepare(s, send, recv);
     if (!operation.ok()) return CompletedWork(operation.status());
     const size_t bytes = static_cast<size_t>(count) * DTypeSize(dtype);
-    const Status staged = StageIfOnDevice(**operation, &send, &recv, bytes, bytes);
+    Operation& o = **operation;
+    const Status staged = StageIfOnDevice(o, &send, &recv, bytes, bytes);
     if (!staged.ok()) return CompletedWork(staged);
-    const void* source = send == recv ? MPI_IN_PLACE : send;
-    const MPI_Datatype type = Type(dtype);
-    const MPI_Op mpi_op = Op(dtype, op);
-    (*operation)->rounds.push_back(OneCall([this, source, recv, count, type, mpi_op](MPI_Request* request) {
-      return MPI_Iallreduce(source, recv, static_cast<int>(count), type, mpi_op, comm_, request);
-    }));
+    const AllReduceCall call = Call(send, recv, count, dtype, op);
+    const AllReduceAlgorithm algorithm = all_reduce_.For(static_cast<int64_t>(bytes));
+    o.scratch = scratch_.Take(AllReduceScratchBytes(algorithm, call));
+    o.rounds = AllReduceRounds(algorithm, call, o.scratch.data.get());
     return Submit(std::move(*operation));
   }
 
@@ -357,6 +347,24 @@ class MpiCommunicator final : public Communicator {
     return MPI_DATATYPE_NULL;
   }
   MPI_Op Op(DType dtype, ReduceOp op) const { return ops_.Get(dtype, op); }
+
+  // The arguments of a reduce-scatter or all-reduce built from rounds, for the collective
+  // Submit will number next (its point-to-point tag).
+  ReduceScatterCall Call(const void* send, void* recv, int64_t count, DType dtype, ReduceOp op) const {
+    ReduceScatterCall call;
+    call.send = send;
+    call.recv = recv;
+    call.count = count;
+    call.dtype = dtype;
+    call.op = op;
+    call.mpi_type = Type(dtype);
+    call.mpi_op = Op(dtype, op);
+    call.comm = comm_;
+    call.rank = rank_;
+    call.size = size_;
+    call.tag = static_cast<int>(next_sequence_ % kPointToPointTags);
+    return call;
+  }
 
   StatusOr<std::unique_ptr<Operation>> Prepare(const CollectiveSignature& s, const void* a,
                                                const void* b) {
@@ -638,6 +646,7 @@ class MpiCommunicator final : public Communicator {
   UserOps ops_;
   const MpiOptions options_;
   const ReduceScatterChoice reduce_scatter_;
+  const AllReduceChoice all_reduce_;
   const bool cuda_aware_;
   int64_t next_sequence_ = 0;
 
@@ -663,33 +672,52 @@ StatusOr<int> CountRanksOnThisHost(MPI_Comm comm) {
   return ranks;
 }
 
-// The reduce-scatter algorithm per size: forced by ZERO_MPI_REDUCE_SCATTER, or measured on
-// `comm` (collective), and logged at INFO.
-StatusOr<ReduceScatterChoice> ChooseReduceScatter(MPI_Comm comm, int rank, int size) {
-  ZERO_ASSIGN_OR_RETURN(const base::EnvTunables env, base::ReadEnvTunables());
-  ReduceScatterAlgorithm forced;
-  const bool is_forced = ParseReduceScatterAlgorithm(env.mpi_reduce_scatter, &forced);
+// One collective's algorithm per size: forced by the environment variable `variable`
+// (value `setting`), or measured on `comm` (collective), and logged at INFO. `single` serves
+// a communicator of one rank, which has nothing to measure.
+template <typename Algorithm>
+StatusOr<AlgorithmChoice<Algorithm>> ChooseAlgorithm(
+    MPI_Comm comm, int rank, int size, const base::EnvTunables& env, const char* variable,
+    const std::string& setting, const char* collective, Algorithm single,
+    StatusOr<AlgorithmChoice<Algorithm>> (*measure)(MPI_Comm, int, int)) {
+  Algorithm forced;
+  const bool is_forced = ParseAlgorithm(setting, &forced);
   // Every rank must take the same path (the probe is collective; algorithms must match).
   const int mine = is_forced ? static_cast<int>(forced) : -1;
   int range[2] = {mine, -mine};
   ZERO_MPI_RETURN_IF_ERROR(MPI_Allreduce(MPI_IN_PLACE, range, 2, MPI_INT, MPI_MAX, comm));
   if (range[0] != -range[1]) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "ZERO_MPI_REDUCE_SCATTER differs across ranks (rank ", rank, " has \"",
-        env.mpi_reduce_scatter, "\"): set the same value, or none, on every rank"));
+        variable, " differs across ranks (rank ", rank, " has \"", setting,
+        "\"): set the same value, or none, on every rank"));
   }
-  StatusOr<ReduceScatterChoice> choice = ReduceScatterChoice::Fixed(ReduceScatterAlgorithm::kRing);
+  StatusOr<AlgorithmChoice<Algorithm>> choice = AlgorithmChoice<Algorithm>::Fixed(single);
   if (is_forced) {
-    choice = ReduceScatterChoice::Fixed(forced);
+    choice = AlgorithmChoice<Algorithm>::Fixed(forced);
   } else if (size > 1) {
-    choice = MeasureReduceScatter(comm, rank, size);
+    choice = measure(comm, rank, size);
   }
   if (choice.ok()) {
     const base::Logger logger(env.log_level, rank);
-    ZERO_LOG(logger, kInfo) << "MPI reduce-scatter over " << size << " ranks: "
+    ZERO_LOG(logger, kInfo) << "MPI " << collective << " over " << size << " ranks: "
                             << choice->description();
   }
   return choice;
+}
+
+// Both collectives' algorithms (ChooseAlgorithm).
+Status ChooseAlgorithms(MPI_Comm comm, int rank, int size, ReduceScatterChoice* reduce_scatter,
+                        AllReduceChoice* all_reduce) {
+  ZERO_ASSIGN_OR_RETURN(const base::EnvTunables env, base::ReadEnvTunables());
+  ZERO_ASSIGN_OR_RETURN(*reduce_scatter,
+                        ChooseAlgorithm(comm, rank, size, env, "ZERO_MPI_REDUCE_SCATTER",
+                                        env.mpi_reduce_scatter, "reduce-scatter",
+                                        ReduceScatterAlgorithm::kRing, &MeasureReduceScatter));
+  ZERO_ASSIGN_OR_RETURN(*all_reduce,
+                        ChooseAlgorithm(comm, rank, size, env, "ZERO_MPI_ALL_REDUCE",
+                                        env.mpi_all_reduce, "all-reduce", AllReduceAlgorithm::kNative,
+                                        &MeasureAllReduce));
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -710,12 +738,12 @@ StatusOr<std::unique_ptr<Communicator>> CreateMpiCommunicator(const void* mpi_co
   ZERO_MPI_RETURN_IF_ERROR(MPI_Comm_size(comm, &size));
   UserOps ops;
   Status created = ops.Create();
-  StatusOr<ReduceScatterChoice> reduce_scatter = ReduceScatterChoice::Fixed(ReduceScatterAlgorithm::kRing);
+  ReduceScatterChoice reduce_scatter;
+  AllReduceChoice all_reduce;
   StatusOr<int> ranks_on_this_host = 1;
   if (created.ok()) ranks_on_this_host = CountRanksOnThisHost(comm);
   if (created.ok()) created = ranks_on_this_host.status();
-  if (created.ok()) reduce_scatter = ChooseReduceScatter(comm, rank, size);
-  if (created.ok()) created = reduce_scatter.status();
+  if (created.ok()) created = ChooseAlgorithms(comm, rank, size, &reduce_scatter, &all_reduce);
   if (!created.ok()) {
     ops.Free();
     MPI_Comm_free(&comm);
@@ -724,7 +752,7 @@ StatusOr<std::unique_ptr<Communicator>> CreateMpiCommunicator(const void* mpi_co
   }
   return std::unique_ptr<Communicator>(
       new MpiCommunicator(comm, control, rank, size, *ranks_on_this_host, ops, options,
-                          *std::move(reduce_scatter)));
+                          std::move(reduce_scatter), std::move(all_reduce)));
 }
 
 }  // namespace zero::comm

@@ -151,7 +151,7 @@ std::vector<MpiRound> DirectRounds(const ReduceScatterCall& c, char* scratch) {
 
 }  // namespace
 
-const char* ReduceScatterAlgorithmName(ReduceScatterAlgorithm algorithm) {
+const char* AlgorithmName(ReduceScatterAlgorithm algorithm) {
   switch (algorithm) {
     case ReduceScatterAlgorithm::kNative: return "native";
     case ReduceScatterAlgorithm::kAllReduce: return "allreduce";
@@ -161,9 +161,9 @@ const char* ReduceScatterAlgorithmName(ReduceScatterAlgorithm algorithm) {
   return "?";
 }
 
-bool ParseReduceScatterAlgorithm(std::string_view name, ReduceScatterAlgorithm* algorithm) {
+bool ParseAlgorithm(std::string_view name, ReduceScatterAlgorithm* algorithm) {
   for (ReduceScatterAlgorithm candidate : kReduceScatterAlgorithms) {
-    if (name == ReduceScatterAlgorithmName(candidate)) {
+    if (name == AlgorithmName(candidate)) {
       *algorithm = candidate;
       return true;
     }

@@ -36,10 +36,10 @@ inline constexpr ReduceScatterAlgorithm kReduceScatterAlgorithms[] = {
     ReduceScatterAlgorithm::kAllReduce, ReduceScatterAlgorithm::kNative};
 
 /// "native", "allreduce", "ring", "direct".
-const char* ReduceScatterAlgorithmName(ReduceScatterAlgorithm algorithm);
+const char* AlgorithmName(ReduceScatterAlgorithm algorithm);
 
 /// Parses a name above; false when `name` is none of them.
-bool ParseReduceScatterAlgorithm(std::string_view name, ReduceScatterAlgorithm* algorithm);
+bool ParseAlgorithm(std::string_view name, ReduceScatterAlgorithm* algorithm);
 
 /// What one reduce-scatter works on: `count` elements per rank, `send` holds size × count,
 /// `recv` count (it may be `send`'s own chunk, in place).

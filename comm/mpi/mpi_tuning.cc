@@ -1,12 +1,12 @@
-// Measuring the reduce-scatter algorithms on a communicator's own ranks.
+// Measuring the reduce-scatter and all-reduce algorithms on a communicator's own ranks.
 #include "comm/mpi/mpi_tuning.h"
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <vector>
 
-#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
 namespace zero::comm {
@@ -33,78 +33,99 @@ Status MpiError(int rc, const char* doing) {
   return absl::InternalError(absl::StrCat("MPI error while ", doing, ": ", text));
 }
 
-}  // namespace
-
-ReduceScatterChoice ReduceScatterChoice::Fixed(ReduceScatterAlgorithm algorithm) {
-  ReduceScatterChoice choice;
-  std::fill(std::begin(choice.algorithm_), std::end(choice.algorithm_), algorithm);
-  choice.description_ = absl::StrCat(ReduceScatterAlgorithmName(algorithm), " (forced)");
-  return choice;
-}
-
-ReduceScatterAlgorithm ReduceScatterChoice::For(int64_t total_bytes) const {
-  for (int i = 0; i + 1 < kRanges; ++i) {
-    const double boundary = std::sqrt(static_cast<double>(kProbeBytes[i]) * kProbeBytes[i + 1]);
-    if (static_cast<double>(total_bytes) < boundary) return algorithm_[i];
-  }
-  return algorithm_[kRanges - 1];
-}
-
-StatusOr<ReduceScatterChoice> MeasureReduceScatter(MPI_Comm comm, int rank, int size) {
-  ReduceScatterChoice choice;
-  const int64_t largest = ReduceScatterChoice::kProbeBytes[ReduceScatterChoice::kRanges - 1];
-  const int64_t largest_count = largest / 4 / size;
-  std::vector<float> send(static_cast<size_t>(largest_count * size));
-  std::vector<float> recv(static_cast<size_t>(largest_count));
-  for (size_t i = 0; i < send.size(); ++i) send[i] = static_cast<float>((i + rank) % 13);
+// Times each of `algorithms` at every probe size and keeps the fastest per range.
+// `rounds(algorithm, probe_bytes, scratch)` builds the rounds of one fp32 sum on buffers of
+// that many bytes (the builder owns the buffers; `scratch` grows as needed).
+template <typename Algorithm, size_t N>
+StatusOr<AlgorithmChoice<Algorithm>> Measure(
+    MPI_Comm comm, const Algorithm (&algorithms)[N],
+    const std::function<std::vector<MpiRound>(Algorithm, int64_t, std::vector<char>*)>& rounds) {
+  AlgorithmChoice<Algorithm> choice;
   std::vector<char> scratch;
-  for (int range = 0; range < ReduceScatterChoice::kRanges; ++range) {
-    const int64_t count = std::max<int64_t>(1, ReduceScatterChoice::kProbeBytes[range] / 4 / size);
-    double best[std::size(kReduceScatterAlgorithms)];
+  for (int range = 0; range < kProbeRanges; ++range) {
+    double best[N];
     double best_overall = std::numeric_limits<double>::infinity();
-    std::string timings;
-    for (size_t a = 0; a < std::size(kReduceScatterAlgorithms); ++a) {
-      const ReduceScatterAlgorithm algorithm = kReduceScatterAlgorithms[a];
-      ReduceScatterCall call;
-      call.send = send.data();
-      call.recv = recv.data();
-      call.count = count;
-      call.comm = comm;
-      call.rank = rank;
-      call.size = size;
-      call.tag = kProbeTag;
-      scratch.resize(std::max(scratch.size(), ReduceScatterScratchBytes(algorithm, call)));
-      const std::vector<MpiRound> rounds = ReduceScatterRounds(algorithm, call, scratch.data());
+    for (size_t a = 0; a < N; ++a) {
+      const std::vector<MpiRound> probe = rounds(algorithms[a], kProbeBytes[range], &scratch);
       best[a] = std::numeric_limits<double>::infinity();
       // One untimed run first (connections, first touch of the temporaries).
       for (int run = 0; run <= kTimedRuns; ++run) {
         int rc = MPI_Barrier(comm);
         const double start = MPI_Wtime();
-        if (rc == MPI_SUCCESS) rc = RunRoundsBlocking(rounds);
+        if (rc == MPI_SUCCESS) rc = RunRoundsBlocking(probe);
         double slowest = 0;
         if (rc == MPI_SUCCESS) rc = MaxOverRanks(MPI_Wtime() - start, comm, &slowest);
-        if (rc != MPI_SUCCESS) return MpiError(rc, "measuring the reduce-scatter algorithms");
+        if (rc != MPI_SUCCESS) return MpiError(rc, "measuring the collective algorithms");
         if (run == 0) continue;  // first calls pay for set-up: never judged on that
         best[a] = std::min(best[a], slowest);
         if (best[a] > kGiveUpFactor * best_overall) break;
       }
       best_overall = std::min(best_overall, best[a]);
     }
-    size_t winner = 0;
-    for (size_t a = 1; a < std::size(kReduceScatterAlgorithms); ++a) {
-      if (best[a] < best[winner]) winner = a;
-    }
-    choice.algorithm_[range] = kReduceScatterAlgorithms[winner];
-    for (size_t a = 0; a < std::size(kReduceScatterAlgorithms); ++a) {
-      absl::StrAppend(&timings, a == 0 ? "" : ", ",
-                      ReduceScatterAlgorithmName(kReduceScatterAlgorithms[a]), " ",
+    const size_t winner = static_cast<size_t>(std::min_element(best, best + N) - best);
+    choice.algorithm_[range] = algorithms[winner];
+    std::string timings;
+    for (size_t a = 0; a < N; ++a) {
+      absl::StrAppend(&timings, a == 0 ? "" : ", ", AlgorithmName(algorithms[a]), " ",
                       absl::StrFormat("%.3f ms", best[a] * 1e3));
     }
-    absl::StrAppend(&choice.description_, range == 0 ? "" : "; ",
-                    Bytes(ReduceScatterChoice::kProbeBytes[range]), ": ",
-                    ReduceScatterAlgorithmName(choice.algorithm_[range]), " (", timings, ")");
+    absl::StrAppend(&choice.description_, range == 0 ? "" : "; ", Bytes(kProbeBytes[range]), ": ",
+                    AlgorithmName(choice.algorithm_[range]), " (", timings, ")");
   }
   return choice;
+}
+
+// The probe's buffers: the largest size's, filled with small integers (exact fp32 sums).
+struct ProbeBuffers {
+  std::vector<float> send, recv;
+  ProbeBuffers(int64_t elements, int rank) : send(static_cast<size_t>(elements)), recv(send.size()) {
+    for (size_t i = 0; i < send.size(); ++i) send[i] = static_cast<float>((i + rank) % 13);
+  }
+};
+
+ReduceScatterCall ProbeCall(MPI_Comm comm, int rank, int size, ProbeBuffers& buffers, int64_t count) {
+  ReduceScatterCall call;
+  call.send = buffers.send.data();
+  call.recv = buffers.recv.data();
+  call.count = count;
+  call.comm = comm;
+  call.rank = rank;
+  call.size = size;
+  call.tag = kProbeTag;
+  return call;
+}
+
+}  // namespace
+
+int ProbeRange(int64_t total_bytes) {
+  for (int i = 0; i + 1 < kProbeRanges; ++i) {
+    const double boundary = std::sqrt(static_cast<double>(kProbeBytes[i]) * kProbeBytes[i + 1]);
+    if (static_cast<double>(total_bytes) < boundary) return i;
+  }
+  return kProbeRanges - 1;
+}
+
+StatusOr<ReduceScatterChoice> MeasureReduceScatter(MPI_Comm comm, int rank, int size) {
+  ProbeBuffers buffers(kProbeBytes[kProbeRanges - 1] / 4 / size * size, rank);
+  return Measure<ReduceScatterAlgorithm>(
+      comm, kReduceScatterAlgorithms,
+      [&](ReduceScatterAlgorithm algorithm, int64_t bytes, std::vector<char>* scratch) {
+        const ReduceScatterCall call =
+            ProbeCall(comm, rank, size, buffers, std::max<int64_t>(1, bytes / 4 / size));
+        scratch->resize(std::max(scratch->size(), ReduceScatterScratchBytes(algorithm, call)));
+        return ReduceScatterRounds(algorithm, call, scratch->data());
+      });
+}
+
+StatusOr<AllReduceChoice> MeasureAllReduce(MPI_Comm comm, int rank, int size) {
+  ProbeBuffers buffers(kProbeBytes[kProbeRanges - 1] / 4, rank);
+  return Measure<AllReduceAlgorithm>(
+      comm, kAllReduceAlgorithms,
+      [&](AllReduceAlgorithm algorithm, int64_t bytes, std::vector<char>* scratch) {
+        const AllReduceCall call = ProbeCall(comm, rank, size, buffers, std::max<int64_t>(1, bytes / 4));
+        scratch->resize(std::max(scratch->size(), AllReduceScratchBytes(algorithm, call)));
+        return AllReduceRounds(algorithm, call, scratch->data());
+      });
 }
 
 }  // namespace zero::comm

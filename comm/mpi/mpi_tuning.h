@@ -1,16 +1,18 @@
-// The reduce-scatter algorithm per message size, measured once when an MPI communicator is
-// created (internal to comm/mpi).
+// The reduce-scatter and all-reduce algorithms per message size, measured once when an MPI
+// communicator is created (internal to comm/mpi).
 //
-// OpenMPI's reduce-scatter is far slower than what the same transport can do (over shared
-// memory, 16 MiB: MPI_Reduce_scatter_block ≈ 53 ms, MPI_Iallreduce ≈ 2.6 ms, a ring of
-// point-to-point steps ≈ 2.3 ms; bench/RESULTS.md). Which way wins depends on the MPI, the
-// transport, the rank count and the size, so the communicator times each algorithm of
-// mpi_rounds.h at a few sizes on its own ranks and keeps the fastest for each size range.
+// OpenMPI's collectives are far slower than what the same transport can do in some sizes
+// (over shared memory, 16 MiB: MPI_Reduce_scatter_block ≈ 53 ms against ≈ 2 ms for our own
+// point-to-point algorithms; 64 MiB: MPI_Iallreduce ≈ 200 ms; bench/RESULTS.md). Which way
+// wins depends on the MPI, the transport, the rank count and the size, so the communicator
+// times each algorithm of mpi_rounds.h and mpi_all_reduce_rounds.h at a few sizes on its own
+// ranks and keeps the fastest for each size range.
 //
 //   ZERO_MPI_REDUCE_SCATTER = auto (default) | ring | direct | allreduce | native
+//   ZERO_MPI_ALL_REDUCE     = auto (default) | native | direct
 //
-// (read with the other tunables, base/env.h) forces one algorithm for every size, with
-// no measurement; the choice is logged at INFO.
+// (read with the other tunables, base/env.h) force one algorithm for every size, with no
+// measurement; the choices are logged at INFO.
 #ifndef ZERO_COMM_MPI_MPI_TUNING_H_
 #define ZERO_COMM_MPI_MPI_TUNING_H_
 
@@ -19,34 +21,47 @@
 #include <cstdint>
 #include <string>
 
+#include "absl/strings/str_cat.h"
+#include "comm/mpi/mpi_all_reduce_rounds.h"
 #include "comm/mpi/mpi_rounds.h"
 #include "zero/status.h"
 
 namespace zero::comm {
 
-/// Size ranges (bytes of the whole send buffer, size × count elements) and their algorithm.
-class ReduceScatterChoice {
+/// Probe sizes (bytes of the whole buffer: size × count elements for a reduce-scatter, count
+/// for an all-reduce): each range is the probe size's neighbourhood, split at geometric means.
+inline constexpr int kProbeRanges = 3;
+inline constexpr int64_t kProbeBytes[kProbeRanges] = {int64_t{64} << 10, int64_t{1} << 20,
+                                                      int64_t{16} << 20};
+
+/// The probe range of a buffer of `total_bytes`.
+int ProbeRange(int64_t total_bytes);
+
+/// Size ranges and their algorithm (ReduceScatterAlgorithm or AllReduceAlgorithm).
+template <typename Algorithm>
+class AlgorithmChoice {
  public:
-  /// Probe sizes: each range is the probe size's neighbourhood, split at geometric means.
-  static constexpr int kRanges = 3;
-  static constexpr int64_t kProbeBytes[kRanges] = {int64_t{64} << 10, int64_t{1} << 20,
-                                                   int64_t{16} << 20};
-
   /// The same algorithm for every size.
-  static ReduceScatterChoice Fixed(ReduceScatterAlgorithm algorithm);
+  static AlgorithmChoice Fixed(Algorithm algorithm) {
+    AlgorithmChoice choice;
+    for (Algorithm& a : choice.algorithm_) a = algorithm;
+    choice.description_ = absl::StrCat(AlgorithmName(algorithm), " (forced)");
+    return choice;
+  }
 
-  /// The algorithm for a reduce-scatter whose send buffer holds `total_bytes`.
-  ReduceScatterAlgorithm For(int64_t total_bytes) const;
+  /// The algorithm for a buffer of `total_bytes`.
+  Algorithm For(int64_t total_bytes) const { return algorithm_[ProbeRange(total_bytes)]; }
 
-  /// "64 KiB: ring (ring 0.010 ms, allreduce 0.023 ms, native 0.259 ms); 1 MiB: ..." (the
-  /// probe size of each range, the winner, every timing), or "ring (forced)".
+  /// "64 KiB: ring (ring 0.010 ms, direct 0.011 ms, ...); 1 MiB: ..." (the probe size of each
+  /// range, the winner, every timing), or "ring (forced)".
   const std::string& description() const { return description_; }
 
- private:
-  friend StatusOr<ReduceScatterChoice> MeasureReduceScatter(MPI_Comm, int, int);
-  ReduceScatterAlgorithm algorithm_[kRanges] = {};
+  Algorithm algorithm_[kProbeRanges] = {};
   std::string description_;
 };
+
+using ReduceScatterChoice = AlgorithmChoice<ReduceScatterAlgorithm>;
+using AllReduceChoice = AlgorithmChoice<AllReduceAlgorithm>;
 
 /// Times every algorithm at each probe size on `comm` (collective: every rank calls it, before
 /// any other traffic) and keeps the fastest per range. Every rank gets the same choice: each
@@ -57,6 +72,7 @@ class ReduceScatterChoice {
 /// sums; the choice applies to every dtype and op. An MPI error during the probe returns
 /// here on the rank that saw it; its peers may then wait in the probe's next collective.
 StatusOr<ReduceScatterChoice> MeasureReduceScatter(MPI_Comm comm, int rank, int size);
+StatusOr<AllReduceChoice> MeasureAllReduce(MPI_Comm comm, int rank, int size);
 
 }  // namespace zero::comm
 

@@ -40,12 +40,13 @@ class ScopedEnv {
   std::optional<std::string> old_;
 };
 
-// The default: reduce-scatter algorithms measured per size at creation (run_mpi.sh forces the
-// ring for the other tests).
+// The default: reduce-scatter and all-reduce algorithms measured per size at creation
+// (run_mpi.sh forces them for the other tests).
 TEST(MpiComm, ConformanceSuite) {
   std::unique_ptr<Communicator> comm;
   {
     ScopedEnv measured("ZERO_MPI_REDUCE_SCATTER", "auto");
+    ScopedEnv measured_all_reduce("ZERO_MPI_ALL_REDUCE", "auto");
     comm = NewComm();
   }
   ASSERT_NE(comm, nullptr);
@@ -84,6 +85,33 @@ TEST(MpiComm, ConformanceSuiteForEveryReduceScatterAlgorithm) {
       double want = 0;  // small integers: every summation order is exact
       for (int r = 0; r < size; ++r) want += static_cast<double>(((rank * count + i) * 7 + r * 3) % 101);
       ASSERT_EQ(recv[static_cast<size_t>(i)], want) << "element " << i;
+    }
+  }
+}
+
+// Every all-reduce algorithm (comm/mpi/mpi_all_reduce_rounds.h) passes the suite, and a
+// 1 MiB all-reduce whose count does not divide by the rank count (uneven parts).
+TEST(MpiComm, ConformanceSuiteForEveryAllReduceAlgorithm) {
+  for (const char* algorithm : {"native", "direct"}) {
+    SCOPED_TRACE(algorithm);
+    std::unique_ptr<Communicator> comm;
+    {
+      ScopedEnv forced("ZERO_MPI_ALL_REDUCE", algorithm);
+      comm = NewComm();
+    }
+    ASSERT_NE(comm, nullptr);
+    const Status status = testing::RunConformanceSuite(*comm, /*pairwise_rounding=*/true);
+    EXPECT_TRUE(status.ok()) << status;
+
+    const int size = comm->size(), rank = comm->rank();
+    const int64_t count = (int64_t{1} << 18) + 5;
+    std::vector<float> data(static_cast<size_t>(count));
+    for (int64_t i = 0; i < count; ++i) data[static_cast<size_t>(i)] = static_cast<float>((i * 7 + rank * 3) % 101);
+    ASSERT_TRUE(comm->AllReduce(data.data(), data.data(), count, DType::kFP32, ReduceOp::kSum)->Wait().ok());
+    for (int64_t i = 0; i < count; ++i) {
+      double want = 0;  // small integers: every summation order is exact
+      for (int r = 0; r < size; ++r) want += static_cast<double>((i * 7 + r * 3) % 101);
+      ASSERT_EQ(data[static_cast<size_t>(i)], want) << "element " << i;
     }
   }
 }

@@ -14,8 +14,10 @@ export OMPI_MCA_rmaps_base_oversubscribe=1
 # libnbc's default non-blocking all-reduce is 1.5-3× slower than its Rabenseifner variant here
 # (bench/RESULTS.md); keep a caller's own choice.
 export OMPI_MCA_coll_libnbc_iallreduce_algorithm=${OMPI_MCA_coll_libnbc_iallreduce_algorithm:-3}
-# Every communicator would time the reduce-scatter algorithms when created (0.1-0.5 s each,
-# more when oversubscribed); tests create hundreds, so they use the ring unless the caller says
-# otherwise. The measured choice ("auto") is tested on purpose in mpi_comm_test.cc.
+# Every communicator would time the reduce-scatter and all-reduce algorithms when created
+# (0.1-0.5 s each, more when oversubscribed); tests create hundreds, so they use the ring and
+# the direct all-reduce (our own code, so the engine tests exercise it) unless the caller
+# says otherwise. The measured choice ("auto") is tested on purpose in mpi_comm_test.cc.
 export ZERO_MPI_REDUCE_SCATTER=${ZERO_MPI_REDUCE_SCATTER:-ring}
+export ZERO_MPI_ALL_REDUCE=${ZERO_MPI_ALL_REDUCE:-direct}
 exec mpirun -np "$ranks" --oversubscribe --bind-to none "${extra[@]}" "$@"

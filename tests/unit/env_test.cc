@@ -16,6 +16,7 @@ class EnvTest : public ::testing::Test {
     unsetenv("ZERO_CPU_ISA");
     unsetenv("ZERO_CPU_THREADS");
     unsetenv("ZERO_MPI_REDUCE_SCATTER");
+    unsetenv("ZERO_MPI_ALL_REDUCE");
   }
 };
 
@@ -26,6 +27,7 @@ TEST_F(EnvTest, DefaultsWhenUnset) {
   EXPECT_FALSE(env->cpu_isa_cap.has_value());
   EXPECT_EQ(env->cpu_threads, 0);
   EXPECT_EQ(env->mpi_reduce_scatter, "auto");
+  EXPECT_EQ(env->mpi_all_reduce, "auto");
 }
 
 TEST_F(EnvTest, ParsesValues) {
@@ -33,12 +35,14 @@ TEST_F(EnvTest, ParsesValues) {
   setenv("ZERO_CPU_ISA", "avx2", 1);
   setenv("ZERO_CPU_THREADS", "3", 1);
   setenv("ZERO_MPI_REDUCE_SCATTER", "Ring", 1);
+  setenv("ZERO_MPI_ALL_REDUCE", "Direct", 1);
   auto env = ReadEnvTunables();
   ASSERT_TRUE(env.ok());
   EXPECT_EQ(env->log_level, LogLevel::kDetail);
   EXPECT_EQ(env->cpu_isa_cap, CpuIsa::kAvx2);
   EXPECT_EQ(env->cpu_threads, 3);
   EXPECT_EQ(env->mpi_reduce_scatter, "ring");
+  EXPECT_EQ(env->mpi_all_reduce, "direct");
 }
 
 TEST_F(EnvTest, BadValuesNameTheVariable) {
@@ -58,6 +62,10 @@ TEST_F(EnvTest, BadValuesNameTheVariable) {
   setenv("ZERO_MPI_REDUCE_SCATTER", "tree", 1);
   s = ReadEnvTunables().status();
   EXPECT_NE(s.message().find("ZERO_MPI_REDUCE_SCATTER=tree"), std::string::npos);
+  Clear();
+  setenv("ZERO_MPI_ALL_REDUCE", "ring", 1);
+  s = ReadEnvTunables().status();
+  EXPECT_NE(s.message().find("ZERO_MPI_ALL_REDUCE=ring"), std::string::npos);
 }
 
 TEST(CpuIsa, DetectionIsConsistentWithNames) {

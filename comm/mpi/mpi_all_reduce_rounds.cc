@@ -1,0 +1,110 @@
+// All-reduce algorithms as rounds of non-blocking MPI calls.
+#include "comm/mpi/mpi_all_reduce_rounds.h"
+
+#include <algorithm>
+
+#include "comm/host_reduce.h"
+
+namespace zero::comm {
+namespace {
+
+// Rank p's part of `count` elements: [Begin(p), Begin(p + 1)).
+int64_t Begin(const AllReduceCall& c, int p) { return c.count * p / c.size; }
+int64_t PartCount(const AllReduceCall& c, int p) { return Begin(c, p + 1) - Begin(c, p); }
+
+std::vector<MpiRound> NativeRounds(const AllReduceCall& c) {
+  return {[c](std::vector<MPI_Request>* requests) {
+    requests->push_back(MPI_REQUEST_NULL);
+    const void* source = c.send == c.recv ? MPI_IN_PLACE : c.send;
+    return MPI_Iallreduce(source, c.recv, static_cast<int>(c.count), c.mpi_type, c.mpi_op, c.comm,
+                          &requests->back());
+  }};
+}
+
+std::vector<MpiRound> DirectRounds(const AllReduceCall& c, char* scratch) {
+  const size_t element = DTypeSize(c.dtype);
+  const int n = c.size, r = c.rank;
+  const int64_t mine = PartCount(c, r);
+  auto at = [element](const void* base, int64_t index) {
+    return static_cast<char*>(const_cast<void*>(base)) + static_cast<size_t>(index) * element;
+  };
+  // Slot of peer p's contribution to this rank's part: peers in rank order, this rank skipped.
+  auto slot = [scratch, element, mine, r](int p) {
+    return scratch + static_cast<size_t>(p < r ? p : p - 1) * static_cast<size_t>(mine) * element;
+  };
+  std::vector<MpiRound> rounds;
+  rounds.push_back([c, n, r, mine, at, slot](std::vector<MPI_Request>* requests) {
+    for (int step = 1; step < n; ++step) {
+      const int peer = (r + n - step) % n;
+      requests->push_back(MPI_REQUEST_NULL);
+      const int rc = MPI_Irecv(slot(peer), static_cast<int>(mine), c.mpi_type, peer, c.tag, c.comm,
+                               &requests->back());
+      if (rc != MPI_SUCCESS) return rc;
+    }
+    for (int step = 1; step < n; ++step) {
+      const int peer = (r + step) % n;
+      requests->push_back(MPI_REQUEST_NULL);
+      const int rc = MPI_Isend(at(c.send, Begin(c, peer)), static_cast<int>(PartCount(c, peer)),
+                               c.mpi_type, peer, c.tag, c.comm, &requests->back());
+      if (rc != MPI_SUCCESS) return rc;
+    }
+    return MPI_SUCCESS;
+  });
+  // Sum this rank's part (in place is fine: block-wise), then exchange the sums. In place,
+  // the parts received here overwrite input that round 0 has finished sending.
+  rounds.push_back([c, n, r, mine, at, slot](std::vector<MPI_Request>* requests) {
+    std::vector<const void*> inputs(static_cast<size_t>(n));
+    for (int p = 0; p < n; ++p) inputs[p] = p == r ? at(c.send, Begin(c, r)) : slot(p);
+    char* sum = at(c.recv, Begin(c, r));
+    ReduceInto(sum, inputs.data(), n, mine, c.dtype, c.op);
+    for (int step = 1; step < n; ++step) {
+      const int peer = (r + n - step) % n;
+      requests->push_back(MPI_REQUEST_NULL);
+      const int rc = MPI_Irecv(at(c.recv, Begin(c, peer)), static_cast<int>(PartCount(c, peer)),
+                               c.mpi_type, peer, c.tag, c.comm, &requests->back());
+      if (rc != MPI_SUCCESS) return rc;
+    }
+    for (int step = 1; step < n; ++step) {
+      requests->push_back(MPI_REQUEST_NULL);
+      const int rc = MPI_Isend(sum, static_cast<int>(mine), c.mpi_type, (r + step) % n, c.tag,
+                               c.comm, &requests->back());
+      if (rc != MPI_SUCCESS) return rc;
+    }
+    return MPI_SUCCESS;
+  });
+  return rounds;
+}
+
+}  // namespace
+
+const char* AlgorithmName(AllReduceAlgorithm algorithm) {
+  switch (algorithm) {
+    case AllReduceAlgorithm::kNative: return "native";
+    case AllReduceAlgorithm::kDirect: return "direct";
+  }
+  return "?";
+}
+
+bool ParseAlgorithm(std::string_view name, AllReduceAlgorithm* algorithm) {
+  for (AllReduceAlgorithm candidate : kAllReduceAlgorithms) {
+    if (name == AlgorithmName(candidate)) {
+      *algorithm = candidate;
+      return true;
+    }
+  }
+  return false;
+}
+
+size_t AllReduceScratchBytes(AllReduceAlgorithm algorithm, const AllReduceCall& call) {
+  if (algorithm == AllReduceAlgorithm::kNative) return 0;
+  return static_cast<size_t>(call.size - 1) * static_cast<size_t>(PartCount(call, call.rank)) *
+         DTypeSize(call.dtype);
+}
+
+std::vector<MpiRound> AllReduceRounds(AllReduceAlgorithm algorithm, const AllReduceCall& call,
+                                      char* scratch) {
+  if (algorithm == AllReduceAlgorithm::kNative) return NativeRounds(call);
+  return DirectRounds(call, scratch);
+}
+
+}  // namespace zero::comm
