@@ -10,6 +10,9 @@
 #include "tests/engine/toy_trainer.h"
 #include "zero/checkpoint.h"
 #include "zero/engine.h"
+#include "tests/status_matchers.h"
+
+using ::zero::testing::IsOk;
 
 namespace zero {
 namespace {
@@ -35,7 +38,7 @@ class CheckpointReaderTest : public ::testing::Test {
       if (r == 0) params_ = result.final_params;
       return absl::OkStatus();
     });
-    for (const Status& s : statuses) ASSERT_TRUE(s.ok()) << s;
+    ASSERT_THAT(statuses, ::testing::Each(IsOk()));
   }
   void TearDown() override { std::filesystem::remove_all(dir_); }
 

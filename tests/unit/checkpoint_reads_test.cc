@@ -12,6 +12,10 @@
 #include "tests/engine/scratch_dir.h"
 #include "tests/engine/toy_trainer.h"
 #include "zero/engine.h"
+#include "tests/status_matchers.h"
+
+using ::zero::testing::IsOk;
+using ::zero::testing::StatusIs;
 
 namespace zero {
 namespace {
@@ -76,7 +80,7 @@ TEST_F(CheckpointReads, EachRankReadsAboutItsShare) {
   for (const int world : {4, 2, 1}) {
     std::vector<Status> statuses;
     const std::vector<int64_t> bytes = Load(world, 2, &statuses);
-    for (const Status& s : statuses) ASSERT_TRUE(s.ok()) << s;
+    ASSERT_THAT(statuses, ::testing::Each(IsOk()));
     const int64_t sum = std::accumulate(bytes.begin(), bytes.end(), int64_t{0});
     std::string line;
     for (int r = 0; r < world; ++r) {
@@ -107,11 +111,9 @@ TEST_F(CheckpointReads, ARankThatCannotReadItsPartFailsEveryRankAndNoneLoads) {
   std::vector<Status> statuses;
   std::vector<char> unchanged;  // not vector<bool>: ranks write it concurrently
   Load(4, 2, &statuses, &unchanged);
-  EXPECT_EQ(statuses[3].code(), absl::StatusCode::kDataLoss) << statuses[3];
-  EXPECT_NE(statuses[3].message().find("rank-3-of-4.bin"), std::string::npos) << statuses[3];
+  EXPECT_THAT(statuses[3], StatusIs(absl::StatusCode::kDataLoss, ::testing::HasSubstr("rank-3-of-4.bin")));
   for (int r = 0; r < 3; ++r) {
-    EXPECT_EQ(statuses[r].code(), absl::StatusCode::kAborted) << statuses[r];
-    EXPECT_NE(statuses[r].message().find("rank 3"), std::string::npos) << statuses[r];
+    EXPECT_THAT(statuses[r], StatusIs(absl::StatusCode::kAborted, ::testing::HasSubstr("rank 3")));
   }
   for (int r = 0; r < 4; ++r) EXPECT_TRUE(unchanged[r]) << "rank " << r << " loaded part of the checkpoint";
 }

@@ -11,6 +11,9 @@
 #include "tests/engine/scratch_dir.h"
 #include "tests/engine/toy_trainer.h"
 #include "zero/engine.h"
+#include "tests/status_matchers.h"
+
+using ::zero::testing::IsOk;
 
 namespace zero {
 namespace {
@@ -63,7 +66,7 @@ TEST_F(CheckpointSeries, LatestFollowsTheNewestAndOnlyKeepLastRemain) {
     }
     return absl::OkStatus();
   });
-  for (const Status& s : statuses) ASSERT_TRUE(s.ok()) << s;
+  ASSERT_THAT(statuses, ::testing::Each(IsOk()));
   EXPECT_EQ(loaded_step, (std::vector<int64_t>{2, 2}));
   EXPECT_EQ(Latest(root_), "step-2c");
   // Same step: ordered by name, so "step-2" went.
@@ -85,7 +88,7 @@ TEST_F(CheckpointSeries, OlderStepsGoFirstAndOtherDirectoriesStay) {
     ZERO_RETURN_IF_ERROR(testing::TrainToy(*engine, o, &result));
     return engine->SaveCheckpoint(root_, "z-first");
   });
-  for (const Status& s : statuses) ASSERT_TRUE(s.ok()) << s;
+  ASSERT_THAT(statuses, ::testing::Each(IsOk()));
   // A later step under a name that sorts first: still the newest, so "z-first" goes.
   const std::vector<Status> again = RunOnRanks(3, [&](int, comm::Communicator& c) -> Status {
     ZERO_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(config, c));
@@ -95,7 +98,7 @@ TEST_F(CheckpointSeries, OlderStepsGoFirstAndOtherDirectoriesStay) {
     ZERO_RETURN_IF_ERROR(testing::TrainToy(*engine, o, &result));
     return engine->SaveCheckpoint(root_, "a-second");
   });
-  for (const Status& s : again) ASSERT_TRUE(s.ok()) << s;
+  ASSERT_THAT(again, ::testing::Each(IsOk()));
   EXPECT_EQ(Latest(root_), "a-second");
   EXPECT_FALSE(std::filesystem::exists(root_ + "/z-first"));
   EXPECT_TRUE(std::filesystem::exists(root_ + "/notes"));

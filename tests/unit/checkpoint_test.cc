@@ -12,6 +12,9 @@
 #include "tests/engine/toy_trainer.h"
 #include "zero/communicator.h"
 #include "zero/engine.h"
+#include "tests/status_matchers.h"
+
+using ::zero::testing::IsOk;
 
 namespace zero {
 namespace {
@@ -40,7 +43,7 @@ class Checkpoint : public ::testing::Test {
     full.save_after = 9;
     std::vector<Status> statuses;
     full_ = Train(2, ToyConfig(2), full, &statuses)[0];
-    for (const Status& s : statuses) ASSERT_TRUE(s.ok()) << s;
+    ASSERT_THAT(statuses, ::testing::Each(IsOk()));
   }
   void TearDown() override { std::filesystem::remove_all(dir_); }
 
@@ -59,7 +62,7 @@ class Checkpoint : public ::testing::Test {
 TEST_F(Checkpoint, ResumesBitIdenticallyAtTheSameWorldSizeAndStage) {
   std::vector<Status> statuses;
   const ToyResult resumed = Train(2, ToyConfig(2), Resume(), &statuses)[0];
-  for (const Status& s : statuses) ASSERT_TRUE(s.ok()) << s;
+  ASSERT_THAT(statuses, ::testing::Each(IsOk()));
   EXPECT_EQ(resumed.losses, std::vector<double>(full_.losses.begin() + 10, full_.losses.end()));
   EXPECT_EQ(resumed.final_params, full_.final_params);
   EXPECT_EQ(resumed.infos.back().step, full_.infos.back().step);  // the step count came back

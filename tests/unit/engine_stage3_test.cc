@@ -9,6 +9,9 @@
 #include "tests/engine/toy_trainer.h"
 #include "zero/communicator.h"
 #include "zero/engine.h"
+#include "tests/status_matchers.h"
+
+using ::zero::testing::IsOk;
 
 namespace zero {
 namespace {
@@ -62,7 +65,7 @@ TEST(EngineStage3, MemoryMatchesTheTableAndTheLiveWindowIsBounded) {
         stats[r] = e->GetMemoryStats();
         return absl::OkStatus();
   });
-  for (int r = 0; r < kWorld; ++r) ASSERT_TRUE(results[r].ok()) << results[r];
+  ASSERT_THAT(results, ::testing::Each(IsOk()));
   const double psi = double(kLayers) * layer, n = kWorld;
   const MemoryStats& m = stats[0];
   const double states = m.Peak(MemoryCategory::kParams) + m.Peak(MemoryCategory::kGrads) + m.Peak(MemoryCategory::kOptimizer);

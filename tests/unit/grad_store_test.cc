@@ -9,6 +9,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "tests/engine/run_on_ranks.h"
+#include "tests/status_matchers.h"
+
+using ::zero::testing::IsOk;
 
 namespace zero::runtime {
 namespace {
@@ -69,7 +72,7 @@ TEST_P(GradStoreTest, BucketReductionsLeaveEachRankTheSumOfItsShard) {
     }
     return absl::OkStatus();
   });
-  for (int r = 0; r < kWorld; ++r) EXPECT_TRUE(statuses[r].ok()) << "rank " << r << ": " << statuses[r];
+  EXPECT_THAT(statuses, ::testing::Each(IsOk()));
   EXPECT_EQ(checked[0] + checked[1], 1300) << "every element of both params, on the rank that owns it";
 }
 

@@ -5,6 +5,9 @@
 
 #include "tests/engine/guard_scenarios.h"
 #include "tests/engine/run_on_ranks.h"
+#include "tests/status_matchers.h"
+
+using ::zero::testing::IsOk;
 
 namespace zero::testing {
 namespace {
@@ -17,7 +20,7 @@ TEST_P(GuardTest, BehavesAsPromised) {
     if (scenario.name != name) continue;
     const std::vector<Status> results =
         testing::RunOnRanks(world, [&](int, comm::Communicator& comm) { return scenario.run(comm, stage); });
-    for (int r = 0; r < world; ++r) EXPECT_TRUE(results[r].ok()) << "rank " << r << ": " << results[r];
+    EXPECT_THAT(results, ::testing::Each(IsOk()));
     return;
   }
   FAIL() << "no scenario " << name;

@@ -15,6 +15,9 @@
 #include "zero/communicator.h"
 #include "tests/comm/conformance.h"
 #include "tests/engine/run_on_ranks.h"
+#include "tests/status_matchers.h"
+
+using ::zero::testing::IsOk;
 
 namespace zero::comm {
 namespace {
@@ -31,7 +34,7 @@ TEST_P(LocalConformance, EveryCollectiveDtypeAndSizeMatchesFloat64) {
   const auto results = OnEveryRank(GetParam(), [](Communicator& comm) {
     return testing::RunConformanceSuite(comm, /*pairwise_rounding=*/false);
   });
-  for (size_t r = 0; r < results.size(); ++r) EXPECT_TRUE(results[r].ok()) << "rank " << r << ": " << results[r];
+  EXPECT_THAT(results, ::testing::Each(IsOk()));
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, LocalConformance, ::testing::Values(1, 2, 3, 4, 5));
@@ -42,7 +45,7 @@ TEST(LocalComm, EveryRankSharesThisHost) {
                ? absl::OkStatus()
                : absl::InternalError(absl::StrCat("ranks_on_this_host() = ", comm.ranks_on_this_host()));
   });
-  for (size_t r = 0; r < results.size(); ++r) EXPECT_TRUE(results[r].ok()) << "rank " << r << ": " << results[r];
+  EXPECT_THAT(results, ::testing::Each(IsOk()));
 }
 
 TEST(LocalComm, ReduceScatterAndAllReduceGiveIdenticalBits) {

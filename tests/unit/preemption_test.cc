@@ -7,6 +7,9 @@
 #include "tests/engine/toy_trainer.h"
 #include "zero/engine.h"
 #include "zero/preemption.h"
+#include "tests/status_matchers.h"
+
+using ::zero::testing::IsOk;
 
 namespace zero {
 namespace {
@@ -38,7 +41,7 @@ TEST(Preemption, EveryRankGetsTheSameAnswer) {
       answers[r] = answer ? 1 : 0;
       return absl::OkStatus();
     });
-    for (const Status& s : statuses) EXPECT_TRUE(s.ok()) << s;
+    EXPECT_THAT(statuses, ::testing::Each(IsOk()));
     EXPECT_EQ(answers, std::vector<int>(3, requested ? 1 : 0));
   }
   ClearPreemption();

@@ -9,6 +9,9 @@
 #include "tests/engine/run_on_ranks.h"
 #include "zero/communicator.h"
 #include "zero/engine.h"
+#include "tests/status_matchers.h"
+
+using ::zero::testing::IsOk;
 
 namespace zero {
 namespace {
@@ -91,7 +94,7 @@ TEST(Replicas, VerifyNamesTheFirstDifferingParamAndRanks) {
     ZERO_RETURN_IF_ERROR(SetInitialParams(engine, rank, /*same=*/true));
     return engine.BeginIteration();
   });
-  for (const Status& s : same) EXPECT_TRUE(s.ok()) << s;
+  EXPECT_THAT(same, ::testing::Each(IsOk()));
 }
 
 TEST(Replicas, AtStage3DifferentInitialValuesAreAnErrorNamingTheParam) {
