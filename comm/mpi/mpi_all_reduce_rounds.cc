@@ -8,6 +8,11 @@
 namespace zero::comm {
 namespace {
 
+// Elements per piece: at most `piece_bytes` worth, at least one.
+int64_t PieceCount(const AllReduceCall& c, int64_t piece_bytes) {
+  return std::max<int64_t>(1, piece_bytes / static_cast<int64_t>(DTypeSize(c.dtype)));
+}
+
 // Rank p's part of `count` elements: [Begin(p), Begin(p + 1)).
 int64_t Begin(const AllReduceCall& c, int p) { return c.count * p / c.size; }
 int64_t PartCount(const AllReduceCall& c, int p) { return Begin(c, p + 1) - Begin(c, p); }
@@ -95,16 +100,34 @@ bool ParseAlgorithm(std::string_view name, AllReduceAlgorithm* algorithm) {
   return false;
 }
 
-size_t AllReduceScratchBytes(AllReduceAlgorithm algorithm, const AllReduceCall& call) {
+size_t AllReduceScratchBytes(AllReduceAlgorithm algorithm, const AllReduceCall& call,
+                             int64_t piece_bytes) {
   if (algorithm == AllReduceAlgorithm::kNative) return 0;
-  return static_cast<size_t>(call.size - 1) * static_cast<size_t>(PartCount(call, call.rank)) *
-         DTypeSize(call.dtype);
+  AllReduceCall piece = call;
+  piece.count = std::min(call.count, PieceCount(call, piece_bytes));
+  return static_cast<size_t>(piece.size - 1) * static_cast<size_t>(PartCount(piece, piece.rank)) *
+         DTypeSize(piece.dtype);
 }
 
 std::vector<MpiRound> AllReduceRounds(AllReduceAlgorithm algorithm, const AllReduceCall& call,
-                                      char* scratch) {
-  if (algorithm == AllReduceAlgorithm::kNative) return NativeRounds(call);
-  return DirectRounds(call, scratch);
+                                      int64_t piece_bytes, char* scratch) {
+  // Pieces run one after the other: a piece's messages are all received before the next
+  // piece posts its receives, so one tag serves them all.
+  const int64_t per_piece = PieceCount(call, piece_bytes);
+  const int64_t pieces = std::max<int64_t>(1, (call.count + per_piece - 1) / per_piece);
+  std::vector<MpiRound> rounds;
+  for (int64_t k = 0; k < pieces; ++k) {
+    const int64_t first = k * per_piece;
+    AllReduceCall piece = call;
+    piece.count = std::min(per_piece, call.count - first);
+    const size_t offset = static_cast<size_t>(first) * DTypeSize(call.dtype);
+    piece.send = static_cast<const char*>(call.send) + offset;
+    piece.recv = static_cast<char*>(call.recv) + offset;
+    std::vector<MpiRound> more = algorithm == AllReduceAlgorithm::kNative ? NativeRounds(piece)
+                                                                          : DirectRounds(piece, scratch);
+    for (MpiRound& round : more) rounds.push_back(std::move(round));
+  }
+  return rounds;
 }
 
 }  // namespace zero::comm

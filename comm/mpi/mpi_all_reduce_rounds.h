@@ -20,8 +20,9 @@ enum class AllReduceAlgorithm {
   kNative,  ///< MPI_Iallreduce
   kDirect,  ///< chunk p to rank p, our add of the n chunks, each sum sent back to every rank
 };
-inline constexpr AllReduceAlgorithm kAllReduceAlgorithms[] = {AllReduceAlgorithm::kNative,
-                                                             AllReduceAlgorithm::kDirect};
+/// In probe order: the one that never collapses first, so a slow native call is cut short.
+inline constexpr AllReduceAlgorithm kAllReduceAlgorithms[] = {AllReduceAlgorithm::kDirect,
+                                                             AllReduceAlgorithm::kNative};
 
 /// "native", "direct".
 const char* AlgorithmName(AllReduceAlgorithm algorithm);
@@ -33,16 +34,21 @@ bool ParseAlgorithm(std::string_view name, AllReduceAlgorithm* algorithm);
 /// in place). The fields are those of ReduceScatterCall, with `count` the whole buffer's.
 using AllReduceCall = ReduceScatterCall;
 
-/// Bytes of temporaries the rounds of `algorithm` need for `call`.
-size_t AllReduceScratchBytes(AllReduceAlgorithm algorithm, const AllReduceCall& call);
+/// Bytes of temporaries the rounds of `algorithm` need for `call` cut in pieces of at most
+/// `piece_bytes`.
+size_t AllReduceScratchBytes(AllReduceAlgorithm algorithm, const AllReduceCall& call,
+                             int64_t piece_bytes);
 
-/// The rounds that compute `call` with `algorithm`; `scratch` as for ReduceScatterRounds.
+/// The rounds that compute `call` with `algorithm`, in pieces of at most `piece_bytes`
+/// (the largest size the algorithm was measured at: OpenMPI's all-reduce collapses past it),
+/// one after the other; `scratch` as for ReduceScatterRounds, AllReduceScratchBytes of one
+/// piece.
 /// Direct: rank r owns elements [r·count/n, (r+1)·count/n); every rank sends each owner its
 /// part, the owner adds the n parts in rank order (fp32 accumulation, one rounding, so every
 /// rank gets identical bits) and sends the sum back to every rank: two rounds, each rank
 /// sending and receiving 2(n − 1)/n of the buffer, the minimum for an all-reduce.
 std::vector<MpiRound> AllReduceRounds(AllReduceAlgorithm algorithm, const AllReduceCall& call,
-                                      char* scratch);
+                                      int64_t piece_bytes, char* scratch);
 
 }  // namespace zero::comm
 

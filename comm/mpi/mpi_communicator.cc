@@ -298,8 +298,9 @@ class MpiCommunicator final : public Communicator {
     if (!staged.ok()) return CompletedWork(staged);
     const AllReduceCall call = Call(send, recv, count, dtype, op);
     const AllReduceAlgorithm algorithm = all_reduce_.For(static_cast<int64_t>(bytes));
-    o.scratch = scratch_.Take(AllReduceScratchBytes(algorithm, call));
-    o.rounds = AllReduceRounds(algorithm, call, o.scratch.data.get());
+    const int64_t piece_bytes = kProbeBytes[kProbeRanges - 1];
+    o.scratch = scratch_.Take(AllReduceScratchBytes(algorithm, call, piece_bytes));
+    o.rounds = AllReduceRounds(algorithm, call, piece_bytes, o.scratch.data.get());
     return Submit(std::move(*operation));
   }
 

@@ -123,8 +123,8 @@ StatusOr<AllReduceChoice> MeasureAllReduce(MPI_Comm comm, int rank, int size) {
       comm, kAllReduceAlgorithms,
       [&](AllReduceAlgorithm algorithm, int64_t bytes, std::vector<char>* scratch) {
         const AllReduceCall call = ProbeCall(comm, rank, size, buffers, std::max<int64_t>(1, bytes / 4));
-        scratch->resize(std::max(scratch->size(), AllReduceScratchBytes(algorithm, call)));
-        return AllReduceRounds(algorithm, call, scratch->data());
+        scratch->resize(std::max(scratch->size(), AllReduceScratchBytes(algorithm, call, bytes)));
+        return AllReduceRounds(algorithm, call, bytes, scratch->data());
       });
 }
 

@@ -90,7 +90,8 @@ TEST(MpiComm, ConformanceSuiteForEveryReduceScatterAlgorithm) {
 }
 
 // Every all-reduce algorithm (comm/mpi/mpi_all_reduce_rounds.h) passes the suite, and a
-// 1 MiB all-reduce whose count does not divide by the rank count (uneven parts).
+// 17 MiB all-reduce: two pieces (16 MiB is the piece size), a count that divides by no rank
+// count here (uneven parts).
 TEST(MpiComm, ConformanceSuiteForEveryAllReduceAlgorithm) {
   for (const char* algorithm : {"native", "direct"}) {
     SCOPED_TRACE(algorithm);
@@ -104,7 +105,7 @@ TEST(MpiComm, ConformanceSuiteForEveryAllReduceAlgorithm) {
     EXPECT_TRUE(status.ok()) << status;
 
     const int size = comm->size(), rank = comm->rank();
-    const int64_t count = (int64_t{1} << 18) + 5;
+    const int64_t count = (int64_t{1} << 22) + (int64_t{1} << 18) + 5;
     std::vector<float> data(static_cast<size_t>(count));
     for (int64_t i = 0; i < count; ++i) data[static_cast<size_t>(i)] = static_cast<float>((i * 7 + rank * 3) % 101);
     ASSERT_TRUE(comm->AllReduce(data.data(), data.data(), count, DType::kFP32, ReduceOp::kSum)->Wait().ok());
