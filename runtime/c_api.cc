@@ -1,6 +1,7 @@
 // The C ABI: thin wrappers that turn each Status into a zero_status and a thread-local message.
 #include "zero/zero.h"
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
@@ -70,7 +71,14 @@ zero_status zero_comm_broadcast_bytes(zero_comm* comm, void* data, int64_t bytes
   if (bytes < 0) return Report(absl::InvalidArgumentError("zero_comm_broadcast_bytes: bytes is negative"));
   if (bytes == 0) return ZERO_OK;
   ZERO_C_REQUIRE(data, "zero_comm_broadcast_bytes");
-  return Report(comm->comm->Broadcast(data, bytes, zero::DType::kUInt8, root)->Wait(timeout_s));
+  // In pieces of at most 1 GiB: MPI counts are ints.
+  constexpr int64_t kPiece = int64_t{1} << 30;
+  for (int64_t first = 0; first < bytes; first += kPiece) {
+    const zero::Status status = comm->comm->Broadcast(static_cast<char*>(data) + first, std::min(kPiece, bytes - first),
+                                                      zero::DType::kUInt8, root)->Wait(timeout_s);
+    if (!status.ok()) return Report(status);
+  }
+  return ZERO_OK;
 }
 
 zero_status zero_engine_create(const char* config_json, zero_comm* comm, zero_engine** out) {

@@ -17,12 +17,25 @@ int64_t PieceCount(const AllReduceCall& c, int64_t piece_bytes) {
 int64_t Begin(const AllReduceCall& c, int p) { return c.count * p / c.size; }
 int64_t PartCount(const AllReduceCall& c, int p) { return Begin(c, p + 1) - Begin(c, p); }
 
-std::vector<MpiRound> NativeRounds(const AllReduceCall& c) {
-  return {[c](std::vector<MPI_Request>* requests) {
-    requests->push_back(MPI_REQUEST_NULL);
-    const void* source = c.send == c.recv ? MPI_IN_PLACE : c.send;
-    return MPI_Iallreduce(source, c.recv, static_cast<int>(c.count), c.mpi_type, c.mpi_op, c.comm,
-                          &requests->back());
+// Every piece's MPI_Iallreduce, started together in one round: MPI matches collectives by the
+// order they are started, and the progress thread starts later operations while this one
+// runs, so a collective call in a later round could be started in a different order on
+// different ranks.
+std::vector<MpiRound> NativeRounds(const AllReduceCall& c, int64_t per_piece) {
+  return {[c, per_piece](std::vector<MPI_Request>* requests) {
+    const size_t element = DTypeSize(c.dtype);
+    const bool in_place = c.send == c.recv;
+    for (int64_t first = 0; first == 0 || first < c.count; first += per_piece) {
+      const int64_t count = std::min(per_piece, c.count - first);
+      const size_t offset = static_cast<size_t>(first) * element;
+      void* recv = static_cast<char*>(c.recv) + offset;
+      const void* source = in_place ? MPI_IN_PLACE : static_cast<const char*>(c.send) + offset;
+      requests->push_back(MPI_REQUEST_NULL);
+      const int rc = MPI_Iallreduce(source, recv, static_cast<int>(count), c.mpi_type, c.mpi_op,
+                                    c.comm, &requests->back());
+      if (rc != MPI_SUCCESS) return rc;
+    }
+    return MPI_SUCCESS;
   }};
 }
 
@@ -103,17 +116,21 @@ bool ParseAlgorithm(std::string_view name, AllReduceAlgorithm* algorithm) {
 size_t AllReduceScratchBytes(AllReduceAlgorithm algorithm, const AllReduceCall& call,
                              int64_t piece_bytes) {
   if (algorithm == AllReduceAlgorithm::kNative) return 0;
-  AllReduceCall piece = call;
-  piece.count = std::min(call.count, PieceCount(call, piece_bytes));
-  return static_cast<size_t>(piece.size - 1) * static_cast<size_t>(PartCount(piece, piece.rank)) *
-         DTypeSize(piece.dtype);
+  // A part of a piece of c elements holds at most ⌈c/n⌉ (a shorter last piece may give this
+  // rank a larger part than the first piece does: parts are not monotonic in c).
+  const int64_t longest_piece = std::min(call.count, PieceCount(call, piece_bytes));
+  const int64_t longest_part = (longest_piece + call.size - 1) / call.size;
+  return static_cast<size_t>(call.size - 1) * static_cast<size_t>(longest_part) *
+         DTypeSize(call.dtype);
 }
 
 std::vector<MpiRound> AllReduceRounds(AllReduceAlgorithm algorithm, const AllReduceCall& call,
                                       int64_t piece_bytes, char* scratch) {
-  // Pieces run one after the other: a piece's messages are all received before the next
-  // piece posts its receives, so one tag serves them all.
   const int64_t per_piece = PieceCount(call, piece_bytes);
+  if (algorithm == AllReduceAlgorithm::kNative) return NativeRounds(call, per_piece);
+  // Direct: pieces one after the other, one tag for all. Each round sends exactly one message
+  // each way between every pair of ranks, and MPI matches messages between a pair in the order
+  // they were sent, so a piece's messages can only match that piece's receives.
   const int64_t pieces = std::max<int64_t>(1, (call.count + per_piece - 1) / per_piece);
   std::vector<MpiRound> rounds;
   for (int64_t k = 0; k < pieces; ++k) {
@@ -123,9 +140,7 @@ std::vector<MpiRound> AllReduceRounds(AllReduceAlgorithm algorithm, const AllRed
     const size_t offset = static_cast<size_t>(first) * DTypeSize(call.dtype);
     piece.send = static_cast<const char*>(call.send) + offset;
     piece.recv = static_cast<char*>(call.recv) + offset;
-    std::vector<MpiRound> more = algorithm == AllReduceAlgorithm::kNative ? NativeRounds(piece)
-                                                                          : DirectRounds(piece, scratch);
-    for (MpiRound& round : more) rounds.push_back(std::move(round));
+    for (MpiRound& round : DirectRounds(piece, scratch)) rounds.push_back(std::move(round));
   }
   return rounds;
 }

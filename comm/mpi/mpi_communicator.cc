@@ -261,7 +261,7 @@ class MpiCommunicator final : public Communicator {
     if (!operation.ok()) return CompletedWork(operation.status());
     Operation& o = **operation;
     const size_t bytes = static_cast<size_t>(count) * DTypeSize(dtype);
-    const Status staged = StageIfOnDevice(o, &send, &recv, bytes * size_, bytes);
+    const Status staged = StageIfOnDevice(o, &send, &recv, bytes * size_, bytes, /*only_mpi_touches_buffers=*/false);
     if (!staged.ok()) return CompletedWork(staged);
     const ReduceScatterCall call = Call(send, recv, count, dtype, op);
     const ReduceScatterAlgorithm algorithm = reduce_scatter_.For(static_cast<int64_t>(bytes) * size_);
@@ -275,7 +275,7 @@ class MpiCommunicator final : public Communicator {
     auto operation = Prepare(s, send, recv);
     if (!operation.ok()) return CompletedWork(operation.status());
     const size_t bytes = static_cast<size_t>(count) * DTypeSize(dtype);
-    const Status staged = StageIfOnDevice(**operation, &send, &recv, bytes, bytes * size_);
+    const Status staged = StageIfOnDevice(**operation, &send, &recv, bytes, bytes * size_, true);
     if (!staged.ok()) return CompletedWork(staged);
     const bool in_place = static_cast<const char*>(recv) + rank_ * bytes == send;
     const void* source = in_place ? MPI_IN_PLACE : send;
@@ -294,10 +294,10 @@ class MpiCommunicator final : public Communicator {
     if (!operation.ok()) return CompletedWork(operation.status());
     const size_t bytes = static_cast<size_t>(count) * DTypeSize(dtype);
     Operation& o = **operation;
-    const Status staged = StageIfOnDevice(o, &send, &recv, bytes, bytes);
+    const AllReduceAlgorithm algorithm = all_reduce_.For(static_cast<int64_t>(bytes));
+    const Status staged = StageIfOnDevice(o, &send, &recv, bytes, bytes, algorithm == AllReduceAlgorithm::kNative);
     if (!staged.ok()) return CompletedWork(staged);
     const AllReduceCall call = Call(send, recv, count, dtype, op);
-    const AllReduceAlgorithm algorithm = all_reduce_.For(static_cast<int64_t>(bytes));
     const int64_t piece_bytes = kProbeBytes[kProbeRanges - 1];
     o.scratch = scratch_.Take(AllReduceScratchBytes(algorithm, call, piece_bytes));
     o.rounds = AllReduceRounds(algorithm, call, piece_bytes, o.scratch.data.get());
@@ -311,7 +311,7 @@ class MpiCommunicator final : public Communicator {
     const size_t bytes = static_cast<size_t>(count) * DTypeSize(dtype);
     const void* source = data;
     void* target = data;
-    const Status staged = StageIfOnDevice(**operation, &source, &target, bytes, bytes);
+    const Status staged = StageIfOnDevice(**operation, &source, &target, bytes, bytes, true);
     if (!staged.ok()) return CompletedWork(staged);
     if (target != data) std::memcpy(target, source, bytes);  // staged: broadcast the host copy
     const MPI_Datatype type = Type(dtype);
@@ -387,14 +387,17 @@ class MpiCommunicator final : public Communicator {
   // When `send`/`recv` are CUDA device memory (and MPI cannot take them directly), copies the
   // input into pinned host memory now, points the collective at host buffers, and arranges the
   // copy back after completion. `send_bytes`/`recv_bytes` are the buffers' full sizes.
+  // `only_mpi_touches_buffers`: the collective's rounds are MPI calls alone (no host copy or
+  // add of ours), so a CUDA-aware MPI may be given device memory when it reduces with its own
+  // operations (fp32, int64).
   Status StageIfOnDevice(Operation& o, const void** send, void** recv, size_t send_bytes,
-                         size_t recv_bytes) {
+                         size_t recv_bytes, bool only_mpi_touches_buffers) {
     const bool device = PlacementOf(*send) == Placement::kDevice || PlacementOf(*recv) == Placement::kDevice;
     if (!device) return absl::OkStatus();
-    const bool builtin_op = o.signature.dtype == DType::kFP32 || o.signature.dtype == DType::kInt64 ||
-                            o.signature.kind == CollectiveKind::kAllGather ||
-                            o.signature.kind == CollectiveKind::kBroadcast;
-    if (cuda_aware_ && builtin_op) return absl::OkStatus();  // MPI reads device memory itself
+    const bool reduces = o.signature.kind == CollectiveKind::kReduceScatter ||
+                         o.signature.kind == CollectiveKind::kAllReduce;
+    const bool builtin_op = !reduces || o.signature.dtype == DType::kFP32 || o.signature.dtype == DType::kInt64;
+    if (cuda_aware_ && only_mpi_touches_buffers && builtin_op) return absl::OkStatus();
 #if ZERO_HAVE_CUDA
     ZERO_CUDA_RETURN_IF_ERROR(cudaGetDevice(&o.device));
     ZERO_RETURN_IF_ERROR(o.staged_send.Allocate(send_bytes));

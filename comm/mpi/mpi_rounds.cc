@@ -39,7 +39,7 @@ std::vector<MpiRound> NativeRounds(const ReduceScatterCall& c, char* scratch) {
 // MPI_Iallreduce of the whole buffer into scratch, then this rank's chunk copied out. Twice
 // the bytes of a reduce-scatter on the wire, but OpenMPI's all-reduce algorithms are far
 // better tuned than its reduce-scatter (bench/RESULTS.md).
-std::vector<MpiRound> AllReduceRounds(const ReduceScatterCall& c, char* scratch) {
+std::vector<MpiRound> AllReduceKeepShardRounds(const ReduceScatterCall& c, char* scratch) {
   const size_t bytes = static_cast<size_t>(c.count) * DTypeSize(c.dtype);
   char* full = scratch;
   std::vector<MpiRound> rounds;
@@ -120,9 +120,11 @@ std::vector<MpiRound> DirectRounds(const ReduceScatterCall& c, char* scratch) {
   const size_t bytes = static_cast<size_t>(c.count) * DTypeSize(c.dtype);
   const int n = c.size;
   // Slot of peer p's contribution in `scratch`: peers in rank order, this rank skipped.
-  auto slot = [c, scratch, bytes](int peer) { return scratch + static_cast<size_t>(peer < c.rank ? peer : peer - 1) * bytes; };
+  auto slot = [c, scratch, bytes](int peer) {
+    return scratch + static_cast<size_t>(peer < c.rank ? peer : peer - 1) * bytes;
+  };
   std::vector<MpiRound> rounds;
-  rounds.push_back([c, n, slot](std::vector<MPI_Request>* requests) {
+  rounds.push_back([c, n, slot, bytes](std::vector<MPI_Request>* requests) {
     for (int peer = 0; peer < n; ++peer) {
       if (peer == c.rank) continue;
       requests->push_back(MPI_REQUEST_NULL);
@@ -130,11 +132,10 @@ std::vector<MpiRound> DirectRounds(const ReduceScatterCall& c, char* scratch) {
                                c.comm, &requests->back());
       if (rc != MPI_SUCCESS) return rc;
     }
-    const size_t chunk_bytes = static_cast<size_t>(c.count) * DTypeSize(c.dtype);
     for (int step = 1; step < n; ++step) {  // rank r + 1 first: no peer is everyone's first
       const int peer = (c.rank + step) % n;
       requests->push_back(MPI_REQUEST_NULL);
-      const int rc = MPI_Isend(ChunkOf(c.send, peer, chunk_bytes), static_cast<int>(c.count),
+      const int rc = MPI_Isend(ChunkOf(c.send, peer, bytes), static_cast<int>(c.count),
                                c.mpi_type, peer, c.tag, c.comm, &requests->back());
       if (rc != MPI_SUCCESS) return rc;
     }
@@ -194,7 +195,7 @@ std::vector<MpiRound> ReduceScatterRounds(ReduceScatterAlgorithm algorithm,
                                           const ReduceScatterCall& call, char* scratch) {
   switch (EffectiveAlgorithm(algorithm, call)) {
     case ReduceScatterAlgorithm::kNative: return NativeRounds(call, scratch);
-    case ReduceScatterAlgorithm::kAllReduce: return AllReduceRounds(call, scratch);
+    case ReduceScatterAlgorithm::kAllReduce: return AllReduceKeepShardRounds(call, scratch);
     case ReduceScatterAlgorithm::kDirect: return DirectRounds(call, scratch);
     case ReduceScatterAlgorithm::kRing: break;
   }

@@ -2,6 +2,7 @@
 #include "comm/mpi/mpi_tuning.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -40,7 +41,8 @@ template <typename Algorithm, size_t N>
 StatusOr<AlgorithmChoice<Algorithm>> Measure(
     MPI_Comm comm, const Algorithm (&algorithms)[N],
     const std::function<std::vector<MpiRound>(Algorithm, int64_t, std::vector<char>*)>& rounds) {
-  AlgorithmChoice<Algorithm> choice;
+  std::array<Algorithm, kProbeRanges> chosen = {};
+  std::string description;
   std::vector<char> scratch;
   for (int range = 0; range < kProbeRanges; ++range) {
     double best[N];
@@ -63,16 +65,16 @@ StatusOr<AlgorithmChoice<Algorithm>> Measure(
       best_overall = std::min(best_overall, best[a]);
     }
     const size_t winner = static_cast<size_t>(std::min_element(best, best + N) - best);
-    choice.algorithm_[range] = algorithms[winner];
+    chosen[range] = algorithms[winner];
     std::string timings;
     for (size_t a = 0; a < N; ++a) {
       absl::StrAppend(&timings, a == 0 ? "" : ", ", AlgorithmName(algorithms[a]), " ",
                       absl::StrFormat("%.3f ms", best[a] * 1e3));
     }
-    absl::StrAppend(&choice.description_, range == 0 ? "" : "; ", Bytes(kProbeBytes[range]), ": ",
-                    AlgorithmName(choice.algorithm_[range]), " (", timings, ")");
+    absl::StrAppend(&description, range == 0 ? "" : "; ", Bytes(kProbeBytes[range]), ": ",
+                    AlgorithmName(chosen[range]), " (", timings, ")");
   }
-  return choice;
+  return AlgorithmChoice<Algorithm>(chosen, std::move(description));
 }
 
 // The probe's buffers: the largest size's, filled with small integers (exact fp32 sums).

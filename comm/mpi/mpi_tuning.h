@@ -18,8 +18,10 @@
 
 #include <mpi.h>
 
+#include <array>
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "comm/mpi/mpi_all_reduce_rounds.h"
@@ -41,12 +43,16 @@ int ProbeRange(int64_t total_bytes);
 template <typename Algorithm>
 class AlgorithmChoice {
  public:
+  AlgorithmChoice() = default;
+  /// `algorithms[i]` for range i, described by `description` (see description()).
+  AlgorithmChoice(const std::array<Algorithm, kProbeRanges>& algorithms, std::string description)
+      : algorithm_(algorithms), description_(std::move(description)) {}
+
   /// The same algorithm for every size.
   static AlgorithmChoice Fixed(Algorithm algorithm) {
-    AlgorithmChoice choice;
-    for (Algorithm& a : choice.algorithm_) a = algorithm;
-    choice.description_ = absl::StrCat(AlgorithmName(algorithm), " (forced)");
-    return choice;
+    std::array<Algorithm, kProbeRanges> every;
+    every.fill(algorithm);
+    return AlgorithmChoice(every, absl::StrCat(AlgorithmName(algorithm), " (forced)"));
   }
 
   /// The algorithm for a buffer of `total_bytes`.
@@ -56,7 +62,8 @@ class AlgorithmChoice {
   /// range, the winner, every timing), or "ring (forced)".
   const std::string& description() const { return description_; }
 
-  Algorithm algorithm_[kProbeRanges] = {};
+ private:
+  std::array<Algorithm, kProbeRanges> algorithm_ = {};
   std::string description_;
 };
 
@@ -72,6 +79,8 @@ using AllReduceChoice = AlgorithmChoice<AllReduceAlgorithm>;
 /// sums; the choice applies to every dtype and op. An MPI error during the probe returns
 /// here on the rank that saw it; its peers may then wait in the probe's next collective.
 StatusOr<ReduceScatterChoice> MeasureReduceScatter(MPI_Comm comm, int rank, int size);
+
+/// The same for the all-reduce algorithms (the probe sizes are the whole buffer's).
 StatusOr<AllReduceChoice> MeasureAllReduce(MPI_Comm comm, int rank, int size);
 
 }  // namespace zero::comm

@@ -39,7 +39,9 @@ class ScratchPool {
   }
   /// Keeps `buffer` for later; beyond kKept buffers, the smallest is freed. So the pool
   /// holds at most kKept buffers, each as large as the largest collective's temporaries
-  /// (ring: 2 chunks; all-reduce: the whole buffer). Not counted in the engine's statistics.
+  /// (reduce-scatter: 2 chunks for the ring, n − 1 for direct, the whole buffer through the
+  /// all-reduce; direct all-reduce: (n − 1)/n of a 16 MiB piece). Not counted in the engine's
+  /// statistics.
   void Give(ScratchBuffer buffer) {
     if (buffer.bytes == 0) return;
     std::lock_guard<std::mutex> lock(mutex_);

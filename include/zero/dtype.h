@@ -16,10 +16,11 @@
 
 namespace zero {
 
-/// Element type. Values match the C ABI's `zero_dtype`. Params, gradients and optimizer
-/// states are one of the floating-point types; the integer types are for collectives only
-/// (hashes, counts, raw bytes), as `ncclInt64` and `ncclUint8` in NCCL: their sums and
-/// maxima are exact (uint8 sums wrap modulo 256).
+/// Element type. The floating-point values match the C ABI's `zero_dtype` (which has no
+/// integer types). Params, gradients and optimizer states are one of the floating-point
+/// types; the integer types are for collectives only (hashes, counts, raw bytes), as
+/// `ncclInt64` and `ncclUint8` in NCCL: their sums and maxima are exact integer arithmetic,
+/// wrapping on overflow (two's complement for int64, modulo 256 for uint8).
 enum class DType : int { kFP32 = 0, kBF16 = 1, kFP16 = 2, kInt64 = 3, kUInt8 = 4 };
 
 /// Bytes per element: 4, 2, 2, 8, 1.

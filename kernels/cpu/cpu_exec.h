@@ -18,10 +18,11 @@ struct CpuExec {
 /// `usable_cores`: the CPUs this process may run on (its affinity mask); `online_cores`: the
 /// machine's; `ranks_on_this_host`: the ranks sharing them. A process whose launcher bound it
 /// to fewer CPUs than the machine has (mpirun --bind-to core, taskset) uses all of its own;
-/// unbound ranks split the machine evenly, at least one thread each. Teams larger than
-/// their share of the cores cost several times their speed: OpenMP threads that spin at
-/// barriers take the cores the other ranks' threads and progress threads need (measured in
-/// bench/RESULTS.md).
+/// unbound ranks split the machine evenly, at least one thread each. A mask that several ranks
+/// share (a container's cpuset, taskset around mpirun, binding to a socket) is taken as one
+/// rank's own: set ZERO_CPU_THREADS there. Teams larger than their share of the cores cost
+/// several times their speed: OpenMP threads that spin at barriers take the cores the other
+/// ranks' threads and progress threads need (measured in bench/RESULTS.md).
 int ThreadsPerRank(int usable_cores, int online_cores, int ranks_on_this_host);
 
 /// The best ISA the CPU supports, capped by ZERO_CPU_ISA, with ZERO_CPU_THREADS threads, or

@@ -34,14 +34,14 @@ struct Int64 {
   static Acc Load(T x) { return x; }
   static T Store(Acc x) { return x; }
 };
-struct UInt8 {  // sums wrap modulo 256, as in NCCL and MPI
+struct UInt8 {  // sums wrap modulo 256, as NCCL's (OpenMPI's MPI_SUM saturates: mpi_ops.h)
   using T = uint8_t;
   using Acc = uint32_t;
   static Acc Load(T x) { return x; }
   static T Store(Acc x) { return static_cast<T>(x); }
 };
 
-// Blocks keep the fp32 accumulator in cache while each input streams through once.
+// Blocks keep the accumulator in cache while each input streams through once.
 constexpr int64_t kBlock = 4096;
 
 template <typename Format, typename Op>

@@ -33,7 +33,8 @@ def _pip(*args, cwd):
 
 def test_wheel_installs_and_runs_outside_the_source_tree(tmp_path):
     library = os.environ.get("ZERORT_LIBRARY")
-    assert library and os.path.isfile(library), "CTest sets ZERORT_LIBRARY to the built library"
+    if not library or not os.path.isfile(library):
+        pytest.skip("ZERORT_LIBRARY must name the built library (CTest sets it)")
     # A copy of the package sources beside the CMakeLists.txt that names the version, so
     # the build writes nothing into the repository.
     source = tmp_path / "source"

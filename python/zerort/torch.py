@@ -211,7 +211,9 @@ class TorchEngine:
         gradient_accumulation_steps, so the last one of each step runs outside no_sync,
         followed by step(); no_sync around it raises FailedPreconditionError. Stages 0-1
         reduce once per step, as DDP; stages 2-3 reduce-scatter every micro-batch into the
-        gradient shard (ZeRO-2's trade: no full-size gradient is kept between them)."""
+        gradient shard (ZeRO-2's trade: no full-size gradient is kept between them). When the
+        block raises, the micro-batch is not ended: the exception propagates, and the engine
+        stays inside it (the next step() or no_sync exit ends it with what arrived)."""
         if self._micro_batches + 1 >= self.gradient_accumulation_steps:
             raise errors.FailedPreconditionError(
                 f"no_sync(): this is micro-batch {self._micro_batches + 1} of "

@@ -2,14 +2,16 @@
 // never joins a collective, ranks whose collectives disagree).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <optional>
 #include <string>
 #include <vector>
 
-#include "zero/communicator.h"
+#include "comm/mpi/mpi_all_reduce_rounds.h"
 #include "tests/comm/conformance.h"
+#include "zero/communicator.h"
 
 namespace zero::comm {
 namespace {
@@ -114,6 +116,54 @@ TEST(MpiComm, ConformanceSuiteForEveryAllReduceAlgorithm) {
       for (int r = 0; r < size; ++r) want += static_cast<double>((i * 7 + r * 3) % 101);
       ASSERT_EQ(data[static_cast<size_t>(i)], want) << "element " << i;
     }
+  }
+}
+
+// Native all-reduces over 16 MiB run as several MPI_Iallreduce calls; with other collectives
+// submitted while they run, every rank must still start them in the same order.
+TEST(MpiComm, OverlappingNativeAllReducesInPiecesKeepTheirOrder) {
+  std::unique_ptr<Communicator> comm;
+  {
+    ScopedEnv forced("ZERO_MPI_ALL_REDUCE", "native");
+    comm = NewComm();
+  }
+  ASSERT_NE(comm, nullptr);
+  const int size = comm->size(), rank = comm->rank();
+  const int64_t large = (int64_t{1} << 22) + 7;  // two pieces
+  std::vector<std::vector<float>> buffers;
+  for (int k = 0; k < 3; ++k) {
+    buffers.emplace_back(static_cast<size_t>(k == 1 ? 1001 : large));
+    for (size_t i = 0; i < buffers[k].size(); ++i) buffers[k][i] = static_cast<float>((i + k + rank) % 17);
+  }
+  std::vector<WorkPtr> works;
+  for (auto& buffer : buffers) {
+    works.push_back(comm->AllReduce(buffer.data(), buffer.data(), static_cast<int64_t>(buffer.size()),
+                                    DType::kFP32, ReduceOp::kSum));
+  }
+  for (WorkPtr& work : works) ASSERT_TRUE(work->Wait(60).ok());
+  for (int k = 0; k < 3; ++k) {
+    for (size_t i = 0; i < buffers[k].size(); ++i) {
+      double want = 0;
+      for (int r = 0; r < size; ++r) want += static_cast<double>((i + k + r) % 17);
+      ASSERT_EQ(buffers[k][i], want) << "all-reduce " << k << " element " << i;
+    }
+  }
+}
+
+// The direct all-reduce's temporaries hold the largest part of any piece: a shorter last
+// piece can give a rank one more element than the first (6 ranks, rank 3, 2^23 − 1 fp32).
+TEST(MpiComm, DirectAllReduceScratchFitsEveryPiece) {
+  AllReduceCall call;
+  call.count = (int64_t{1} << 23) - 1;
+  call.size = 6;
+  call.rank = 3;
+  const int64_t piece_bytes = int64_t{16} << 20;
+  const size_t scratch = AllReduceScratchBytes(AllReduceAlgorithm::kDirect, call, piece_bytes);
+  const int64_t per_piece = piece_bytes / 4;
+  for (int64_t first = 0; first < call.count; first += per_piece) {
+    const int64_t piece = std::min(per_piece, call.count - first);
+    const int64_t part = piece * (call.rank + 1) / call.size - piece * call.rank / call.size;
+    EXPECT_GE(scratch, static_cast<size_t>((call.size - 1) * part * 4)) << "piece at " << first;
   }
 }
 
