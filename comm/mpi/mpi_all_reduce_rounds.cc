@@ -103,16 +103,6 @@ const char* AlgorithmName(AllReduceAlgorithm algorithm) {
   return "?";
 }
 
-bool ParseAlgorithm(std::string_view name, AllReduceAlgorithm* algorithm) {
-  for (AllReduceAlgorithm candidate : kAllReduceAlgorithms) {
-    if (name == AlgorithmName(candidate)) {
-      *algorithm = candidate;
-      return true;
-    }
-  }
-  return false;
-}
-
 size_t AllReduceScratchBytes(AllReduceAlgorithm algorithm, const AllReduceCall& call,
                              int64_t piece_bytes) {
   if (algorithm == AllReduceAlgorithm::kNative) return 0;

@@ -8,7 +8,6 @@
 #ifndef ZERO_COMM_MPI_MPI_ALL_REDUCE_ROUNDS_H_
 #define ZERO_COMM_MPI_MPI_ALL_REDUCE_ROUNDS_H_
 
-#include <string_view>
 #include <vector>
 
 #include "comm/mpi/mpi_rounds.h"
@@ -27,9 +26,6 @@ inline constexpr AllReduceAlgorithm kAllReduceAlgorithms[] = {AllReduceAlgorithm
 
 /// "native", "direct".
 const char* AlgorithmName(AllReduceAlgorithm algorithm);
-
-/// Parses a name above; false when `name` is none of them.
-bool ParseAlgorithm(std::string_view name, AllReduceAlgorithm* algorithm);
 
 /// What one all-reduce works on: `count` elements in `send` and `recv` (the same buffer when
 /// in place). The fields are those of ReduceScatterCall, with `count` the whole buffer's.

@@ -13,7 +13,6 @@
 
 #include <algorithm>
 #include <climits>
-#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -34,10 +33,9 @@
 #include "comm/group_health.h"
 #include "comm/mpi/mpi_ops.h"
 #include "comm/mpi/mpi_rounds.h"
-#include "comm/mpi/scratch_pool.h"
+#include "comm/mpi/mpi_setup.h"
 #include "comm/mpi/mpi_tuning.h"
-#include "base/env.h"
-#include "base/logging.h"
+#include "comm/mpi/scratch_pool.h"
 #include "zero/device.h"
 
 namespace zero::comm {
@@ -50,34 +48,6 @@ constexpr int kNoticeBytes = 1024;  // a broken-group notice: the first error's 
 constexpr int kNoticeTag = 7001;
 constexpr auto kBrokenCheckInterval = std::chrono::milliseconds(20);
 constexpr int kPointToPointTags = 30000;  // tags of collectives built from point-to-point calls
-
-void FinalizeMpiAtExit() {
-  int finalized = 0;
-  MPI_Finalized(&finalized);
-  if (!finalized) MPI_Finalize();
-}
-
-// Initialises MPI when the host program has not, and checks the thread level we need.
-Status EnsureMpiInitialized() {
-  int initialized = 0, finalized = 0;
-  ZERO_MPI_RETURN_IF_ERROR(MPI_Initialized(&initialized));
-  ZERO_MPI_RETURN_IF_ERROR(MPI_Finalized(&finalized));
-  if (finalized) return absl::FailedPreconditionError("MPI has already been finalised");
-  if (!initialized) {
-    int provided = 0;
-    ZERO_MPI_RETURN_IF_ERROR(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided));
-    std::atexit(FinalizeMpiAtExit);
-  }
-  int level = 0;
-  ZERO_MPI_RETURN_IF_ERROR(MPI_Query_thread(&level));
-  if (level < MPI_THREAD_SERIALIZED) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "MPI was initialised with thread level ", level, "; ZeroRT's progress thread needs "
-        "MPI_THREAD_SERIALIZED or higher: initialise MPI with MPI_Init_thread(..., "
-        "MPI_THREAD_MULTIPLE, ...) (mpi4py does by default)"));
-  }
-  return absl::OkStatus();
-}
 
 // Page-locked host memory for staging CUDA device buffers (freed with the operation).
 class PinnedBuffer {
@@ -664,65 +634,6 @@ class MpiCommunicator final : public Communicator {
   std::vector<std::unique_ptr<Operation>> abandoned_;  // never freed: MPI may still use them
   std::thread progress_;  // last: starts after everything above is initialised
 };
-
-// How many ranks of `comm` share this machine's memory (and cores).
-StatusOr<int> CountRanksOnThisHost(MPI_Comm comm) {
-  MPI_Comm host;
-  ZERO_MPI_RETURN_IF_ERROR(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &host));
-  int ranks = 1;
-  const int rc = MPI_Comm_size(host, &ranks);
-  MPI_Comm_free(&host);
-  ZERO_MPI_RETURN_IF_ERROR(rc);
-  return ranks;
-}
-
-// One collective's algorithm per size: forced by the environment variable `variable`
-// (value `setting`), or measured on `comm` (collective), and logged at INFO. `single` serves
-// a communicator of one rank, which has nothing to measure.
-template <typename Algorithm>
-StatusOr<AlgorithmChoice<Algorithm>> ChooseAlgorithm(
-    MPI_Comm comm, int rank, int size, const base::EnvTunables& env, const char* variable,
-    const std::string& setting, const char* collective, Algorithm single,
-    StatusOr<AlgorithmChoice<Algorithm>> (*measure)(MPI_Comm, int, int)) {
-  Algorithm forced;
-  const bool is_forced = ParseAlgorithm(setting, &forced);
-  // Every rank must take the same path (the probe is collective; algorithms must match).
-  const int mine = is_forced ? static_cast<int>(forced) : -1;
-  int range[2] = {mine, -mine};
-  ZERO_MPI_RETURN_IF_ERROR(MPI_Allreduce(MPI_IN_PLACE, range, 2, MPI_INT, MPI_MAX, comm));
-  if (range[0] != -range[1]) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        variable, " differs across ranks (rank ", rank, " has \"", setting,
-        "\"): set the same value, or none, on every rank"));
-  }
-  StatusOr<AlgorithmChoice<Algorithm>> choice = AlgorithmChoice<Algorithm>::Fixed(single);
-  if (is_forced) {
-    choice = AlgorithmChoice<Algorithm>::Fixed(forced);
-  } else if (size > 1) {
-    choice = measure(comm, rank, size);
-  }
-  if (choice.ok()) {
-    const base::Logger logger(env.log_level, rank);
-    ZERO_LOG(logger, kInfo) << "MPI " << collective << " over " << size << " ranks: "
-                            << choice->description();
-  }
-  return choice;
-}
-
-// Both collectives' algorithms (ChooseAlgorithm).
-Status ChooseAlgorithms(MPI_Comm comm, int rank, int size, ReduceScatterChoice* reduce_scatter,
-                        AllReduceChoice* all_reduce) {
-  ZERO_ASSIGN_OR_RETURN(const base::EnvTunables env, base::ReadEnvTunables());
-  ZERO_ASSIGN_OR_RETURN(*reduce_scatter,
-                        ChooseAlgorithm(comm, rank, size, env, "ZERO_MPI_REDUCE_SCATTER",
-                                        env.mpi_reduce_scatter, "reduce-scatter",
-                                        ReduceScatterAlgorithm::kRing, &MeasureReduceScatter));
-  ZERO_ASSIGN_OR_RETURN(*all_reduce,
-                        ChooseAlgorithm(comm, rank, size, env, "ZERO_MPI_ALL_REDUCE",
-                                        env.mpi_all_reduce, "all-reduce", AllReduceAlgorithm::kNative,
-                                        &MeasureAllReduce));
-  return absl::OkStatus();
-}
 
 }  // namespace
 

@@ -162,16 +162,6 @@ const char* AlgorithmName(ReduceScatterAlgorithm algorithm) {
   return "?";
 }
 
-bool ParseAlgorithm(std::string_view name, ReduceScatterAlgorithm* algorithm) {
-  for (ReduceScatterAlgorithm candidate : kReduceScatterAlgorithms) {
-    if (name == AlgorithmName(candidate)) {
-      *algorithm = candidate;
-      return true;
-    }
-  }
-  return false;
-}
-
 ReduceScatterAlgorithm EffectiveAlgorithm(ReduceScatterAlgorithm algorithm,
                                           const ReduceScatterCall& call) {
   if (algorithm == ReduceScatterAlgorithm::kAllReduce && call.count * call.size > INT_MAX) {

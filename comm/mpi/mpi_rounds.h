@@ -13,7 +13,6 @@
 
 #include <cstdint>
 #include <functional>
-#include <string_view>
 #include <vector>
 
 #include "zero/communicator.h"
@@ -37,9 +36,6 @@ inline constexpr ReduceScatterAlgorithm kReduceScatterAlgorithms[] = {
 
 /// "native", "allreduce", "ring", "direct".
 const char* AlgorithmName(ReduceScatterAlgorithm algorithm);
-
-/// Parses a name above; false when `name` is none of them.
-bool ParseAlgorithm(std::string_view name, ReduceScatterAlgorithm* algorithm);
 
 /// What one reduce-scatter works on: `count` elements per rank, `send` holds size × count,
 /// `recv` count (it may be `send`'s own chunk, in place).

@@ -9,6 +9,9 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
+#include "base/env.h"
+#include "base/logging.h"
+#include "base/status_converters.h"
 
 namespace zero::comm {
 namespace {
@@ -97,6 +100,45 @@ ReduceScatterCall ProbeCall(MPI_Comm comm, int rank, int size, ProbeBuffers& buf
   return call;
 }
 
+// One collective's algorithm per size: forced by the environment variable `variable`
+// (value `setting`), or measured on `comm` (collective), and logged at INFO. `single` serves
+// a communicator of one rank, which has nothing to measure.
+template <typename Algorithm, size_t N>
+StatusOr<AlgorithmChoice<Algorithm>> ChooseAlgorithm(
+    MPI_Comm comm, int rank, int size, const base::EnvTunables& env, const char* variable,
+    const std::string& setting, const Algorithm (&candidates)[N], const char* collective,
+    Algorithm single, StatusOr<AlgorithmChoice<Algorithm>> (*measure)(MPI_Comm, int, int)) {
+  Algorithm forced = single;
+  bool is_forced = false;
+  for (Algorithm candidate : candidates) {
+    if (setting == AlgorithmName(candidate)) {
+      forced = candidate;
+      is_forced = true;
+    }
+  }
+  // Every rank must take the same path (the probe is collective; algorithms must match).
+  const int mine = is_forced ? static_cast<int>(forced) : -1;
+  int range[2] = {mine, -mine};
+  ZERO_MPI_RETURN_IF_ERROR(MPI_Allreduce(MPI_IN_PLACE, range, 2, MPI_INT, MPI_MAX, comm));
+  if (range[0] != -range[1]) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        variable, " differs across ranks (rank ", rank, " has \"", setting,
+        "\"): set the same value, or none, on every rank"));
+  }
+  StatusOr<AlgorithmChoice<Algorithm>> choice = AlgorithmChoice<Algorithm>::Fixed(single);
+  if (is_forced) {
+    choice = AlgorithmChoice<Algorithm>::Fixed(forced);
+  } else if (size > 1) {
+    choice = measure(comm, rank, size);
+  }
+  if (choice.ok()) {
+    const base::Logger logger(env.log_level, rank);
+    ZERO_LOG(logger, kInfo) << "MPI " << collective << " over " << size << " ranks: "
+                            << choice->description();
+  }
+  return choice;
+}
+
 }  // namespace
 
 int ProbeRange(int64_t total_bytes) {
@@ -129,5 +171,21 @@ StatusOr<AllReduceChoice> MeasureAllReduce(MPI_Comm comm, int rank, int size) {
         return AllReduceRounds(algorithm, call, bytes, scratch->data());
       });
 }
+
+Status ChooseAlgorithms(MPI_Comm comm, int rank, int size, ReduceScatterChoice* reduce_scatter,
+                        AllReduceChoice* all_reduce) {
+  ZERO_ASSIGN_OR_RETURN(const base::EnvTunables env, base::ReadEnvTunables());
+  ZERO_ASSIGN_OR_RETURN(*reduce_scatter,
+                        ChooseAlgorithm(comm, rank, size, env, "ZERO_MPI_REDUCE_SCATTER",
+                                        env.mpi_reduce_scatter, kReduceScatterAlgorithms, "reduce-scatter",
+                                        ReduceScatterAlgorithm::kRing, &MeasureReduceScatter));
+  ZERO_ASSIGN_OR_RETURN(*all_reduce,
+                        ChooseAlgorithm(comm, rank, size, env, "ZERO_MPI_ALL_REDUCE",
+                                        env.mpi_all_reduce, kAllReduceAlgorithms, "all-reduce",
+                                        AllReduceAlgorithm::kNative,
+                                        &MeasureAllReduce));
+  return absl::OkStatus();
+}
+
 
 }  // namespace zero::comm

@@ -83,6 +83,12 @@ StatusOr<ReduceScatterChoice> MeasureReduceScatter(MPI_Comm comm, int rank, int 
 /// The same for the all-reduce algorithms (the probe sizes are the whole buffer's).
 StatusOr<AllReduceChoice> MeasureAllReduce(MPI_Comm comm, int rank, int size);
 
+/// Both collectives' algorithms for the communicator `comm` (collective): each forced by its
+/// environment variable (which must be the same on every rank, else kInvalidArgument), or
+/// measured; logged at INFO.
+Status ChooseAlgorithms(MPI_Comm comm, int rank, int size, ReduceScatterChoice* reduce_scatter,
+                        AllReduceChoice* all_reduce);
+
 }  // namespace zero::comm
 
 #endif  // ZERO_COMM_MPI_MPI_TUNING_H_

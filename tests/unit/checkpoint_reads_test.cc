@@ -11,17 +11,16 @@
 #include "tests/engine/run_on_ranks.h"
 #include "tests/engine/scratch_dir.h"
 #include "tests/engine/toy_trainer.h"
-#include "zero/engine.h"
 #include "tests/status_matchers.h"
-
-using ::zero::testing::IsOk;
-using ::zero::testing::StatusIs;
+#include "zero/engine.h"
 
 namespace zero {
 namespace {
 
+using testing::IsOk;
 using testing::RegisterToyModel;
 using testing::RunOnRanks;
+using testing::StatusIs;
 using testing::ToyConfig;
 using testing::ToyOptions;
 

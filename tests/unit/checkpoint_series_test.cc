@@ -10,14 +10,13 @@
 #include "tests/engine/run_on_ranks.h"
 #include "tests/engine/scratch_dir.h"
 #include "tests/engine/toy_trainer.h"
-#include "zero/engine.h"
 #include "tests/status_matchers.h"
-
-using ::zero::testing::IsOk;
+#include "zero/engine.h"
 
 namespace zero {
 namespace {
 
+using testing::IsOk;
 using testing::RunOnRanks;
 using testing::ToyConfig;
 using testing::ToyOptions;

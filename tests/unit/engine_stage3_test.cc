@@ -7,15 +7,14 @@
 
 #include "tests/engine/run_on_ranks.h"
 #include "tests/engine/toy_trainer.h"
+#include "tests/status_matchers.h"
 #include "zero/communicator.h"
 #include "zero/engine.h"
-#include "tests/status_matchers.h"
-
-using ::zero::testing::IsOk;
 
 namespace zero {
 namespace {
 
+using testing::IsOk;
 using testing::RunOnRanks;
 using testing::ToyConfig;
 using testing::ToyOptions;

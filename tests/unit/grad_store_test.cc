@@ -11,10 +11,10 @@
 #include "tests/engine/run_on_ranks.h"
 #include "tests/status_matchers.h"
 
-using ::zero::testing::IsOk;
-
 namespace zero::runtime {
 namespace {
+
+using testing::IsOk;
 
 constexpr int kWorld = 2;
 

@@ -2,12 +2,9 @@
 // a fresh group.
 #include <gtest/gtest.h>
 
-
 #include "tests/engine/guard_scenarios.h"
 #include "tests/engine/run_on_ranks.h"
 #include "tests/status_matchers.h"
-
-using ::zero::testing::IsOk;
 
 namespace zero::testing {
 namespace {

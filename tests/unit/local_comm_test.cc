@@ -12,15 +12,15 @@
 #include <random>
 #include <thread>
 
-#include "zero/communicator.h"
 #include "tests/comm/conformance.h"
 #include "tests/engine/run_on_ranks.h"
 #include "tests/status_matchers.h"
-
-using ::zero::testing::IsOk;
+#include "zero/communicator.h"
 
 namespace zero::comm {
 namespace {
+
+using testing::IsOk;
 
 // Runs body(comm) on every rank of a fresh local group, one thread per rank, and returns each
 // rank's status.

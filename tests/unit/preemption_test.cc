@@ -5,15 +5,14 @@
 
 #include "tests/engine/run_on_ranks.h"
 #include "tests/engine/toy_trainer.h"
+#include "tests/status_matchers.h"
 #include "zero/engine.h"
 #include "zero/preemption.h"
-#include "tests/status_matchers.h"
-
-using ::zero::testing::IsOk;
 
 namespace zero {
 namespace {
 
+using testing::IsOk;
 using testing::RunOnRanks;
 
 TEST(Preemption, ASignalIsRecordedNotFatal) {

@@ -7,14 +7,14 @@
 #include <vector>
 
 #include "tests/engine/run_on_ranks.h"
+#include "tests/status_matchers.h"
 #include "zero/communicator.h"
 #include "zero/engine.h"
-#include "tests/status_matchers.h"
-
-using ::zero::testing::IsOk;
 
 namespace zero {
 namespace {
+
+using testing::IsOk;
 
 constexpr int kWorld = 3;
 
