@@ -75,6 +75,12 @@ struct ParamPlacement {
   int64_t numel = 0;
 };
 
+/// The elements of one bucket that one rank updates in its optimizer step.
+struct OwnedSpan {
+  int64_t begin = 0;  ///< first element within the bucket
+  int64_t numel = 0;
+};
+
 /// The part of one param that one rank owns.
 struct Fragment {
   int param = 0;
@@ -98,6 +104,16 @@ class PartitionPlan {
   const std::vector<Bucket>& buckets() const { return buckets_; }
   const ParamPlacement& placement(int param) const { return placements_[param]; }
 
+  /// Whether ranks own disjoint shards (stages 1-3). At stage 0 every rank holds, and steps,
+  /// a whole replica of every bucket.
+  bool ranks_own_shards() const { return config_.stage != 0; }
+  /// What `rank` steps of `bucket`: its shard, or the whole bucket at stage 0.
+  OwnedSpan Owned(int bucket, int rank) const {
+    const Bucket& b = buckets_[bucket];
+    if (!ranks_own_shards()) return {0, b.numel};
+    return {rank * b.shard_numel, b.shard_numel};
+  }
+
   /// The fragments of `param`, one per rank that owns part of it, in rank order.
   std::vector<Fragment> FragmentsOfParam(int param) const;
   /// Every fragment `rank` owns, in optimizer-state order.
@@ -107,6 +123,10 @@ class PartitionPlan {
   int64_t state_numel() const { return state_numel_; }
   /// Bytes of the flat parameter buffer holding every bucket unsharded.
   int64_t flat_bytes() const { return flat_bytes_; }
+  /// Bytes of `param`'s values.
+  int64_t ParamBytes(int param) const {
+    return placements_[param].numel * buckets_[placements_[param].bucket].element_bytes();
+  }
   /// Where `param`'s first element sits within its bucket, in bytes.
   int64_t ParamByteOffset(int param) const {
     return placements_[param].offset * buckets_[placements_[param].bucket].element_bytes();

@@ -5,8 +5,17 @@
 
 namespace zero::runtime {
 
-BucketScheduler::BucketScheduler(int num_buckets, OnLaunch on_launch, Describe describe)
-    : entries_(num_buckets), on_launch_(std::move(on_launch)), describe_(std::move(describe)) {}
+BucketScheduler::BucketScheduler(int num_buckets, CollectivePath* path, Hooks hooks)
+    : entries_(num_buckets), path_(path), hooks_(std::move(hooks)) {}
+
+comm::WorkPtr BucketScheduler::Start(int bucket, const Launch& launch) {
+  if (hooks_.before_launch) {
+    Status checked = hooks_.before_launch(bucket);
+    if (!checked.ok()) return comm::CompletedWork(std::move(checked));
+  }
+  if (path_ == nullptr) return launch();
+  return path_->Start([&launch](comm::Communicator&) { return launch(); });
+}
 
 Status BucketScheduler::Reset() {
   if (!in_flight_.empty()) {
@@ -31,8 +40,8 @@ Status BucketScheduler::MarkReady(int bucket, Launch launch, Finish finish) {
   while (next_ < static_cast<int>(entries_.size()) && entries_[next_].ready) {
     Entry& e = entries_[next_];
     if (e.launch) {
-      if (on_launch_) on_launch_(next_);
-      in_flight_.push_back({next_, e.launch(), std::move(e.finish)});
+      if (hooks_.on_launch) hooks_.on_launch(next_);
+      in_flight_.push_back({next_, Start(next_, e.launch), std::move(e.finish)});
     } else if (e.finish) {
       ZERO_RETURN_IF_ERROR(e.finish());
     }
@@ -47,7 +56,7 @@ Status BucketScheduler::WaitOldest(double timeout_s) {
   in_flight_.pop_front();
   Status status = flight.work->Wait(timeout_s);
   if (!status.ok()) {
-    const std::string what = describe_ ? describe_(flight.bucket) : absl::StrCat("bucket ", flight.bucket);
+    const std::string what = hooks_.describe ? hooks_.describe(flight.bucket) : absl::StrCat("bucket ", flight.bucket);
     return Status(status.code(), absl::StrCat(what, ": ", status.message()));
   }
   return flight.finish ? flight.finish() : absl::OkStatus();

@@ -2,6 +2,8 @@
 // Launches bucket collectives strictly in bucket order, as soon as each bucket and every
 // earlier one is ready, so ranks whose gradients arrive in different orders still issue
 // identical collective sequences; then waits for them and runs each bucket's completion step.
+// Every launch first passes the engine's check (guard.consistency_check) and then goes
+// through the CollectivePath (the stream wait).
 #ifndef ZERO_RUNTIME_BUCKET_SCHEDULER_H_
 #define ZERO_RUNTIME_BUCKET_SCHEDULER_H_
 
@@ -10,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/collective_path.h"
 #include "zero/communicator.h"
 
 namespace zero::runtime {
@@ -24,8 +27,18 @@ class BucketScheduler {
   using OnLaunch = std::function<void(int)>;
   /// Describes a bucket in error messages (e.g. its params); default "bucket N".
   using Describe = std::function<std::string(int)>;
+  /// Runs just before a bucket's collective starts (bucket index); an error becomes that
+  /// collective's error, reported by the wait, and nothing is sent.
+  using BeforeLaunch = std::function<Status(int)>;
+  /// Optional hooks; any may be empty.
+  struct Hooks {
+    OnLaunch on_launch;
+    Describe describe;
+    BeforeLaunch before_launch;
+  };
 
-  explicit BucketScheduler(int num_buckets, OnLaunch on_launch = nullptr, Describe describe = nullptr);
+  /// Collectives start through `path` (not owned; null: launched directly, for tests).
+  explicit BucketScheduler(int num_buckets, CollectivePath* path = nullptr, Hooks hooks = {});
 
   /// Forgets the previous round; every bucket becomes not ready. Requires nothing in flight.
   Status Reset();
@@ -53,9 +66,12 @@ class BucketScheduler {
   };
   std::vector<Entry> entries_;
   std::deque<Flight> in_flight_;
+  // Starts bucket `bucket`'s collective: the check, then the path.
+  comm::WorkPtr Start(int bucket, const Launch& launch);
+
   int next_ = 0;
-  OnLaunch on_launch_;
-  Describe describe_;
+  CollectivePath* path_;
+  Hooks hooks_;
 };
 
 }  // namespace zero::runtime

@@ -62,9 +62,9 @@ Status EngineImpl::AgreeOnOutcome(const Status& local, const std::string& what) 
 }
 
 Status EngineImpl::WriteRankFile(const std::string& path) {
-  // Stage 0 ranks all own everything: rank 0 alone writes it. Records stream to the file
-  // (one param's part in memory at a time).
-  const bool writes = config_.stage != 0 || comm_.rank() == 0;
+  // Where every rank owns everything (stage 0), rank 0 alone writes it. Records stream to the
+  // file (one param's part in memory at a time).
+  const bool writes = plan_->ranks_own_shards() || comm_.rank() == 0;
   std::vector<RecordExtent> extents;
   for (size_t p = 0; writes && p < specs_.size(); ++p) {
     if (!specs_[p].requires_grad) continue;
@@ -264,12 +264,8 @@ Status EngineImpl::LoadCheckpoint(const std::string& target) {
   loss_scaler_.set_state(meta->scaler);
   user_data_ = meta->user_data;
   // Every rank now holds the checkpoint's values: nothing to compare at the next iteration.
-  std::fill(set_hash_.begin(), set_hash_.end(), 0);
   replicas_synced_ = true;
-  // Every rank's full params from the loaded shards.
-  if (config_.stage == 3) return RefreshGathered();
-  if (config_.stage != 0) return AllGatherParams();
-  return absl::OkStatus();
+  return params_->AfterLoad();  // every rank's view from the loaded shards
 }
 
 }  // namespace zero::runtime

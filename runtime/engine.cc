@@ -38,7 +38,7 @@ namespace runtime {
 EngineImpl::EngineImpl(const Config& config, comm::Communicator& comm, base::Logger logger,
                        base::Allocator allocator, std::unique_ptr<DeviceOps> ops)
     : config_(config), comm_(comm), logger_(logger), allocator_(allocator), ops_(std::move(ops)),
-      host_(comm, *ops_, allocator, config.guard.timeout_s), loss_scaler_(config.loss_scale) {}
+      path_(comm, *ops_, config.guard.timeout_s), host_(path_, *ops_, allocator), loss_scaler_(config.loss_scale) {}
 
 EngineImpl::~EngineImpl() {
   if (comm_.Health().ok() && scheduler_ != nullptr && scheduler_->in_flight() > 0) {
@@ -47,15 +47,15 @@ EngineImpl::~EngineImpl() {
       ZERO_LOG(logger_, kWarn) << "destroying the engine: " << drained.message();
     }
   }
-  for (size_t b = 0; b < units_.size() && comm_.Health().ok(); ++b) {  // stage 3 all-gathers
-    const Status drained = FinishGather(static_cast<int>(b));
+  if (comm_.Health().ok() && params_ != nullptr) {  // stage 3 all-gathers
+    const Status drained = params_->WaitForCollectives();
     if (!drained.ok()) {
       ZERO_LOG(logger_, kWarn) << "destroying the engine: " << drained.message();
     }
   }
   // Whatever is still in flight is abandoned now, before any buffer is freed.
   scheduler_.reset();
-  for (Unit& unit : units_) unit.pending.reset();
+  params_.reset();
   if (comm_.AbandonedWorkMayTouchBuffers()) {  // the allocator keeps them (see Create)
     ZERO_LOG(logger_, kWarn) << "destroying the engine after its " << comm_.backend()
                              << " communicator broke: its " << allocator_.Stats().total_current
@@ -78,14 +78,6 @@ Status EngineImpl::SetStream(void* cuda_stream) {
   return ops_->SetStream(cuda_stream);
 }
 
-bool EngineImpl::CollectivesWaitForStream() const {
-  return ops_->placement() == Placement::kDevice && !comm_.ordered_after_stream();
-}
-
-Status EngineImpl::BeforeCollective() {
-  return CollectivesWaitForStream() ? ops_->Synchronize() : absl::OkStatus();
-}
-
 Status EngineImpl::RequirePhase(Phase wanted, const char* call) const {
   if (phase_ == wanted) return absl::OkStatus();
   auto name = [](Phase p) {
@@ -104,16 +96,6 @@ Status EngineImpl::CheckParamId(ParamId id, const char* call) const {
   if (id >= 0 && id < num_params()) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(call, ": param id ", id, " does not exist (",
                                                  num_params(), " params registered)"));
-}
-
-int64_t EngineImpl::ParamBytes(int param) const {
-  return plan_->placement(param).numel * static_cast<int64_t>(DTypeSize(specs_[param].dtype));
-}
-
-char* EngineImpl::ParamAddress(int param) const {
-  const auto& place = plan_->placement(param);
-  const auto& bucket = plan_->buckets()[place.bucket];
-  return params_.as<char>() + bucket.byte_offset + plan_->ParamByteOffset(param);
 }
 
 StatusOr<ParamId> EngineImpl::RegisterParam(const ParamSpec& spec) {
@@ -174,40 +156,27 @@ Status EngineImpl::Finalize() {
   guard_ = std::make_unique<GradGuard>(config_.guard, std::move(names), std::move(bucket_of));
   ZERO_RETURN_IF_ERROR(CheckRegistryAgrees());
 
-  if (config_.stage == 3) {
-    ZERO_RETURN_IF_ERROR(SetupUnits());  // params live as this rank's shards
-  } else {
-    ZERO_ASSIGN_OR_RETURN(params_, allocator_.Allocate(plan_->flat_bytes(), MemoryCategory::kParams, ops_->placement()));
-    ZERO_RETURN_IF_ERROR(ops_->Zero(params_.data(), params_.bytes()));
-  }
+  ZERO_ASSIGN_OR_RETURN(params_, ParamStore::Create({config_, *plan_, path_, allocator_, *ops_, logger_, counters_}));
   const int num_buckets = static_cast<int>(plan_->buckets().size());
-  scheduler_ = std::make_unique<BucketScheduler>(
-      num_buckets,
-      [this](int bucket) {
-        ++counters_.reductions_launched;
-        if (phase_ == Phase::kBackward) ++counters_.reductions_before_end_backward;
-        if (iteration_ <= kDetailedIterations) {
-          ZERO_LOG(logger_, kDetail) << "iteration " << iteration_ << ": launching " << DescribeBucket(bucket);
-        }
-      },
-      [this](int bucket) { return DescribeBucket(bucket); });
+  BucketScheduler::Hooks hooks;
+  hooks.on_launch = [this](int bucket) {
+    ++counters_.reductions_launched;
+    if (phase_ == Phase::kBackward) ++counters_.reductions_before_end_backward;
+    if (iteration_ <= kDetailedIterations) {
+      ZERO_LOG(logger_, kDetail) << "iteration " << iteration_ << ": launching " << DescribeBucket(bucket);
+    }
+  };
+  hooks.describe = [this](int bucket) { return DescribeBucket(bucket); };
+  if (config_.guard.consistency_check) hooks.before_launch = [this](int bucket) { return CheckRanksAgree(bucket); };
+  scheduler_ = std::make_unique<BucketScheduler>(num_buckets, &path_, std::move(hooks));
   // Without overlap, and while guard.on_duplicate = "count" learns the graph, every bucket is
   // held until EndBackward, so stage 2 then needs one buffer per bucket.
   const bool hold_all = !config_.buckets.overlap || config_.guard.on_duplicate == DuplicatePolicy::kCount;
   const int pool = hold_all ? num_buckets : config_.buckets.pool_buffers;
-  auto wait_for_buffer = [this] {
-    Status waited = scheduler_->WaitOldest(config_.guard.timeout_s);
-    if (waited.ok()) ++counters_.pool_waits;
-    return waited;
-  };
-  ZERO_ASSIGN_OR_RETURN(grads_, GradStore::Create(config_.stage, *plan_, pool, comm_, allocator_, *ops_, wait_for_buffer));
-  auto owned_params = [this](int bucket) {
-    if (config_.stage == 3) return ShardOf(bucket);
-    const partition::Bucket& b = plan_->buckets()[bucket];
-    return params_.as<char>() + b.byte_offset + (config_.stage == 0 ? 0 : b.shard_byte_offset(comm_.rank()));
-  };
+  ZERO_ASSIGN_OR_RETURN(grads_, GradStore::Create(config_.stage, *plan_, pool, comm_, allocator_, *ops_));
+  auto owned_params = [this](int bucket) { return params_->Owned(bucket); };
   OptimizerState::SumOverRanks sum_over_ranks;
-  if (config_.stage != 0) {  // LAMB's per-param norms: each rank holds only part of a param
+  if (plan_->ranks_own_shards()) {  // LAMB's per-param norms: each rank holds only part of a param
     sum_over_ranks = [this](std::vector<float>& values) {
       return host_.AllReduce(values.data(), static_cast<int64_t>(values.size()), comm::ReduceOp::kSum);
     };
@@ -216,7 +185,6 @@ Status EngineImpl::Finalize() {
                                                            allocator_, *ops_, std::move(sum_over_ranks)));
   pending_.assign(num_buckets, 0);
   handed_.assign(num_buckets, 0);
-  set_hash_.assign(specs_.size(), 0);
   phase_ = Phase::kIdle;
   ZERO_LOG(logger_, kInfo) << "finalized: " << specs_.size() << " params, " << num_buckets
                            << " buckets, stage " << config_.stage << ", world " << comm_.size();
@@ -230,25 +198,7 @@ Status EngineImpl::SetParam(ParamId id, const void* values) {
   if (values == nullptr) return absl::InvalidArgumentError("SetParam: values is null");
   const int param = static_cast<int>(id);
   replicas_synced_ = false;  // the next iteration compares (and repairs) the replicas again
-  if (config_.stage == 3) {
-    ZERO_ASSIGN_OR_RETURN(set_hash_[param], HashValues(values, ParamBytes(param)));
-  }
-  if (config_.stage == 3) {  // this rank's fragment into its shard, and any gathered copy
-    const int64_t element = static_cast<int64_t>(DTypeSize(specs_[param].dtype));
-    for (const partition::Fragment& f : plan_->FragmentsOfParam(param)) {
-      if (f.rank != comm_.rank()) continue;
-      ZERO_RETURN_IF_ERROR(ops_->Copy(ShardOf(f.bucket) + f.shard_begin * element,
-                                      static_cast<const char*>(values) + f.param_begin * element, f.numel * element));
-    }
-    const int bucket = plan_->placement(param).bucket;
-    ZERO_RETURN_IF_ERROR(FinishGather(bucket));
-    if (units_[bucket].buffer.data() != nullptr) {
-      ZERO_RETURN_IF_ERROR(ops_->Copy(units_[bucket].buffer.as<char>() + plan_->placement(param).offset * element,
-                                      values, ParamBytes(param)));
-    }
-  } else {
-    ZERO_RETURN_IF_ERROR(ops_->Copy(ParamAddress(param), values, ParamBytes(param)));
-  }
+  ZERO_RETURN_IF_ERROR(params_->Set(param, values));
   return optimizer_->RefreshMaster(param);
 }
 
@@ -257,34 +207,35 @@ Status EngineImpl::GetParam(ParamId id, void* out) const {
   ZERO_RETURN_IF_ERROR(CheckParamId(id, "GetParam"));
   if (out == nullptr) return absl::InvalidArgumentError("GetParam: out is null");
   ZERO_RETURN_IF_ERROR(RequireHealthyGroup("GetParam"));
-  if (config_.stage == 3) return const_cast<EngineImpl*>(this)->GetParamStage3(static_cast<int>(id), out);
-  return ops_->Copy(out, ParamAddress(static_cast<int>(id)), ParamBytes(static_cast<int>(id)));
+  return params_->Get(static_cast<int>(id), out);
 }
 
 StatusOr<void*> EngineImpl::ParamData(ParamId id) {
   if (phase_ == Phase::kRegistering) return RequirePhase(Phase::kIdle, "ParamData");
   ZERO_RETURN_IF_ERROR(CheckParamId(id, "ParamData"));
-  if (config_.stage != 3) return static_cast<void*>(ParamAddress(static_cast<int>(id)));
-  char* gathered = GatheredParam(static_cast<int>(id));
-  if (gathered == nullptr) {
+  void* view = params_->View(static_cast<int>(id));
+  if (view == nullptr) {
     const int unit = plan_->buckets()[plan_->placement(static_cast<int>(id)).bucket].unit;
     return absl::FailedPreconditionError(absl::StrCat(
         "ParamData: param ", ParamLabel(static_cast<int>(id)), " belongs to unit ", unit,
         ", which is not gathered at stage 3; call Gather(", unit, ") first and use the view until Release(", unit, ")"));
   }
-  return static_cast<void*>(gathered);
+  return view;
 }
 
-Status EngineImpl::GetParamStage3(int param, void* out) {
-  const int bucket = plan_->placement(param).bucket;
-  const bool held = units_[bucket].buffer.data() != nullptr;
-  if (!held) ZERO_RETURN_IF_ERROR(StartGather(bucket));  // a collective: every rank calls GetParam
-  ZERO_RETURN_IF_ERROR(FinishGather(bucket));
-  const int64_t element = static_cast<int64_t>(DTypeSize(specs_[param].dtype));
-  const Status copied =
-      ops_->Copy(out, units_[bucket].buffer.as<char>() + plan_->placement(param).offset * element, ParamBytes(param));
-  if (!held) FreeUnit(bucket);
-  return copied;
+Status EngineImpl::Gather(int unit) {
+  ZERO_RETURN_IF_ERROR(RequireHealthyGroup("Gather"));
+  if (phase_ == Phase::kRegistering) return RequirePhase(Phase::kIdle, "Gather");
+  // Where Gather is a collective (no replicas: stage 3), the first comes before the first
+  // BeginIteration, so the values given to SetParam are compared before it.
+  if (!params_->holds_replicas()) ZERO_RETURN_IF_ERROR(SyncReplicas());
+  return params_->Gather(unit);
+}
+
+Status EngineImpl::Release(int unit) {
+  ZERO_RETURN_IF_ERROR(RequireHealthyGroup("Release"));
+  if (phase_ == Phase::kRegistering) return RequirePhase(Phase::kIdle, "Release");
+  return params_->Release(unit);
 }
 
 }  // namespace runtime

@@ -1,6 +1,7 @@
-// The Engine's implementation (internal to runtime): state machine, buffers, and the pieces it
-// orchestrates — the partition plan, the gradient store of the stage, the bucket scheduler,
-// the optimizer state and the loss scaler.
+// The Engine's implementation (internal to runtime): the call protocol's state machine, and the
+// pieces it orchestrates — the partition plan, the params and gradient stores of the stage,
+// the collective path and bucket scheduler, the gradient guard, the optimizer state and the
+// loss scaler.
 #ifndef ZERO_RUNTIME_ENGINE_IMPL_H_
 #define ZERO_RUNTIME_ENGINE_IMPL_H_
 
@@ -15,12 +16,14 @@
 #include "base/allocator.h"
 #include "base/logging.h"
 #include "runtime/checkpoint_format.h"
+#include "runtime/collective_path.h"
 #include "runtime/device_ops.h"
 #include "runtime/grad_guard.h"
 #include "runtime/grad_store.h"
 #include "runtime/host_collectives.h"
 #include "runtime/loss_scaler.h"
 #include "runtime/optimizer_state.h"
+#include "runtime/param_store.h"
 #include "zero/engine.h"
 
 namespace zero::runtime {
@@ -90,17 +93,11 @@ class EngineImpl final : public Engine {
   Status CheckRanksAgree(int bucket);
   // For error messages: a bucket and its params.
   std::string DescribeBucket(int bucket) const;
-  int64_t ParamBytes(int param) const;
-  char* ParamAddress(int param) const;
   // Marks a bucket whose params are all ready, handing its reduction to the scheduler.
   Status BucketReady(int bucket);
-  // On a GPU with a communicator that does not order itself after the stream (local, mpi),
-  // the work queued on the engine's stream must finish before a collective reads its buffers.
-  bool CollectivesWaitForStream() const;
-  // That wait (on the engine's stream, not the device) where it is needed; else nothing.
-  Status BeforeCollective();
+  // Stage 2-3: waits for reductions in flight until `bucket` can have a gradient buffer.
+  Status WaitForGradBuffer(int bucket);
   bool LastMicroBatch() const { return micro_batch_ + 1 == config_.gradient_accumulation_steps; }
-  Status AllGatherParams();
 
   // Checkpoints (checkpoint.cc).
   // After a step every rank took on its own (writing or reading its part): `local` on this
@@ -114,52 +111,26 @@ class EngineImpl final : public Engine {
       const std::string& dir, const CheckpointMeta& meta);
 
   // Replicas (engine_replicas.cc).
-  // A hash of host or device values.
-  StatusOr<uint64_t> HashValues(const void* values, int64_t bytes);
-  // Params whose hash differs on some rank from rank 0's (stage 3: the values given to
-  // SetParam); `*ranks_of_first` gets the ranks that differ on the first of them.
+  // Params whose hash (ParamStore::ReplicaHash) differs on some rank from rank 0's;
+  // `*ranks_of_first` gets the ranks that differ on the first of them.
   StatusOr<std::vector<int>> ParamsDifferingFromRank0(std::vector<int>* ranks_of_first);
   // Once, before the first iteration: rank 0's params everywhere (guard.init_params).
   Status SyncReplicas();
   // After Step, every guard.replica_check_every steps: kDataLoss if the replicas differ.
   Status CheckReplicasAgree();
 
-  // Stage 3 (engine_units.cc).
-  struct Unit {
-    base::Buffer buffer;    // the gathered full bucket, or empty
-    comm::WorkPtr pending;  // its all-gather, until waited for
-    int holders = 0;        // Gathers not yet Released
-    bool persistent = false;
-  };
-  enum class Trace { kRecording, kValid, kInvalid };
-  Status SetupUnits();
-  StatusOr<int> BucketOfUnit(int unit, const char* call) const;
-  // Allocates the bucket's buffer within max_live_elems and starts its all-gather.
-  Status StartGather(int bucket);
-  Status FinishGather(int bucket);
-  void FreeUnit(int bucket);
-  // Drops prefetched units nobody asked for yet (after their all-gathers complete).
-  Status DropPrefetched();
-  void Prefetch();
-  // After a step: every gathered unit's buffer gets the new values.
-  Status RefreshGathered();
-  char* ShardOf(int bucket) { return params_.as<char>() + shard_offset_[bucket]; }
-  // The param's full value at stage 3 while its unit is gathered, else null.
-  char* GatheredParam(int param);
-  // GetParam at stage 3: from the gathered unit, gathering it for the call if needed.
-  Status GetParamStage3(int param, void* out);
-
   const Config config_;
   comm::Communicator& comm_;
   base::Logger logger_;
   base::Allocator allocator_;
   std::unique_ptr<DeviceOps> ops_;
+  CollectivePath path_;
   HostCollectives host_;
   LossScaler loss_scaler_;
 
   std::vector<ParamSpec> specs_;
   std::optional<partition::PartitionPlan> plan_;
-  base::Buffer params_;
+  std::unique_ptr<ParamStore> params_;
   std::unique_ptr<GradStore> grads_;
   std::unique_ptr<BucketScheduler> scheduler_;
   std::unique_ptr<OptimizerState> optimizer_;
@@ -172,17 +143,9 @@ class EngineImpl final : public Engine {
   std::vector<int> pending_;   // per bucket: params not yet complete this micro-batch
   std::vector<char> handed_;   // per bucket: reduction handed to the scheduler this micro-batch
   EngineCounters counters_;
-  std::vector<Unit> units_;            // stage 3, per bucket
-  std::vector<int64_t> shard_offset_;  // stage 3: byte offset of each bucket's shard in params_
-  int64_t live_elems_ = 0, prefetched_elems_ = 0;
-  Trace trace_state_ = Trace::kRecording;
-  std::vector<int> trace_;  // buckets in the order the first iteration gathered them
-  size_t trace_position_ = 0;
   base::Buffer grad_staging_;  // device "cuda": host gradients given to AccumulateGrad
   Status diverged_;  // set once guard.consistency_check found ranks apart; later checks fail fast
   bool replicas_synced_ = false;   // SyncReplicas ran
-  std::vector<uint64_t> set_hash_;  // stage 3: per param, a hash of the values given to SetParam
-  base::Buffer replica_staging_;    // device params hashed through host memory
   std::string user_data_;  // trainer state saved in and loaded from checkpoints
 };
 

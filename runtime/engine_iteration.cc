@@ -59,8 +59,25 @@ Status EngineImpl::CheckGradientCall(ParamId id, const char* call) const {
 StatusOr<void*> EngineImpl::GradBuffer(ParamId id) {
   ZERO_RETURN_IF_ERROR(CheckGradientCall(id, "GradBuffer"));
   const int param = static_cast<int>(id);
-  ZERO_RETURN_IF_ERROR(guard_->CheckWritable(param, handed_[plan_->placement(param).bucket] != 0));
+  const int bucket = plan_->placement(param).bucket;
+  ZERO_RETURN_IF_ERROR(guard_->CheckWritable(param, handed_[bucket] != 0));
+  ZERO_RETURN_IF_ERROR(WaitForGradBuffer(bucket));
   return grads_->View(param);
+}
+
+Status EngineImpl::WaitForGradBuffer(int bucket) {
+  while (grads_->NeedsBufferWait(bucket)) {
+    if (scheduler_->in_flight() == 0) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "gradient buffers exhausted: all ", grads_->pool_buffers(),
+          " bucket buffers (buckets.pool_buffers) are held by buckets still being filled, so none can be "
+          "freed. Gradients are arriving far from backward order; raise buckets.pool_buffers or "
+          "buckets.reduce_bucket_elems"));
+    }
+    ZERO_RETURN_IF_ERROR(scheduler_->WaitOldest(config_.guard.timeout_s));  // its Finish frees a buffer
+    ++counters_.pool_waits;
+  }
+  return absl::OkStatus();
 }
 
 Status EngineImpl::GradReady(ParamId id) {
@@ -90,7 +107,7 @@ Status EngineImpl::AccumulateGrad(ParamId id, const void* grad) {
   const int param = static_cast<int>(id);
   if (ops_->placement() == Placement::kDevice && PlacementOf(grad) != Placement::kDevice) {
     // A host gradient for a GPU engine: staged into device scratch first.
-    const int64_t bytes = ParamBytes(param);
+    const int64_t bytes = plan_->ParamBytes(param);
     if (grad_staging_.bytes() < bytes) {
       grad_staging_.Reset();
       ZERO_ASSIGN_OR_RETURN(grad_staging_, allocator_.Allocate(bytes, MemoryCategory::kWorkspace, Placement::kDevice));
@@ -103,22 +120,9 @@ Status EngineImpl::AccumulateGrad(ParamId id, const void* grad) {
 }
 
 Status EngineImpl::BucketReady(int bucket) {
-  const bool reduce = config_.stage == 2 || LastMicroBatch();
-  ZERO_ASSIGN_OR_RETURN(auto reduction, grads_->Reduction(bucket, reduce));
-  BucketScheduler::Launch launch = std::move(reduction.first);
-  if (launch && CollectivesWaitForStream()) {
-    launch = [this, inner = std::move(launch)]() -> comm::WorkPtr {
-      Status finished = BeforeCollective();  // the trainer's gradient kernels on the stream
-      return finished.ok() ? inner() : comm::CompletedWork(std::move(finished));
-    };
-  }
-  if (launch && config_.guard.consistency_check) {
-    launch = [this, bucket, inner = std::move(launch)]() -> comm::WorkPtr {
-      Status agreed = CheckRanksAgree(bucket);
-      return agreed.ok() ? inner() : comm::CompletedWork(std::move(agreed));
-    };
-  }
-  return scheduler_->MarkReady(bucket, std::move(launch), std::move(reduction.second));
+  ZERO_RETURN_IF_ERROR(WaitForGradBuffer(bucket));  // a bucket nobody wrote is reduced as zeros
+  ZERO_ASSIGN_OR_RETURN(auto reduction, grads_->Reduction(bucket, LastMicroBatch()));
+  return scheduler_->MarkReady(bucket, std::move(reduction.first), std::move(reduction.second));
 }
 
 Status EngineImpl::EndBackward() {

@@ -1,5 +1,5 @@
 // Step(): overflow check and global norm, loss scaling, clipping, the fused optimizer step on
-// the rank's owned ranges, then the all-gather of the updated params (stages 1-2).
+// the rank's owned ranges, then the params store brings every rank's view up to date.
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -30,7 +30,7 @@ StatusOr<StepInfo> EngineImpl::Step() {
 
   if (overflow && loss_scaler_.skips_on_overflow()) {
     guard_->EndStep();
-    if (config_.stage == 3) ZERO_RETURN_IF_ERROR(RefreshGathered());  // the trace restarts
+    ZERO_RETURN_IF_ERROR(params_->AfterStep(/*updated=*/false));
     loss_scaler_.Update(true);
     ZERO_RETURN_IF_ERROR(grads_->Zero());
     info.step = step_;
@@ -60,33 +60,13 @@ StatusOr<StepInfo> EngineImpl::Step() {
   ++step_;
   ZERO_RETURN_IF_ERROR(optimizer_->Step(step_, static_cast<float>(clip / divisor)));
   for (const auto& [param, parts] : untouched) ZERO_RETURN_IF_ERROR(optimizer_->WriteOwned(param, parts));
-  if (config_.stage == 3) {
-    ZERO_RETURN_IF_ERROR(RefreshGathered());  // the next Gather brings the rest
-  } else if (config_.stage != 0) {
-    ZERO_RETURN_IF_ERROR(AllGatherParams());
-  }
+  ZERO_RETURN_IF_ERROR(params_->AfterStep(/*updated=*/true));
   loss_scaler_.Update(false);
   ZERO_RETURN_IF_ERROR(grads_->Zero());
   ZERO_RETURN_IF_ERROR(CheckReplicasAgree());
   info.step = step_;
   info.loss_scale = loss_scaler_.scale();
   return info;
-}
-
-Status EngineImpl::AllGatherParams() {
-  ZERO_RETURN_IF_ERROR(BeforeCollective());  // the step's kernels wrote the shards
-  std::vector<comm::WorkPtr> works;
-  for (const partition::Bucket& b : plan_->buckets()) {
-    if (!b.trainable) continue;
-    char* base = params_.as<char>() + b.byte_offset;
-    char* own = base + b.shard_byte_offset(comm_.rank());
-    works.push_back(comm_.AllGather(own, base, b.shard_numel, b.dtype));
-  }
-  for (comm::WorkPtr& work : works) {
-    Status status = work->Wait(config_.guard.timeout_s);
-    if (!status.ok()) return Status(status.code(), absl::StrCat("gathering updated params: ", status.message()));
-  }
-  return absl::OkStatus();
 }
 
 }  // namespace zero::runtime

@@ -13,9 +13,9 @@ using partition::Bucket;
 // Stages 0 and 1: gradients laid out exactly like the params.
 class FullGradStore final : public GradStore {
  public:
-  FullGradStore(int stage, const partition::PartitionPlan& plan, comm::Communicator& comm, DeviceOps& ops,
+  FullGradStore(const partition::PartitionPlan& plan, comm::Communicator& comm, DeviceOps& ops,
                 base::Buffer buffer)
-      : stage_(stage), plan_(plan), comm_(comm), ops_(ops), buffer_(std::move(buffer)) {}
+      : plan_(plan), comm_(comm), ops_(ops), buffer_(std::move(buffer)) {}
 
   StatusOr<void*> View(int param) override {
     const auto& place = plan_.placement(param);
@@ -23,12 +23,12 @@ class FullGradStore final : public GradStore {
   }
 
   StatusOr<std::pair<BucketScheduler::Launch, BucketScheduler::Finish>> Reduction(
-      int bucket, bool reduce) override {
-    if (!reduce) return std::pair<BucketScheduler::Launch, BucketScheduler::Finish>{};
+      int bucket, bool last_micro_batch) override {
+    if (!last_micro_batch) return std::pair<BucketScheduler::Launch, BucketScheduler::Finish>{};
     const Bucket& b = plan_.buckets()[bucket];
     char* base = BucketBase(bucket);
     BucketScheduler::Launch launch;
-    if (stage_ == 0) {
+    if (!plan_.ranks_own_shards()) {
       launch = [this, base, &b] {
         return comm_.AllReduce(base, base, b.numel, b.dtype, comm::ReduceOp::kSum);
       };
@@ -43,9 +43,10 @@ class FullGradStore final : public GradStore {
 
   void* OwnedGrad(int bucket) override {
     const Bucket& b = plan_.buckets()[bucket];
-    return stage_ == 0 ? BucketBase(bucket)
-                       : BucketBase(bucket) + b.shard_byte_offset(comm_.rank());
+    return BucketBase(bucket) + plan_.Owned(bucket, comm_.rank()).begin * b.element_bytes();
   }
+
+  bool NeedsBufferWait(int) const override { return false; }
 
   Status Zero() override { return ops_.Zero(buffer_.data(), buffer_.bytes()); }
 
@@ -54,7 +55,6 @@ class FullGradStore final : public GradStore {
     return buffer_.as<char>() + plan_.buckets()[bucket].byte_offset;
   }
 
-  const int stage_;
   const partition::PartitionPlan& plan_;
   comm::Communicator& comm_;
   DeviceOps& ops_;
@@ -66,10 +66,10 @@ class ShardedGradStore final : public GradStore {
  public:
   ShardedGradStore(const partition::PartitionPlan& plan, comm::Communicator& comm, DeviceOps& ops,
                    base::Buffer shard, std::vector<int64_t> shard_offsets,
-                   std::vector<base::Buffer> pool, WaitForBuffer wait_for_buffer)
+                   std::vector<base::Buffer> pool)
       : plan_(plan), comm_(comm), ops_(ops), shard_(std::move(shard)), shard_offsets_(std::move(shard_offsets)),
         pool_(std::move(pool)), holder_(plan.buckets().size(), -1),
-        shard_is_zero_(plan.buckets().size(), true), wait_for_buffer_(std::move(wait_for_buffer)) {
+        shard_is_zero_(plan.buckets().size(), true) {
     for (int i = static_cast<int>(pool_.size()) - 1; i >= 0; --i) free_.push_back(i);
   }
 
@@ -103,6 +103,10 @@ class ShardedGradStore final : public GradStore {
 
   void* OwnedGrad(int bucket) override { return shard_.as<char>() + shard_offsets_[bucket]; }
 
+  bool NeedsBufferWait(int bucket) const override { return holder_[bucket] < 0 && free_.empty(); }
+
+  int pool_buffers() const override { return static_cast<int>(pool_.size()); }
+
   Status Zero() override {
     shard_is_zero_.assign(shard_is_zero_.size(), true);
     return ops_.Zero(shard_.data(), shard_.bytes());
@@ -112,16 +116,9 @@ class ShardedGradStore final : public GradStore {
   // The pool buffer holding `bucket` this micro-batch, taking (and zeroing) one if needed.
   StatusOr<char*> BucketBuffer(int bucket) {
     if (holder_[bucket] < 0) {
-      while (free_.empty()) {
-        Status waited = wait_for_buffer_();
-        if (absl::IsFailedPrecondition(waited)) {
-          return absl::ResourceExhaustedError(absl::StrCat(
-              "stage-2 gradient buffers exhausted: all ", pool_.size(),
-              " bucket buffers (buckets.pool_buffers) are held by buckets still being filled, "
-              "so none can be freed. Gradients are arriving far from backward order; raise "
-              "buckets.pool_buffers or buckets.reduce_bucket_elems"));
-        }
-        ZERO_RETURN_IF_ERROR(waited);
+      if (free_.empty()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "no free gradient buffer for bucket ", bucket, " (NeedsBufferWait was not honoured)"));
       }
       holder_[bucket] = free_.back();
       free_.pop_back();
@@ -140,7 +137,6 @@ class ShardedGradStore final : public GradStore {
   std::vector<int> holder_;  // pool buffer index per bucket this micro-batch, or -1
   std::vector<int> free_;
   std::vector<bool> shard_is_zero_;  // per bucket: no reduction since Zero()
-  WaitForBuffer wait_for_buffer_;
 };
 
 }  // namespace
@@ -148,13 +144,12 @@ class ShardedGradStore final : public GradStore {
 StatusOr<std::unique_ptr<GradStore>> GradStore::Create(int stage,
                                                        const partition::PartitionPlan& plan,
                                                        int pool_buffers, comm::Communicator& comm,
-                                                       base::Allocator& allocator, DeviceOps& ops,
-                                                       WaitForBuffer wait_for_buffer) {
+                                                       base::Allocator& allocator, DeviceOps& ops) {
   std::unique_ptr<GradStore> store;
   if (stage <= 1) {
     ZERO_ASSIGN_OR_RETURN(base::Buffer buffer,
                           allocator.Allocate(plan.flat_bytes(), MemoryCategory::kGrads, ops.placement()));
-    store.reset(new FullGradStore(stage, plan, comm, ops, std::move(buffer)));
+    store.reset(new FullGradStore(plan, comm, ops, std::move(buffer)));
     ZERO_RETURN_IF_ERROR(store->Zero());
     return store;
   }
@@ -174,8 +169,7 @@ StatusOr<std::unique_ptr<GradStore>> GradStore::Create(int stage,
                                                                   ops.placement()));
     pool.push_back(std::move(buffer));
   }
-  store.reset(new ShardedGradStore(plan, comm, ops, std::move(shard), std::move(offsets), std::move(pool),
-                                   std::move(wait_for_buffer)));
+  store.reset(new ShardedGradStore(plan, comm, ops, std::move(shard), std::move(offsets), std::move(pool)));
   ZERO_RETURN_IF_ERROR(store->Zero());
   return store;
 }

@@ -3,13 +3,14 @@
 //
 //   stage 0  full gradient buffer; all-reduce each bucket at the last micro-batch
 //   stage 1  full gradient buffer; reduce-scatter each bucket in place at the last micro-batch
-//   stage 2  only the rank's gradient shard persists; each micro-batch's bucket gradients go
-//            into buffers from a bounded pool and are reduce-scattered: the step's first
-//            micro-batch straight into the shard, later ones in place, their chunk then added
+//   stage 2-3  only the rank's gradient shard persists; each micro-batch's bucket gradients
+//            go into buffers from a bounded pool and are reduce-scattered: the step's first
+//            micro-batch straight into the shard, later ones in place, their chunk then added.
+//            A buffer returns to the pool in its reduction's Finish; when none is free, the
+//            engine waits for the oldest reduction in flight (NeedsBufferWait).
 #ifndef ZERO_RUNTIME_GRAD_STORE_H_
 #define ZERO_RUNTIME_GRAD_STORE_H_
 
-#include <functional>
 #include <memory>
 
 #include "runtime/bucket_scheduler.h"
@@ -22,26 +23,29 @@ namespace zero::runtime {
 
 class GradStore {
  public:
-  /// Waits for the oldest in-flight reduction (which frees its pool buffer), or fails when
-  /// none is in flight.
-  using WaitForBuffer = std::function<Status()>;
-
   /// Allocates the store of `stage` for `plan` on the ops' device, zeroed: the full gradient
-  /// at stages 0 and 1, the rank's shard plus a pool of bucket buffers at stages 2 and 3.
+  /// at stages 0 and 1, the rank's shard plus a pool of `pool_buffers` bucket buffers at
+  /// stages 2 and 3.
   static StatusOr<std::unique_ptr<GradStore>> Create(int stage, const partition::PartitionPlan& plan,
                                                      int pool_buffers, comm::Communicator& comm,
-                                                     base::Allocator& allocator, DeviceOps& ops,
-                                                     WaitForBuffer wait_for_buffer);
+                                                     base::Allocator& allocator, DeviceOps& ops);
   virtual ~GradStore() = default;
 
+  /// Whether `bucket` has no buffer this micro-batch and the pool has none free: the caller
+  /// must first wait for a reduction in flight (its Finish returns a buffer to the pool).
+  /// View and Reduction of such a bucket fail with kFailedPrecondition.
+  virtual bool NeedsBufferWait(int bucket) const = 0;
+  /// Bucket buffers in the pool (0 for a store without one).
+  virtual int pool_buffers() const { return 0; }
   /// Where this micro-batch's gradient of `param` is added.
   virtual StatusOr<void*> View(int param) = 0;
   /// The collective and completion step of a trainable bucket once its gradients are ready.
-  /// `reduce` is false for micro-batches that only accumulate locally (stages 0-1).
+  /// Stores that keep full gradients (stages 0-1) only accumulate locally until the step's
+  /// last micro-batch, and return no collective before it.
   virtual StatusOr<std::pair<BucketScheduler::Launch, BucketScheduler::Finish>>
-  Reduction(int bucket, bool reduce) = 0;
-  /// The rank's reduced gradient for the part of `bucket` it steps (the whole bucket at stage 0,
-  /// its shard otherwise); valid after the step's reductions completed.
+  Reduction(int bucket, bool last_micro_batch) = 0;
+  /// The rank's reduced gradient for the part of `bucket` it steps (PartitionPlan::Owned);
+  /// valid after the step's reductions completed.
   virtual void* OwnedGrad(int bucket) = 0;
   /// Zeroes every gradient for the next optimizer step.
   virtual Status Zero() = 0;

@@ -6,6 +6,7 @@
 #define ZERO_RUNTIME_HOST_COLLECTIVES_H_
 
 #include "base/allocator.h"
+#include "runtime/collective_path.h"
 #include "runtime/device_ops.h"
 #include "zero/communicator.h"
 
@@ -13,9 +14,9 @@ namespace zero::runtime {
 
 class HostCollectives {
  public:
-  /// Every collective waits at most `timeout_s` (0: forever).
-  HostCollectives(comm::Communicator& comm, DeviceOps& ops, base::Allocator allocator, double timeout_s)
-      : comm_(comm), ops_(ops), allocator_(allocator), timeout_s_(timeout_s) {}
+  /// Collectives go through `path` (and wait at most its timeout).
+  HostCollectives(CollectivePath& path, DeviceOps& ops, base::Allocator allocator)
+      : path_(path), comm_(path.comm()), ops_(ops), allocator_(allocator) {}
 
   /// In-place all-reduce of `count` host floats.
   Status AllReduce(float* values, int64_t count, comm::ReduceOp op);
@@ -29,10 +30,10 @@ class HostCollectives {
   Status CopyIn(char* scratch, const void* values, int64_t bytes);
   Status CopyOut(void* values, const char* scratch, int64_t bytes);
 
+  CollectivePath& path_;
   comm::Communicator& comm_;
   DeviceOps& ops_;
   base::Allocator allocator_;
-  const double timeout_s_;
   base::Buffer scratch_;
 };
 

@@ -27,11 +27,10 @@ StatusOr<std::unique_ptr<OptimizerState>> OptimizerState::Create(
   int64_t state_numel = 0, master_numel = 0;
   for (const partition::Bucket& b : plan.buckets()) {
     if (!b.trainable) continue;
-    const int64_t begin = config.stage == 0 ? 0 : rank * b.shard_numel;
-    const int64_t numel = config.stage == 0 ? b.numel : b.shard_numel;
-    s->ranges_.push_back({b.index, begin, numel, nullptr, state_numel, params(b.index)});
-    state_numel += numel;
-    if (b.dtype != DType::kFP32) master_numel += numel;
+    const partition::OwnedSpan owned = plan.Owned(b.index, rank);
+    s->ranges_.push_back({b.index, owned.begin, owned.numel, nullptr, state_numel, params(b.index)});
+    state_numel += owned.numel;
+    if (b.dtype != DType::kFP32) master_numel += owned.numel;
   }
   auto allocate = [&](int64_t floats, base::Buffer* out) -> Status {
     ZERO_ASSIGN_OR_RETURN(*out, allocator.Allocate(floats * 4, MemoryCategory::kOptimizer, ops.placement()));
@@ -65,7 +64,8 @@ StatusOr<std::unique_ptr<OptimizerState>> OptimizerState::Create(
     auto [it, fresh] = batch_of.emplace(std::make_pair(b.group, static_cast<int>(b.dtype)), s->batches_.size());
     if (fresh) s->batches_.push_back({b.group, {b.dtype, b.dtype}, {}, {}});
     s->batches_[it->second].segments.push_back(segment);
-    const int64_t shard_begin = rank * b.shard_numel - r.begin;  // 0 except at stage 0
+    // Each rank's norm covers its shard only, also at stage 0 where it owns the whole bucket.
+    const int64_t shard_begin = rank * b.shard_numel - r.begin;
     s->batches_[it->second].norm_spans.push_back(
         {static_cast<const char*>(segment.grad) + shard_begin * element, b.shard_numel});
   }

@@ -1,6 +1,7 @@
-// runtime::GradStore on its own, on two in-process ranks at stages 1 and 2: gradients added
-// into each param's view are reduced by the bucket's collective into the shard each rank
-// steps (the sum over ranks, element by element of every param), and Zero clears them.
+// runtime::GradStore on its own, on two in-process ranks at stages 0, 1 and 2: gradients added
+// into each param's view are reduced by the bucket's collective into the part each rank steps
+// (the sum over ranks, element by element of every param), and Zero clears them. At stage 2 a
+// bucket buffer returns to the pool when its reduction finishes, and not before.
 #include "runtime/grad_store.h"
 
 #include <gtest/gtest.h>
@@ -36,28 +37,29 @@ TEST_P(GradStoreTest, BucketReductionsLeaveEachRankTheSumOfItsShard) {
   const std::vector<Status> statuses = testing::RunOnRanks(kWorld, [&](int rank, comm::Communicator& comm) -> Status {
     base::Allocator allocator;
     ZERO_ASSIGN_OR_RETURN(std::unique_ptr<DeviceOps> ops, DeviceOps::Create(Device::kCpu, kernels::CpuExec{}, allocator));
-    ZERO_ASSIGN_OR_RETURN(std::unique_ptr<GradStore> store,
-                          GradStore::Create(stage, *plan, 2, comm, allocator, *ops,
-                                            [] { return absl::InternalError("no buffer wait expected"); }));
+    ZERO_ASSIGN_OR_RETURN(std::unique_ptr<GradStore> store, GradStore::Create(stage, *plan, 2, comm, allocator, *ops));
     for (int p = 0; p < 2; ++p) {
+      if (store->NeedsBufferWait(plan->placement(p).bucket)) return absl::InternalError("no buffer wait expected");
       ZERO_ASSIGN_OR_RETURN(void* view, store->View(p));
       float* grad = static_cast<float*>(view);
       for (int64_t i = 0; i < plan->placement(p).numel; ++i) grad[i] += GradOf(rank, p, i);
     }
     for (const partition::Bucket& b : plan->buckets()) {
-      ZERO_ASSIGN_OR_RETURN(auto reduction, store->Reduction(b.index, /*reduce=*/true));
+      ZERO_ASSIGN_OR_RETURN(auto reduction, store->Reduction(b.index, /*last_micro_batch=*/true));
       ZERO_RETURN_IF_ERROR(reduction.first()->Wait(60));
       if (reduction.second) ZERO_RETURN_IF_ERROR(reduction.second());
     }
     for (int p = 0; p < 2; ++p) {
       for (const partition::Fragment& f : plan->FragmentsOfParam(p)) {
         if (f.rank != rank) continue;
-        const float* owned = static_cast<const float*>(store->OwnedGrad(f.bucket));
+        // The owned part starts at the rank's shard (stages 1-2) or the bucket's start (stage 0).
+        const float* owned = static_cast<const float*>(store->OwnedGrad(f.bucket)) +
+                             (f.bucket_begin - plan->Owned(f.bucket, rank).begin);
         for (int64_t k = 0; k < f.numel; ++k) {
           const float want = GradOf(0, p, f.param_begin + k) + GradOf(1, p, f.param_begin + k);
-          if (owned[f.shard_begin + k] != want) {
+          if (owned[k] != want) {
             return absl::InternalError(absl::StrCat("rank ", rank, " param ", p, " element ", f.param_begin + k,
-                                                    ": ", owned[f.shard_begin + k], ", want ", want));
+                                                    ": ", owned[k], ", want ", want));
           }
           ++checked[rank];
         }
@@ -66,7 +68,7 @@ TEST_P(GradStoreTest, BucketReductionsLeaveEachRankTheSumOfItsShard) {
     ZERO_RETURN_IF_ERROR(store->Zero());
     for (const partition::Bucket& b : plan->buckets()) {
       const float* owned = static_cast<const float*>(store->OwnedGrad(b.index));
-      for (int64_t k = 0; k < b.shard_numel; ++k) {
+      for (int64_t k = 0; k < plan->Owned(b.index, rank).numel; ++k) {
         if (owned[k] != 0.0f) return absl::InternalError(absl::StrCat("rank ", rank, ": not zeroed"));
       }
     }
@@ -76,7 +78,39 @@ TEST_P(GradStoreTest, BucketReductionsLeaveEachRankTheSumOfItsShard) {
   EXPECT_EQ(checked[0] + checked[1], 1300) << "every element of both params, on the rank that owns it";
 }
 
-INSTANTIATE_TEST_SUITE_P(Stages, GradStoreTest, ::testing::Values(1, 2));
+INSTANTIATE_TEST_SUITE_P(Stages, GradStoreTest, ::testing::Values(0, 1, 2));
+
+TEST(GradStorePool, ABufferReturnsToThePoolWhenItsReductionFinishes) {
+  partition::PlanConfig plan_config;
+  plan_config.world_size = 1;
+  plan_config.stage = 2;
+  plan_config.first_bucket_elems = 200;
+  plan_config.reduce_bucket_elems = 2000;
+  auto plan = partition::PartitionPlan::Build({{"a", 300, DType::kFP32}, {"c", 1000, DType::kFP32}}, plan_config);
+  ASSERT_THAT(plan, IsOk());
+  ASSERT_EQ(plan->buckets().size(), 2u);
+  const int first = plan->placement(0).bucket, second = plan->placement(1).bucket;
+  auto group = comm::CreateLocalGroup(1);
+  ASSERT_THAT(group, IsOk());
+  base::Allocator allocator;
+  auto ops = DeviceOps::Create(Device::kCpu, kernels::CpuExec{}, allocator);
+  ASSERT_THAT(ops, IsOk());
+  auto store = GradStore::Create(2, *plan, /*pool_buffers=*/1, *(*group)[0], allocator, **ops);
+  ASSERT_THAT(store, IsOk());
+  EXPECT_EQ((*store)->pool_buffers(), 1);
+  ASSERT_THAT((*store)->View(0), IsOk());  // takes the only buffer
+  EXPECT_TRUE((*store)->NeedsBufferWait(second));
+  EXPECT_FALSE((*store)->NeedsBufferWait(first));
+  EXPECT_THAT((*store)->View(1), testing::StatusIs(absl::StatusCode::kFailedPrecondition));
+  auto reduction = (*store)->Reduction(first, /*last_micro_batch=*/true);
+  ASSERT_THAT(reduction, IsOk());
+  comm::WorkPtr work = reduction->first();
+  ASSERT_THAT(work->Wait(60), IsOk());
+  EXPECT_TRUE((*store)->NeedsBufferWait(second)) << "still held until the reduction's Finish ran";
+  ASSERT_THAT(reduction->second(), IsOk());
+  EXPECT_FALSE((*store)->NeedsBufferWait(second));
+  EXPECT_THAT((*store)->View(1), IsOk());
+}
 
 }  // namespace
 }  // namespace zero::runtime

@@ -77,8 +77,7 @@ class OptimizerStateTest : public ::testing::TestWithParam<int> {
     auto group = comm::CreateLocalGroup(1);
     ASSERT_TRUE(group.ok());
     s.comm = std::move((*group)[0]);
-    auto grads = GradStore::Create(config_.stage, *plan_, 2, *s.comm, s.allocator, *s.ops,
-                                   [] { return absl::OkStatus(); });
+    auto grads = GradStore::Create(config_.stage, *plan_, 2, *s.comm, s.allocator, *s.ops);
     ASSERT_TRUE(grads.ok()) << grads.status();
     s.grads = std::move(*grads);
     OptimizerState::OwnedParams owned = [this, &s, rank](int bucket) {

@@ -1,0 +1,52 @@
+// (Internal to runtime.) The engine's one path to the communicator: the bucket reductions
+// (through the BucketScheduler), the parameter all-gathers after a step, stage 3's unit
+// gathers, the replica broadcasts and the host collectives all start here.
+// On a GPU with a communicator that does not order itself after the engine's stream (local,
+// MPI), the kernels queued on that stream finish first, so a collective never reads a buffer a
+// kernel is still writing; every wait is bounded by guard.timeout_s and its error says what
+// was being done.
+#ifndef ZERO_RUNTIME_COLLECTIVE_PATH_H_
+#define ZERO_RUNTIME_COLLECTIVE_PATH_H_
+
+#include <functional>
+
+#include "absl/strings/string_view.h"
+#include "runtime/device_ops.h"
+#include "zero/communicator.h"
+
+namespace zero::runtime {
+
+class CollectivePath {
+ public:
+  /// Starts one collective on the communicator (e.g. `[&](Communicator& c) { return c.AllGather(...); }`).
+  using Launch = std::function<comm::WorkPtr(comm::Communicator&)>;
+
+  /// Waits are bounded by `timeout_s` (0: forever).
+  CollectivePath(comm::Communicator& comm, DeviceOps& ops, double timeout_s)
+      : comm_(comm), ops_(ops), timeout_s_(timeout_s) {}
+
+  /// Makes the engine's queued kernels visible to the communicator where it needs that (see
+  /// the file comment), then starts `launch`. A failed stream wait becomes the work's error.
+  comm::WorkPtr Start(const Launch& launch);
+  /// Waits for `work` within the timeout and drops it; an error is prefixed with `what`. A
+  /// null `work` is OK.
+  Status Wait(comm::WorkPtr& work, absl::string_view what) const;
+  /// Start and Wait.
+  Status Run(const Launch& launch, absl::string_view what);
+  /// The stream wait alone, before the host reads device values the stream may still write.
+  Status MakeStreamWorkVisible();
+
+  comm::Communicator& comm() { return comm_; }
+  double timeout_s() const { return timeout_s_; }
+
+ private:
+  bool NeedsStreamWait() const;
+
+  comm::Communicator& comm_;
+  DeviceOps& ops_;
+  const double timeout_s_;
+};
+
+}  // namespace zero::runtime
+
+#endif  // ZERO_RUNTIME_COLLECTIVE_PATH_H_

@@ -1,0 +1,262 @@
+// Stage 3: params live only as each rank's shard; units are gathered for compute and released,
+// prefetched along the gather order recorded over the first optimizer step (every Gather from
+// Finalize to the first Step, forward and backward), within stage3.max_live_elems.
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "runtime/param_store.h"
+#include "runtime/replica_hash.h"
+
+namespace zero::runtime {
+namespace {
+
+using partition::Bucket;
+
+class ShardedParams final : public ParamStore {
+ public:
+  ShardedParams(const Context& context, base::Buffer shards, std::vector<int64_t> shard_offsets)
+      : config_(context.config.stage3), plan_(context.plan), path_(context.path), allocator_(context.allocator),
+        ops_(context.ops), logger_(context.logger), counters_(context.counters), shards_(std::move(shards)),
+        shard_offset_(std::move(shard_offsets)), units_(plan_.buckets().size()),
+        set_hash_(plan_.params().size(), 0), hasher_(context.ops, context.allocator) {}
+
+  // Gathers still in flight are abandoned before their buffers are freed.
+  ~ShardedParams() override {
+    for (Unit& unit : units_) unit.pending.reset();
+  }
+
+  // Small units, and params registered without a unit, stay gathered for the whole run.
+  Status GatherPersistentUnits() {
+    for (const Bucket& b : plan_.buckets()) {
+      units_[b.index].persistent = b.unit < 0 || b.numel < config_.persistence_threshold;
+      if (!units_[b.index].persistent) continue;
+      ZERO_RETURN_IF_ERROR(StartGather(b.index));
+      ZERO_RETURN_IF_ERROR(FinishGather(b.index));
+    }
+    return absl::OkStatus();
+  }
+
+  bool holds_replicas() const override { return false; }
+
+  char* Owned(int bucket) override { return shards_.as<char>() + shard_offset_[bucket]; }
+
+  Status Set(int param, const void* values) override {
+    ZERO_ASSIGN_OR_RETURN(set_hash_[param], hasher_.Hash(values, plan_.ParamBytes(param)));
+    const int64_t element = ElementBytes(param);
+    for (const partition::Fragment& f : plan_.FragmentsOfParam(param)) {  // this rank's fragment
+      if (f.rank != path_.comm().rank()) continue;
+      ZERO_RETURN_IF_ERROR(ops_.Copy(Owned(f.bucket) + f.shard_begin * element,
+                                     static_cast<const char*>(values) + f.param_begin * element, f.numel * element));
+    }
+    const int bucket = plan_.placement(param).bucket;
+    ZERO_RETURN_IF_ERROR(FinishGather(bucket));
+    if (units_[bucket].buffer.data() == nullptr) return absl::OkStatus();
+    return ops_.Copy(units_[bucket].buffer.as<char>() + plan_.ParamByteOffset(param), values, plan_.ParamBytes(param));
+  }
+
+  Status Get(int param, void* out) override {
+    const int bucket = plan_.placement(param).bucket;
+    const bool held = units_[bucket].buffer.data() != nullptr;
+    if (!held) ZERO_RETURN_IF_ERROR(StartGather(bucket));
+    ZERO_RETURN_IF_ERROR(FinishGather(bucket));
+    const Status copied =
+        ops_.Copy(out, units_[bucket].buffer.as<char>() + plan_.ParamByteOffset(param), plan_.ParamBytes(param));
+    if (!held) FreeUnit(bucket);
+    return copied;
+  }
+
+  void* View(int param) override {
+    const Unit& u = units_[plan_.placement(param).bucket];
+    if (u.buffer.data() == nullptr || (!u.persistent && u.holders == 0)) return nullptr;
+    return u.buffer.as<char>() + plan_.ParamByteOffset(param);
+  }
+
+  Status Gather(int unit) override;
+  Status Release(int unit) override;
+
+  // Every gathered unit's buffer gets the new values; the recorded step's gathers become the
+  // trace, and every step follows it from the start.
+  Status AfterStep(bool) override {
+    ZERO_RETURN_IF_ERROR(DropPrefetched());
+    if (trace_state_ == Trace::kRecording && !trace_.empty()) trace_state_ = Trace::kValid;
+    trace_position_ = 0;
+    for (const Bucket& b : plan_.buckets()) {
+      if (units_[b.index].buffer.data() == nullptr) continue;
+      units_[b.index].pending = path_.Start([&](comm::Communicator& comm) {
+        return comm.AllGather(Owned(b.index), units_[b.index].buffer.data(), b.shard_numel, b.dtype);
+      });
+    }
+    for (const Bucket& b : plan_.buckets()) ZERO_RETURN_IF_ERROR(FinishGather(b.index));
+    return absl::OkStatus();
+  }
+
+  Status AfterLoad() override {
+    std::fill(set_hash_.begin(), set_hash_.end(), 0);
+    return AfterStep(true);
+  }
+
+  StatusOr<uint64_t> ReplicaHash(int param) override { return set_hash_[param]; }
+
+  Status BroadcastFromRank0(int) override {
+    return absl::FailedPreconditionError("stage 3 keeps no replicas to broadcast into");
+  }
+
+  Status WaitForCollectives() override {
+    for (size_t b = 0; b < units_.size(); ++b) ZERO_RETURN_IF_ERROR(FinishGather(static_cast<int>(b)));
+    return absl::OkStatus();
+  }
+
+ private:
+  struct Unit {
+    base::Buffer buffer;    // the gathered full bucket, or empty
+    comm::WorkPtr pending;  // its all-gather, until waited for
+    int holders = 0;        // Gathers not yet Released
+    bool persistent = false;
+  };
+  enum class Trace { kRecording, kValid, kInvalid };
+
+  int64_t ElementBytes(int param) const { return plan_.buckets()[plan_.placement(param).bucket].element_bytes(); }
+  StatusOr<int> BucketOfUnit(int unit, const char* call) const;
+  // Allocates the bucket's buffer within max_live_elems and starts its all-gather.
+  Status StartGather(int bucket);
+  Status FinishGather(int bucket);
+  void FreeUnit(int bucket);
+  // Drops prefetched units nobody asked for yet (after their all-gathers complete).
+  Status DropPrefetched();
+  void Prefetch();
+
+  const Stage3Config config_;
+  const partition::PartitionPlan& plan_;
+  CollectivePath& path_;
+  base::Allocator allocator_;
+  DeviceOps& ops_;
+  base::Logger logger_;
+  EngineCounters& counters_;
+  base::Buffer shards_;                // this rank's shard of every bucket, back to back
+  std::vector<int64_t> shard_offset_;  // byte offset of each bucket's shard in shards_
+  std::vector<Unit> units_;            // per bucket
+  int64_t live_elems_ = 0, prefetched_elems_ = 0;
+  Trace trace_state_ = Trace::kRecording;
+  std::vector<int> trace_;  // buckets in the order the first step gathered them
+  size_t trace_position_ = 0;
+  std::vector<uint64_t> set_hash_;  // per param, a hash of the values last given to Set
+  ReplicaHasher hasher_;
+};
+
+StatusOr<int> ShardedParams::BucketOfUnit(int unit, const char* call) const {
+  for (const Bucket& b : plan_.buckets()) {
+    if (b.unit == unit && unit >= 0) return b.index;
+  }
+  return absl::NotFoundError(absl::StrCat(call, "(", unit, "): no param was registered with unit ", unit));
+}
+
+Status ShardedParams::StartGather(int bucket) {
+  const Bucket& b = plan_.buckets()[bucket];
+  if (live_elems_ + b.numel > config_.max_live_elems) ZERO_RETURN_IF_ERROR(DropPrefetched());
+  if (live_elems_ + b.numel > config_.max_live_elems && !units_[bucket].persistent) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "gathering unit ", b.unit, " (", b.numel, " elements) would hold ", live_elems_ + b.numel,
+        " gathered elements, above stage3.max_live_elems = ", config_.max_live_elems,
+        "; release units you are done with before gathering more, or raise stage3.max_live_elems"));
+  }
+  Unit& unit = units_[bucket];
+  ZERO_ASSIGN_OR_RETURN(unit.buffer, allocator_.Allocate(b.bytes(), MemoryCategory::kGathered, ops_.placement()));
+  unit.pending = path_.Start([&](comm::Communicator& comm) {
+    return comm.AllGather(Owned(bucket), unit.buffer.data(), b.shard_numel, b.dtype);
+  });
+  live_elems_ += b.numel;
+  return absl::OkStatus();
+}
+
+Status ShardedParams::FinishGather(int bucket) {
+  return path_.Wait(units_[bucket].pending, absl::StrCat("gathering unit ", plan_.buckets()[bucket].unit));
+}
+
+void ShardedParams::FreeUnit(int bucket) {
+  units_[bucket].pending.reset();  // abandons an all-gather still in flight before its buffer goes
+  units_[bucket].buffer.Reset();
+  live_elems_ -= plan_.buckets()[bucket].numel;
+}
+
+Status ShardedParams::DropPrefetched() {
+  for (const Bucket& b : plan_.buckets()) {
+    Unit& unit = units_[b.index];
+    if (unit.persistent || unit.holders > 0 || unit.buffer.data() == nullptr) continue;
+    ZERO_RETURN_IF_ERROR(FinishGather(b.index));  // MPI may still be writing into it
+    FreeUnit(b.index);
+    prefetched_elems_ -= b.numel;
+  }
+  return absl::OkStatus();
+}
+
+void ShardedParams::Prefetch() {
+  for (size_t k = trace_position_; k < trace_.size(); ++k) {
+    const int bucket = trace_[k];
+    const Bucket& b = plan_.buckets()[bucket];
+    if (units_[bucket].buffer.data() != nullptr) continue;  // held or already on its way
+    if (prefetched_elems_ + b.numel > config_.prefetch_elems || live_elems_ + b.numel > config_.max_live_elems) {
+      return;
+    }
+    if (!StartGather(bucket).ok()) return;  // on demand later reports the problem
+    prefetched_elems_ += b.numel;
+  }
+}
+
+Status ShardedParams::Gather(int unit) {
+  ZERO_ASSIGN_OR_RETURN(int bucket, BucketOfUnit(unit, "Gather"));
+  Unit& u = units_[bucket];
+  if (u.persistent) return absl::OkStatus();
+  // Follow, record or drop the trace of gather order (one optimizer step's gathers).
+  if (trace_state_ == Trace::kRecording) {
+    trace_.push_back(bucket);
+  } else if (trace_state_ == Trace::kValid) {
+    if (trace_position_ < trace_.size() && trace_[trace_position_] == bucket) {
+      ++trace_position_;
+    } else {
+      ZERO_LOG(logger_, kInfo) << "stage 3: gather #" << trace_position_ << " of the step is unit " << unit
+                               << ", not the recorded unit "
+                               << (trace_position_ < trace_.size() ? plan_.buckets()[trace_[trace_position_]].unit : -1)
+                               << ": the gather order changed, prefetching stops (gathers are on demand from now on)";
+      trace_state_ = Trace::kInvalid;
+      ++counters_.trace_invalidations;
+      ZERO_RETURN_IF_ERROR(DropPrefetched());
+    }
+  }
+  if (u.buffer.data() != nullptr && u.holders == 0) {  // prefetched before the trainer asked
+    ++counters_.gathers_prefetched;
+    prefetched_elems_ -= plan_.buckets()[bucket].numel;
+  } else if (u.buffer.data() == nullptr) {
+    ZERO_RETURN_IF_ERROR(StartGather(bucket));
+    ++counters_.gathers_on_demand;
+  }
+  ZERO_RETURN_IF_ERROR(FinishGather(bucket));
+  ++u.holders;
+  if (trace_state_ == Trace::kValid) Prefetch();
+  return absl::OkStatus();
+}
+
+Status ShardedParams::Release(int unit) {
+  ZERO_ASSIGN_OR_RETURN(int bucket, BucketOfUnit(unit, "Release"));
+  Unit& u = units_[bucket];
+  if (u.persistent) return absl::OkStatus();
+  if (u.holders == 0) {
+    return absl::FailedPreconditionError(absl::StrCat("Release(", unit, "): unit ", unit, " is not gathered"));
+  }
+  if (--u.holders == 0) FreeUnit(bucket);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<ParamStore>> CreateShardedParams(const ParamStore::Context& context) {
+  int64_t bytes = 0;
+  std::vector<int64_t> offsets = context.plan.CompactShardOffsets(/*trainable_only=*/false, &bytes);
+  base::Allocator allocator = context.allocator;
+  ZERO_ASSIGN_OR_RETURN(base::Buffer shards, allocator.Allocate(bytes, MemoryCategory::kParams, context.ops.placement()));
+  ZERO_RETURN_IF_ERROR(context.ops.Zero(shards.data(), shards.bytes()));
+  auto store = std::make_unique<ShardedParams>(context, std::move(shards), std::move(offsets));
+  ZERO_RETURN_IF_ERROR(store->GatherPersistentUnits());
+  return std::unique_ptr<ParamStore>(std::move(store));
+}
+
+}  // namespace zero::runtime
