@@ -26,13 +26,15 @@ StatusOr<StepInfo> EngineImpl::Step() {
   const double divisor = static_cast<double>(comm_.size()) * loss_scale;
   StepInfo info;
   info.grad_norm = static_cast<float>(std::sqrt(static_cast<double>(sq_norm)) / divisor);
-  micro_batch_ = 0;
 
+  // The step's counters change only once it is done (a failure before leaves the engine's
+  // state as it was; see engine.h for collectives and device errors).
   if (overflow && loss_scaler_.skips_on_overflow()) {
-    guard_->EndStep();
     ZERO_RETURN_IF_ERROR(params_->AfterStep(/*updated=*/false));
-    loss_scaler_.Update(true);
     ZERO_RETURN_IF_ERROR(grads_->Zero());
+    guard_->EndStep();
+    loss_scaler_.Update(true);
+    micro_batch_ = 0;
     info.step = step_;
     info.skipped = true;
     info.loss_scale = loss_scaler_.scale();
@@ -56,13 +58,14 @@ StatusOr<StepInfo> EngineImpl::Step() {
       }
     }
   }
-  guard_->EndStep();
-  ++step_;
-  ZERO_RETURN_IF_ERROR(optimizer_->Step(step_, static_cast<float>(clip / divisor)));
+  ZERO_RETURN_IF_ERROR(optimizer_->Step(step_ + 1, static_cast<float>(clip / divisor)));
   for (const auto& [param, parts] : untouched) ZERO_RETURN_IF_ERROR(optimizer_->WriteOwned(param, parts));
   ZERO_RETURN_IF_ERROR(params_->AfterStep(/*updated=*/true));
-  loss_scaler_.Update(false);
   ZERO_RETURN_IF_ERROR(grads_->Zero());
+  guard_->EndStep();
+  loss_scaler_.Update(false);
+  ++step_;
+  micro_batch_ = 0;
   ZERO_RETURN_IF_ERROR(CheckReplicasAgree());
   info.step = step_;
   info.loss_scale = loss_scaler_.scale();

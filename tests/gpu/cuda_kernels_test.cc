@@ -10,6 +10,7 @@
 
 #include "kernels/cuda/optimizers_cuda.h"
 #include "tests/gpu/device_test_util.h"
+#include "tests/status_matchers.h"
 #include "tests/unit/kernel_test_util.h"
 #include "zero/device.h"
 
@@ -19,6 +20,7 @@ namespace {
 using testing::AllTypeCombinations;
 using testing::DeviceSegment;
 using testing::HaveDevice;
+using testing::IsOk;
 using testing::ToDevice;
 using testing::OddSizes;
 using testing::SegmentStorage;
@@ -38,7 +40,7 @@ TEST(CudaKernels, AdamWMatchesFloat64Reference) {
       SegmentStorage got(n, types, rng);
       const SegmentStorage init = got;
       DeviceSegment device(got);
-      ASSERT_TRUE(AdamStepCuda(h, types, {device.View(n)}, nullptr).ok());
+      ASSERT_THAT(AdamStepCuda(h, types, {device.View(n)}, nullptr), IsOk());
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       device.Download(got);
       for (int64_t i = 0; i < n; ++i) {
@@ -74,12 +76,12 @@ TEST(CudaKernels, SgdMatchesFloat64ReferenceAndSkipFlagStopsEverything) {
   ASSERT_EQ(cudaMemcpy(skip, &one, sizeof one, cudaMemcpyHostToDevice), cudaSuccess);
   SgdHyper skipped = h;
   skipped.common.skip = skip;
-  ASSERT_TRUE(SgdStepCuda(skipped, types, {device.View(got.master.size())}, nullptr).ok());
+  ASSERT_THAT(SgdStepCuda(skipped, types, {device.View(got.master.size())}, nullptr), IsOk());
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   device.Download(got);
   EXPECT_EQ(got.master, init.master);
   EXPECT_EQ(got.model_param, init.model_param);
-  ASSERT_TRUE(SgdStepCuda(h, types, {device.View(got.master.size())}, nullptr).ok());
+  ASSERT_THAT(SgdStepCuda(h, types, {device.View(got.master.size())}, nullptr), IsOk());
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   device.Download(got);
   for (size_t i = 0; i < got.master.size(); ++i) {
@@ -103,7 +105,7 @@ TEST(CudaKernels, SquaredNormIsExactEnoughAndDeterministic) {
   float* db = ToDevice(b);
   const std::vector<ConstSpan> spans = {{da, static_cast<int64_t>(a.size())}, {db, static_cast<int64_t>(b.size())}};
   size_t bytes = 0;
-  ASSERT_TRUE(SquaredNormsCuda(nullptr, &bytes, spans, DType::kFP32, nullptr, nullptr, nullptr, nullptr).ok());
+  ASSERT_THAT(SquaredNormsCuda(nullptr, &bytes, spans, DType::kFP32, nullptr, nullptr, nullptr, nullptr), IsOk());
   void* workspace = nullptr;
   double* total = nullptr;
   int32_t* nonfinite = nullptr;
@@ -112,7 +114,7 @@ TEST(CudaKernels, SquaredNormIsExactEnoughAndDeterministic) {
   ASSERT_EQ(cudaMalloc(&nonfinite, sizeof(int32_t)), cudaSuccess);
   double first = 0;
   for (int run = 0; run < 3; ++run) {
-    ASSERT_TRUE(SquaredNormsCuda(workspace, &bytes, spans, DType::kFP32, nullptr, total, nonfinite, nullptr).ok());
+    ASSERT_THAT(SquaredNormsCuda(workspace, &bytes, spans, DType::kFP32, nullptr, total, nonfinite, nullptr), IsOk());
     double got = 0;
     int32_t flag = -1;
     ASSERT_EQ(cudaMemcpy(&got, total, sizeof got, cudaMemcpyDeviceToHost), cudaSuccess);
@@ -123,7 +125,7 @@ TEST(CudaKernels, SquaredNormIsExactEnoughAndDeterministic) {
   }
   const float inf = INFINITY;
   ASSERT_EQ(cudaMemcpy(db + 776, &inf, sizeof inf, cudaMemcpyHostToDevice), cudaSuccess);
-  ASSERT_TRUE(SquaredNormsCuda(workspace, &bytes, spans, DType::kFP32, nullptr, total, nonfinite, nullptr).ok());
+  ASSERT_THAT(SquaredNormsCuda(workspace, &bytes, spans, DType::kFP32, nullptr, total, nonfinite, nullptr), IsOk());
   int32_t flag = 0;
   ASSERT_EQ(cudaMemcpy(&flag, nonfinite, sizeof flag, cudaMemcpyDeviceToHost), cudaSuccess);
   EXPECT_EQ(flag, 1);

@@ -12,6 +12,7 @@
 #include "kernels/cuda/casts_cuda.h"
 #include "kernels/cuda/optimizers_cuda.h"
 #include "tests/gpu/device_test_util.h"
+#include "tests/status_matchers.h"
 #include "tests/unit/kernel_test_util.h"
 
 namespace zero::kernels {
@@ -20,6 +21,7 @@ namespace {
 using testing::AllTypeCombinations;
 using testing::DeviceSegment;
 using testing::HaveDevice;
+using testing::IsOk;
 using testing::OddSizes;
 using testing::SegmentStorage;
 using testing::ToDevice;
@@ -33,7 +35,7 @@ struct DeviceNorms {
 };
 DeviceNorms Norms(const std::vector<ConstSpan>& spans, DType dtype) {
   size_t bytes = 0;
-  EXPECT_TRUE(SquaredNormsCuda(nullptr, &bytes, spans, dtype, nullptr, nullptr, nullptr, nullptr).ok());
+  EXPECT_THAT(SquaredNormsCuda(nullptr, &bytes, spans, dtype, nullptr, nullptr, nullptr, nullptr), IsOk());
   void* workspace = nullptr;
   double *per_span = nullptr, *total = nullptr;
   int32_t* flag = nullptr;
@@ -42,7 +44,7 @@ DeviceNorms Norms(const std::vector<ConstSpan>& spans, DType dtype) {
   EXPECT_EQ(cudaMalloc(&total, sizeof(double)), cudaSuccess);
   EXPECT_EQ(cudaMalloc(&flag, sizeof(int32_t)), cudaSuccess);
   EXPECT_EQ(cudaMemset(per_span, 0xff, (spans.size() + 1) * sizeof(double)), cudaSuccess);  // poison: NaN
-  EXPECT_TRUE(SquaredNormsCuda(workspace, &bytes, spans, dtype, per_span, total, flag, nullptr).ok());
+  EXPECT_THAT(SquaredNormsCuda(workspace, &bytes, spans, dtype, per_span, total, flag, nullptr), IsOk());
   DeviceNorms out;
   out.per_span.resize(spans.size());
   ToHost(out.per_span, per_span);
@@ -108,11 +110,11 @@ TEST(CudaLamb, FullStepMatchesFloat64Reference) {
       DeviceSegment device(got);
       const std::vector<Segment> segments = {device.View(n)};
       float* update = ToDevice(std::vector<float>(n, NAN));  // poisoned
-      ASSERT_TRUE(LambUpdateCuda(h, types, segments, {update}, nullptr).ok());
+      ASSERT_THAT(LambUpdateCuda(h, types, segments, {update}, nullptr), IsOk());
       const DeviceNorms w = Norms({{device.master, n}}, DType::kFP32);
       const DeviceNorms u = Norms({{update, n}}, DType::kFP32);
       const float ratio = LambTrustRatio(w.per_span[0], u.per_span[0]);
-      ASSERT_TRUE(LambApplyCuda(h, types.param, segments, {update}, {ratio}, nullptr).ok());
+      ASSERT_THAT(LambApplyCuda(h, types.param, segments, {update}, {ratio}, nullptr), IsOk());
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       device.Download(got);
       cudaFree(update);
@@ -143,7 +145,7 @@ TEST(CudaLion, MisalignedSegmentsTakeTheScalarPathAndMatchFloat64) {
       SegmentStorage got(n, types, rng);
       const SegmentStorage init = got;
       DeviceSegment device(got);
-      ASSERT_TRUE(LionStepCuda(h, types, {device.ViewAt(offset, n - offset, types.grad)}, nullptr).ok());
+      ASSERT_THAT(LionStepCuda(h, types, {device.ViewAt(offset, n - offset, types.grad)}, nullptr), IsOk());
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       device.Download(got);
       if (offset == 1) {
@@ -180,14 +182,14 @@ TEST(CudaCasts, WidenNarrowAndAddMatchTheHostConversionsBitForBit) {
     auto widen = [dtype](uint16_t b) { return dtype == DType::kBF16 ? Bf16ToFloat(b) : HalfToFloat(b); };
     float* source = ToDevice(values);
     uint16_t* low = ToDevice(std::vector<uint16_t>(n, 0xffff));  // poisoned
-    ASSERT_TRUE(NarrowFromFloatCuda(low, source, n, dtype, nullptr).ok());
+    ASSERT_THAT(NarrowFromFloatCuda(low, source, n, dtype, nullptr), IsOk());
     std::vector<uint16_t> got_low(n);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     ToHost(got_low, low);
     for (int64_t i = 0; i < n; ++i) ASSERT_EQ(got_low[i], narrow(values[i])) << DTypeName(dtype) << " " << i;
 
     float* wide = ToDevice(std::vector<float>(n, NAN));
-    ASSERT_TRUE(WidenToFloatCuda(wide, low, n, dtype, nullptr).ok());
+    ASSERT_THAT(WidenToFloatCuda(wide, low, n, dtype, nullptr), IsOk());
     std::vector<float> got_wide(n);
     ToHost(got_wide, wide);
     for (int64_t i = 0; i < n; ++i) {
@@ -198,7 +200,7 @@ TEST(CudaCasts, WidenNarrowAndAddMatchTheHostConversionsBitForBit) {
     std::vector<uint16_t> addend(n);
     for (int64_t i = 0; i < n; ++i) addend[i] = narrow(normal(rng));
     uint16_t* device_addend = ToDevice(addend);
-    ASSERT_TRUE(AddIntoCuda(low, device_addend, n, dtype, nullptr).ok());
+    ASSERT_THAT(AddIntoCuda(low, device_addend, n, dtype, nullptr), IsOk());
     std::vector<uint16_t> sum(n);
     ToHost(sum, low);
     for (int64_t i = 0; i < n; ++i) {

@@ -3,16 +3,18 @@
 #include <gtest/gtest.h>
 
 #include "tests/comm/conformance.h"
+#include "tests/status_matchers.h"
 
 namespace zero::comm {
 namespace {
 
+using zero::testing::IsOk;
+
 TEST(MpiDeviceComm, ConformanceOnDeviceBuffers) {
   if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
   auto comm = CreateMpiCommunicator(nullptr);
-  ASSERT_TRUE(comm.ok()) << comm.status();
-  const Status status = testing::RunConformanceSuite(**comm, /*pairwise_rounding=*/true, Placement::kDevice);
-  EXPECT_TRUE(status.ok()) << status;
+  ASSERT_THAT(comm, IsOk());
+  EXPECT_THAT(testing::RunConformanceSuite(**comm, /*pairwise_rounding=*/true, Placement::kDevice), IsOk());
 }
 
 }  // namespace

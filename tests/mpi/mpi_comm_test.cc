@@ -11,14 +11,20 @@
 
 #include "comm/mpi/mpi_all_reduce_rounds.h"
 #include "tests/comm/conformance.h"
+#include "tests/status_matchers.h"
 #include "zero/communicator.h"
 
 namespace zero::comm {
 namespace {
 
+using ::testing::HasSubstr;
+using ::testing::Not;
+using zero::testing::IsOk;
+using zero::testing::StatusIs;
+
 std::unique_ptr<Communicator> NewComm(MpiOptions options = {}) {
   auto comm = CreateMpiCommunicator(nullptr, options);
-  EXPECT_TRUE(comm.ok()) << comm.status();
+  EXPECT_THAT(comm, IsOk());
   return comm.ok() ? std::move(*comm) : nullptr;
 }
 
@@ -52,8 +58,7 @@ TEST(MpiComm, ConformanceSuite) {
     comm = NewComm();
   }
   ASSERT_NE(comm, nullptr);
-  const Status status = testing::RunConformanceSuite(*comm, /*pairwise_rounding=*/true);
-  EXPECT_TRUE(status.ok()) << status;
+  EXPECT_THAT(testing::RunConformanceSuite(*comm, /*pairwise_rounding=*/true), IsOk());
 }
 
 // mpirun on one machine (as the tests run): every rank is on this host.
@@ -75,14 +80,13 @@ TEST(MpiComm, ConformanceSuiteForEveryReduceScatterAlgorithm) {
       comm = NewComm();
     }
     ASSERT_NE(comm, nullptr);
-    const Status status = testing::RunConformanceSuite(*comm, /*pairwise_rounding=*/true);
-    EXPECT_TRUE(status.ok()) << status;
+    EXPECT_THAT(testing::RunConformanceSuite(*comm, /*pairwise_rounding=*/true), IsOk());
 
     const int size = comm->size(), rank = comm->rank();
     const int64_t count = (int64_t{1} << 18) + 3;  // 1 MiB per rank and a ragged end
     std::vector<float> send(static_cast<size_t>(count * size)), recv(static_cast<size_t>(count), -1.0f);
     for (size_t i = 0; i < send.size(); ++i) send[i] = static_cast<float>((i * 7 + rank * 3) % 101);
-    ASSERT_TRUE(comm->ReduceScatter(send.data(), recv.data(), count, DType::kFP32, ReduceOp::kSum)->Wait().ok());
+    ASSERT_THAT(comm->ReduceScatter(send.data(), recv.data(), count, DType::kFP32, ReduceOp::kSum)->Wait(), IsOk());
     for (int64_t i = 0; i < count; ++i) {
       double want = 0;  // small integers: every summation order is exact
       for (int r = 0; r < size; ++r) want += static_cast<double>(((rank * count + i) * 7 + r * 3) % 101);
@@ -103,14 +107,13 @@ TEST(MpiComm, ConformanceSuiteForEveryAllReduceAlgorithm) {
       comm = NewComm();
     }
     ASSERT_NE(comm, nullptr);
-    const Status status = testing::RunConformanceSuite(*comm, /*pairwise_rounding=*/true);
-    EXPECT_TRUE(status.ok()) << status;
+    EXPECT_THAT(testing::RunConformanceSuite(*comm, /*pairwise_rounding=*/true), IsOk());
 
     const int size = comm->size(), rank = comm->rank();
     const int64_t count = (int64_t{1} << 22) + (int64_t{1} << 18) + 5;
     std::vector<float> data(static_cast<size_t>(count));
     for (int64_t i = 0; i < count; ++i) data[static_cast<size_t>(i)] = static_cast<float>((i * 7 + rank * 3) % 101);
-    ASSERT_TRUE(comm->AllReduce(data.data(), data.data(), count, DType::kFP32, ReduceOp::kSum)->Wait().ok());
+    ASSERT_THAT(comm->AllReduce(data.data(), data.data(), count, DType::kFP32, ReduceOp::kSum)->Wait(), IsOk());
     for (int64_t i = 0; i < count; ++i) {
       double want = 0;  // small integers: every summation order is exact
       for (int r = 0; r < size; ++r) want += static_cast<double>((i * 7 + r * 3) % 101);
@@ -140,7 +143,7 @@ TEST(MpiComm, OverlappingNativeAllReducesInPiecesKeepTheirOrder) {
     works.push_back(comm->AllReduce(buffer.data(), buffer.data(), static_cast<int64_t>(buffer.size()),
                                     DType::kFP32, ReduceOp::kSum));
   }
-  for (WorkPtr& work : works) ASSERT_TRUE(work->Wait(60).ok());
+  for (WorkPtr& work : works) ASSERT_THAT(work->Wait(60), IsOk());
   for (int k = 0; k < 3; ++k) {
     for (size_t i = 0; i < buffers[k].size(); ++i) {
       double want = 0;
@@ -178,17 +181,13 @@ TEST(MpiComm, ReduceScatterAlgorithmMustAgreeAcrossRanks) {
     ScopedEnv differing("ZERO_MPI_REDUCE_SCATTER", rank == 0 ? "ring" : "native");
     comm = CreateMpiCommunicator(nullptr);
   }
-  ASSERT_FALSE(comm.ok());
-  EXPECT_EQ(comm.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(comm.status().message().find("ZERO_MPI_REDUCE_SCATTER differs"), std::string::npos)
-      << comm.status();
+  EXPECT_THAT(comm, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("ZERO_MPI_REDUCE_SCATTER differs")));
 }
 
 TEST(MpiComm, ConformanceSuiteWithSignatureChecks) {
   auto comm = NewComm({/*check_signatures=*/true});
   ASSERT_NE(comm, nullptr);
-  const Status status = testing::RunConformanceSuite(*comm, /*pairwise_rounding=*/true);
-  EXPECT_TRUE(status.ok()) << status;
+  EXPECT_THAT(testing::RunConformanceSuite(*comm, /*pairwise_rounding=*/true), IsOk());
 }
 
 TEST(MpiComm, ARankThatNeverJoinsGivesDeadlineExceeded) {
@@ -199,14 +198,13 @@ TEST(MpiComm, ARankThatNeverJoinsGivesDeadlineExceeded) {
   const int last = comm->size() - 1;
   float x = 1, y = 0;
   if (comm->rank() != last) {
-    const Status status = comm->AllReduce(&x, &y, 1, DType::kFP32, ReduceOp::kSum)->Wait(0.5);
-    EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
-    EXPECT_NE(status.message().find("AllReduce(count=1, fp32, sum)"), std::string::npos) << status;
+    EXPECT_THAT(comm->AllReduce(&x, &y, 1, DType::kFP32, ReduceOp::kSum)->Wait(0.5),
+                StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("AllReduce(count=1, fp32, sum)")));
   }
   // Everyone meets again. The timeout broke the group: the ranks that timed out told the late
   // rank, so every rank's next collective fails at once (well inside its 30 s timeout) with the
   // first error, instead of waiting for its own timeout.
-  ASSERT_TRUE(side->Barrier()->Wait(30).ok());
+  ASSERT_THAT(side->Barrier()->Wait(30), IsOk());
   float ack = 0;
   const auto start = std::chrono::steady_clock::now();
   Status next = comm->AllReduce(&ack, &ack, 1, DType::kFP32, ReduceOp::kSum)->Wait(30);
@@ -214,10 +212,10 @@ TEST(MpiComm, ARankThatNeverJoinsGivesDeadlineExceeded) {
     next = comm->AllReduce(&ack, &ack, 1, DType::kFP32, ReduceOp::kSum)->Wait(30);
   }
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
-  EXPECT_FALSE(next.ok());
+  EXPECT_THAT(next, Not(IsOk()));
   EXPECT_NE(next.message().find("did not complete within 0.5 s"), std::string::npos) << next;
-  EXPECT_FALSE(comm->Health().ok());
-  ASSERT_TRUE(side->Barrier()->Wait(30).ok());
+  EXPECT_THAT(comm->Health(), Not(IsOk()));
+  ASSERT_THAT(side->Barrier()->Wait(30), IsOk());
 }
 
 TEST(MpiComm, MismatchedCountsAreAnErrorOnEveryRank) {
@@ -225,27 +223,23 @@ TEST(MpiComm, MismatchedCountsAreAnErrorOnEveryRank) {
   ASSERT_NE(comm, nullptr);
   const int64_t count = comm->rank() == 0 ? 3 : 4;  // rank 0 diverged
   std::vector<float> data(4 * comm->size(), 2.0f), out(4, -5.0f);
-  const Status status =
-      comm->ReduceScatter(data.data(), out.data(), count, DType::kFP32, ReduceOp::kSum)->Wait(30);
-  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
-  EXPECT_NE(status.message().find("mismatch"), std::string::npos) << status;
+  EXPECT_THAT(comm->ReduceScatter(data.data(), out.data(), count, DType::kFP32, ReduceOp::kSum)->Wait(30),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("mismatch")));
   EXPECT_EQ(out, std::vector<float>(4, -5.0f));  // nothing was written
   // The mismatch broke the group: the next collective fails at once with the first error.
   float one = 1;
-  const Status next = comm->AllReduce(&one, &one, 1, DType::kFP32, ReduceOp::kSum)->Wait(30);
-  EXPECT_EQ(next.code(), absl::StatusCode::kInvalidArgument) << next;
-  EXPECT_NE(next.message().find("broken"), std::string::npos) << next;
+  EXPECT_THAT(comm->AllReduce(&one, &one, 1, DType::kFP32, ReduceOp::kSum)->Wait(30),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("broken")));
   EXPECT_EQ(one, 1.0f);
 }
 
 TEST(MpiComm, InvalidArgumentsAreReportedWithoutCallingMpi) {
   auto comm = NewComm();
   ASSERT_NE(comm, nullptr);
-  EXPECT_EQ(comm->AllReduce(nullptr, nullptr, 4, DType::kFP32, ReduceOp::kSum)->Wait().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(comm->AllReduce(nullptr, nullptr, 4, DType::kFP32, ReduceOp::kSum)->Wait(),
+              StatusIs(absl::StatusCode::kInvalidArgument));
   float x = 0;
-  EXPECT_EQ(comm->Broadcast(&x, 1, DType::kFP32, comm->size())->Wait().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(comm->Broadcast(&x, 1, DType::kFP32, comm->size())->Wait(), StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
 }  // namespace

@@ -7,24 +7,26 @@
 #include <cmath>
 
 #include "tests/engine/toy_trainer.h"
+#include "tests/status_matchers.h"
 #include "zero/communicator.h"
 #include "zero/preemption.h"
 
 namespace zero {
 namespace {
 
+using testing::IsOk;
+
 TEST(MpiEngine, StagesFollowTheSameLossTrajectory) {
   auto comm = comm::CreateMpiCommunicator(nullptr);
-  ASSERT_TRUE(comm.ok()) << comm.status();
+  ASSERT_THAT(comm, IsOk());
   testing::ToyOptions options;
   const std::vector<double> reference = testing::ReferenceLosses(options, testing::ToyConfig(0));
   std::vector<double> stage0;
   for (int stage : {0, 1, 2, 3}) {
     auto engine = Engine::Create(testing::ToyConfig(stage), **comm);
-    ASSERT_TRUE(engine.ok()) << engine.status();
+    ASSERT_THAT(engine, IsOk());
     testing::ToyResult result;
-    const Status trained = testing::TrainToy(**engine, options, &result);
-    ASSERT_TRUE(trained.ok()) << "stage " << stage << ": " << trained;
+    ASSERT_THAT(testing::TrainToy(**engine, options, &result), IsOk()) << "stage " << stage;
     if (stage == 0) stage0 = result.losses;
     for (size_t i = 0; i < result.losses.size(); ++i) {
       EXPECT_NEAR(result.losses[i], stage0[i], 1e-5 * stage0[i]) << "stage " << stage << " step " << i;
@@ -36,27 +38,27 @@ TEST(MpiEngine, StagesFollowTheSameLossTrajectory) {
       for (size_t i = 0; i < part.size(); ++i) checksum += part[i] * (1.0 + 1e-3 * (i % 7));
     }
     float mine = static_cast<float>(checksum), low = mine, high = mine;
-    ASSERT_TRUE((*comm)->AllReduce(&high, &high, 1, DType::kFP32, comm::ReduceOp::kMax)->Wait(60).ok());
+    ASSERT_THAT((*comm)->AllReduce(&high, &high, 1, DType::kFP32, comm::ReduceOp::kMax)->Wait(60), IsOk());
     low = -low;
-    ASSERT_TRUE((*comm)->AllReduce(&low, &low, 1, DType::kFP32, comm::ReduceOp::kMax)->Wait(60).ok());
+    ASSERT_THAT((*comm)->AllReduce(&low, &low, 1, DType::kFP32, comm::ReduceOp::kMax)->Wait(60), IsOk());
     EXPECT_EQ(high, -low) << "ranks hold different params at stage " << stage;
   }
 }
 
 TEST(MpiEngine, APreemptionRequestOnOneProcessReachesEveryRank) {
   auto comm = comm::CreateMpiCommunicator(nullptr);
-  ASSERT_TRUE(comm.ok()) << comm.status();
+  ASSERT_THAT(comm, IsOk());
   auto engine = Engine::Create(testing::ToyConfig(2), **comm);
-  ASSERT_TRUE(engine.ok()) << engine.status();
-  ASSERT_TRUE(testing::RegisterToyModel(**engine, testing::ToyOptions{}).ok());
+  ASSERT_THAT(engine, IsOk());
+  ASSERT_THAT(testing::RegisterToyModel(**engine, testing::ToyOptions{}), IsOk());
   ClearPreemption();
   auto before = (*engine)->PreemptionRequested();
-  ASSERT_TRUE(before.ok()) << before.status();
+  ASSERT_THAT(before, IsOk());
   EXPECT_FALSE(*before);
   const int last = (*comm)->size() - 1;  // as if only this process got the scheduler's signal
   if ((*comm)->rank() == last) RequestPreemption();
   auto after = (*engine)->PreemptionRequested();
-  ASSERT_TRUE(after.ok()) << after.status();
+  ASSERT_THAT(after, IsOk());
   EXPECT_TRUE(*after) << "rank " << (*comm)->rank() << " did not see rank " << last << "'s request";
   ClearPreemption();
 }

@@ -12,18 +12,22 @@
 
 #include "tests/engine/faulty_communicator.h"
 #include "tests/engine/toy_trainer.h"
+#include "tests/status_matchers.h"
 #include "zero/communicator.h"
 #include "zero/engine.h"
 
 namespace zero {
 namespace {
 
+using ::testing::Matcher;
+using ::testing::Not;
+using testing::IsOk;
 using Clock = std::chrono::steady_clock;
 
 TEST(MpiFailures, RandomDelaysTimeoutsAndFailuresEndTheSameWayOnEveryRank) {
   constexpr int kRounds = 16;
   auto side = comm::CreateMpiCommunicator(nullptr);  // a healthy channel to compare outcomes
-  ASSERT_TRUE(side.ok()) << side.status();
+  ASSERT_THAT(side, IsOk());
   const int rank = (*side)->rank(), world = (*side)->size();
   std::mt19937 seeds(777);  // the same round parameters on every rank
   int failed_rounds = 0;
@@ -36,10 +40,10 @@ TEST(MpiFailures, RandomDelaysTimeoutsAndFailuresEndTheSameWayOnEveryRank) {
     SCOPED_TRACE(::testing::Message() << "round " << round << ", stage " << stage << ", timeout "
                                       << config.guard.timeout_s << " s, rank " << rank);
     auto inner = comm::CreateMpiCommunicator(nullptr);
-    ASSERT_TRUE(inner.ok()) << inner.status();
+    ASSERT_THAT(inner, IsOk());
     testing::FaultyCommunicator faulty(**inner, rank_seed, 0.3, failure_probability);
     auto engine = Engine::Create(config, faulty);
-    ASSERT_TRUE(engine.ok()) << engine.status();
+    ASSERT_THAT(engine, IsOk());
     testing::ToyOptions options;
     options.steps = 5;
     testing::ToyResult result;
@@ -55,7 +59,7 @@ TEST(MpiFailures, RandomDelaysTimeoutsAndFailuresEndTheSameWayOnEveryRank) {
 
     float mine[3] = {trained.ok() ? 1.0f : 0.0f, after.ok() ? 1.0f : 0.0f, static_cast<float>(result.infos.size())};
     std::vector<float> all(3 * world);
-    ASSERT_TRUE((*side)->AllGather(mine, all.data(), 3, DType::kFP32)->Wait(60).ok());
+    ASSERT_THAT((*side)->AllGather(mine, all.data(), 3, DType::kFP32)->Wait(60), IsOk());
     bool all_trained = true;
     float fewest = 1e9f, most = 0;
     for (int r = 0; r < world; ++r) {
@@ -64,7 +68,7 @@ TEST(MpiFailures, RandomDelaysTimeoutsAndFailuresEndTheSameWayOnEveryRank) {
       most = std::max(most, all[3 * r + 2]);
     }
     failed_rounds += all_trained ? 0 : 1;
-    EXPECT_EQ(after.ok(), all_trained) << "trained: " << trained << "; after: " << after;
+    EXPECT_THAT(after, all_trained ? Matcher<const Status&>(IsOk()) : Not(IsOk())) << "trained: " << trained;
     EXPECT_LE(most - fewest, 1.0f) << "ranks more than one step apart";
   }
   EXPECT_GT(failed_rounds, 0);

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "tests/engine/guard_scenarios.h"
+#include "tests/status_matchers.h"
 #include "zero/communicator.h"
 
 namespace zero::testing {
@@ -11,14 +12,13 @@ TEST(MpiGuard, EveryScenarioBehavesAsPromised) {
   for (int stage : {2, 3}) {
   for (const GuardScenario& scenario : GuardScenarios()) {
     auto comm = comm::CreateMpiCommunicator(nullptr);
-    ASSERT_TRUE(comm.ok()) << comm.status();
-    const Status status = scenario.run(**comm, stage);
-    EXPECT_TRUE(status.ok()) << scenario.name << " at stage " << stage << " on rank " << (*comm)->rank() << ": "
-                             << status;
+    ASSERT_THAT(comm, IsOk());
+    EXPECT_THAT(scenario.run(**comm, stage), IsOk())
+        << scenario.name << " at stage " << stage << " on rank " << (*comm)->rank();
     // Scenarios that strand a collective leave their communicator behind; meet on a fresh one.
     auto meet = comm::CreateMpiCommunicator(nullptr);
-    ASSERT_TRUE(meet.ok());
-    ASSERT_TRUE((*meet)->Barrier()->Wait(60).ok());
+    ASSERT_THAT(meet, IsOk());
+    ASSERT_THAT((*meet)->Barrier()->Wait(60), IsOk());
   }
   }
 }

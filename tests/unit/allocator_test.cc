@@ -7,16 +7,23 @@
 #include <thread>
 #include <vector>
 
+#include "tests/status_matchers.h"
+
 namespace zero::base {
 namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+using zero::testing::IsOk;
+using zero::testing::StatusIs;
 
 TEST(Allocator, CountsCurrentAndPeakPerCategory) {
   Allocator allocator;
   {
     auto params = allocator.Allocate(1000, MemoryCategory::kParams, Placement::kHost);
-    ASSERT_TRUE(params.ok());
+    ASSERT_THAT(params, IsOk());
     auto grads = allocator.Allocate(300, MemoryCategory::kGrads, Placement::kHost);
-    ASSERT_TRUE(grads.ok());
+    ASSERT_THAT(grads, IsOk());
     EXPECT_EQ(reinterpret_cast<uintptr_t>(params->data()) % 64, 0u);
     MemoryStats stats = allocator.Stats();
     EXPECT_EQ(stats.Current(MemoryCategory::kParams), 1000);
@@ -27,7 +34,7 @@ TEST(Allocator, CountsCurrentAndPeakPerCategory) {
     EXPECT_EQ(stats.Current(MemoryCategory::kGrads), 0);
     EXPECT_EQ(stats.Peak(MemoryCategory::kGrads), 300);
     auto workspace = allocator.Allocate(100, MemoryCategory::kWorkspace, Placement::kHost);
-    ASSERT_TRUE(workspace.ok());
+    ASSERT_THAT(workspace, IsOk());
     stats = allocator.Stats();
     EXPECT_EQ(stats.total_peak, 1300);  // 1000 + 100 now; the peak was 1000 + 300
   }
@@ -40,7 +47,7 @@ TEST(Allocator, CountsCurrentAndPeakPerCategory) {
 TEST(Allocator, MovesTransferOwnershipAndCountOnce) {
   Allocator allocator;
   auto a = allocator.Allocate(64, MemoryCategory::kOptimizer, Placement::kHost);
-  ASSERT_TRUE(a.ok());
+  ASSERT_THAT(a, IsOk());
   Buffer moved = std::move(*a);
   Buffer assigned;
   assigned = std::move(moved);
@@ -55,7 +62,7 @@ TEST(Allocator, CopiesShareOneTracker) {
   Allocator allocator;
   Allocator copy = allocator;
   auto buffer = copy.Allocate(128, MemoryCategory::kCommBuffers, Placement::kHost);
-  ASSERT_TRUE(buffer.ok());
+  ASSERT_THAT(buffer, IsOk());
   EXPECT_EQ(allocator.Stats().Current(MemoryCategory::kCommBuffers), 128);
 }
 
@@ -72,17 +79,16 @@ TEST(Allocator, BuffersMayOutliveTheirAllocator) {
 TEST(Allocator, RejectsBadSizesAndUnavailablePlacements) {
   Allocator allocator;
   auto negative = allocator.Allocate(-1, MemoryCategory::kParams, Placement::kHost);
-  EXPECT_EQ(negative.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(negative.status().message().find("params"), std::string::npos);
+  EXPECT_THAT(negative, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("params")));
   auto empty = allocator.Allocate(0, MemoryCategory::kParams, Placement::kHost);
-  ASSERT_TRUE(empty.ok());
+  ASSERT_THAT(empty, IsOk());
   EXPECT_EQ(empty->data(), nullptr);
   auto huge = allocator.Allocate(int64_t{1} << 62, MemoryCategory::kGathered, Placement::kHost);
-  EXPECT_EQ(huge.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(huge, StatusIs(absl::StatusCode::kResourceExhausted));
   EXPECT_EQ(allocator.Stats().total_current, 0);
   if (CudaDeviceCount() == 0) {
     auto device = allocator.Allocate(16, MemoryCategory::kParams, Placement::kDevice);
-    EXPECT_FALSE(device.ok());
+    EXPECT_THAT(device, Not(IsOk()));
     EXPECT_EQ(allocator.Stats().total_current, 0);
   }
 }
@@ -94,7 +100,7 @@ TEST(Allocator, ConcurrentRanksKeepExactTotals) {
     ranks.emplace_back([&allocator, r] {
       for (int i = 0; i < 500; ++i) {
         auto b = allocator.Allocate(8 * (r + 1), static_cast<MemoryCategory>(r), Placement::kHost);
-        ASSERT_TRUE(b.ok());
+        ASSERT_THAT(b, IsOk());
       }
     });
   }

@@ -15,8 +15,11 @@
 namespace zero {
 namespace {
 
+using ::testing::HasSubstr;
+using ::testing::Not;
 using testing::IsOk;
 using testing::RunOnRanks;
+using testing::StatusIs;
 using testing::ToyConfig;
 using testing::ToyOptions;
 
@@ -47,7 +50,7 @@ class CheckpointReaderTest : public ::testing::Test {
 
 TEST_F(CheckpointReaderTest, SaysWhatTheCheckpointHoldsAndReadsEachParamWhole) {
   auto reader = CheckpointReader::Open(dir_);
-  ASSERT_TRUE(reader.ok()) << reader.status();
+  ASSERT_THAT(reader, IsOk());
   CheckpointReader& r = **reader;
   EXPECT_EQ(r.format(), 3);
   EXPECT_EQ(r.world(), 3);
@@ -60,13 +63,13 @@ TEST_F(CheckpointReaderTest, SaysWhatTheCheckpointHoldsAndReadsEachParamWhole) {
   EXPECT_EQ(r.params()[0].shape, (std::vector<int64_t>{37, 13}));
   ASSERT_EQ(r.files().size(), 3u);
   for (const CheckpointReader::File& f : r.files()) {
-    EXPECT_TRUE(f.status.ok()) << f.path << ": " << f.status;
+    EXPECT_THAT(f.status, IsOk()) << f.path;
     EXPECT_GT(f.bytes, 0);
   }
-  EXPECT_TRUE(r.Verify().ok());
+  EXPECT_THAT(r.Verify(), IsOk());
   for (int p = 0; p < 4; ++p) {
     std::vector<float> values(r.params()[p].numel, -1e30f);
-    ASSERT_TRUE(r.ReadParam(p, values.data()).ok());
+    ASSERT_THAT(r.ReadParam(p, values.data()), IsOk());
     EXPECT_EQ(values, params_[p]) << r.params()[p].name;  // the fp32 master is the param
   }
 }
@@ -81,18 +84,15 @@ TEST_F(CheckpointReaderTest, VerifyNamesEveryDamagedOrMissingFile) {
   }
   std::filesystem::remove(dir_ + "/rank-2-of-3.bin");
   auto reader = CheckpointReader::Open(dir_);
-  ASSERT_TRUE(reader.ok()) << reader.status();  // meta.json is intact
-  EXPECT_TRUE((*reader)->files()[0].status.ok());
-  EXPECT_EQ((*reader)->files()[2].status.code(), absl::StatusCode::kDataLoss);
-  EXPECT_NE((*reader)->files()[2].status.message().find("missing"), std::string::npos);
-  const Status verified = (*reader)->Verify();
-  EXPECT_EQ(verified.code(), absl::StatusCode::kDataLoss) << verified;
-  EXPECT_EQ((*reader)->files()[1].status.code(), absl::StatusCode::kDataLoss);
-  EXPECT_NE((*reader)->files()[1].status.message().find("rank-1-of-3.bin"), std::string::npos);
-  EXPECT_TRUE((*reader)->files()[0].status.ok());
+  ASSERT_THAT(reader, IsOk());  // meta.json is intact
+  EXPECT_THAT((*reader)->files()[0].status, IsOk());
+  EXPECT_THAT((*reader)->files()[2].status, StatusIs(absl::StatusCode::kDataLoss, HasSubstr("missing")));
+  EXPECT_THAT((*reader)->Verify(), StatusIs(absl::StatusCode::kDataLoss));
+  EXPECT_THAT((*reader)->files()[1].status, StatusIs(absl::StatusCode::kDataLoss, HasSubstr("rank-1-of-3.bin")));
+  EXPECT_THAT((*reader)->files()[0].status, IsOk());
   std::vector<float> values(37 * 13);
-  EXPECT_EQ((*reader)->ReadParam(9, values.data()).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_FALSE(CheckpointReader::Open(dir_ + "-none").ok());
+  EXPECT_THAT((*reader)->ReadParam(9, values.data()), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(CheckpointReader::Open(dir_ + "-none"), Not(IsOk()));
 }
 
 }  // namespace

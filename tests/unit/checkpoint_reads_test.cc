@@ -38,13 +38,11 @@ class CheckpointReads : public ::testing::Test {
     o.steps = 3;
     o.save_dir = dir_;
     o.save_after = 2;
-    for (const Status& s : RunOnRanks(4, [&](int, comm::Communicator& c) -> Status {
-           ZERO_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(ToyConfig(2), c));
-           testing::ToyResult result;
-           return testing::TrainToy(*engine, o, &result);
-         })) {
-      ASSERT_TRUE(s.ok()) << s;
-    }
+    ASSERT_THAT(RunOnRanks(4, [&](int, comm::Communicator& c) -> Status {
+      ZERO_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(ToyConfig(2), c));
+      testing::ToyResult result;
+      return testing::TrainToy(*engine, o, &result);
+    }), ::testing::Each(IsOk()));
     for (int r = 0; r < 4; ++r) {
       total_ += static_cast<int64_t>(std::filesystem::file_size(dir_ + "/rank-" + std::to_string(r) + "-of-4.bin"));
     }

@@ -17,7 +17,11 @@
 namespace zero {
 namespace {
 
+using ::testing::AnyOf;
+using ::testing::Each;
+using ::testing::HasSubstr;
 using testing::IsOk;
+using testing::StatusIs;
 using testing::ToyConfig;
 using testing::ToyOptions;
 using testing::ToyResult;
@@ -71,7 +75,7 @@ TEST_F(Checkpoint, ResumesAtAnyWorldSizeAndStage) {
   for (const auto& [world, stage] : std::vector<std::pair<int, int>>{{1, 0}, {3, 1}, {4, 3}, {3, 2}}) {
     std::vector<Status> statuses;
     const ToyResult resumed = Train(world, ToyConfig(stage), Resume(), &statuses)[0];
-    for (const Status& s : statuses) ASSERT_TRUE(s.ok()) << "world " << world << " stage " << stage << ": " << s;
+    ASSERT_THAT(statuses, Each(IsOk())) << "world " << world << " stage " << stage;
     for (size_t i = 0; i < resumed.losses.size(); ++i) {
       EXPECT_NEAR(resumed.losses[i], full_.losses[10 + i], 1e-5 * full_.losses[10 + i])
           << "world " << world << " stage " << stage << " step " << 10 + i;
@@ -83,23 +87,20 @@ TEST_F(Checkpoint, ADifferentModelOrOptimizerIsAClearError) {
   auto group = comm::CreateLocalGroup(1);
   {
     auto engine = Engine::Create(ToyConfig(2), *(*group)[0]);
-    ASSERT_TRUE(engine.ok());
-    ASSERT_TRUE((*engine)->RegisterParam({"fc1.weight", {37, 14}}).ok());  // 14, not 13
-    ASSERT_TRUE((*engine)->Finalize().ok());
-    const Status s = (*engine)->LoadCheckpoint(dir_);
-    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_NE(s.message().find("fc1.weight"), std::string::npos) << s;
+    ASSERT_THAT(engine, IsOk());
+    ASSERT_THAT((*engine)->RegisterParam({"fc1.weight", {37, 14}}), IsOk());  // 14, not 13
+    ASSERT_THAT((*engine)->Finalize(), IsOk());
+    EXPECT_THAT((*engine)->LoadCheckpoint(dir_), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("fc1.weight")));
   }
   Config sgd = ToyConfig(2);
   sgd.optimizer.type = OptimizerType::kSgd;
   ToyOptions o = Resume();
   std::vector<Status> statuses;
   Train(1, sgd, o, &statuses);
-  EXPECT_EQ(statuses[0].code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(statuses[0].message().find("moment"), std::string::npos) << statuses[0];
+  EXPECT_THAT(statuses[0], StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("moment")));
   o.load_dir = dir_ + "-missing";
   Train(1, ToyConfig(2), o, &statuses);
-  EXPECT_EQ(statuses[0].code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(statuses[0], StatusIs(absl::StatusCode::kNotFound));
 }
 
 // An engine with the toy model registered (the checkpoint's model), and its params' values.
@@ -112,24 +113,25 @@ LoadedToy ToyEngine(const std::string& dir_to_load) {
   auto group = comm::CreateLocalGroup(1);
   LoadedToy toy{std::move((*group)[0]), nullptr};
   auto engine = Engine::Create(ToyConfig(2), *toy.comm);
-  EXPECT_TRUE(engine.ok()) << engine.status();
+  EXPECT_THAT(engine, IsOk());
   toy.engine = std::move(*engine);
   const std::vector<std::pair<const char*, std::vector<int64_t>>> specs = {
       {"fc1.weight", {37, 13}}, {"fc1.bias", {37}}, {"fc2.weight", {5, 37}}, {"fc2.bias", {5}}};
   for (size_t p = 0; p < specs.size(); ++p) {
-    EXPECT_TRUE(toy.engine->RegisterParam({specs[p].first, specs[p].second, DType::kFP32, true, 0,
-                                           static_cast<int>(p / 2)}).ok());
+    EXPECT_THAT(toy.engine->RegisterParam({specs[p].first, specs[p].second, DType::kFP32, true, 0,
+                                           static_cast<int>(p / 2)}),
+                IsOk());
   }
-  EXPECT_TRUE(toy.engine->Finalize().ok());
+  EXPECT_THAT(toy.engine->Finalize(), IsOk());
   if (!dir_to_load.empty()) {
-    EXPECT_TRUE(toy.engine->LoadCheckpoint(dir_to_load).ok());
+    EXPECT_THAT(toy.engine->LoadCheckpoint(dir_to_load), IsOk());
   }
   return toy;
 }
 
 std::vector<float> Param0(Engine& engine) {
   std::vector<float> values(13 * 37);
-  EXPECT_TRUE(engine.GetParam(0, values.data()).ok());
+  EXPECT_THAT(engine.GetParam(0, values.data()), IsOk());
   return values;
 }
 
@@ -158,10 +160,10 @@ TEST_F(Checkpoint, DamageAnywhereIsAnErrorNamingTheFileAndLoadsNothing) {
     std::filesystem::remove_all(copy);
     std::filesystem::copy(dir_, copy);
     FlipByte(victim, at);
-    const Status s = toy.engine->LoadCheckpoint(copy);
-    EXPECT_TRUE(s.code() == absl::StatusCode::kDataLoss || s.code() == absl::StatusCode::kInvalidArgument)
-        << "byte " << at << ": " << s;
-    EXPECT_NE(s.message().find("rank-1-of-2.bin"), std::string::npos) << "byte " << at << ": " << s;
+    EXPECT_THAT(toy.engine->LoadCheckpoint(copy),
+                AnyOf(StatusIs(absl::StatusCode::kDataLoss, HasSubstr("rank-1-of-2.bin")),
+                      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("rank-1-of-2.bin"))))
+        << "byte " << at;
     EXPECT_EQ(Param0(*toy.engine), before) << "byte " << at << ": half loaded";
   }
   // Truncated at several lengths, or with bytes appended.
@@ -170,16 +172,13 @@ TEST_F(Checkpoint, DamageAnywhereIsAnErrorNamingTheFileAndLoadsNothing) {
     std::filesystem::remove_all(copy);
     std::filesystem::copy(dir_, copy);
     std::filesystem::resize_file(victim, static_cast<uintmax_t>(length));
-    const Status s = toy.engine->LoadCheckpoint(copy);
-    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << "length " << length << ": " << s;
-    EXPECT_NE(s.message().find("rank-1-of-2.bin"), std::string::npos) << "length " << length << ": " << s;
+    EXPECT_THAT(toy.engine->LoadCheckpoint(copy), StatusIs(absl::StatusCode::kDataLoss, HasSubstr("rank-1-of-2.bin")))
+        << "length " << length;
     EXPECT_EQ(Param0(*toy.engine), before) << "length " << length << ": half loaded";
   }
   // A rank file missing.
   std::filesystem::remove(victim);
-  const Status s = toy.engine->LoadCheckpoint(copy);
-  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
-  EXPECT_NE(s.message().find("missing"), std::string::npos) << s;
+  EXPECT_THAT(toy.engine->LoadCheckpoint(copy), StatusIs(absl::StatusCode::kDataLoss, HasSubstr("missing")));
   std::filesystem::remove_all(copy);
 }
 
@@ -209,9 +208,8 @@ TEST_F(Checkpoint, ADamagedMetaFieldIsNamedNeverThrown) {
     }
     meta.replace(start, end - start, " " + value);
     std::ofstream(copy + "/meta.json") << meta;
-    const Status s = toy.engine->LoadCheckpoint(copy);
-    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << field << ": " << s;
-    EXPECT_NE(s.message().find(field), std::string::npos) << field << ": " << s;
+    EXPECT_THAT(toy.engine->LoadCheckpoint(copy), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(field)))
+        << field;
   }
   std::filesystem::remove_all(copy);
 }
@@ -226,20 +224,18 @@ TEST_F(Checkpoint, AnUnfinishedSaveNeverHidesTheLastCheckpoint) {
   // The next save replaces both, and a trailing slash names the same checkpoint; the
   // trainer's state goes with it.
   toy.engine->set_checkpoint_user_data(R"({"epoch": 3, "sample": 1200})");
-  ASSERT_TRUE(toy.engine->SaveCheckpoint(dir_ + "/").ok());
+  ASSERT_THAT(toy.engine->SaveCheckpoint(dir_ + "/"), IsOk());
   toy.engine->set_checkpoint_user_data("");
   EXPECT_FALSE(std::filesystem::exists(dir_ + ".partial"));
   EXPECT_TRUE(std::filesystem::exists(dir_ + "/rank-0-of-1.bin"));
   EXPECT_FALSE(std::filesystem::exists(dir_ + "/rank-1-of-2.bin"));  // the old files went with it
-  ASSERT_TRUE(toy.engine->LoadCheckpoint(dir_).ok());
+  ASSERT_THAT(toy.engine->LoadCheckpoint(dir_), IsOk());
   EXPECT_EQ(Param0(*toy.engine), saved);
   EXPECT_EQ(toy.engine->checkpoint_user_data(), R"({"epoch": 3, "sample": 1200})");
   // No DIR, only DIR.partial: said so.
   std::filesystem::remove_all(dir_);
   std::filesystem::create_directories(dir_ + ".partial");
-  const Status s = toy.engine->LoadCheckpoint(dir_);
-  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
-  EXPECT_NE(s.message().find("did not finish"), std::string::npos) << s;
+  EXPECT_THAT(toy.engine->LoadCheckpoint(dir_), StatusIs(absl::StatusCode::kNotFound, HasSubstr("did not finish")));
   std::filesystem::remove_all(dir_ + ".partial");
 }
 

@@ -13,12 +13,21 @@
 #include "absl/strings/str_cat.h"
 #include "tests/engine/run_on_ranks.h"
 #include "tests/engine/toy_trainer.h"
+#include "tests/status_matchers.h"
 #include "zero/communicator.h"
 #include "zero/config.h"
 #include "zero/engine.h"
 
 namespace zero {
 namespace {
+
+using ::testing::AllOf;
+using ::testing::AllOfArray;
+using ::testing::Each;
+using ::testing::HasSubstr;
+using ::testing::Not;
+using testing::IsOk;
+using testing::StatusIs;
 
 struct Rejected {
   std::string json;
@@ -31,12 +40,10 @@ class ConfigRejects : public ::testing::TestWithParam<Rejected> {};
 TEST_P(ConfigRejects, NamingTheKeyAndQuotingTheValue) {
   const Rejected& c = GetParam();
   const StatusOr<Config> config = Config::FromJson(c.json);
-  ASSERT_FALSE(config.ok()) << c.json << " was accepted";
-  const Status& status = config.status();
-  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
-  const std::string message(status.message());
-  EXPECT_NE(message.find("config key \"" + c.key + "\""), std::string::npos) << message;
-  EXPECT_NE(message.find(c.quoted), std::string::npos) << message;
+  ASSERT_THAT(config, Not(IsOk())) << c.json << " was accepted";
+  EXPECT_THAT(config, StatusIs(absl::StatusCode::kInvalidArgument,
+                               AllOf(HasSubstr("config key \"" + c.key + "\""), HasSubstr(c.quoted))));
+  const std::string message(config.status().message());
   EXPECT_EQ(message.find("e+09"), std::string::npos) << "a converted value instead of the given one: " << message;
 }
 
@@ -97,10 +104,8 @@ INSTANTIATE_TEST_SUITE_P(
 
 TEST(ConfigJson, TextThatIsNotJsonSaysWhere) {
   const StatusOr<Config> config = Config::FromJson("{\"stage\": 2,\n \"device\": cpu}");
-  ASSERT_FALSE(config.ok());
-  EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(config.status().message().find("not valid JSON"), std::string::npos) << config.status();
-  EXPECT_NE(config.status().message().find("line 2"), std::string::npos) << config.status();
+  EXPECT_THAT(config,
+              StatusIs(absl::StatusCode::kInvalidArgument, AllOf(HasSubstr("not valid JSON"), HasSubstr("line 2"))));
 }
 
 TEST(ConfigJson, AcceptsTheEdgesOfEveryRange) {
@@ -113,14 +118,14 @@ TEST(ConfigJson, AcceptsTheEdgesOfEveryRange) {
       "gradient_accumulation_steps": 2147483647, "clip_grad_norm": 3.4028234e38,
       "loss_scale": {"initial_power": 64, "window": 1, "hysteresis": 1, "min": 1.8446744073709552e19},
       "guard": {"timeout_s": 604800, "replica_check_every": 0}})");
-  ASSERT_TRUE(config.ok()) << config.status();
+  ASSERT_THAT(config, IsOk());
   EXPECT_EQ(config->stage, 3);
   EXPECT_EQ(config->buckets.reduce_bucket_elems, int64_t{1'000'000'000'000'000});
   EXPECT_FLOAT_EQ(config->optimizer.beta2, 0.99999994f);
   EXPECT_DOUBLE_EQ(config->guard.timeout_s, 604800);
   const StatusOr<Config> smallest = Config::FromJson(
       R"({"optimizer": {"lr": 1.17549435e-38, "eps": 1.17549435e-38, "weight_decay": 0}, "guard": {"timeout_s": 0}})");
-  ASSERT_TRUE(smallest.ok()) << smallest.status();
+  ASSERT_THAT(smallest, IsOk());
   EXPECT_EQ(smallest->optimizer.lr, std::numeric_limits<float>::min());
 }
 
@@ -147,11 +152,10 @@ TEST(ConfigValidate, RejectsNonFiniteAndSubnormalValuesNamingTheKey) {
   for (const Case& c : cases) {
     Config config;
     c.set(config);
-    const Status status = config.Validate();
-    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << c.key << ": " << status;
-    EXPECT_NE(status.message().find("\"" + c.key + "\""), std::string::npos) << status;
+    EXPECT_THAT(config.Validate(), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("\"" + c.key + "\"")))
+        << c.key;
   }
-  EXPECT_TRUE(Config().Validate().ok());
+  EXPECT_THAT(Config().Validate(), IsOk());
 }
 
 // Trains the toy model a few steps on two in-process ranks; every rank's status.
@@ -186,8 +190,8 @@ TEST(ConfigSteps, EveryAcceptedConfigSteps) {
   for (const std::string& json : configs) {
     SCOPED_TRACE(json);
     const StatusOr<Config> config = Config::FromJson(json);
-    ASSERT_TRUE(config.ok()) << config.status();
-    for (const Status& status : TrainTwoRanks(*config)) EXPECT_TRUE(status.ok()) << status;
+    ASSERT_THAT(config, IsOk());
+    EXPECT_THAT(TrainTwoRanks(*config), Each(IsOk()));
   }
 }
 
@@ -205,12 +209,10 @@ std::vector<Status> FinalizeOnRanks(const std::vector<std::vector<ParamSpec>>& s
 }
 
 void ExpectEveryRankSays(const std::vector<Status>& statuses, const std::vector<std::string>& parts) {
+  std::vector<::testing::Matcher<std::string>> says;
+  for (const std::string& part : parts) says.push_back(HasSubstr(part));
   for (size_t r = 0; r < statuses.size(); ++r) {
-    EXPECT_EQ(statuses[r].code(), absl::StatusCode::kInvalidArgument) << "rank " << r << ": " << statuses[r];
-    for (const std::string& part : parts) {
-      EXPECT_NE(statuses[r].message().find(part), std::string::npos) << "rank " << r << " lacks " << part << ": "
-                                                                      << statuses[r];
-    }
+    EXPECT_THAT(statuses[r], StatusIs(absl::StatusCode::kInvalidArgument, AllOfArray(says))) << "rank " << r;
   }
 }
 
@@ -253,13 +255,13 @@ TEST(RegistryMismatch, DifferentStagesAreNamed) {
 
 TEST(RegistryMismatch, AgreeingRanksFinalize) {
   const ParamSpec a{"a", {4}}, b{"b", {3, 5}};
-  for (const Status& status : FinalizeOnRanks({{a, b}, {a, b}, {a, b}})) EXPECT_TRUE(status.ok()) << status;
+  EXPECT_THAT(FinalizeOnRanks({{a, b}, {a, b}, {a, b}}), Each(IsOk()));
 }
 
 TEST(ConfigJson, RoundTripAndErrorsNameTheKey) {
   auto config = Config::FromJson(R"({"stage": 1, "optimizer": {"type": "sgd", "lr": 0.1,
       "momentum": 0.9}, "buckets": {"reduce_bucket_elems": 1000}, "guard": {"timeout_s": 5}})");
-  ASSERT_TRUE(config.ok()) << config.status();
+  ASSERT_THAT(config, IsOk());
   EXPECT_EQ(config->stage, 1);
   EXPECT_EQ(config->optimizer.type, OptimizerType::kSgd);
   EXPECT_FLOAT_EQ(config->optimizer.momentum, 0.9f);
@@ -272,7 +274,7 @@ TEST(ConfigJson, RoundTripAndErrorsNameTheKey) {
   EXPECT_NE(type.status().message().find("optimizer.lr"), std::string::npos) << type.status();
   auto choice = Config::FromJson(R"({"optimizer": {"type": "adagrad"}})");
   EXPECT_NE(choice.status().message().find("adagrad"), std::string::npos) << choice.status();
-  EXPECT_FALSE(Config::FromJson("{not json").ok());
+  EXPECT_THAT(Config::FromJson("{not json"), Not(IsOk()));
 }
 
 }  // namespace

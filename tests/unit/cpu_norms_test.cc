@@ -8,12 +8,17 @@
 #include <random>
 
 #include "kernels/cpu/norms.h"
+#include "tests/status_matchers.h"
 #include "tests/unit/kernel_test_util.h"
 #include "zero/dtype.h"
 
 namespace zero::kernels {
 namespace {
 
+using ::testing::HasSubstr;
+using ::testing::Not;
+using testing::IsOk;
+using testing::StatusIs;
 using testing::SupportedIsas;
 using testing::ToLowPrecision;
 
@@ -70,7 +75,7 @@ TEST(CpuNorms, MatchFloat64ReferencePerSpanAndTotal) {
       for (const Data& d : data) spans.push_back(d.Span());
       std::vector<double> per_span;
       auto total = Norms(spans, dtype, &per_span, CpuExec{isa, 0});
-      ASSERT_TRUE(total.ok()) << total.status();
+      ASSERT_THAT(total, IsOk());
       double want_total = 0;
       for (size_t s = 0; s < data.size(); ++s) {
         double want = 0;
@@ -96,7 +101,7 @@ TEST(CpuNorms, DetectInfAndNanAnywhere) {
           d.Set(position, bad);
           std::vector<double> per_span;
           auto total = Norms({d.Span()}, dtype, &per_span, CpuExec{isa, 0});
-          ASSERT_TRUE(total.ok());
+          ASSERT_THAT(total, IsOk());
           EXPECT_TRUE(total->nonfinite) << base::CpuIsaName(isa) << " " << DTypeName(dtype)
                                         << " at " << position << " value " << bad;
         }
@@ -122,7 +127,7 @@ TEST(CpuNorms, BitIdenticalForAnyThreadCount) {
     for (int threads : {1, 2, 3, 5, 8}) {
       std::vector<double> per_span;
       auto total = Norms({a.Span(), b.Span()}, DType::kFP32, &per_span, CpuExec{isa, threads});
-      ASSERT_TRUE(total.ok());
+      ASSERT_THAT(total, IsOk());
       if (threads == 1) {
         first = total->sq_norm;
         first_spans = per_span;
@@ -138,16 +143,15 @@ TEST(CpuNorms, WorkspaceProtocolAndErrors) {
   std::mt19937_64 rng(4);
   Data d(40000, DType::kFP32, rng);
   size_t bytes = 0;
-  ASSERT_TRUE(SquaredNormsCpu(nullptr, &bytes, {d.Span()}, DType::kFP32, {}, nullptr, {}).ok());
+  ASSERT_THAT(SquaredNormsCpu(nullptr, &bytes, {d.Span()}, DType::kFP32, {}, nullptr, {}), IsOk());
   EXPECT_EQ(bytes, 3 * sizeof(double));  // 40000 elements = 3 chunks of 16384
   std::vector<char> small(bytes - 1);
   size_t small_bytes = small.size();
   NormResult total;
-  Status s = SquaredNormsCpu(small.data(), &small_bytes, {d.Span()}, DType::kFP32, {}, &total, {});
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(s.message().find("workspace"), std::string::npos);
+  EXPECT_THAT(SquaredNormsCpu(small.data(), &small_bytes, {d.Span()}, DType::kFP32, {}, &total, {}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("workspace")));
   const ConstSpan null_span = {nullptr, 5};
-  EXPECT_FALSE(SquaredNormsCpu(nullptr, &bytes, {null_span}, DType::kFP32, {}, nullptr, {}).ok());
+  EXPECT_THAT(SquaredNormsCpu(nullptr, &bytes, {null_span}, DType::kFP32, {}, nullptr, {}), Not(IsOk()));
 }
 
 }  // namespace

@@ -10,15 +10,20 @@
 
 #include "kernels/cpu/norms.h"
 #include "kernels/cpu/optimizers.h"
+#include "tests/status_matchers.h"
 #include "tests/unit/kernel_test_util.h"
 
 namespace zero::kernels {
 namespace {
 
+using ::testing::AllOf;
+using ::testing::HasSubstr;
 using testing::AllTypeCombinations;
 using testing::Describe;
+using testing::IsOk;
 using testing::OddSizes;
 using testing::SegmentStorage;
+using testing::StatusIs;
 using testing::SupportedIsas;
 using testing::AdamReference;
 using testing::SgdReference;
@@ -56,7 +61,7 @@ void CheckAgainstReference(const RunFn& run, const ReferenceFn& reference, bool 
         storage.emplace_back(3, types, rng);
         const std::vector<SegmentStorage> before = storage;
         std::vector<Segment> segments = {storage[0].View(), storage[1].View()};
-        ASSERT_TRUE(run(types, segments, CpuExec{isa, 0}).ok()) << where;
+        ASSERT_THAT(run(types, segments, CpuExec{isa, 0}), IsOk()) << where;
         for (size_t s = 0; s < storage.size(); ++s) {
           const SegmentStorage& got = storage[s];
           const SegmentStorage& init = before[s];
@@ -205,7 +210,7 @@ TEST(CpuLamb, FullStepMatchesFloat64Reference) {
         SegmentStorage got(numel, types, rng);
         const SegmentStorage init = got;
         const std::vector<Segment> segments = {got.View()};
-        ASSERT_TRUE(run(types, segments, CpuExec{isa, 0}).ok()) << where;
+        ASSERT_THAT(run(types, segments, CpuExec{isa, 0}), IsOk()) << where;
         const testing::LambExpected want = testing::LambReference(h, init, types.grad);
         for (int64_t i = 0; i < numel; ++i) {
           ExpectNear(got.master[i], want.weight[i], 5e-7, "weight", i, where);
@@ -247,11 +252,11 @@ TEST(CpuOptimizers, SkipFlagModifiesNothing) {
     lion.common.skip = &skip;
     LambHyper lamb;
     lamb.common.skip = &skip;
-    ASSERT_TRUE(AdamStepCpu(adam, types, segments, {}).ok());
-    ASSERT_TRUE(SgdStepCpu(sgd, types, segments, {}).ok());
-    ASSERT_TRUE(LionStepCpu(lion, types, segments, {}).ok());
-    ASSERT_TRUE(LambUpdateCpu(lamb, types, segments, updates, {}).ok());
-    ASSERT_TRUE(LambApplyCpu(lamb, types.param, segments, const_updates, ratios, {}).ok());
+    ASSERT_THAT(AdamStepCpu(adam, types, segments, {}), IsOk());
+    ASSERT_THAT(SgdStepCpu(sgd, types, segments, {}), IsOk());
+    ASSERT_THAT(LionStepCpu(lion, types, segments, {}), IsOk());
+    ASSERT_THAT(LambUpdateCpu(lamb, types, segments, updates, {}), IsOk());
+    ASSERT_THAT(LambApplyCpu(lamb, types.param, segments, const_updates, ratios, {}), IsOk());
     EXPECT_EQ(storage.master, before.master);
     EXPECT_EQ(storage.state0, before.state0);
     EXPECT_EQ(storage.state1, before.state1);
@@ -270,7 +275,7 @@ TEST(CpuOptimizers, BitIdenticalAcrossThreadCounts) {
       std::mt19937_64 rng(5);
       SegmentStorage storage(1000003, types, rng);
       const std::vector<Segment> segments = {storage.View()};
-      ASSERT_TRUE(AdamStepCpu(h, types, segments, CpuExec{isa, threads}).ok());
+      ASSERT_THAT(AdamStepCpu(h, types, segments, CpuExec{isa, threads}), IsOk());
       if (reference_master.empty()) {
         reference_master = storage.master;
       } else {
@@ -291,29 +296,27 @@ TEST(CpuOptimizers, BadArgumentsAreClearErrorsAndTouchNothing) {
 
   Segment no_grad = segment;
   no_grad.grad = nullptr;
-  Status s = AdamStepCpu(h, {}, {no_grad}, {});
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(s.message().find("segment 0"), std::string::npos) << s;
-  EXPECT_NE(s.message().find("grad"), std::string::npos) << s;
+  EXPECT_THAT(AdamStepCpu(h, {}, {no_grad}, {}),
+              StatusIs(absl::StatusCode::kInvalidArgument, AllOf(HasSubstr("segment 0"), HasSubstr("grad"))));
 
   AdamHyper bad_beta = h;
   bad_beta.beta1 = 1.0f;
-  s = AdamStepCpu(bad_beta, {}, {segment}, {});
+  Status s = AdamStepCpu(bad_beta, {}, {segment}, {});
   EXPECT_NE(s.message().find("beta1"), std::string::npos) << s;
 
   AdamHyper bad_step = h;
   bad_step.step = 0;
-  EXPECT_NE(AdamStepCpu(bad_step, {}, {segment}, {}).message().find("step"), std::string::npos);
+  EXPECT_THAT(std::string(AdamStepCpu(bad_step, {}, {segment}, {}).message()), HasSubstr("step"));
 
   s = AdamStepCpu(h, {DType::kBF16, DType::kFP32}, {segment}, {});
   EXPECT_NE(s.message().find("model_param"), std::string::npos) << s;
 
   SgdHyper nesterov;
   nesterov.nesterov = true;
-  EXPECT_EQ(SgdStepCpu(nesterov, {}, {segment}, {}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(SgdStepCpu(nesterov, {}, {segment}, {}), StatusIs(absl::StatusCode::kInvalidArgument));
 
-  EXPECT_EQ(AdamStepCpu(h, {}, {segment}, CpuExec{base::CpuIsa::kScalar, -1}).code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(AdamStepCpu(h, {}, {segment}, CpuExec{base::CpuIsa::kScalar, -1}),
+              StatusIs(absl::StatusCode::kInvalidArgument));
 
   EXPECT_EQ(storage.master, before.master);
   EXPECT_EQ(storage.state0, before.state0);

@@ -12,12 +12,16 @@
 #include "tests/engine/faulty_communicator.h"
 #include "tests/engine/run_on_ranks.h"
 #include "tests/engine/toy_trainer.h"
+#include "tests/status_matchers.h"
 #include "zero/communicator.h"
 #include "zero/engine.h"
 
 namespace zero {
 namespace {
 
+using ::testing::Matcher;
+using ::testing::Not;
+using testing::IsOk;
 using Clock = std::chrono::steady_clock;
 
 struct RankOutcome {
@@ -47,7 +51,7 @@ TEST(EngineFailures, RandomDelaysTimeoutsAndFailuresLeaveEveryRankInTheSameState
       testing::FaultyCommunicator comm(local, rank_seeds[r], 0.3, failure_probability);
       RankOutcome& out = outcomes[r];
       auto engine = Engine::Create(config, comm);
-      ASSERT_TRUE(engine.ok()) << engine.status();
+      ASSERT_THAT(engine, IsOk());
       testing::ToyResult result;
       out.trained = testing::TrainToy(**engine, options, &result);
       out.steps = result.infos.size();
@@ -67,11 +71,11 @@ TEST(EngineFailures, RandomDelaysTimeoutsAndFailuresLeaveEveryRankInTheSameState
       const RankOutcome& out = outcomes[r];
       SCOPED_TRACE(::testing::Message() << "round " << round << ", stage " << stage << ", " << world
                                         << " ranks, timeout " << config.guard.timeout_s << " s, rank " << r);
-      EXPECT_EQ(out.trained.ok(), !any_failed) << out.trained;
+      EXPECT_THAT(out.trained, any_failed ? Matcher<const Status&>(Not(IsOk())) : IsOk());
       EXPECT_EQ(out.steps, outcomes[0].steps) << "a rank completed a step another did not";
       EXPECT_LT(out.destroy_s, 1.0) << "destroying the engine blocked";
       if (!any_failed) continue;
-      EXPECT_FALSE(out.next_call.ok());
+      EXPECT_THAT(out.next_call, Not(IsOk()));
       EXPECT_NE(out.next_call.message().find("broken"), std::string::npos) << out.next_call;
       EXPECT_LT(out.next_call_s, 0.5) << "the next call did not fail fast";
     }

@@ -4,12 +4,15 @@
 
 #include "tests/engine/run_on_ranks.h"
 #include "tests/engine/toy_trainer.h"
+#include "tests/status_matchers.h"
 #include "zero/communicator.h"
 #include "zero/engine.h"
 
 namespace zero {
 namespace {
 
+using ::testing::Each;
+using testing::IsOk;
 using testing::RunOnRanks;
 using testing::ToyConfig;
 
@@ -24,17 +27,15 @@ TEST(EngineMemory, MatchesTheZeroPaperTableWithinTwoPercent) {
     config.buckets.first_bucket_elems = config.buckets.reduce_bucket_elems = 2'200'000;
     config.buckets.pool_buffers = 2;
     std::vector<MemoryStats> stats(kWorld);
-    for (const Status& s : RunOnRanks(kWorld, [&](int r, comm::Communicator& comm) -> Status {
-           ZERO_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(config, comm));
-           for (int l = 0; l < 8; ++l) {
-             ZERO_RETURN_IF_ERROR(engine->RegisterParam({"layer" + std::to_string(l), layer, DType::kBF16}).status());
-           }
-           ZERO_RETURN_IF_ERROR(engine->Finalize());
-           stats[r] = engine->GetMemoryStats();
-           return absl::OkStatus();
-         })) {
-      ASSERT_TRUE(s.ok()) << s;
-    }
+    ASSERT_THAT(RunOnRanks(kWorld, [&](int r, comm::Communicator& comm) -> Status {
+      ZERO_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(config, comm));
+      for (int l = 0; l < 8; ++l) {
+        ZERO_RETURN_IF_ERROR(engine->RegisterParam({"layer" + std::to_string(l), layer, DType::kBF16}).status());
+      }
+      ZERO_RETURN_IF_ERROR(engine->Finalize());
+      stats[r] = engine->GetMemoryStats();
+      return absl::OkStatus();
+    }), Each(IsOk()));
     const double psi = 8.0 * 1024 * 1024, n = kWorld;
     const MemoryStats& m = stats[0];
     const double params = m.Current(MemoryCategory::kParams), grads = m.Current(MemoryCategory::kGrads),

@@ -3,64 +3,64 @@
 #include <gtest/gtest.h>
 
 #include "tests/engine/toy_trainer.h"
+#include "tests/status_matchers.h"
 #include "zero/communicator.h"
 #include "zero/engine.h"
 
 namespace zero {
 namespace {
 
+using ::testing::HasSubstr;
+using testing::IsOk;
+using testing::StatusIs;
 using testing::ToyConfig;
 
 TEST(EngineProtocol, CallsOutOfOrderAreClearErrorsAndLoseNothing) {
   auto group = comm::CreateLocalGroup(1);
   auto engine = Engine::Create(ToyConfig(2), *(*group)[0]);
-  ASSERT_TRUE(engine.ok());
+  ASSERT_THAT(engine, IsOk());
   Engine& e = **engine;
-  EXPECT_EQ(e.Step().status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ(e.BeginIteration().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(e.Step(), StatusIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_THAT(e.BeginIteration(), StatusIs(absl::StatusCode::kFailedPrecondition));
   const ParamId a = *e.RegisterParam({"a", {10}});
   const ParamId b = *e.RegisterParam({"b", {3, 3}});
-  EXPECT_EQ(e.RegisterParam({"a", {4}}).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(e.RegisterParam({"bad", {0}}).status().code(), absl::StatusCode::kInvalidArgument);
-  const Status integer = e.RegisterParam({"counter", {4}, DType::kInt64, false}).status();
-  EXPECT_EQ(integer.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(integer.message().find("int64"), std::string::npos) << integer;
-  ASSERT_TRUE(e.Finalize().ok());
-  EXPECT_EQ(e.RegisterParam({"late", {4}}).status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ(e.GradReady(a).code(), absl::StatusCode::kFailedPrecondition);  // before BeginIteration
-  EXPECT_EQ(e.Step().status().code(), absl::StatusCode::kFailedPrecondition);
-  ASSERT_TRUE(e.BeginIteration().ok());
-  EXPECT_EQ(e.GradReady(99).code(), absl::StatusCode::kInvalidArgument);
-  ASSERT_TRUE(e.GradReady(a).ok());
+  EXPECT_THAT(e.RegisterParam({"a", {4}}), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(e.RegisterParam({"bad", {0}}), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(e.RegisterParam({"counter", {4}, DType::kInt64, false}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("int64")));
+  ASSERT_THAT(e.Finalize(), IsOk());
+  EXPECT_THAT(e.RegisterParam({"late", {4}}), StatusIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_THAT(e.GradReady(a), StatusIs(absl::StatusCode::kFailedPrecondition));  // before BeginIteration
+  EXPECT_THAT(e.Step(), StatusIs(absl::StatusCode::kFailedPrecondition));
+  ASSERT_THAT(e.BeginIteration(), IsOk());
+  EXPECT_THAT(e.GradReady(99), StatusIs(absl::StatusCode::kInvalidArgument));
+  ASSERT_THAT(e.GradReady(a), IsOk());
   const Status twice = e.GradReady(a);
   EXPECT_TRUE(IsDuplicateGradient(twice)) << twice;
   EXPECT_NE(twice.message().find("\"a\""), std::string::npos) << twice;
-  const Status begun = e.BeginIteration();
-  EXPECT_EQ(begun.code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_NE(begun.message().find("\"b\""), std::string::npos) << begun;  // the param it waits for
+  EXPECT_THAT(e.BeginIteration(),  // names the param it waits for
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("\"b\"")));
   const Status unused = e.EndBackward();
   EXPECT_TRUE(IsUnusedParameters(unused)) << unused;
   EXPECT_NE(unused.message().find("\"b\" (index 1)"), std::string::npos) << unused;
   // Recoverable: mark the missing param and finish.
-  ASSERT_TRUE(e.GradReady(b).ok());
-  ASSERT_TRUE(e.EndBackward().ok());
-  EXPECT_TRUE(e.Step().ok());
+  ASSERT_THAT(e.GradReady(b), IsOk());
+  ASSERT_THAT(e.EndBackward(), IsOk());
+  EXPECT_THAT(e.Step(), IsOk());
 }
 
 TEST(EngineProtocol, SetStreamIsForCudaEnginesAndOutsideIterations) {
   auto group = comm::CreateLocalGroup(1);
   auto engine = Engine::Create(ToyConfig(1), *(*group)[0]);
-  ASSERT_TRUE(engine.ok());
+  ASSERT_THAT(engine, IsOk());
   Engine& e = **engine;
-  ASSERT_TRUE(e.RegisterParam({"a", {4}}).ok());
-  ASSERT_TRUE(e.Finalize().ok());
-  EXPECT_TRUE(e.SetStream(nullptr).ok());
+  ASSERT_THAT(e.RegisterParam({"a", {4}}), IsOk());
+  ASSERT_THAT(e.Finalize(), IsOk());
+  EXPECT_THAT(e.SetStream(nullptr), IsOk());
   int not_a_stream = 0;
-  const Status cpu = e.SetStream(&not_a_stream);
-  EXPECT_EQ(cpu.code(), absl::StatusCode::kInvalidArgument) << cpu;
-  EXPECT_NE(cpu.message().find("\"cuda\""), std::string::npos) << cpu;
-  ASSERT_TRUE(e.BeginIteration().ok());
-  EXPECT_EQ(e.SetStream(nullptr).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(e.SetStream(&not_a_stream), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("\"cuda\"")));
+  ASSERT_THAT(e.BeginIteration(), IsOk());
+  EXPECT_THAT(e.SetStream(nullptr), StatusIs(absl::StatusCode::kFailedPrecondition));
 }
 
 }  // namespace

@@ -6,12 +6,14 @@
 
 #include "tests/engine/run_on_ranks.h"
 #include "tests/engine/toy_trainer.h"
+#include "tests/status_matchers.h"
 #include "zero/communicator.h"
 #include "zero/engine.h"
 
 namespace zero {
 namespace {
 
+using testing::IsOk;
 using testing::RunOnRanks;
 using testing::ToyConfig;
 
@@ -23,34 +25,34 @@ TEST(EngineStep, LossScalingSkipsOverflowAndClippingBoundsTheNorm) {
       config.loss_scale.hysteresis = 1;
       config.clip_grad_norm = 0.5f;
       auto engine = Engine::Create(config, comm);
-      ASSERT_TRUE(engine.ok());
+      ASSERT_THAT(engine, IsOk());
       const ParamId id = *(*engine)->RegisterParam({"w", {1000}});
-      ASSERT_TRUE((*engine)->Finalize().ok());
+      ASSERT_THAT((*engine)->Finalize(), IsOk());
       std::vector<float> init(1000, 1.0f), after(1000);
-      ASSERT_TRUE((*engine)->SetParam(id, init.data()).ok());
+      ASSERT_THAT((*engine)->SetParam(id, init.data()), IsOk());
       // Step 1: rank 1 has an Inf → skipped everywhere, scale halves, params untouched.
       std::vector<float> grad(1000, 16.0f);  // 16 × scale 16 … unscaled 1.0 per element
       if (r == 1) grad[999] = INFINITY;
-      ASSERT_TRUE((*engine)->BeginIteration().ok());
-      ASSERT_TRUE((*engine)->AccumulateGrad(id, grad.data()).ok());
-      ASSERT_TRUE((*engine)->EndBackward().ok());
+      ASSERT_THAT((*engine)->BeginIteration(), IsOk());
+      ASSERT_THAT((*engine)->AccumulateGrad(id, grad.data()), IsOk());
+      ASSERT_THAT((*engine)->EndBackward(), IsOk());
       auto info = (*engine)->Step();
-      ASSERT_TRUE(info.ok());
+      ASSERT_THAT(info, IsOk());
       EXPECT_TRUE(info->skipped);
       EXPECT_EQ(info->loss_scale, 8.0f);
-      ASSERT_TRUE((*engine)->GetParam(id, after.data()).ok());
+      ASSERT_THAT((*engine)->GetParam(id, after.data()), IsOk());
       EXPECT_EQ(after, init);
       // Step 2: finite. Unscaled averaged gradient = 1 everywhere: norm sqrt(1000) ≈ 31.6 > 0.5.
       std::fill(grad.begin(), grad.end(), 8.0f);
-      ASSERT_TRUE((*engine)->BeginIteration().ok());
-      ASSERT_TRUE((*engine)->AccumulateGrad(id, grad.data()).ok());
-      ASSERT_TRUE((*engine)->EndBackward().ok());
+      ASSERT_THAT((*engine)->BeginIteration(), IsOk());
+      ASSERT_THAT((*engine)->AccumulateGrad(id, grad.data()), IsOk());
+      ASSERT_THAT((*engine)->EndBackward(), IsOk());
       info = (*engine)->Step();
-      ASSERT_TRUE(info.ok());
+      ASSERT_THAT(info, IsOk());
       EXPECT_FALSE(info->skipped);
       EXPECT_EQ(info->step, 1);
       EXPECT_NEAR(info->grad_norm, std::sqrt(1000.0f), 1e-3);
-      ASSERT_TRUE((*engine)->GetParam(id, after.data()).ok());
+      ASSERT_THAT((*engine)->GetParam(id, after.data()), IsOk());
       EXPECT_NE(after, init);
   });
 }

@@ -4,8 +4,15 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include "tests/status_matchers.h"
+
 namespace zero::base {
 namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+using zero::testing::IsOk;
+using zero::testing::StatusIs;
 
 class EnvTest : public ::testing::Test {
  protected:
@@ -22,7 +29,7 @@ class EnvTest : public ::testing::Test {
 
 TEST_F(EnvTest, DefaultsWhenUnset) {
   auto env = ReadEnvTunables();
-  ASSERT_TRUE(env.ok());
+  ASSERT_THAT(env, IsOk());
   EXPECT_EQ(env->log_level, LogLevel::kWarn);
   EXPECT_FALSE(env->cpu_isa_cap.has_value());
   EXPECT_EQ(env->cpu_threads, 0);
@@ -37,7 +44,7 @@ TEST_F(EnvTest, ParsesValues) {
   setenv("ZERO_MPI_REDUCE_SCATTER", "Ring", 1);
   setenv("ZERO_MPI_ALL_REDUCE", "Direct", 1);
   auto env = ReadEnvTunables();
-  ASSERT_TRUE(env.ok());
+  ASSERT_THAT(env, IsOk());
   EXPECT_EQ(env->log_level, LogLevel::kDetail);
   EXPECT_EQ(env->cpu_isa_cap, CpuIsa::kAvx2);
   EXPECT_EQ(env->cpu_threads, 3);
@@ -47,31 +54,25 @@ TEST_F(EnvTest, ParsesValues) {
 
 TEST_F(EnvTest, BadValuesNameTheVariable) {
   setenv("ZERO_DEBUG", "LOUD", 1);
-  Status s = ReadEnvTunables().status();
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(s.message().find("ZERO_DEBUG"), std::string::npos);
+  EXPECT_THAT(ReadEnvTunables(), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("ZERO_DEBUG")));
   Clear();
   setenv("ZERO_CPU_ISA", "sse9", 1);
-  s = ReadEnvTunables().status();
-  EXPECT_NE(s.message().find("ZERO_CPU_ISA"), std::string::npos);
+  EXPECT_THAT(std::string(ReadEnvTunables().status().message()), HasSubstr("ZERO_CPU_ISA"));
   Clear();
   setenv("ZERO_CPU_THREADS", "-2", 1);
-  s = ReadEnvTunables().status();
-  EXPECT_NE(s.message().find("ZERO_CPU_THREADS"), std::string::npos);
+  EXPECT_THAT(std::string(ReadEnvTunables().status().message()), HasSubstr("ZERO_CPU_THREADS"));
   Clear();
   setenv("ZERO_MPI_REDUCE_SCATTER", "tree", 1);
-  s = ReadEnvTunables().status();
-  EXPECT_NE(s.message().find("ZERO_MPI_REDUCE_SCATTER=tree"), std::string::npos);
+  EXPECT_THAT(std::string(ReadEnvTunables().status().message()), HasSubstr("ZERO_MPI_REDUCE_SCATTER=tree"));
   Clear();
   setenv("ZERO_MPI_ALL_REDUCE", "ring", 1);
-  s = ReadEnvTunables().status();
-  EXPECT_NE(s.message().find("ZERO_MPI_ALL_REDUCE=ring"), std::string::npos);
+  EXPECT_THAT(std::string(ReadEnvTunables().status().message()), HasSubstr("ZERO_MPI_ALL_REDUCE=ring"));
 }
 
 TEST(CpuIsa, DetectionIsConsistentWithNames) {
   const CpuIsa isa = DetectCpuIsa();
   EXPECT_EQ(*ParseCpuIsa(CpuIsaName(isa)), isa);
-  EXPECT_FALSE(ParseCpuIsa("neon").ok());
+  EXPECT_THAT(ParseCpuIsa("neon"), Not(IsOk()));
 }
 
 }  // namespace

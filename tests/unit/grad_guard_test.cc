@@ -10,8 +10,14 @@
 #include <string>
 #include <vector>
 
+#include "tests/status_matchers.h"
+
 namespace zero::runtime {
 namespace {
+
+using ::testing::HasSubstr;
+using zero::testing::IsOk;
+using zero::testing::StatusIs;
 
 // Three trainable params in buckets 0, 0, 1 and a frozen one.
 GradGuard Guard(DuplicatePolicy on_duplicate, UnusedPolicy on_unused) {
@@ -23,7 +29,7 @@ GradGuard Guard(DuplicatePolicy on_duplicate, UnusedPolicy on_unused) {
 
 bool Arrives(GradGuard& guard, int param) {
   bool complete = false;
-  EXPECT_TRUE(guard.Arrive(param, false, &complete).ok()) << guard.Label(param);
+  EXPECT_THAT(guard.Arrive(param, false, &complete), IsOk()) << guard.Label(param);
   return complete;
 }
 
@@ -42,7 +48,7 @@ TEST(GradGuard, ASecondGradientIsDuplicateGradientNamingTheParam) {
     EXPECT_NE(again.message().find(part), std::string::npos) << part << " missing from: " << again;
   }
   EXPECT_TRUE(IsDuplicateGradient(guard.CheckWritable(0, false)));
-  EXPECT_TRUE(guard.CheckWritable(1, false).ok());  // not arrived yet
+  EXPECT_THAT(guard.CheckWritable(1, false), IsOk());  // not arrived yet
 }
 
 TEST(GradGuard, UnusedParamsAreNamedAndFrozenOnesNeverCount) {
@@ -63,13 +69,13 @@ TEST(GradGuard, UnusedParamsBecomeZerosAndTheStepKnowsWhichWereUsed) {
   guard.BeginMicroBatch(1);
   Arrives(guard, 1);
   std::vector<int> to_complete;
-  ASSERT_TRUE(guard.AtEndBackward(0, &to_complete).ok());
+  ASSERT_THAT(guard.AtEndBackward(0, &to_complete), IsOk());
   EXPECT_EQ(to_complete, (std::vector<int>{0, 2}));  // the unused ones, completed as zeros
   EXPECT_TRUE(guard.UsedThisStep(1));
   EXPECT_FALSE(guard.UsedThisStep(0));
   guard.BeginMicroBatch(2);  // a second micro-batch of the same step uses param 0
   Arrives(guard, 0);
-  ASSERT_TRUE(guard.AtEndBackward(0, &to_complete).ok());
+  ASSERT_THAT(guard.AtEndBackward(0, &to_complete), IsOk());
   EXPECT_TRUE(guard.UsedThisStep(0));
   guard.EndStep();
   EXPECT_FALSE(guard.UsedThisStep(0));
@@ -86,24 +92,22 @@ TEST(GradGuard, CountLearnsTheArrivalsOnceThenHoldsEveryIterationToThem) {
   EXPECT_FALSE(Arrives(guard, 1));
   EXPECT_FALSE(Arrives(guard, 2));
   std::vector<int> to_complete;
-  ASSERT_TRUE(guard.AtEndBackward(0, &to_complete).ok());
+  ASSERT_THAT(guard.AtEndBackward(0, &to_complete), IsOk());
   EXPECT_EQ(to_complete, (std::vector<int>{0, 1, 2}));
   // Iteration 2: fc.weight completes at its second arrival, a third is a changed graph.
   guard.BeginMicroBatch(2);
   EXPECT_FALSE(Arrives(guard, 0));
   EXPECT_TRUE(Arrives(guard, 0));
   bool complete = false;
-  const Status third = guard.Arrive(0, false, &complete);
-  EXPECT_EQ(third.code(), absl::StatusCode::kFailedPrecondition) << third;
-  EXPECT_NE(third.message().find("the graph changed"), std::string::npos) << third;
+  EXPECT_THAT(guard.Arrive(0, false, &complete),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("the graph changed")));
   // Iteration 3: fc.weight arrives once only: fewer than learned, named at EndBackward.
   guard.BeginMicroBatch(3);
   Arrives(guard, 0);
   Arrives(guard, 1);
   Arrives(guard, 2);
-  const Status fewer = guard.AtEndBackward(0, &to_complete);
-  EXPECT_EQ(fewer.code(), absl::StatusCode::kFailedPrecondition) << fewer;
-  EXPECT_NE(fewer.message().find("fc.weight\" (index 0): 1 of 2"), std::string::npos) << fewer;
+  EXPECT_THAT(guard.AtEndBackward(0, &to_complete),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("fc.weight\" (index 0): 1 of 2")));
 }
 
 }  // namespace

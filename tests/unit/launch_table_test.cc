@@ -9,8 +9,13 @@
 #include <random>
 #include <vector>
 
+#include "tests/status_matchers.h"
+
 namespace zero::kernels {
 namespace {
+
+using zero::testing::IsOk;
+using zero::testing::StatusIs;
 
 std::vector<Segment> RandomSegments(std::mt19937_64& rng, int count) {
   std::vector<Segment> segments(count);
@@ -37,7 +42,7 @@ TEST(LaunchTable, EveryElementIsCoveredOnceByTheBlocksTheKernelsFind) {
       scalars[i] = 0.5f * static_cast<float>(i);
     }
     auto tables = BuildLaunchTables(segments, aux, scalars);
-    ASSERT_TRUE(tables.ok()) << tables.status();
+    ASSERT_THAT(tables, IsOk());
     std::vector<std::vector<int>> hits(count);  // per segment, per element: blocks covering it
     for (int i = 0; i < count; ++i) hits[i].assign(static_cast<size_t>(segments[i].numel), 0);
     int previous_index = -1;
@@ -80,12 +85,12 @@ TEST(LaunchTable, MismatchedListsAndOversizedSegmentsAreRefused) {
   std::vector<Segment> segments(3);
   for (Segment& s : segments) s.numel = 10;
   std::vector<float*> two_aux(2);
-  EXPECT_EQ(BuildLaunchTables(segments, two_aux, {}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(BuildLaunchTables(segments, two_aux, {}), StatusIs(absl::StatusCode::kInvalidArgument));
   std::vector<float> four_scalars(4);
-  EXPECT_EQ(BuildLaunchTables(segments, {}, four_scalars).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(BuildLaunchTables(segments, {}, four_scalars), StatusIs(absl::StatusCode::kInvalidArgument));
   segments[1].numel = (kMaxBlocksPerLaunch + 1) * kChunkElems;  // never allocated: arithmetic only
-  EXPECT_EQ(BuildLaunchTables(segments, {}, {}).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_TRUE(BuildLaunchTables({}, {}, {}).ok());
+  EXPECT_THAT(BuildLaunchTables(segments, {}, {}), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(BuildLaunchTables({}, {}, {}), IsOk());
   EXPECT_TRUE(BuildLaunchTables({}, {}, {})->empty());
 }
 
@@ -95,7 +100,7 @@ TEST(LaunchTable, AFullGridStartsANewLaunch) {
   segments[0].numel = kMaxBlocksPerLaunch * kChunkElems;
   segments[1].numel = 1;
   auto tables = BuildLaunchTables(segments, {}, {});
-  ASSERT_TRUE(tables.ok()) << tables.status();
+  ASSERT_THAT(tables, IsOk());
   ASSERT_EQ(tables->size(), 2u);
   EXPECT_EQ((*tables)[0].blocks(), kMaxBlocksPerLaunch);
   EXPECT_EQ((*tables)[1].blocks(), 1);

@@ -20,7 +20,12 @@
 namespace zero::comm {
 namespace {
 
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using ::testing::Matcher;
+using ::testing::Not;
 using testing::IsOk;
+using testing::StatusIs;
 
 // Runs body(comm) on every rank of a fresh local group, one thread per rank, and returns each
 // rank's status.
@@ -72,15 +77,14 @@ TEST(LocalComm, ReduceScatterAndAllReduceGiveIdenticalBits) {
 
 TEST(LocalComm, ARankThatNeverJoinsGivesDeadlineExceededNamingIt) {
   auto group = CreateLocalGroup(3);
-  ASSERT_TRUE(group.ok());
+  ASSERT_THAT(group, IsOk());
   float x = 1, y = 0;
   WorkPtr w0 = (*group)[0]->AllReduce(&x, &y, 1, DType::kFP32, ReduceOp::kSum);
   float x1 = 1, y1 = 0;
   WorkPtr w1 = (*group)[1]->AllReduce(&x1, &y1, 1, DType::kFP32, ReduceOp::kSum);
   const Status status = w0->Wait(0.2);
-  EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded);
-  EXPECT_NE(status.message().find("rank(s) 2 never joined"), std::string::npos) << status;
-  EXPECT_NE(status.message().find("AllReduce(count=1"), std::string::npos) << status;
+  EXPECT_THAT(status, StatusIs(absl::StatusCode::kDeadlineExceeded,
+                               AllOf(HasSubstr("rank(s) 2 never joined"), HasSubstr("AllReduce(count=1"))));
   // The timeout broke the group: rank 1's collective fails with the same first error.
   ASSERT_TRUE(w1->Test());
   EXPECT_EQ(w1->Wait(0.2), status);
@@ -88,49 +92,47 @@ TEST(LocalComm, ARankThatNeverJoinsGivesDeadlineExceededNamingIt) {
 
 TEST(LocalComm, AfterATimeoutEveryRanksNextCallFailsFastWithTheFirstError) {
   auto group = CreateLocalGroup(3);
-  ASSERT_TRUE(group.ok());
+  ASSERT_THAT(group, IsOk());
   float x = 1, y = 0;
   const Status first = (*group)[0]->AllReduce(&x, &y, 1, DType::kFP32, ReduceOp::kSum)->Wait(0.05);
-  ASSERT_EQ(first.code(), absl::StatusCode::kDeadlineExceeded);
+  ASSERT_THAT(first, StatusIs(absl::StatusCode::kDeadlineExceeded));
   for (int r = 0; r < 3; ++r) {
     EXPECT_EQ((*group)[r]->Health(), first) << "rank " << r;
     std::vector<float> send(3, 2.0f), recv(1, -9.0f);
     const auto start = std::chrono::steady_clock::now();
     const Status next = (*group)[r]->ReduceScatter(send.data(), recv.data(), 1, DType::kFP32, ReduceOp::kSum)->Wait(30);
     EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(1));
-    EXPECT_EQ(next.code(), absl::StatusCode::kDeadlineExceeded) << next;
-    EXPECT_NE(next.message().find("broken"), std::string::npos) << next;
-    EXPECT_NE(next.message().find("on rank 0"), std::string::npos) << next;  // where it failed
+    EXPECT_THAT(next, StatusIs(absl::StatusCode::kDeadlineExceeded,
+                               AllOf(HasSubstr("broken"), HasSubstr("on rank 0"))));  // where it failed
     EXPECT_EQ(recv[0], -9.0f);  // never touched
   }
 }
 
 TEST(LocalComm, ALateRankNeverTouchesTheBuffersOfARankThatTimedOut) {
   auto group = CreateLocalGroup(2);
-  ASSERT_TRUE(group.ok());
+  ASSERT_THAT(group, IsOk());
   {
     auto send = std::make_unique<std::vector<float>>(64, 1.0f);
     auto recv = std::make_unique<std::vector<float>>(32, 0.0f);
-    EXPECT_FALSE((*group)[0]->ReduceScatter(send->data(), recv->data(), 32, DType::kFP32, ReduceOp::kSum)
-                     ->Wait(0.01).ok());
+    EXPECT_THAT((*group)[0]->ReduceScatter(send->data(), recv->data(), 32, DType::kFP32, ReduceOp::kSum)->Wait(0.01),
+                Not(IsOk()));
   }  // rank 0's buffers are freed here: AddressSanitizer reports any later use
   std::vector<float> send(64, 1.0f), recv(32, -3.0f);
-  const Status late = (*group)[1]->ReduceScatter(send.data(), recv.data(), 32, DType::kFP32, ReduceOp::kSum)->Wait();
-  EXPECT_EQ(late.code(), absl::StatusCode::kDeadlineExceeded) << late;
+  EXPECT_THAT((*group)[1]->ReduceScatter(send.data(), recv.data(), 32, DType::kFP32, ReduceOp::kSum)->Wait(),
+              StatusIs(absl::StatusCode::kDeadlineExceeded));
   EXPECT_EQ(recv, std::vector<float>(32, -3.0f));
 }
 
 TEST(LocalComm, DestroyingAnUnfinishedWorkAbandonsItWithoutBlocking) {
   auto group = CreateLocalGroup(2);
-  ASSERT_TRUE(group.ok());
+  ASSERT_THAT(group, IsOk());
   {
     std::vector<float> mine(8, 1.0f);
     WorkPtr abandoned = (*group)[0]->AllReduce(mine.data(), mine.data(), 8, DType::kFP32, ReduceOp::kSum);
   }  // destroyed unfinished; its buffer freed right after
   std::vector<float> theirs(8, 5.0f);
-  const Status late = (*group)[1]->AllReduce(theirs.data(), theirs.data(), 8, DType::kFP32, ReduceOp::kSum)->Wait();
-  EXPECT_EQ(late.code(), absl::StatusCode::kCancelled) << late;
-  EXPECT_NE(late.message().find("abandoned by rank 0"), std::string::npos) << late;
+  EXPECT_THAT((*group)[1]->AllReduce(theirs.data(), theirs.data(), 8, DType::kFP32, ReduceOp::kSum)->Wait(),
+              StatusIs(absl::StatusCode::kCancelled, HasSubstr("abandoned by rank 0")));
   EXPECT_EQ(theirs, std::vector<float>(8, 5.0f));
 }
 
@@ -168,15 +170,16 @@ TEST(LocalComm, RandomDelaysAndTimeoutsNeverTouchFreedBuffers) {
       }
     });
     for (int r = 0; r < kRanks; ++r) {
-      EXPECT_NE(first_error[r].code(), absl::StatusCode::kInternal) << first_error[r];
+      EXPECT_THAT(first_error[r], Not(StatusIs(absl::StatusCode::kInternal)));
       // A collective completes on every rank or on none: ranks that stopped early agree.
       if (!first_error[r].ok()) {
         EXPECT_EQ(completed[r], completed[0]) << "round " << round;
       }
     }
     const bool any_failed = std::any_of(first_error.begin(), first_error.end(), [](const Status& s) { return !s.ok(); });
+    const Matcher<const Status&> agrees = any_failed ? Matcher<const Status&>(Not(IsOk())) : IsOk();
     for (int r = 0; r < kRanks; ++r) {
-      EXPECT_EQ(first_error[r].ok(), !any_failed) << "round " << round << ": rank " << r;
+      EXPECT_THAT(first_error[r], agrees) << "round " << round << ": rank " << r;
     }
     failed_rounds += any_failed ? 1 : 0;
   }
@@ -195,11 +198,8 @@ TEST(LocalComm, MismatchedCountsFailOnEveryRankWithoutTouchingBuffers) {
     }
     return s;
   });
-  for (const Status& s : results) {
-    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
-    EXPECT_NE(s.message().find("mismatch"), std::string::npos) << s;
-    EXPECT_NE(s.message().find("count=5"), std::string::npos) << s;
-  }
+  EXPECT_THAT(results, ::testing::Each(StatusIs(absl::StatusCode::kInvalidArgument,
+                                                AllOf(HasSubstr("mismatch"), HasSubstr("count=5")))));
 }
 
 TEST(LocalComm, OneRanksInvalidCallFailsTheCollectiveEverywhere) {
@@ -208,12 +208,8 @@ TEST(LocalComm, OneRanksInvalidCallFailsTheCollectiveEverywhere) {
     float* buffer = comm.rank() == 0 ? nullptr : data.data();
     return comm.AllReduce(buffer, buffer, 4, DType::kFP32, ReduceOp::kSum)->Wait(5.0);
   });
-  for (const Status& s : results) {
-    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
-    EXPECT_NE(s.message().find("rank 0"), std::string::npos) << s;
-  }
-  auto group = CreateLocalGroup(0);
-  EXPECT_EQ(group.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(results, ::testing::Each(StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("rank 0"))));
+  EXPECT_THAT(CreateLocalGroup(0), StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
 TEST(LocalComm, BroadcastRootOutOfRangeIsAnError) {
@@ -221,7 +217,7 @@ TEST(LocalComm, BroadcastRootOutOfRangeIsAnError) {
     float x = 0;
     return comm.Broadcast(&x, 1, DType::kFP32, 2)->Wait(5.0);
   });
-  for (const Status& s : results) EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(results, ::testing::Each(StatusIs(absl::StatusCode::kInvalidArgument)));
 }
 
 }  // namespace

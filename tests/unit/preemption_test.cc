@@ -16,7 +16,7 @@ using testing::IsOk;
 using testing::RunOnRanks;
 
 TEST(Preemption, ASignalIsRecordedNotFatal) {
-  ASSERT_TRUE(InstallPreemptionHandler().ok());
+  ASSERT_THAT(InstallPreemptionHandler(), IsOk());
   ClearPreemption();
   EXPECT_FALSE(PreemptionSignalled());
   for (const int signal : {SIGUSR1, SIGTERM}) {

@@ -14,7 +14,11 @@
 namespace zero {
 namespace {
 
+using ::testing::AllOf;
+using ::testing::Each;
+using ::testing::HasSubstr;
 using testing::IsOk;
+using testing::StatusIs;
 
 constexpr int kWorld = 3;
 
@@ -71,7 +75,7 @@ TEST(Replicas, BroadcastGivesEveryRankRank0sInitialValues) {
       return engine.Step().status();  // the replica check after it passes
     });
     for (int r = 0; r < kWorld; ++r) {
-      EXPECT_TRUE(results[r].ok()) << "stage " << stage << " rank " << r << ": " << results[r];
+      EXPECT_THAT(results[r], IsOk()) << "stage " << stage << " rank " << r;
       for (int i = 0; i < 35; ++i) ASSERT_EQ(after[r][i], 0.01f * i) << "stage " << stage << " rank " << r;
     }
   }
@@ -85,16 +89,13 @@ TEST(Replicas, VerifyNamesTheFirstDifferingParamAndRanks) {
     ZERO_RETURN_IF_ERROR(SetInitialParams(engine, rank));
     return engine.BeginIteration();
   });
-  for (const Status& s : results) {
-    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
-    EXPECT_NE(s.message().find("\"w\" (index 0) on rank(s) 1, 2"), std::string::npos) << s;
-    EXPECT_NE(s.message().find("init_params"), std::string::npos) << s;
-  }
+  EXPECT_THAT(results, Each(StatusIs(absl::StatusCode::kInvalidArgument,
+                                     AllOf(HasSubstr("\"w\" (index 0) on rank(s) 1, 2"), HasSubstr("init_params")))));
   const auto same = OnRanks(config, [](int rank, Engine& engine) -> Status {
     ZERO_RETURN_IF_ERROR(SetInitialParams(engine, rank, /*same=*/true));
     return engine.BeginIteration();
   });
-  EXPECT_THAT(same, ::testing::Each(IsOk()));
+  EXPECT_THAT(same, Each(IsOk()));
 }
 
 TEST(Replicas, AtStage3DifferentInitialValuesAreAnErrorNamingTheParam) {
@@ -105,11 +106,8 @@ TEST(Replicas, AtStage3DifferentInitialValuesAreAnErrorNamingTheParam) {
     ZERO_RETURN_IF_ERROR(SetInitialParams(engine, rank));
     return engine.Gather(0);
   });
-  for (const Status& s : results) {
-    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
-    EXPECT_NE(s.message().find("\"w\" (index 0)"), std::string::npos) << s;
-    EXPECT_NE(s.message().find("stage 3"), std::string::npos) << s;
-  }
+  EXPECT_THAT(results, Each(StatusIs(absl::StatusCode::kInvalidArgument,
+                                     AllOf(HasSubstr("\"w\" (index 0)"), HasSubstr("stage 3")))));
 }
 
 // At stage 0 every rank steps its own full replica, so a write on one rank persists (at stages
@@ -131,11 +129,8 @@ TEST(Replicas, ReplicaCheckCatchesAParamDataViewWrittenOnOneRank) {
       ZERO_RETURN_IF_ERROR(TrainOneStep(engine));  // step 3: not checked
       return TrainOneStep(engine);                 // step 4: checked
     });
-    for (const Status& s : results) {
-      EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
-      EXPECT_NE(s.message().find("after step 4"), std::string::npos) << s;
-      EXPECT_NE(s.message().find("\"b\" (index 1) on rank(s) 1"), std::string::npos) << s;
-    }
+    EXPECT_THAT(results, Each(StatusIs(absl::StatusCode::kDataLoss,
+                                       AllOf(HasSubstr("after step 4"), HasSubstr("\"b\" (index 1) on rank(s) 1")))));
   }
 }
 
