@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.utils import parametrize
 from torch.utils.checkpoint import checkpoint
 
 import zerort
@@ -302,24 +303,50 @@ def test_preempted_run_saves_at_a_step_boundary_and_resumes_from_latest(tmp_path
 
 
 def cpu_supports(dtype):
-    """Whether this PyTorch runs a Linear layer in `dtype` on the CPU (fp16 needs 2.x)."""
+    """Whether this PyTorch runs the model's layers in `dtype` on the CPU (fp16 needs 2.x)."""
     try:
-        nn.Linear(2, 2).to(dtype)(torch.ones(1, 2, dtype=dtype))
+        nn.LayerNorm(2).to(dtype)(nn.Linear(2, 2).to(dtype)(torch.ones(1, 2, dtype=dtype)))
     except RuntimeError:
         return False
     return True
 
 
+class Upcast(nn.Module):
+    """A parametrization: the param stored in 16 bits, the layer computing with its fp32 value."""
+
+    def forward(self, stored):
+        return stored.float()
+
+
+def stored_in(model, dtype):
+    """`model` with every param stored in `dtype` and computed in fp32, for a PyTorch without
+    CPU kernels in `dtype`: autograd still produces each gradient in `dtype` (the cast's
+    backward), which is what the engine receives."""
+    for module in list(model.modules()):
+        for name, _ in list(module.named_parameters(recurse=False)):
+            parametrize.register_parametrization(module, name, Upcast())
+    return model.to(dtype)
+
+
+def head_weight(model):
+    """The head's stored weight (the parametrization's original where there is one)."""
+    if parametrize.is_parametrized(model.head, "weight"):
+        return model.head.parametrizations.weight.original
+    return model.head.weight
+
+
 @pytest.mark.parametrize("dtype,name", [(torch.bfloat16, "bf16"), (torch.float16, "fp16")])
 def test_half_precision_params_train_and_skip_overflowing_steps(dtype, name):
     """16-bit params with fp32 masters and dynamic loss scaling: an overflowing step is
-    skipped on every rank (params unchanged), the others train."""
-    if not cpu_supports(dtype):
-        pytest.skip(f"this PyTorch ({torch.__version__}) has no {name} matmul on the CPU")
+    skipped on every rank (params unchanged), the others train. Where this PyTorch has no CPU
+    kernels for `dtype`, the params are stored in it and the layers compute in fp32."""
     config = {"stage": 2, "optimizer": OPTIMIZER,
               "precision": {"param": name, "grad": name, "reduce": name, "master_weights": True},
               "loss_scale": {"mode": "dynamic", "initial_power": 8, "hysteresis": 1}}
-    models = [TinyLM().to(dtype) for _ in range(2)]
+    if cpu_supports(dtype):
+        models = [TinyLM().to(dtype) for _ in range(2)]
+    else:
+        models = [stored_in(TinyLM(), dtype) for _ in range(2)]
 
     def body(rank, comm):
         model = models[rank]
@@ -333,8 +360,8 @@ def test_half_precision_params_train_and_skip_overflowing_steps(dtype, name):
                 loss = loss * float("inf")  # an overflow on one rank only
             loss.backward()
             infos.append(engine.step())
-            snapshots.append(model.head.weight.detach().clone())
-        assert model.head.weight.dtype == dtype
+            snapshots.append(head_weight(model).detach().clone())
+        assert head_weight(model).dtype == dtype
         engine.close()
         return infos, snapshots
 
@@ -470,3 +497,30 @@ def test_ddp_style_no_sync_loop_matches_single_process_pytorch(stage):
     want = reference()
     for got in run_ranks(world, body):
         assert_close(got, want)
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_post_accumulate_grad_hook_branch(stage, monkeypatch):
+    """The PyTorch >= 2.1 branch of the gradient hand-over (Tensor.register_post_accumulate_
+    grad_hook). On a PyTorch without that method it runs against a stand-in with the same
+    contract (hook(param) once the gradient is in param.grad); on 2.x, against the real one."""
+    real = getattr(torch.Tensor, "register_post_accumulate_grad_hook", None)
+    calls, nodes = [], []
+
+    def stand_in(param, hook):
+        node = param.expand_as(param).grad_fn.next_functions[0][0]
+        nodes.append(node)
+        return node.register_hook(lambda *_: hook(param))
+
+    def counting(param, hook):
+        def counted(tensor):
+            calls.append(tensor.shape)
+            hook(tensor)
+        return (real or stand_in)(param, counted)
+
+    monkeypatch.setattr(torch.Tensor, "register_post_accumulate_grad_hook", counting,
+                        raising=False)
+    want = reference()
+    for trained in train_sharded(stage):
+        assert_close(trained, want)
+    assert calls, "the hand-over did not go through register_post_accumulate_grad_hook"
