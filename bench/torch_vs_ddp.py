@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """PyTorch's own data parallelism against ZeroRT, on the same model, ranks and data.
 
-    python3 bench/torch_vs_ddp.py [--ranks 2] [--steps 10]
+    python3 bench/torch_vs_ddp.py [--ranks 2] [--steps 10] [--width 1024] [--layers 6]
 
 runs each configuration in fresh processes under mpirun (tests/mpi/run_mpi.sh), so each
 peak RSS is that configuration's own, and prints one table:
@@ -10,11 +10,12 @@ peak RSS is that configuration's own, and prints one table:
     zero1     DistributedDataParallel + ZeroRedundancyOptimizer(AdamW): ZeRO-1
     zerort-S  zerort.torch at stage S (0-3), MPI communicator
 
-Model: 6 × (Linear(1024, 1024) + Tanh) + Linear(1024, 1), 6.3M fp32 params, batch 64 per rank,
-one PyTorch thread per rank (and one for ZeroRT's
-kernels). Per configuration: median step time over `steps` timed steps
-after 3 untimed ones (forward, backward, optimizer step; the slowest rank's median), peak
-RSS per rank (the largest), and for ZeroRT the engine's peak bytes per category.
+Model: `layers` × (Linear(width, width) + Tanh) + Linear(width, 1) (6.3M fp32 params by
+default; --width 4096 gives 100.7M), batch 64 per rank, one PyTorch thread per rank (and one
+for ZeroRT's kernels). Per configuration: median step time over `steps` timed steps after 3
+untimed ones (forward, backward, optimizer step; the slowest rank's median), peak RSS per rank
+(the largest) and the RSS once the model was built (before DDP or ZeroRT took it), and for
+ZeroRT the engine's peak bytes per category.
 """
 import argparse
 import json
@@ -28,35 +29,41 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-WIDTH, LAYERS, BATCH = 1024, 6, 64
+BATCH = 64
 MODES = ["ddp", "zero1", "zerort-0", "zerort-1", "zerort-2", "zerort-3"]
 
 
-def build_model():
+def build_model(width, layers):
     import torch
     from torch import nn
     torch.manual_seed(0)
-    layers = []
-    for _ in range(LAYERS):
-        layers += [nn.Linear(WIDTH, WIDTH), nn.Tanh()]
-    return nn.Sequential(*layers, nn.Linear(WIDTH, 1))
+    modules = []
+    for _ in range(layers):
+        modules += [nn.Linear(width, width), nn.Tanh()]
+    return nn.Sequential(*modules, nn.Linear(width, 1))
 
 
-def data(step, rank):
+def data(step, rank, width):
     import torch
     generator = torch.Generator().manual_seed(step * 1000 + rank)
-    x = torch.randn(BATCH, WIDTH, generator=generator)
+    x = torch.randn(BATCH, width, generator=generator)
     return x, x[:, :1].clone()
 
 
-def run_rank(mode, steps):
+def peak_rss_mb():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def run_rank(mode, steps, width, layers):
     """One rank of one configuration; returns its measurements."""
     import torch
     import torch.nn.functional as F
     torch.set_num_threads(1)
     rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
     world = int(os.environ["OMPI_COMM_WORLD_SIZE"])
-    model = build_model()
+    model = build_model(width, layers)
+    built_rss_mb = peak_rss_mb()
+    params = sum(p.numel() for p in model.parameters())
     memory = None
     if mode in ("ddp", "zero1"):
         import torch.distributed as dist
@@ -72,7 +79,7 @@ def run_rank(mode, steps):
                                                 optimizer_class=torch.optim.AdamW, lr=1e-3)
 
         def step_once(step):
-            x, y = data(step, rank)
+            x, y = data(step, rank, width)
             optimizer.zero_grad()
             F.mse_loss(model(x), y).backward()
             optimizer.step()
@@ -86,7 +93,7 @@ def run_rank(mode, steps):
             zerort.mpi_communicator())
 
         def step_once(step):
-            x, y = data(step, rank)
+            x, y = data(step, rank, width)
             F.mse_loss(model(x), y).backward()
             engine.step()
     times = []
@@ -99,17 +106,19 @@ def run_rank(mode, steps):
         memory = {k: v[1] for k, v in engine.engine.memory_stats().items()}
         engine.close()
     return {"rank": rank, "step_ms": 1e3 * statistics.median(times),
-            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "peak_rss_mb": peak_rss_mb(), "built_rss_mb": built_rss_mb,
+            "params": params,
             "zerort_peak_bytes": memory}
 
 
-def drive(ranks, steps):
+def drive(ranks, steps, width, layers):
     rows = []
     for mode in MODES:
         out = tempfile.mkdtemp(prefix="zerort-bench-")
         command = [os.path.join(ROOT, "tests", "mpi", "run_mpi.sh"), str(ranks),
                    sys.executable, os.path.abspath(__file__), "--rank-mode", mode,
-                   "--steps", str(steps), "--out", out]
+                   "--steps", str(steps), "--width", str(width), "--layers", str(layers),
+                   "--out", out]
         # ZeroRT as a user runs it: the measured reduce-scatter choice (run_mpi.sh would
         # force the ring), and one thread for its kernels, like PyTorch here.
         env = dict(os.environ, ZERO_MPI_REDUCE_SCATTER="auto", ZERO_CPU_THREADS="1")
@@ -122,34 +131,39 @@ def drive(ranks, steps):
             print(f"{mode}: failed (exit {result.returncode})\n{result.stderr[-2000:]}")
             continue
         rows.append((mode, max(r["step_ms"] for r in reports),
-                     max(r["peak_rss_mb"] for r in reports), reports[0]["zerort_peak_bytes"]))
-    ddp_ms = next((ms for mode, ms, _, _ in rows if mode == "ddp"), None)
-    print(f"{ranks} ranks, {steps} timed steps, 6.3M fp32 params, batch {BATCH} per rank")
-    print("| config | step ms | vs DDP | peak RSS MiB/rank | ZeroRT peak MiB: params, grads, "
-          "optimizer, comm, gathered |")
-    print("|---|---|---|---|---|")
-    for mode, ms, rss, memory in rows:
+                     max(r["peak_rss_mb"] for r in reports),
+                     max(r["built_rss_mb"] for r in reports), reports[0]["zerort_peak_bytes"]))
+        params = reports[0]["params"]
+    ddp_ms = next((row[1] for row in rows if row[0] == "ddp"), None)
+    print(f"{ranks} ranks, {steps} timed steps, {params / 1e6:.1f}M fp32 params "
+          f"({layers} × {width}), batch {BATCH} per rank")
+    print("| config | step ms | vs DDP | peak RSS MiB/rank | RSS once built | ZeroRT peak MiB: "
+          "params, grads, optimizer, comm, gathered |")
+    print("|---|---|---|---|---|---|")
+    for mode, ms, rss, built, memory in rows:
         ratio = f"{ms / ddp_ms:.2f}" if ddp_ms else "-"
         categories = ("params", "grads", "optimizer", "comm", "gathered")
         engine = ("-" if memory is None
                   else ", ".join(f"{memory[k] / 2**20:.1f}" for k in categories))
-        print(f"| {mode} | {ms:.1f} | {ratio} | {rss:.0f} | {engine} |")
+        print(f"| {mode} | {ms:.1f} | {ratio} | {rss:.0f} | {built:.0f} | {engine} |")
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--width", type=int, default=1024)
+    parser.add_argument("--layers", type=int, default=6)
     parser.add_argument("--rank-mode", choices=MODES, help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.rank_mode:
-        report = run_rank(args.rank_mode, args.steps)
+        report = run_rank(args.rank_mode, args.steps, args.width, args.layers)
         with open(os.path.join(args.out, f"rank-{report['rank']}.json"), "w",
                   encoding="utf-8") as file:
             json.dump(report, file)
     else:
-        drive(args.ranks, args.steps)
+        drive(args.ranks, args.steps, args.width, args.layers)
 
 
 if __name__ == "__main__":

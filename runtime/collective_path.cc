@@ -31,4 +31,9 @@ Status CollectivePath::Run(const Launch& launch, absl::string_view what) {
   return Wait(work, what);
 }
 
+Status CollectivePath::RunOnHostMemory(const Launch& launch, absl::string_view what) {
+  comm::WorkPtr work = launch(comm_);
+  return Wait(work, what);
+}
+
 }  // namespace zero::runtime

@@ -33,6 +33,9 @@ class CollectivePath {
   Status Wait(comm::WorkPtr& work, absl::string_view what) const;
   /// Start and Wait.
   Status Run(const Launch& launch, absl::string_view what);
+  /// Run without the stream wait, for collectives on host memory no kernel writes (the
+  /// engine's host scratch).
+  Status RunOnHostMemory(const Launch& launch, absl::string_view what);
   /// The stream wait alone, before the host reads device values the stream may still write.
   Status MakeStreamWorkVisible();
 

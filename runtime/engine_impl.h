@@ -128,6 +128,7 @@ class EngineImpl final : public Engine {
   HostCollectives host_;
   LossScaler loss_scaler_;
 
+  EngineCounters counters_;  // before the stores, which count into it
   std::vector<ParamSpec> specs_;
   std::optional<partition::PartitionPlan> plan_;
   std::unique_ptr<ParamStore> params_;
@@ -142,7 +143,6 @@ class EngineImpl final : public Engine {
   std::unique_ptr<GradGuard> guard_;
   std::vector<int> pending_;   // per bucket: params not yet complete this micro-batch
   std::vector<char> handed_;   // per bucket: reduction handed to the scheduler this micro-batch
-  EngineCounters counters_;
   base::Buffer grad_staging_;  // device "cuda": host gradients given to AccumulateGrad
   Status diverged_;  // set once guard.consistency_check found ranks apart; later checks fail fast
   bool replicas_synced_ = false;   // SyncReplicas ran

@@ -120,7 +120,7 @@ Status EngineImpl::AccumulateGrad(ParamId id, const void* grad) {
 }
 
 Status EngineImpl::BucketReady(int bucket) {
-  ZERO_RETURN_IF_ERROR(WaitForGradBuffer(bucket));  // a bucket nobody wrote is reduced as zeros
+  ZERO_RETURN_IF_ERROR(WaitForGradBuffer(bucket));  // also for a bucket nobody wrote (reduced as zeros)
   ZERO_ASSIGN_OR_RETURN(auto reduction, grads_->Reduction(bucket, LastMicroBatch()));
   return scheduler_->MarkReady(bucket, std::move(reduction.first), std::move(reduction.second));
 }

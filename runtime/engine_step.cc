@@ -27,14 +27,15 @@ StatusOr<StepInfo> EngineImpl::Step() {
   StepInfo info;
   info.grad_norm = static_cast<float>(std::sqrt(static_cast<double>(sq_norm)) / divisor);
 
-  // The step's counters change only once it is done (a failure before leaves the engine's
-  // state as it was; see engine.h for collectives and device errors).
+  // The step counts as taken from the moment it starts changing params or gradients: a failure
+  // before leaves the engine as it was (a retry is allowed), one after refuses a retry that
+  // would apply the same gradients twice (see engine.h).
   if (overflow && loss_scaler_.skips_on_overflow()) {
-    ZERO_RETURN_IF_ERROR(params_->AfterStep(/*updated=*/false));
-    ZERO_RETURN_IF_ERROR(grads_->Zero());
+    micro_batch_ = 0;
     guard_->EndStep();
     loss_scaler_.Update(true);
-    micro_batch_ = 0;
+    ZERO_RETURN_IF_ERROR(params_->AfterStep(/*updated=*/false));
+    ZERO_RETURN_IF_ERROR(grads_->Zero());
     info.step = step_;
     info.skipped = true;
     info.loss_scale = loss_scaler_.scale();
@@ -58,14 +59,14 @@ StatusOr<StepInfo> EngineImpl::Step() {
       }
     }
   }
-  ZERO_RETURN_IF_ERROR(optimizer_->Step(step_ + 1, static_cast<float>(clip / divisor)));
+  micro_batch_ = 0;
+  ++step_;
+  guard_->EndStep();
+  loss_scaler_.Update(false);
+  ZERO_RETURN_IF_ERROR(optimizer_->Step(step_, static_cast<float>(clip / divisor)));
   for (const auto& [param, parts] : untouched) ZERO_RETURN_IF_ERROR(optimizer_->WriteOwned(param, parts));
   ZERO_RETURN_IF_ERROR(params_->AfterStep(/*updated=*/true));
   ZERO_RETURN_IF_ERROR(grads_->Zero());
-  guard_->EndStep();
-  loss_scaler_.Update(false);
-  ++step_;
-  micro_batch_ = 0;
   ZERO_RETURN_IF_ERROR(CheckReplicasAgree());
   info.step = step_;
   info.loss_scale = loss_scaler_.scale();

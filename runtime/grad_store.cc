@@ -61,7 +61,7 @@ class FullGradStore final : public GradStore {
   base::Buffer buffer_;
 };
 
-// Stage 2: the rank's shard persists; bucket gradients pass through pooled buffers.
+// Stages 2-3: the rank's shard persists; bucket gradients pass through pooled buffers.
 class ShardedGradStore final : public GradStore {
  public:
   ShardedGradStore(const partition::PartitionPlan& plan, comm::Communicator& comm, DeviceOps& ops,

@@ -37,7 +37,7 @@ Status HostCollectives::AllReduce(float* values, int64_t count, comm::ReduceOp o
   const int64_t bytes = count * 4;
   ZERO_ASSIGN_OR_RETURN(char* scratch, Scratch(bytes));
   ZERO_RETURN_IF_ERROR(CopyIn(scratch, values, bytes));
-  ZERO_RETURN_IF_ERROR(path_.Run([&](comm::Communicator& comm) {
+  ZERO_RETURN_IF_ERROR(path_.RunOnHostMemory([&](comm::Communicator& comm) {
     return comm.AllReduce(scratch, scratch, count, DType::kFP32, op);
   }, "all-reduce of host values"));
   return CopyOut(values, scratch, bytes);
@@ -48,7 +48,7 @@ Status HostCollectives::AllGather(const void* send, void* recv, int64_t count, D
   ZERO_ASSIGN_OR_RETURN(char* scratch, Scratch(bytes * (comm_.size() + 1)));
   char* own = scratch + bytes * comm_.size();
   ZERO_RETURN_IF_ERROR(CopyIn(own, send, bytes));
-  ZERO_RETURN_IF_ERROR(path_.Run([&](comm::Communicator& comm) {
+  ZERO_RETURN_IF_ERROR(path_.RunOnHostMemory([&](comm::Communicator& comm) {
     return comm.AllGather(own, scratch, count, dtype);
   }, "all-gather of host values"));
   return CopyOut(recv, scratch, bytes * comm_.size());

@@ -14,7 +14,9 @@ namespace zero::runtime {
 
 class HostCollectives {
  public:
-  /// Collectives go through `path` (and wait at most its timeout).
+  /// Collectives go through `path` (and wait at most its timeout). They need no stream wait:
+  /// the scratch is host memory, or device memory written by copies on the stream of a
+  /// communicator that orders itself after it (NCCL).
   HostCollectives(CollectivePath& path, DeviceOps& ops, base::Allocator allocator)
       : path_(path), comm_(path.comm()), ops_(ops), allocator_(allocator) {}
 

@@ -102,8 +102,9 @@ class ShardedParams final : public ParamStore {
   }
 
   Status WaitForCollectives() override {
-    for (size_t b = 0; b < units_.size(); ++b) ZERO_RETURN_IF_ERROR(FinishGather(static_cast<int>(b)));
-    return absl::OkStatus();
+    Status first;
+    for (size_t b = 0; b < units_.size(); ++b) first.Update(FinishGather(static_cast<int>(b)));
+    return first;
   }
 
  private:
@@ -229,7 +230,11 @@ Status ShardedParams::Gather(int unit) {
     ZERO_RETURN_IF_ERROR(StartGather(bucket));
     ++counters_.gathers_on_demand;
   }
-  ZERO_RETURN_IF_ERROR(FinishGather(bucket));
+  Status gathered = FinishGather(bucket);
+  if (!gathered.ok()) {
+    if (u.holders == 0) FreeUnit(bucket);  // never handed out as if it held the values
+    return gathered;
+  }
   ++u.holders;
   if (trace_state_ == Trace::kValid) Prefetch();
   return absl::OkStatus();

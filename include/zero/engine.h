@@ -25,9 +25,9 @@
 // fails (a peer's error, a timeout, a transport error) breaks the communicator's group, because
 // the ranks may now hold different states. Every later call then returns that first error
 // (EndBackward and Step may have begun their collectives before it came); the way on is to
-// restart the ranks and load the last checkpoint. A device error (CUDA) inside Step's kernels
-// may leave the params partly updated, with the step count and gradients unchanged: restart
-// from the last checkpoint too.
+// restart the ranks and load the last checkpoint. Step counts as taken once its update began:
+// a device error (CUDA) after that may leave the params partly updated, and Step is not
+// accepted again for the same micro-batches; restart from the last checkpoint too.
 //
 // The gradient guard (config "guard", zero/config.h): a second gradient for a param is
 // DuplicateGradient (IsDuplicateGradient) or, with on_duplicate = "count", summed; params with

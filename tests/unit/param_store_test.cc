@@ -98,10 +98,15 @@ TEST_P(ParamStoreTest, HoldsSetValuesAndAfterAStepEveryRankSeesEveryUpdate) {
       ZERO_RETURN_IF_ERROR(s.store->Set(p, values.data()));
     }
     for (int p = 0; p < 3; ++p) ZERO_RETURN_IF_ERROR(ExpectValues(*s.store, p, Initial));
+    ZERO_RETURN_IF_ERROR(s.store->Gather(1));  // stage 3: held across the step
     StepOwnedParts(*plan, rank, *s.store);
     ZERO_RETURN_IF_ERROR(s.store->AfterStep(/*updated=*/true));
     for (int p = 0; p < 3; ++p) ZERO_RETURN_IF_ERROR(ExpectValues(*s.store, p, Updated));
-    return absl::OkStatus();
+    const float* view = static_cast<const float*>(s.store->View(1));
+    for (int64_t i = 0; i < kNumels[1]; ++i) {
+      if (view[i] != Updated(1, i)) return absl::InternalError(absl::StrCat("view of param 1 at ", i, ": ", view[i]));
+    }
+    return s.store->Release(1);
   }), Each(IsOk()));
 }
 
@@ -152,6 +157,9 @@ TEST(ShardedParamStore, UnitsAreViewedOnlyWhileGatheredAndWithinTheLiveLimit) {
     const float* view = static_cast<const float*>(s.store->View(1));
     ASSERT_NE(view, nullptr);
     EXPECT_EQ(view[999], Initial(1, 999));
+    values[999] = 42.0f;
+    ASSERT_THAT(s.store->Set(1, values.data()), IsOk());
+    EXPECT_EQ(view[999], 42.0f) << "Set updates a gathered copy too";
     EXPECT_THAT(s.store->Gather(0), StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("stage3.max_live_elems")));
     EXPECT_THAT(s.store->Gather(9), StatusIs(absl::StatusCode::kNotFound, HasSubstr("unit 9")));
     ASSERT_THAT(s.store->Release(1), IsOk());
