@@ -13,12 +13,23 @@
 //
 // Per stage, rank 0 reports (medians over the timed iterations):
 //   step_ms          BeginIteration to the end of Step
-//   exposed_comm_ms  EndBackward: waiting for reductions after the last gradient
+//   exposed_comm_ms  EndBackward: waiting for reductions after the last gradient, on the rank
+//                    that finished backward last (per iteration, the smallest over ranks):
+//                    what communication adds to the critical path. The other ranks' waits
+//                    also hold the skew between ranks' backward (their sleeps overshoot by
+//                    different amounts); that is exposed_max_ms, the largest over ranks.
 //   step_call_ms     Step: the optimizer on this rank's shard, and at stages 1-2 the
 //                    parameter all-gather
-//   comm_ms          EndBackward of the same iteration with backward_ms = 0: every bucket's
-//                    reduction back to back (what communication costs when nothing hides it)
+//   comm_ms          EndBackward of an iteration with backward_ms = 0 (smallest over ranks):
+//                    every bucket's reduction back to back (what communication costs when
+//                    nothing hides it)
 //   overlap          1 − exposed_comm_ms / comm_ms: the fraction hidden behind backward
+//   bucket_rs_ms     one reduce-scatter of the largest bucket (whole layers up to the bucket
+//                    cap) on the same communicator, right after the iterations, with the
+//                    caches flushed first as backward flushes them in training (on this
+//                    machine a cache-warm repeat of the same reduce-scatter is ~1.5× faster)
+//   exposed_vs_bucket  exposed_comm_ms / bucket_rs_ms (≤ 1: only one bucket's reduction is
+//                    left exposed after backward)
 //   vs_stage0        step_ms / stage 0's step_ms measured earlier in the same run
 // Arguments: stage, backward_ms, bucket (reduce_bucket_elems in units of 1M elements; 0: the
 // config default). Every rank runs the same fixed iteration counts.
@@ -45,6 +56,7 @@ constexpr int kLayers = 6;
 constexpr int64_t kWidth = 1024;
 constexpr int kWarmupIterations = 2;
 constexpr int kTimedIterations = 9;
+constexpr size_t kCacheFlushBytes = size_t{256} << 20;  // well above any L3 this runs on
 
 double Median(std::vector<double> values) {
   std::sort(values.begin(), values.end());
@@ -53,6 +65,33 @@ double Median(std::vector<double> values) {
 
 double MillisecondsSince(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+}
+
+// Writes a buffer larger than the caches, so the next collective finds its buffers in memory.
+void FlushCaches() {
+  static std::vector<char> evictor(kCacheFlushBytes);
+  for (size_t i = 0; i < evictor.size(); i += 64) evictor[i] = static_cast<char>(evictor[i] + 1);
+}
+
+// One reduce-scatter of the largest bucket the plan makes of whole layers under `bucket_elems`
+// (the config default when 0), median of kTimedIterations, each after a cache flush and a
+// barrier.
+StatusOr<double> LargestBucketReduceScatterMs(comm::Communicator& comm, int64_t bucket_elems) {
+  const int64_t layer = kWidth * kWidth + kWidth;
+  const int64_t cap = bucket_elems > 0 ? bucket_elems : Config().buckets.reduce_bucket_elems;
+  const int64_t pad = comm.size() * 128;
+  const int64_t numel = (std::max<int64_t>(1, cap / layer) * layer + pad - 1) / pad * pad;
+  std::vector<float> send(numel, 1e-3f), recv(numel / comm.size());
+  std::vector<double> times;
+  for (int i = 0; i < kTimedIterations; ++i) {
+    FlushCaches();
+    MPI_Barrier(MPI_COMM_WORLD);
+    const auto start = std::chrono::steady_clock::now();
+    ZERO_RETURN_IF_ERROR(comm.ReduceScatter(send.data(), recv.data(), numel / comm.size(), DType::kFP32,
+                                            comm::ReduceOp::kSum)->Wait(60));
+    times.push_back(MillisecondsSince(start));
+  }
+  return Median(times);
 }
 
 struct Timings {
@@ -132,7 +171,7 @@ void BM_Iteration(benchmark::State& state, comm::Communicator* comm, StageZeroSt
     state.SkipWithError(std::string(model.status().message()).c_str());
     return;
   }
-  std::vector<double> steps, exposed, step_calls, comm_only;
+  std::vector<double> steps, exposed, exposed_max, step_calls, comm_only;
   auto run = [&](double compute, bool keep) -> bool {
     MPI_Barrier(MPI_COMM_WORLD);
     auto t = (*model)->Iterate(compute);
@@ -140,12 +179,16 @@ void BM_Iteration(benchmark::State& state, comm::Communicator* comm, StageZeroSt
       state.SkipWithError(std::string(t.status().message()).c_str());
       return false;
     }
+    double least = t->exposed_ms, most = t->exposed_ms;
+    MPI_Allreduce(MPI_IN_PLACE, &least, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD);
+    MPI_Allreduce(MPI_IN_PLACE, &most, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     if (keep && compute > 0) {
       steps.push_back(t->step_ms);
-      exposed.push_back(t->exposed_ms);
+      exposed.push_back(least);
+      exposed_max.push_back(most);
       step_calls.push_back(t->step_call_ms);
     } else if (keep) {
-      comm_only.push_back(t->exposed_ms);
+      comm_only.push_back(least);
     }
     return true;
   };
@@ -157,12 +200,20 @@ void BM_Iteration(benchmark::State& state, comm::Communicator* comm, StageZeroSt
       if (!run(backward_ms, true) || !run(0, true)) return;
     }
   }
+  auto bucket_rs_ms = LargestBucketReduceScatterMs(*comm, bucket_elems);
+  if (!bucket_rs_ms.ok()) {
+    state.SkipWithError(std::string(bucket_rs_ms.status().message()).c_str());
+    return;
+  }
   const double step_ms = Median(steps), exposed_ms = Median(exposed), comm_ms = Median(comm_only);
   state.counters["step_ms"] = step_ms;
   state.counters["exposed_comm_ms"] = exposed_ms;
+  state.counters["exposed_max_ms"] = Median(exposed_max);
   state.counters["step_call_ms"] = Median(step_calls);
   state.counters["comm_ms"] = comm_ms;
   state.counters["overlap"] = comm_ms > 0 ? std::max(0.0, 1.0 - exposed_ms / comm_ms) : 1.0;
+  state.counters["bucket_rs_ms"] = *bucket_rs_ms;
+  state.counters["exposed_vs_bucket"] = exposed_ms / *bucket_rs_ms;
   state.counters["ranks"] = comm->size();
   const auto key = std::make_pair(state.range(1), state.range(2));
   if (stage == 0) (*stage0)[key] = step_ms;
