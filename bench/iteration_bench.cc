@@ -24,10 +24,11 @@
 //                    every bucket's reduction back to back (what communication costs when
 //                    nothing hides it)
 //   overlap          1 − exposed_comm_ms / comm_ms: the fraction hidden behind backward
-//   bucket_rs_ms     one reduce-scatter of the largest bucket (whole layers up to the bucket
-//                    cap) on the same communicator, right after the iterations, with the
-//                    caches flushed first as backward flushes them in training (on this
-//                    machine a cache-warm repeat of the same reduce-scatter is ~1.5× faster)
+//   bucket_rs_ms     one reduce-scatter of the stage's largest bucket on the same
+//                    communicator, right after the iterations, with the caches flushed
+//                    first: in training the compute between two reductions evicts their
+//                    buffers (this benchmark's sleep does not; on this machine a cache-warm
+//                    repeat of the same reduce-scatter is ~1.5× faster)
 //   exposed_vs_bucket  exposed_comm_ms / bucket_rs_ms (≤ 1: only one bucket's reduction is
 //                    left exposed after backward)
 //   vs_stage0        step_ms / stage 0's step_ms measured earlier in the same run
@@ -73,14 +74,17 @@ void FlushCaches() {
   for (size_t i = 0; i < evictor.size(); i += 64) evictor[i] = static_cast<char>(evictor[i] + 1);
 }
 
-// One reduce-scatter of the largest bucket the plan makes of whole layers under `bucket_elems`
-// (the config default when 0), median of kTimedIterations, each after a cache flush and a
-// barrier.
-StatusOr<double> LargestBucketReduceScatterMs(comm::Communicator& comm, int64_t bucket_elems) {
+// One reduce-scatter of the largest bucket the plan makes at `stage` under `bucket_elems` (the
+// config default when 0), median of kTimedIterations, each after a cache flush and a barrier.
+// Stages 0-2 fill a bucket with whole layers up to the cap, or a weight alone when a layer
+// does not fit; stage 3 makes one bucket per layer (its unit).
+StatusOr<double> LargestBucketReduceScatterMs(comm::Communicator& comm, int stage, int64_t bucket_elems) {
   const int64_t layer = kWidth * kWidth + kWidth;
   const int64_t cap = bucket_elems > 0 ? bucket_elems : Config().buckets.reduce_bucket_elems;
+  const int64_t layers = stage == 3 ? 1 : cap / layer;
+  const int64_t largest = layers > 0 ? layers * layer : kWidth * kWidth;
   const int64_t pad = comm.size() * 128;
-  const int64_t numel = (std::max<int64_t>(1, cap / layer) * layer + pad - 1) / pad * pad;
+  const int64_t numel = (largest + pad - 1) / pad * pad;
   std::vector<float> send(numel, 1e-3f), recv(numel / comm.size());
   std::vector<double> times;
   for (int i = 0; i < kTimedIterations; ++i) {
@@ -200,7 +204,7 @@ void BM_Iteration(benchmark::State& state, comm::Communicator* comm, StageZeroSt
       if (!run(backward_ms, true) || !run(0, true)) return;
     }
   }
-  auto bucket_rs_ms = LargestBucketReduceScatterMs(*comm, bucket_elems);
+  auto bucket_rs_ms = LargestBucketReduceScatterMs(*comm, stage, bucket_elems);
   if (!bucket_rs_ms.ok()) {
     state.SkipWithError(std::string(bucket_rs_ms.status().message()).c_str());
     return;

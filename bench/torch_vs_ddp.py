@@ -14,7 +14,7 @@ Model: `layers` × (Linear(width, width) + Tanh) + Linear(width, 1) (6.3M fp32 p
 default; --width 4096 gives 100.7M), batch 64 per rank, one PyTorch thread per rank (and one
 for ZeroRT's kernels). Per configuration: median step time over `steps` timed steps after 3
 untimed ones (forward, backward, optimizer step; the slowest rank's median), peak RSS per rank
-(the largest) and the RSS once the model was built (before DDP or ZeroRT took it), and for
+(the largest) and the peak RSS once the model was built (before DDP or ZeroRT took it), and for
 ZeroRT the engine's peak bytes per category.
 """
 import argparse
@@ -112,7 +112,7 @@ def run_rank(mode, steps, width, layers):
 
 
 def drive(ranks, steps, width, layers):
-    rows = []
+    rows, params = [], 0
     for mode in MODES:
         out = tempfile.mkdtemp(prefix="zerort-bench-")
         command = [os.path.join(ROOT, "tests", "mpi", "run_mpi.sh"), str(ranks),
@@ -137,8 +137,8 @@ def drive(ranks, steps, width, layers):
     ddp_ms = next((row[1] for row in rows if row[0] == "ddp"), None)
     print(f"{ranks} ranks, {steps} timed steps, {params / 1e6:.1f}M fp32 params "
           f"({layers} × {width}), batch {BATCH} per rank")
-    print("| config | step ms | vs DDP | peak RSS MiB/rank | RSS once built | ZeroRT peak MiB: "
-          "params, grads, optimizer, comm, gathered |")
+    print("| config | step ms | vs DDP | peak RSS MiB/rank | peak RSS once built | "
+          "ZeroRT peak MiB: params, grads, optimizer, comm, gathered |")
     print("|---|---|---|---|---|---|")
     for mode, ms, rss, built, memory in rows:
         ratio = f"{ms / ddp_ms:.2f}" if ddp_ms else "-"

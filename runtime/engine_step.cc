@@ -27,9 +27,9 @@ StatusOr<StepInfo> EngineImpl::Step() {
   StepInfo info;
   info.grad_norm = static_cast<float>(std::sqrt(static_cast<double>(sq_norm)) / divisor);
 
-  // The step counts as taken from the moment it starts changing params or gradients: a failure
-  // before leaves the engine as it was (a retry is allowed), one after refuses a retry that
-  // would apply the same gradients twice (see engine.h).
+  // The step counts as taken from the moment it starts changing params or gradients: a local
+  // failure before leaves the engine as it was, and one after refuses a retry that would apply
+  // the same gradients twice (a failed collective breaks the group either way; see engine.h).
   if (overflow && loss_scaler_.skips_on_overflow()) {
     micro_batch_ = 0;
     guard_->EndStep();

@@ -21,11 +21,11 @@
 // zeroes them at the start of each optimizer step's first micro-batch. Gradients are averaged
 // over ranks (sum / world, as DDP); micro-batches are summed (divide the loss by the number of
 // micro-batches, as in PyTorch). Calls out of order are kFailedPrecondition naming the call
-// and the state; nothing is modified by a failed call, with one exception: a collective that
+// and the state; nothing is modified by a failed call, with two exceptions. A collective that
 // fails (a peer's error, a timeout, a transport error) breaks the communicator's group, because
 // the ranks may now hold different states. Every later call then returns that first error
 // (EndBackward and Step may have begun their collectives before it came); the way on is to
-// restart the ranks and load the last checkpoint. Step counts as taken once its update began:
+// restart the ranks and load the last checkpoint. And Step counts as taken once its update began:
 // a device error (CUDA) after that may leave the params partly updated, and Step is not
 // accepted again for the same micro-batches; restart from the last checkpoint too.
 //

@@ -303,9 +303,9 @@ def test_preempted_run_saves_at_a_step_boundary_and_resumes_from_latest(tmp_path
 
 
 def cpu_supports(dtype):
-    """Whether this PyTorch runs the model's layers in `dtype` on the CPU (fp16 needs 2.x)."""
+    """Whether this PyTorch runs the test model in `dtype` on the CPU (fp16 needs 2.x)."""
     try:
-        nn.LayerNorm(2).to(dtype)(nn.Linear(2, 2).to(dtype)(torch.ones(1, 2, dtype=dtype)))
+        loss_of(TinyLM().to(dtype), *batch(0)).backward()
     except RuntimeError:
         return False
     return True
@@ -501,9 +501,10 @@ def test_ddp_style_no_sync_loop_matches_single_process_pytorch(stage):
 
 @pytest.mark.parametrize("stage", [2, 3])
 def test_post_accumulate_grad_hook_branch(stage, monkeypatch):
-    """The PyTorch >= 2.1 branch of the gradient hand-over (Tensor.register_post_accumulate_
-    grad_hook). On a PyTorch without that method it runs against a stand-in with the same
-    contract (hook(param) once the gradient is in param.grad); on 2.x, against the real one."""
+    """The PyTorch >= 2.1 branch of the gradient hand-over:
+    Tensor.register_post_accumulate_grad_hook. On a PyTorch without that method it runs
+    against a stand-in with the same contract (hook(param) once the gradient is in
+    param.grad, a handle with remove()); on 2.x, against the real one."""
     real = getattr(torch.Tensor, "register_post_accumulate_grad_hook", None)
     calls, nodes = [], []
 
