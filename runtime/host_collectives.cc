@@ -11,14 +11,14 @@ namespace zero::runtime {
 StatusOr<char*> HostCollectives::Scratch(int64_t bytes) {
   if (scratch_.bytes() < bytes) {
     scratch_.Reset();
-    const Placement placement = comm_.device_buffers_only() ? Placement::kDevice : Placement::kHost;
+    const Placement placement = path_.comm().device_buffers_only() ? Placement::kDevice : Placement::kHost;
     ZERO_ASSIGN_OR_RETURN(scratch_, allocator_.Allocate(bytes, MemoryCategory::kWorkspace, placement));
   }
   return scratch_.as<char>();
 }
 
 Status HostCollectives::CopyIn(char* scratch, const void* values, int64_t bytes) {
-  if (!comm_.device_buffers_only()) {
+  if (!path_.comm().device_buffers_only()) {
     std::memcpy(scratch, values, bytes);
     return absl::OkStatus();
   }
@@ -26,7 +26,7 @@ Status HostCollectives::CopyIn(char* scratch, const void* values, int64_t bytes)
 }
 
 Status HostCollectives::CopyOut(void* values, const char* scratch, int64_t bytes) {
-  if (!comm_.device_buffers_only()) {
+  if (!path_.comm().device_buffers_only()) {
     std::memcpy(values, scratch, bytes);
     return absl::OkStatus();
   }
@@ -45,13 +45,13 @@ Status HostCollectives::AllReduce(float* values, int64_t count, comm::ReduceOp o
 
 Status HostCollectives::AllGather(const void* send, void* recv, int64_t count, DType dtype) {
   const int64_t bytes = count * static_cast<int64_t>(DTypeSize(dtype));
-  ZERO_ASSIGN_OR_RETURN(char* scratch, Scratch(bytes * (comm_.size() + 1)));
-  char* own = scratch + bytes * comm_.size();
+  ZERO_ASSIGN_OR_RETURN(char* scratch, Scratch(bytes * (path_.comm().size() + 1)));
+  char* own = scratch + bytes * path_.comm().size();
   ZERO_RETURN_IF_ERROR(CopyIn(own, send, bytes));
   ZERO_RETURN_IF_ERROR(path_.RunOnHostMemory([&](comm::Communicator& comm) {
     return comm.AllGather(own, scratch, count, dtype);
   }, "all-gather of host values"));
-  return CopyOut(recv, scratch, bytes * comm_.size());
+  return CopyOut(recv, scratch, bytes * path_.comm().size());
 }
 
 }  // namespace zero::runtime

@@ -18,7 +18,7 @@ class HostCollectives {
   /// the scratch is host memory, or device memory written by copies on the stream of a
   /// communicator that orders itself after it (NCCL).
   HostCollectives(CollectivePath& path, DeviceOps& ops, base::Allocator allocator)
-      : path_(path), comm_(path.comm()), ops_(ops), allocator_(allocator) {}
+      : path_(path), ops_(ops), allocator_(allocator) {}
 
   /// In-place all-reduce of `count` host floats.
   Status AllReduce(float* values, int64_t count, comm::ReduceOp op);
@@ -33,7 +33,6 @@ class HostCollectives {
   Status CopyOut(void* values, const char* scratch, int64_t bytes);
 
   CollectivePath& path_;
-  comm::Communicator& comm_;
   DeviceOps& ops_;
   base::Allocator allocator_;
   base::Buffer scratch_;

@@ -170,6 +170,7 @@ Status ShardedParams::StartGather(int bucket) {
 }
 
 Status ShardedParams::FinishGather(int bucket) {
+  if (units_[bucket].pending == nullptr) return absl::OkStatus();  // no message built for nothing
   return path_.Wait(units_[bucket].pending, absl::StrCat("gathering unit ", plan_.buckets()[bucket].unit));
 }
 

@@ -1,6 +1,6 @@
-// (Internal to runtime.) A 64-bit hash of param values in host or device memory, for comparing
-// replicas across ranks (guard.init_params, guard.replica_check_every). Device values are
-// hashed through a host staging buffer, 16 MiB at a time.
+// (Internal to runtime.) A 64-bit hash (XXH3) of param values in host or device memory, for
+// comparing replicas across ranks (guard.init_params, guard.replica_check_every). Device
+// values are hashed through a host staging buffer, 16 MiB at a time.
 #ifndef ZERO_RUNTIME_REPLICA_HASH_H_
 #define ZERO_RUNTIME_REPLICA_HASH_H_
 

@@ -48,6 +48,12 @@ class ScopedEnv {
   std::optional<std::string> old_;
 };
 
+// A communicator created with environment variable `name` set to `value` (read at creation).
+std::unique_ptr<Communicator> NewCommWith(const char* name, const char* value) {
+  ScopedEnv forced(name, value);
+  return NewComm();
+}
+
 // The default: reduce-scatter and all-reduce algorithms measured per size at creation
 // (run_mpi.sh forces them for the other tests).
 TEST(MpiComm, ConformanceSuite) {
@@ -74,11 +80,7 @@ TEST(MpiComm, CountsTheRanksOnThisHost) {
 TEST(MpiComm, ConformanceSuiteForEveryReduceScatterAlgorithm) {
   for (const char* algorithm : {"ring", "direct", "allreduce", "native"}) {
     SCOPED_TRACE(algorithm);
-    std::unique_ptr<Communicator> comm;
-    {
-      ScopedEnv forced("ZERO_MPI_REDUCE_SCATTER", algorithm);
-      comm = NewComm();
-    }
+    std::unique_ptr<Communicator> comm = NewCommWith("ZERO_MPI_REDUCE_SCATTER", algorithm);
     ASSERT_NE(comm, nullptr);
     EXPECT_THAT(testing::RunConformanceSuite(*comm, /*pairwise_rounding=*/true), IsOk());
 
@@ -101,11 +103,7 @@ TEST(MpiComm, ConformanceSuiteForEveryReduceScatterAlgorithm) {
 TEST(MpiComm, ConformanceSuiteForEveryAllReduceAlgorithm) {
   for (const char* algorithm : {"native", "direct"}) {
     SCOPED_TRACE(algorithm);
-    std::unique_ptr<Communicator> comm;
-    {
-      ScopedEnv forced("ZERO_MPI_ALL_REDUCE", algorithm);
-      comm = NewComm();
-    }
+    std::unique_ptr<Communicator> comm = NewCommWith("ZERO_MPI_ALL_REDUCE", algorithm);
     ASSERT_NE(comm, nullptr);
     EXPECT_THAT(testing::RunConformanceSuite(*comm, /*pairwise_rounding=*/true), IsOk());
 
@@ -125,11 +123,7 @@ TEST(MpiComm, ConformanceSuiteForEveryAllReduceAlgorithm) {
 // Native all-reduces over 16 MiB run as several MPI_Iallreduce calls; with other collectives
 // submitted while they run, every rank must still start them in the same order.
 TEST(MpiComm, OverlappingNativeAllReducesInPiecesKeepTheirOrder) {
-  std::unique_ptr<Communicator> comm;
-  {
-    ScopedEnv forced("ZERO_MPI_ALL_REDUCE", "native");
-    comm = NewComm();
-  }
+  std::unique_ptr<Communicator> comm = NewCommWith("ZERO_MPI_ALL_REDUCE", "native");
   ASSERT_NE(comm, nullptr);
   const int size = comm->size(), rank = comm->rank();
   const int64_t large = (int64_t{1} << 22) + 7;  // two pieces
