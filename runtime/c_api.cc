@@ -62,6 +62,15 @@ zero_status zero_comm_mpi(const void* mpi_comm, zero_comm** out) {
   return ZERO_OK;
 }
 
+zero_status zero_comm_nccl(zero_comm* bootstrap, int device, void* cuda_stream, zero_comm** out) {
+  ZERO_C_REQUIRE(bootstrap, "zero_comm_nccl");
+  ZERO_C_REQUIRE(out, "zero_comm_nccl");
+  auto comm = zero::comm::CreateNcclCommunicator(*bootstrap->comm, {cuda_stream, device});
+  if (!comm.ok()) return Report(comm.status());
+  *out = new zero_comm{std::move(*comm)};
+  return ZERO_OK;
+}
+
 int zero_comm_rank(const zero_comm* comm) { return comm ? comm->comm->rank() : -1; }
 int zero_comm_size(const zero_comm* comm) { return comm ? comm->comm->size() : -1; }
 void zero_comm_destroy(zero_comm* comm) { delete comm; }

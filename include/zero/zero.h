@@ -87,6 +87,13 @@ ZERO_API const char* zero_version(void);
 ZERO_API zero_status zero_comm_local_group(int world, zero_comm** comms);
 /** An MPI communicator over `*(MPI_Comm*)mpi_comm`, or MPI_COMM_WORLD when NULL. */
 ZERO_API zero_status zero_comm_mpi(const void* mpi_comm, zero_comm** out);
+/** An NCCL communicator (device buffers, one rank per GPU) over the ranks of `bootstrap`, which
+ *  carries the ncclUniqueId from its rank 0 (collective over `bootstrap`; it may be destroyed
+ *  afterwards). `device`: this rank's CUDA device (-1: the calling thread's current one);
+ *  `cuda_stream`: the cudaStream_t the trainer computes on (NULL: the legacy default stream),
+ *  after whose queued work each collective starts. ZERO_UNIMPLEMENTED in builds without NCCL,
+ *  ZERO_UNAVAILABLE without a GPU. */
+ZERO_API zero_status zero_comm_nccl(zero_comm* bootstrap, int device, void* cuda_stream, zero_comm** out);
 ZERO_API int zero_comm_rank(const zero_comm* comm);
 ZERO_API int zero_comm_size(const zero_comm* comm);
 ZERO_API void zero_comm_destroy(zero_comm* comm);

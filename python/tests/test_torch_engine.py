@@ -83,15 +83,15 @@ def loss_of(model, tokens, targets, use_branch=True):
     return F.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1))
 
 
-def reference(**model_options):
+def reference(device="cpu", **model_options):
     """Single-process PyTorch on the whole batch."""
-    model = TinyLM(**model_options)
+    model = TinyLM(**model_options).to(device)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=OPTIMIZER["lr"], betas=OPTIMIZER["betas"],
                                   eps=OPTIMIZER["eps"], weight_decay=OPTIMIZER["weight_decay"])
     for step in range(STEPS):
         optimizer.zero_grad()
-        loss_of(model, *batch(step)).backward()
+        loss_of(model, *(t.to(device) for t in batch(step))).backward()
         optimizer.step()
     return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
 
@@ -129,18 +129,19 @@ def skips_branch(rank, step):
 
 def train_sharded(stage, world=2, guard=None, raise_first=True, steps=range(STEPS),
                   load=None, save=None, perturb=False, perturb_frozen=False,
-                  preempt_at=None, **model_options):
+                  preempt_at=None, device="cpu", **model_options):
     """Trains on `world` in-process ranks; optionally loads a checkpoint first and saves one
     after. With `preempt_at`, rank 0 sends itself SIGUSR1 after that step; every rank
     polls preemption_requested() after each step and, once it is true, saves the checkpoint
     `save`/step-N and stops. Rows are split as evenly as `world` allows, each rank's loss
-    weighted so that the ranks' averaged gradients are the whole batch's."""
+    weighted so that the ranks' averaged gradients are the whole batch's. `device`: where
+    the models and batches live ("cuda": the engines run on the GPU)."""
     config = {"stage": stage, "optimizer": OPTIMIZER, "stage3": {"persistence_threshold": 0},
               "buckets": {"first_bucket_elems": 64, "reduce_bucket_elems": 256},
               "guard": dict({"timeout_s": 30}, **(guard or {}))}
 
     # Built here, not in the rank threads: TinyLM seeds PyTorch's global generator.
-    models = [TinyLM(**model_options) for _ in range(world)]
+    models = [TinyLM(**model_options).to(device) for _ in range(world)]
     if perturb:  # every rank but 0 starts its trainable params from other values
         with torch.no_grad():
             for model in models[1:]:
@@ -166,7 +167,7 @@ def train_sharded(stage, world=2, guard=None, raise_first=True, steps=range(STEP
         weight = (bounds[rank + 1] - bounds[rank]) * world / BATCH
         preempted = False
         for step in steps:
-            tokens, targets = batch(step)
+            tokens, targets = (t.to(device) for t in batch(step))
             loss = loss_of(model, tokens[mine], targets[mine], not skips_branch(rank, step))
             (weight * loss).backward()
             engine.step()
@@ -340,11 +341,16 @@ def test_half_precision_params_train_and_skip_overflowing_steps(dtype, name):
     """16-bit params with fp32 masters and dynamic loss scaling: an overflowing step is
     skipped on every rank (params unchanged), the others train. Where this PyTorch has no CPU
     kernels for `dtype`, the params are stored in it and the layers compute in fp32."""
+    check_half_precision(dtype, name)
+
+
+def check_half_precision(dtype, name, device="cpu"):
+    """The test above, with the models and batches on `device`."""
     config = {"stage": 2, "optimizer": OPTIMIZER,
               "precision": {"param": name, "grad": name, "reduce": name, "master_weights": True},
               "loss_scale": {"mode": "dynamic", "initial_power": 8, "hysteresis": 1}}
-    if cpu_supports(dtype):
-        models = [TinyLM().to(dtype) for _ in range(2)]
+    if device != "cpu" or cpu_supports(dtype):
+        models = [TinyLM().to(device, dtype) for _ in range(2)]
     else:
         models = [stored_in(TinyLM(), dtype) for _ in range(2)]
 
@@ -353,7 +359,7 @@ def test_half_precision_params_train_and_skip_overflowing_steps(dtype, name):
         engine = zerort.torch.initialize(model, config, comm)
         infos, snapshots = [], []
         for step in range(6):
-            tokens, targets = batch(step)
+            tokens, targets = (t.to(device) for t in batch(step))
             mine = slice(rank * BATCH // 2, (rank + 1) * BATCH // 2)
             loss = engine.scale(loss_of(model, tokens[mine], targets[mine]))
             if step == 3 and rank == 1:

@@ -8,7 +8,7 @@ the build tree (build/lib/libzerort.so beside this package's source), an install
 the dynamic loader's path.
 """
 from .core import (Communicator, Engine, install_preemption_handler,
-                   local_group, mpi_communicator, version)
+                   local_group, mpi_communicator, nccl_communicator, version)
 from .errors import (AbortedError, AlreadyExistsError, CancelledError, DataLossError,
                      DeadlineExceededError, DuplicateGradientError,
                      FailedPreconditionError, InternalError,
@@ -18,7 +18,7 @@ from .errors import (AbortedError, AlreadyExistsError, CancelledError, DataLossE
 
 __all__ = [
     "Communicator", "Engine", "install_preemption_handler", "local_group",
-    "mpi_communicator", "version", "AbortedError",
+    "mpi_communicator", "nccl_communicator", "version", "AbortedError",
     "ZeroError", "CancelledError", "InvalidArgumentError",
     "DeadlineExceededError", "NotFoundError", "AlreadyExistsError",
     "ResourceExhaustedError", "FailedPreconditionError", "UnimplementedError",

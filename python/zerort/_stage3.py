@@ -30,10 +30,23 @@ import torch
 from . import errors
 
 
+class _DeviceBytes:
+    """`nbytes` bytes of device memory at `address`, as CUDA's array interface describes
+    them (torch.as_tensor reads it; the tensor keeps this object, not the memory, alive)."""
+
+    def __init__(self, address, nbytes):
+        self.__cuda_array_interface__ = {
+            "shape": (nbytes,), "typestr": "|u1", "data": (address, False),
+            "strides": None, "version": 2}
+
+
 def engine_view(address, param):
     """A tensor shaped like `param`, over `param.numel()` elements of its dtype at `address`
-    (engine memory: the tensor does not own it)."""
+    (engine memory on `param`'s device: the tensor does not own it)."""
     nbytes = param.numel() * param.element_size()
+    if param.device.type == "cuda":
+        raw = torch.as_tensor(_DeviceBytes(address, nbytes), device=param.device)
+        return raw.view(param.dtype).view(param.shape)
     buffer = (ctypes.c_byte * nbytes).from_address(address)
     return torch.frombuffer(buffer, dtype=param.dtype, count=param.numel()).view(param.shape)
 

@@ -47,8 +47,10 @@ def install_preemption_handler():
 class Communicator:
     """One rank's communicator (owns the C handle; close() or garbage collection frees it)."""
 
-    def __init__(self, handle):
+    def __init__(self, handle, device_buffers_only=False, in_process=False):
         self._handle = ctypes.c_void_p(handle)  # first: __del__ runs even if __init__ fails
+        self.device_buffers_only = device_buffers_only  # NCCL: collectives on GPU memory
+        self.in_process = in_process  # local_group(): the ranks are threads of this process
         # Open engines built on this communicator: raw handle -> (the Engine's handle box,
         # callbacks to run before the engine is freed). A communicator frees its engines
         # first, whatever order the garbage collector finalises them in (a model, its hooks
@@ -108,7 +110,7 @@ def local_group(world):
     """`world` in-process ranks (run one thread per rank): a list of Communicators."""
     handles = (ctypes.c_void_p * world)()
     _check(library().zero_comm_local_group(world, handles), "zero_comm_local_group")
-    return [Communicator(h) for h in handles]
+    return [Communicator(h, in_process=True) for h in handles]
 
 
 def mpi_communicator():
@@ -116,6 +118,20 @@ def mpi_communicator():
     handle = ctypes.c_void_p()
     _check(library().zero_comm_mpi(None, ctypes.byref(handle)), "zero_comm_mpi")
     return Communicator(handle.value)
+
+
+def nccl_communicator(bootstrap=None, device=-1, stream=None):
+    """This rank's NCCL communicator (device buffers, one rank per GPU) over the ranks of
+    `bootstrap` (a Communicator; None: this process's MPI rank), which carries NCCL's unique
+    id from its rank 0. `device`: this rank's CUDA device (-1: the current one); `stream`:
+    the cudaStream_t the trainer computes on, as an int (None: the legacy default stream).
+    Collective over `bootstrap`. UnimplementedError in builds without NCCL."""
+    if bootstrap is None:
+        bootstrap = mpi_communicator()
+    handle = ctypes.c_void_p()
+    _check(library().zero_comm_nccl(bootstrap.handle, device, stream, ctypes.byref(handle)),
+           "zero_comm_nccl")
+    return Communicator(handle.value, device_buffers_only=True)
 
 
 def config_dict(config):
@@ -175,23 +191,32 @@ class Engine:
         """Builds the layout and checks that every rank registered the same params."""
         _check(library().zero_finalize(self._handle), "zero_finalize")
 
+    def set_stream(self, stream):
+        """Device "cuda": the cudaStream_t (an int; None: the legacy default stream) the
+        trainer computes on; the engine orders its work after what is queued there."""
+        _check(library().zero_set_stream(self._handle, stream), "zero_set_stream")
+
     def set_param(self, pid, address):
-        """Copies a full param from host memory at `address` into the engine."""
+        """Copies a full param from `address` (host memory, or device memory on device
+        "cuda") into the engine."""
         _check(library().zero_set_param(self._handle, pid, address), "zero_set_param")
 
     def get_param(self, pid, address):
-        """Copies a full param into host memory at `address` (collective at stage 3)."""
+        """Copies a full param to `address` (host memory, or device memory on device
+        "cuda"; collective at stage 3)."""
         _check(library().zero_get_param(self._handle, pid, address), "zero_get_param")
 
     def param_data(self, pid):
-        """The address of the engine's full copy of a param (stages 0-2)."""
+        """The address of the engine's full copy of a param (stages 0-2; device memory on
+        device "cuda")."""
         view = ctypes.c_void_p()
         _check(library().zero_param_data(self._handle, pid, ctypes.byref(view)),
                "zero_param_data")
         return view.value
 
     def accumulate_grad(self, pid, address):
-        """Adds a gradient (host memory at `address`, the param's dtype) and marks it ready."""
+        """Adds a gradient (the param's dtype, at `address`: host memory, or device memory
+        on device "cuda", written on the engine's stream) and marks it ready."""
         _check(library().zero_accumulate_grad(self._handle, pid, address),
                "zero_accumulate_grad")
 

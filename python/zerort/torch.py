@@ -24,7 +24,12 @@ What happens to the model:
 - Stage 3: one unit per module that owns trainable params, gathered before its forward and
   again before its backward, released after each (zerort/_stage3.py); between uses the
   params' storage is freed, as FSDP does.
-- CPU tensors only.
+- Params on the CPU, or on one GPU (device "cuda", set from the model when the config names
+  none): the engine's copies live in device memory and its work is ordered after torch's
+  current stream at initialize(). Across processes use zerort.nccl_communicator(). In-process
+  ranks sharing one GPU are for tests, at stages 0-2: PyTorch runs the CUDA part of every
+  thread's backward on one autograd thread per device, so a rank that waits inside backward
+  (a stage-3 gather, a full gradient-buffer pool) waits for peers queued behind it.
 
 Every failure is a zerort exception carrying the status and the library's message
 (zerort.errors): DuplicateGradientError, UnusedParametersError, DeadlineExceededError, ...
@@ -59,7 +64,20 @@ class TorchEngine:
         scale = self.config.get("loss_scale", {})
         self.loss_scale = (2.0 ** scale.get("initial_power", 16)
                            if scale.get("mode", "none") != "none" else 1.0)
+        device = _device_of(module, self.config)
+        if device.type == "cuda" and self.stage == 3 and comm.in_process and comm.size > 1:
+            raise errors.UnimplementedError(
+                "zerort.torch: stage 3 with the model on the GPU needs one process per rank "
+                "(zerort.nccl_communicator() under mpirun), not in-process ranks: PyTorch runs "
+                "every thread's CUDA backward on one autograd thread per device, so a rank "
+                "gathering its params inside backward would wait for a peer queued behind it")
+        if device.type == "cuda":
+            self.config["device"] = "cuda"
         self._engine = core.Engine(self.config, comm)
+        if device.type == "cuda":
+            # The engine orders its copies and reductions after the work torch queues on its
+            # current stream (where autograd computes the gradients).
+            self._engine.set_stream(torch.cuda.current_stream(device).cuda_stream)
         self._sync_frozen_state(module, comm)
         self._params = []  # (name, param, id)
         trainable = {p for p in module.parameters() if p.requires_grad}
@@ -69,10 +87,6 @@ class TorchEngine:
         for name, param in module.named_parameters():
             if not param.requires_grad:
                 continue
-            if param.device.type != "cpu":
-                raise errors.UnimplementedError(
-                    f"zerort.torch: {name} is on {param.device}; this package drives CPU "
-                    "tensors only so far")
             if param.dtype not in _DTYPES:
                 raise errors.InvalidArgumentError(
                     f"zerort.torch: {name} has dtype {param.dtype}; ZeroRT keeps float32, "
@@ -117,9 +131,13 @@ class TorchEngine:
         frozen = [p for p in module.parameters() if not p.requires_grad]
         with torch.no_grad():
             for tensor in frozen + list(module.buffers()):
-                if tensor.device.type != "cpu" or tensor.numel() == 0:
+                if tensor.numel() == 0:
                     continue
-                values = tensor.detach().contiguous()
+                # NCCL takes device memory only; the other backends take host memory.
+                values = tensor.detach().to(
+                    "cuda" if comm.device_buffers_only else "cpu").contiguous()
+                if values.is_cuda:
+                    torch.cuda.current_stream(values.device).synchronize()
                 comm.broadcast_bytes(values.data_ptr(),
                                      values.numel() * values.element_size(), 0, timeout)
                 if values.data_ptr() != tensor.data_ptr():
@@ -224,10 +242,11 @@ class TorchEngine:
         self.step()
 
     def state_dict(self):
-        """Full copies of every trainable param, by name (collective at stage 3)."""
+        """Full copies of every trainable param, by name, on the params' device
+        (collective at stage 3)."""
         result = {}
         for name, param, pid in self._params:
-            full = torch.empty(param.shape, dtype=param.dtype)
+            full = torch.empty(param.shape, dtype=param.dtype, device=param.device)
             self._engine.get_param(pid, full.data_ptr())
             result[name] = full
         return result
@@ -282,6 +301,30 @@ class TorchEngine:
         if self._units is not None:
             self._units.remove()
         self._engine.close()
+
+
+def _device_of(module, config):
+    """The one device of `module`'s trainable params, checked against the config's "device"
+    (a model on the GPU sets it to "cuda" when the config does not name one)."""
+    devices = {p.device for p in module.parameters() if p.requires_grad}
+    if len(devices) > 1:
+        raise errors.InvalidArgumentError(
+            "zerort.torch: the trainable params are on several devices "
+            f"({sorted(map(str, devices))}); one engine drives params on one device: move "
+            "the model there first (model.to(device))")
+    device = devices.pop() if devices else torch.device("cpu")
+    named = config.get("device", device.type)
+    if named != device.type:
+        raise errors.InvalidArgumentError(
+            f"zerort.torch: the config's device is \"{named}\" but the trainable params are on "
+            f"{device}: move the model (model.to(\"{named}\")) or set \"device\": "
+            f"\"{device.type}\"")
+    if device.type == "cuda" and device.index != torch.cuda.current_device():
+        raise errors.InvalidArgumentError(
+            f"zerort.torch: the params are on {device} but the current CUDA device is "
+            f"cuda:{torch.cuda.current_device()}; the engine allocates on the current device: "
+            f"call torch.cuda.set_device({device.index}) before initialize()")
+    return device
 
 
 def initialize(model, config=None, comm=None):

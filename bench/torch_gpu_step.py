@@ -1,0 +1,108 @@
+#!/usr/bin/env python3
+"""ZeroRT's engine as the optimizer of a PyTorch model on one GPU, against PyTorch's AdamW.
+
+    python3 bench/torch_gpu_step.py [--steps 20] [--width 4096] [--layers 6] [--batch 64]
+
+One process, one GPU, one rank: what the engine's hand-over (a hook per param copying its
+gradient into a bucket), its reduction path and its fused AdamW cost per step beside
+torch.optim.AdamW, on the same model and data. Configurations:
+
+    torch-fused    torch.optim.AdamW(fused=True)
+    torch-foreach  torch.optim.AdamW(foreach=True)
+    zerort-S       zerort.torch at stage S (0-3), an in-process communicator of one rank
+    zerort-nccl-S  the same over NCCL (one rank), stages 2 and 3
+
+Model: `layers` × (Linear(width, width) + Tanh) + Linear(width, 1), fp32 (100.7M params at
+the defaults). Per configuration: median step time (forward, backward, optimizer step;
+CUDA synchronised) over `steps` steps after 3 untimed ones, and the peak GPU memory PyTorch's
+allocator held plus, for ZeroRT, the engine's peak bytes (its own allocations).
+"""
+import argparse
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import zerort
+import zerort.torch
+
+
+def build_model(width, layers):
+    torch.manual_seed(0)
+    modules = []
+    for _ in range(layers):
+        modules += [nn.Linear(width, width), nn.Tanh()]
+    return nn.Sequential(*modules, nn.Linear(width, 1)).cuda()
+
+
+def measure(name, args):
+    """Median step time (ms) and peak memory (MiB) of configuration `name`."""
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    model = build_model(args.width, args.layers)
+    generator = torch.Generator(device="cuda").manual_seed(1)
+    x = torch.randn(args.batch, args.width, device="cuda", generator=generator)
+    y = x[:, :1].clone()
+    comm = engine = optimizer = None
+    if name.startswith("torch"):
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4,
+                                      **{name.split("-")[1]: True})
+    else:
+        stage = int(name[-1])
+        comm = zerort.local_group(1)[0]
+        if "nccl" in name:
+            bootstrap, comm = comm, zerort.nccl_communicator(comm)
+            bootstrap.close()
+        engine = zerort.torch.initialize(
+            model, {"stage": stage, "optimizer": {"type": "adamw", "lr": 1e-4}}, comm)
+    times = []
+    for step in range(args.steps + 3):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        F.mse_loss(model(x), y).backward()
+        if optimizer is not None:
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        else:
+            engine.step()
+        torch.cuda.synchronize()
+        if step >= 3:
+            times.append((time.perf_counter() - start) * 1e3)
+    engine_mib = 0.0
+    if engine is not None:
+        engine_mib = sum(v[1] for v in engine.engine.memory_stats().values()) / 2**20
+        engine.close()
+        comm.close()
+    torch_mib = torch.cuda.max_memory_allocated() / 2**20
+    del model, optimizer, engine
+    return statistics.median(times), torch_mib, engine_mib
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--width", type=int, default=4096)
+    parser.add_argument("--layers", type=int, default=6)
+    parser.add_argument("--batch", type=int, default=64)
+    args = parser.parse_args()
+    params = args.layers * (args.width * args.width + args.width) + args.width + 1
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, "
+          f"{params / 1e6:.1f}M fp32 params, batch {args.batch}")
+    names = ["torch-fused", "torch-foreach"] + [f"zerort-{s}" for s in range(4)]
+    names += ["zerort-nccl-2", "zerort-nccl-3"]
+    baseline = None
+    print(f"{'config':<14} {'step ms':>8} {'vs fused':>9} {'torch MiB':>10} {'engine MiB':>11}")
+    for name in names:
+        try:
+            ms, torch_mib, engine_mib = measure(name, args)
+        except zerort.ZeroError as error:
+            print(f"{name:<14} not run: {error}")
+            continue
+        baseline = baseline or ms
+        print(f"{name:<14} {ms:8.2f} {ms / baseline:9.2f} {torch_mib:10.0f} {engine_mib:11.0f}")
+
+
+if __name__ == "__main__":
+    main()
