@@ -20,6 +20,7 @@ Status CheckConfig(const PlanConfig& c) {
   if (c.stage < 0 || c.stage > 3) return bad("stage", c.stage, "must be 0, 1, 2 or 3");
   if (c.reduce_bucket_elems < 1) return bad("buckets.reduce_bucket_elems", c.reduce_bucket_elems, "must be ≥ 1");
   if (c.first_bucket_elems < 1) return bad("buckets.first_bucket_elems", c.first_bucket_elems, "must be ≥ 1");
+  if (c.last_bucket_elems < 0) return bad("buckets.last_bucket_elems", c.last_bucket_elems, "must be ≥ 0");
   if (c.param_alignment < 1) return bad("param_alignment", c.param_alignment, "must be ≥ 1");
   if (c.shard_alignment < 1) return bad("shard_alignment", c.shard_alignment, "must be ≥ 1");
   return absl::OkStatus();
@@ -42,6 +43,33 @@ Status CheckParams(const std::vector<ParamInfo>& params) {
   return absl::OkStatus();
 }
 
+// Stages 0-2: the trainable params that make up the last trainable bucket, the one that fills
+// last in backward and whose reduction is all that stays exposed after it: the trailing run of
+// `order` (the first-registered params) of one group and dtype that fits last_bucket_elems, or
+// the first-registered param alone when it does not fit by itself. Empty when there is no such
+// cap or when every trainable param fits (one bucket then, capped as usual).
+std::set<int> LastBucketParams(const std::vector<ParamInfo>& params, const std::vector<int>& order,
+                               const PlanConfig& c) {
+  std::set<int> tail;
+  if (c.last_bucket_elems == 0) return tail;
+  int64_t used = 0;
+  const ParamInfo* head = nullptr;
+  size_t trainable = 0;
+  for (int id : order) trainable += params[id].requires_grad ? 1 : 0;
+  for (auto it = order.rbegin(); it != order.rend(); ++it) {
+    const ParamInfo& p = params[*it];
+    if (!p.requires_grad) continue;
+    if (head == nullptr) head = &p;
+    const int64_t next = RoundUp(used, c.param_alignment) + p.numel;
+    if (p.group != head->group || p.dtype != head->dtype) break;
+    if (next > c.last_bucket_elems && !tail.empty()) break;
+    tail.insert(*it);
+    used = next;
+  }
+  if (tail.size() == trainable) tail.clear();
+  return tail;
+}
+
 // Groups param ids (already in layout order) into buckets' param lists.
 std::vector<std::vector<int>> FormBuckets(const std::vector<ParamInfo>& params,
                                           const std::vector<int>& order, const PlanConfig& c) {
@@ -57,6 +85,7 @@ std::vector<std::vector<int>> FormBuckets(const std::vector<ParamInfo>& params,
     return lists;
   }
   // Stages 0-2: one open bucket for trainable params and one for frozen ones.
+  const std::set<int> last_bucket = LastBucketParams(params, order, c);
   int open[2] = {-1, -1};
   int64_t used[2] = {0, 0};
   bool first_trainable = true;
@@ -69,7 +98,8 @@ std::vector<std::vector<int>> FormBuckets(const std::vector<ParamInfo>& params,
       const ParamInfo& head = params[lists[current].front()];
       const int64_t cap = (kind == 0 && first_trainable) ? c.first_bucket_elems : c.reduce_bucket_elems;
       fits = head.group == p.group && head.dtype == p.dtype &&
-             RoundUp(used[kind], c.param_alignment) + p.numel <= cap;
+             RoundUp(used[kind], c.param_alignment) + p.numel <= cap &&
+             last_bucket.count(lists[current].front()) == last_bucket.count(id);
       if (!fits && kind == 0) first_trainable = false;
     }
     if (!fits) {

@@ -40,6 +40,8 @@ struct PlanConfig {
   int stage = 0;
   int64_t reduce_bucket_elems = 4'000'000;   ///< cap of every bucket but the first
   int64_t first_bucket_elems = 1'000'000;    ///< cap of the first bucket (the first to fill)
+  int64_t last_bucket_elems = 1'000'000;     ///< cap of the last trainable bucket (the last to
+                                             ///< fill; stages 0-2); 0: no cap of its own
   int64_t param_alignment = 64;              ///< param starts, in elements
   int64_t shard_alignment = 128;             ///< bucket size is a multiple of world × this
 };

@@ -54,6 +54,7 @@ const Range kUnitInterval{0, 1, false, false, "≥ 0 and ≤ 1"};
 const Range kBucketElems{1, kMaxElems, false, false, "a whole number ≥ 1 and ≤ 1e15"};
 const Range kPoolBuffers{1, kIntMax, false, false, "a whole number ≥ 1 and ≤ 2147483647"};
 const Range kPrefetchElems{0, kMaxElems, false, false, "a whole number ≥ 0 and ≤ 1e15"};
+const Range kLastBucketElems{0, kMaxElems, false, false, "a whole number ≥ 0 (0: no cap) and ≤ 1e15"};
 const Range kMaxLiveElems{1, kMaxElems, false, false, "a whole number ≥ 1 and ≤ 1e15"};
 const Range kPersistenceThreshold{0, kMaxElems, false, false, "a whole number ≥ 0 and ≤ 1e15"};
 const Range kAccumulation{1, kIntMax, false, false, "a whole number ≥ 1 and ≤ 2147483647"};
@@ -354,6 +355,7 @@ StatusOr<Config> Config::FromJson(std::string_view text) {
   const std::map<std::string, Handler> buckets = {
       {"reduce_bucket_elems", Number(&c.buckets.reduce_bucket_elems, kBucketElems)},
       {"first_bucket_elems", Number(&c.buckets.first_bucket_elems, kBucketElems)},
+      {"last_bucket_elems", Number(&c.buckets.last_bucket_elems, kLastBucketElems)},
       {"overlap", Bool(&c.buckets.overlap)}, {"pool_buffers", Number(&c.buckets.pool_buffers, kPoolBuffers)}};
   const std::map<std::string, Handler> stage3 = {
       {"prefetch_elems", Number(&c.stage3.prefetch_elems, kPrefetchElems)},
@@ -415,6 +417,7 @@ Status Config::Validate() const {
   }
   ZERO_RETURN_IF_ERROR(CheckStored("buckets.reduce_bucket_elems", buckets.reduce_bucket_elems, kBucketElems));
   ZERO_RETURN_IF_ERROR(CheckStored("buckets.first_bucket_elems", buckets.first_bucket_elems, kBucketElems));
+  ZERO_RETURN_IF_ERROR(CheckStored("buckets.last_bucket_elems", buckets.last_bucket_elems, kLastBucketElems));
   ZERO_RETURN_IF_ERROR(CheckStored("buckets.pool_buffers", buckets.pool_buffers, kPoolBuffers));
   ZERO_RETURN_IF_ERROR(CheckStored("stage3.prefetch_elems", stage3.prefetch_elems, kPrefetchElems));
   ZERO_RETURN_IF_ERROR(CheckStored("stage3.max_live_elems", stage3.max_live_elems, kMaxLiveElems));

@@ -145,6 +145,7 @@ Status EngineImpl::Finalize() {
   plan_config.stage = config_.stage;
   plan_config.reduce_bucket_elems = config_.buckets.reduce_bucket_elems;
   plan_config.first_bucket_elems = config_.buckets.first_bucket_elems;
+  plan_config.last_bucket_elems = config_.buckets.last_bucket_elems;
   ZERO_ASSIGN_OR_RETURN(partition::PartitionPlan plan, partition::PartitionPlan::Build(infos, plan_config));
   plan_.emplace(std::move(plan));
   std::vector<std::string> names;

@@ -5,7 +5,7 @@
 //                   "weight_decay": 0.01, "momentum": 0.0, "dampening": 0.0, "nesterov": false},
 //     "precision": {"param": "fp32", "grad": "fp32", "reduce": "fp32", "master_weights": true},
 //     "buckets": {"reduce_bucket_elems": 4000000, "first_bucket_elems": 1000000,
-//                 "overlap": true, "pool_buffers": 4},
+//                 "last_bucket_elems": 1000000, "overlap": true, "pool_buffers": 4},
 //     "stage3": {"prefetch_elems": 50000000, "max_live_elems": 1000000000,
 //                "persistence_threshold": 100000},
 //     "gradient_accumulation_steps": 1, "clip_grad_norm": 0.0,
@@ -70,6 +70,9 @@ struct BucketConfig {
   /// (README, "Choosing bucket sizes").
   int64_t reduce_bucket_elems = 4'000'000;
   int64_t first_bucket_elems = 1'000'000;    ///< [1, 1e15]
+  /// [0, 1e15]; 0: no cap of its own. The last bucket to fill in backward (the first-registered
+  /// params) is what stays to reduce after backward ends: a small one leaves little exposed.
+  int64_t last_bucket_elems = 1'000'000;
   bool overlap = true;    ///< launch a bucket's reduction as soon as it is ready
   int pool_buffers = 4;   ///< stage 2: bucket buffers being filled or in flight at once (≥ 1)
                           ///< (without overlap: one per bucket, whatever this says)

@@ -62,6 +62,7 @@ INSTANTIATE_TEST_SUITE_P(
         Rejected{R"({"stage": 9223372036854775807})", "stage", "9223372036854775807"},
         Rejected{R"({"buckets": {"reduce_bucket_elems": 1e30}})", "buckets.reduce_bucket_elems", "1e30"},
         Rejected{R"({"buckets": {"first_bucket_elems": 0}})", "buckets.first_bucket_elems", "0"},
+        Rejected{R"({"buckets": {"last_bucket_elems": -1}})", "buckets.last_bucket_elems", "-1"},
         Rejected{R"({"buckets": {"pool_buffers": 3000000000}})", "buckets.pool_buffers", "3000000000"},
         // Integer keys take whole numbers only.
         Rejected{R"({"stage": 2.5})", "stage", "2.5"},
@@ -113,7 +114,8 @@ TEST(ConfigJson, AcceptsTheEdgesOfEveryRange) {
       "stage": 3.0,
       "optimizer": {"lr": 1e6, "betas": [0, 0.99999994], "eps": 1, "weight_decay": 1e6,
                     "momentum": 1, "dampening": 0},
-      "buckets": {"reduce_bucket_elems": 1e15, "first_bucket_elems": 1, "pool_buffers": 2147483647},
+      "buckets": {"reduce_bucket_elems": 1e15, "first_bucket_elems": 1, "last_bucket_elems": 0,
+                  "pool_buffers": 2147483647},
       "stage3": {"prefetch_elems": 0, "max_live_elems": 1e15, "persistence_threshold": 0},
       "gradient_accumulation_steps": 2147483647, "clip_grad_norm": 3.4028234e38,
       "loss_scale": {"initial_power": 64, "window": 1, "hysteresis": 1, "min": 1.8446744073709552e19},
@@ -121,6 +123,7 @@ TEST(ConfigJson, AcceptsTheEdgesOfEveryRange) {
   ASSERT_THAT(config, IsOk());
   EXPECT_EQ(config->stage, 3);
   EXPECT_EQ(config->buckets.reduce_bucket_elems, int64_t{1'000'000'000'000'000});
+  EXPECT_EQ(config->buckets.last_bucket_elems, 0);
   EXPECT_FLOAT_EQ(config->optimizer.beta2, 0.99999994f);
   EXPECT_DOUBLE_EQ(config->guard.timeout_s, 604800);
   const StatusOr<Config> smallest = Config::FromJson(

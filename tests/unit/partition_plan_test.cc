@@ -158,6 +158,19 @@ void CheckInvariants(const PartitionPlan& plan) {
       ASSERT_LE(last_end, plan.state_numel());
     }
   }
+  // The last trainable bucket (the first-registered trainable param's) fits its own cap, or
+  // holds that param alone (stages 0-2).
+  if (c.stage != 3 && c.last_bucket_elems > 0) {
+    for (size_t id = 0; id < plan.params().size(); ++id) {
+      if (!plan.params()[id].requires_grad) continue;
+      const Bucket& last = plan.buckets()[plan.placement(static_cast<int>(id)).bucket];
+      const ParamPlacement& end = plan.placement(last.params.back());
+      if (last.params.size() > 1) {
+        ASSERT_LE(end.offset + end.numel, c.last_bucket_elems);
+      }
+      break;
+    }
+  }
   // Backward order: trainable params appear in decreasing registration index (stages 0-2).
   if (c.stage != 3) {
     int previous = INT32_MAX;
@@ -180,6 +193,7 @@ TEST(PartitionPlan, PropertiesHoldForRandomModelsWorldsCapsAndStages) {
     config.stage = stage;
     config.first_bucket_elems = 1 + rng() % 5000;
     config.reduce_bucket_elems = 1 + rng() % 30000;
+    config.last_bucket_elems = rng() % 3 == 0 ? 0 : 1 + rng() % 5000;
     auto plan = PartitionPlan::Build(RandomParams(rng, stage), config);
     ASSERT_TRUE(plan.ok()) << plan.status();
     SCOPED_TRACE(::testing::Message() << "trial " << trial << " world " << config.world_size
@@ -188,6 +202,31 @@ TEST(PartitionPlan, PropertiesHoldForRandomModelsWorldsCapsAndStages) {
     CheckByteOffsets(*plan);
     if (HasFatalFailure()) return;
   }
+}
+
+TEST(PartitionPlan, LastBucketHoldsTheFirstRegisteredParamsUpToItsCap) {
+  std::vector<ParamInfo> params;
+  for (int i = 0; i < 6; ++i) params.push_back({"layer" + std::to_string(i), 100});
+  PlanConfig config;
+  config.world_size = 2;
+  config.first_bucket_elems = config.reduce_bucket_elems = 1000;
+  config.last_bucket_elems = 250;  // layer0 at 0, layer1 at 128: 228 ≤ 250; layer2 would end at 356
+  auto plan = PartitionPlan::Build(params, config);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_EQ(plan->buckets().size(), 2u);
+  EXPECT_EQ(plan->buckets()[0].params, (std::vector<int>{5, 4, 3, 2}));
+  EXPECT_EQ(plan->buckets()[1].params, (std::vector<int>{1, 0}));
+
+  config.last_bucket_elems = 50;  // layer0 alone exceeds it: it is the last bucket by itself
+  plan = PartitionPlan::Build(params, config);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_EQ(plan->buckets().size(), 2u);
+  EXPECT_EQ(plan->buckets()[1].params, (std::vector<int>{0}));
+
+  config.last_bucket_elems = 0;  // no cap of its own: the whole model fits one bucket
+  plan = PartitionPlan::Build(params, config);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->buckets().size(), 1u);
 }
 
 TEST(PartitionPlan, Stage3BucketIsOneUnit) {
