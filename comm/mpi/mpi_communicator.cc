@@ -184,12 +184,8 @@ class MpiCommunicator final : public Communicator {
         progress_([this] { ProgressLoop(); }) {}
 
   ~MpiCommunicator() override {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      stopping_ = true;
-    }
-    wake_.notify_all();
-    progress_.join();
+    UnregisterProgressThread(this);
+    StopProgress();
     bool keep_outgoing = false;
     int finalized = 0;
     MPI_Finalized(&finalized);
@@ -216,6 +212,20 @@ class MpiCommunicator final : public Communicator {
     // Deliberate leaks: MPI may still use these after we are gone (see the file comment).
     if (keep_outgoing) static_cast<void>(new std::vector<char>(std::move(notices_.outgoing)));
     for (auto& o : abandoned_) static_cast<void>(o.release());
+  }
+
+  /// Stops the progress thread, draining what is in flight (once: from the destructor, or from
+  /// MPI_Finalize's hook when the communicator outlives MPI, as one that a garbage collector
+  /// has not reached by the program's exit).
+  void StopProgress() {
+    std::lock_guard<std::mutex> once(stop_mutex_);
+    if (!progress_.joinable()) return;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stopping_ = true;
+    }
+    wake_.notify_all();
+    progress_.join();
   }
 
   int rank() const override { return rank_; }
@@ -632,6 +642,7 @@ class MpiCommunicator final : public Communicator {
   ScratchPool scratch_;
   Notices notices_;                                   // progress thread (and destructor) only
   std::vector<std::unique_ptr<Operation>> abandoned_;  // never freed: MPI may still use them
+  std::mutex stop_mutex_;  // StopProgress, from the destructor or MPI_Finalize's hook
   std::thread progress_;  // last: starts after everything above is initialised
 };
 
@@ -665,9 +676,11 @@ StatusOr<std::unique_ptr<Communicator>> CreateMpiCommunicator(const void* mpi_co
     MPI_Comm_free(&control);
     return created;
   }
-  return std::unique_ptr<Communicator>(
-      new MpiCommunicator(comm, control, rank, size, *ranks_on_this_host, ops, options,
-                          std::move(reduce_scatter), std::move(all_reduce)));
+  auto communicator = std::make_unique<MpiCommunicator>(comm, control, rank, size, *ranks_on_this_host, ops,
+                                                        options, std::move(reduce_scatter), std::move(all_reduce));
+  MpiCommunicator* stoppable = communicator.get();
+  ZERO_RETURN_IF_ERROR(RegisterProgressThread(stoppable, [stoppable] { stoppable->StopProgress(); }));
+  return std::unique_ptr<Communicator>(std::move(communicator));
 }
 
 }  // namespace zero::comm

@@ -2,6 +2,9 @@
 #include "comm/mpi/mpi_setup.h"
 
 #include <cstdlib>
+#include <map>
+#include <mutex>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "base/status_converters.h"
@@ -15,7 +18,50 @@ void FinalizeMpiAtExit() {
   if (!finalized) MPI_Finalize();
 }
 
+// The progress threads to stop before MPI_Finalize. Process-wide, as MPI itself is: one MPI
+// library, initialised and finalised once per process.
+struct ProgressThreads {
+  std::mutex mutex;
+  std::map<const void*, std::function<void()>> stops;
+  bool hooked = false;  // the MPI_COMM_SELF attribute is set
+};
+
+ProgressThreads& Registry() {
+  static ProgressThreads* registry = new ProgressThreads;  // never destroyed: used at exit
+  return *registry;
+}
+
+// MPI_Finalize frees MPI_COMM_SELF's attributes first: stop every progress thread then.
+// Under the lock, so that a communicator being destroyed meanwhile waits in
+// UnregisterProgressThread instead of going while its thread is stopped.
+int StopProgressThreadsBeforeFinalize(MPI_Comm, int, void*, void*) {
+  std::lock_guard<std::mutex> lock(Registry().mutex);
+  for (auto& [owner, stop] : Registry().stops) stop();
+  Registry().stops.clear();
+  return MPI_SUCCESS;
+}
+
 }  // namespace
+
+Status RegisterProgressThread(const void* owner, std::function<void()> stop) {
+  ProgressThreads& registry = Registry();
+  std::lock_guard<std::mutex> lock(registry.mutex);
+  if (!registry.hooked) {
+    int keyval = MPI_KEYVAL_INVALID;
+    ZERO_MPI_RETURN_IF_ERROR(MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN,
+                                                    StopProgressThreadsBeforeFinalize, &keyval, nullptr));
+    ZERO_MPI_RETURN_IF_ERROR(MPI_Comm_set_attr(MPI_COMM_SELF, keyval, nullptr));
+    registry.hooked = true;
+  }
+  registry.stops[owner] = std::move(stop);
+  return absl::OkStatus();
+}
+
+void UnregisterProgressThread(const void* owner) {
+  ProgressThreads& registry = Registry();
+  std::lock_guard<std::mutex> lock(registry.mutex);
+  registry.stops.erase(owner);
+}
 
 Status EnsureMpiInitialized() {
   int initialized = 0, finalized = 0;

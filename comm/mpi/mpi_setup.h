@@ -5,6 +5,8 @@
 
 #include <mpi.h>
 
+#include <functional>
+
 #include "zero/status.h"
 
 namespace zero::comm {
@@ -12,6 +14,15 @@ namespace zero::comm {
 /// Initialises MPI when the host program has not (and finalises it at exit), and checks that
 /// the thread level is MPI_THREAD_SERIALIZED or higher.
 Status EnsureMpiInitialized();
+
+/// Progress threads make MPI calls on their own, so each must stop before MPI_Finalize,
+/// whoever calls it (this library at exit, the host program, mpi4py at exit). A live
+/// communicator registers its `stop` (which joins its thread) under `owner`; MPI_Finalize runs
+/// every registered `stop` first, through the delete callback of an attribute on
+/// MPI_COMM_SELF (the MPI standard frees MPI_COMM_SELF's attributes first thing in
+/// MPI_Finalize). Call after EnsureMpiInitialized; unregister before `owner` goes.
+Status RegisterProgressThread(const void* owner, std::function<void()> stop);
+void UnregisterProgressThread(const void* owner);
 
 /// How many ranks of `comm` share this machine's memory (and cores): collective.
 StatusOr<int> CountRanksOnThisHost(MPI_Comm comm);

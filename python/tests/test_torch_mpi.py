@@ -21,11 +21,12 @@ def one_thread():
     torch.set_num_threads(1)
 
 
-def train(stage, **model_options):
+def train(stage, device="cpu", guard=None, **model_options):
     comm = zerort.mpi_communicator()
     world, rank = comm.size, comm.rank
-    model = TinyLM(**model_options)
-    config = {"stage": stage, "optimizer": OPTIMIZER, "guard": {"timeout_s": 60},
+    model = TinyLM(**model_options).to(device)
+    config = {"stage": stage, "optimizer": OPTIMIZER,
+              "guard": dict({"timeout_s": 60}, **(guard or {})),
               "stage3": {"persistence_threshold": 0},
               "buckets": {"first_bucket_elems": 64, "reduce_bucket_elems": 256}}
     engine = zerort.torch.initialize(model, config, comm)
@@ -35,7 +36,7 @@ def train(stage, **model_options):
     rows = slice(bounds[rank], bounds[rank + 1])
     weight = (bounds[rank + 1] - bounds[rank]) * world / BATCH
     for step in range(STEPS):
-        tokens, targets = batch(step)
+        tokens, targets = (t.to(device) for t in batch(step))
         (weight * loss_of(model, tokens[rows], targets[rows])).backward()
         engine.step()
     engine.close()
@@ -47,6 +48,21 @@ def train(stage, **model_options):
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_lora_model_matches_single_process_pytorch(stage):
     assert_close(train(stage), reference())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_lora_model_on_the_gpu_matches_single_process_pytorch(stage):
+    """Params on the GPU (the ranks may share one), the MPI communicator staging device
+    values through host memory; at stage 3 each process gathers inside its own backward."""
+    assert_close(train(stage, device="cuda"), reference(device="cuda"))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_shared_adapter_under_reentrant_checkpoint_on_the_gpu_at_stage3():
+    options = {"share_adapter": True, "reentrant": True, "input_requires_grad": True}
+    trained = train(3, device="cuda", guard={"on_duplicate": "count"}, **options)
+    assert_close(trained, reference(device="cuda", **options))
 
 
 def test_reentrant_checkpoint_with_frozen_inputs_names_the_adapters():
