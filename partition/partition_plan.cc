@@ -45,24 +45,29 @@ Status CheckParams(const std::vector<ParamInfo>& params) {
 
 // Stages 0-2: the trainable params that make up the last trainable bucket, the one that fills
 // last in backward and whose reduction is all that stays exposed after it: the trailing run of
-// `order` (the first-registered params) of one group and dtype that fits last_bucket_elems, or
-// the first-registered param alone when it does not fit by itself. Empty when there is no such
-// cap or when every trainable param fits (one bucket then, capped as usual).
+// `order` (the first-registered params) of one group and dtype that fits last_bucket_elems.
+// When the first-registered param alone is larger, the cap becomes its size plus a quarter, so
+// that its small companions (a layer's bias, a position embedding), whose gradients arrive
+// with it, are not left to end the bucket before and make that one's reduction exposed too.
+// Empty when there is no such cap or when every trainable param fits (one bucket then, capped
+// as usual).
 std::set<int> LastBucketParams(const std::vector<ParamInfo>& params, const std::vector<int>& order,
                                const PlanConfig& c) {
   std::set<int> tail;
   if (c.last_bucket_elems == 0) return tail;
-  int64_t used = 0;
+  int64_t used = 0, cap = c.last_bucket_elems;
   const ParamInfo* head = nullptr;
   size_t trainable = 0;
   for (int id : order) trainable += params[id].requires_grad ? 1 : 0;
   for (auto it = order.rbegin(); it != order.rend(); ++it) {
     const ParamInfo& p = params[*it];
     if (!p.requires_grad) continue;
-    if (head == nullptr) head = &p;
+    if (head == nullptr) {
+      head = &p;
+      cap = std::max(cap, p.numel + p.numel / 4);
+    }
     const int64_t next = RoundUp(used, c.param_alignment) + p.numel;
-    if (p.group != head->group || p.dtype != head->dtype) break;
-    if (next > c.last_bucket_elems && !tail.empty()) break;
+    if (p.group != head->group || p.dtype != head->dtype || next > cap) break;
     tail.insert(*it);
     used = next;
   }

@@ -159,14 +159,15 @@ void CheckInvariants(const PartitionPlan& plan) {
     }
   }
   // The last trainable bucket (the first-registered trainable param's) fits its own cap, or
-  // holds that param alone (stages 0-2).
+  // that param's size plus a quarter, or holds that param alone (stages 0-2).
   if (c.stage != 3 && c.last_bucket_elems > 0) {
     for (size_t id = 0; id < plan.params().size(); ++id) {
       if (!plan.params()[id].requires_grad) continue;
       const Bucket& last = plan.buckets()[plan.placement(static_cast<int>(id)).bucket];
       const ParamPlacement& end = plan.placement(last.params.back());
+      const int64_t head = plan.params()[id].numel;
       if (last.params.size() > 1) {
-        ASSERT_LE(end.offset + end.numel, c.last_bucket_elems);
+        ASSERT_LE(end.offset + end.numel, std::max(c.last_bucket_elems, head + head / 4));
       }
       break;
     }
@@ -217,11 +218,23 @@ TEST(PartitionPlan, LastBucketHoldsTheFirstRegisteredParamsUpToItsCap) {
   EXPECT_EQ(plan->buckets()[0].params, (std::vector<int>{5, 4, 3, 2}));
   EXPECT_EQ(plan->buckets()[1].params, (std::vector<int>{1, 0}));
 
-  config.last_bucket_elems = 50;  // layer0 alone exceeds it: it is the last bucket by itself
+  config.last_bucket_elems = 50;  // layer0 alone exceeds it: the cap becomes 125, layer0 alone
   plan = PartitionPlan::Build(params, config);
   ASSERT_TRUE(plan.ok()) << plan.status();
   ASSERT_EQ(plan->buckets().size(), 2u);
   EXPECT_EQ(plan->buckets()[1].params, (std::vector<int>{0}));
+
+  // A layer's weight larger than the cap keeps its bias with it (1024 + 10 ≤ 1000 · 1.25).
+  std::vector<ParamInfo> layers = {{"l0.weight", 1000}, {"l0.bias", 10}, {"l1.weight", 1000},
+                                   {"l1.bias", 10}};
+  config.first_bucket_elems = config.reduce_bucket_elems = 4000;
+  config.last_bucket_elems = 500;
+  plan = PartitionPlan::Build(layers, config);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_EQ(plan->buckets().size(), 2u);
+  EXPECT_EQ(plan->buckets()[0].params, (std::vector<int>{3, 2}));
+  EXPECT_EQ(plan->buckets()[1].params, (std::vector<int>{1, 0}));
+  config.first_bucket_elems = config.reduce_bucket_elems = 1000;
 
   config.last_bucket_elems = 0;  // no cap of its own: the whole model fits one bucket
   plan = PartitionPlan::Build(params, config);
