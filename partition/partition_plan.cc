@@ -45,10 +45,11 @@ Status CheckParams(const std::vector<ParamInfo>& params) {
 
 // Stages 0-2: the trainable params that make up the last trainable bucket, the one that fills
 // last in backward and whose reduction is all that stays exposed after it: the trailing run of
-// `order` (the first-registered params) of one group and dtype that fits last_bucket_elems.
-// When the first-registered param alone is larger, the cap becomes its size plus a quarter, so
-// that its small companions (a layer's bias, a position embedding), whose gradients arrive
-// with it, are not left to end the bucket before and make that one's reduction exposed too.
+// `order` (the first-registered params) of one group and dtype that fits last_bucket_elems,
+// or the first-registered param's size plus a quarter when that is more: a param larger than
+// the cap keeps its small companions (a layer's bias, a position embedding), whose gradients
+// arrive with it, instead of leaving them to end the bucket before at the same moment. Sizes
+// are counted rounded up to the param alignment, whatever order the bucket lays them out in.
 // Empty when there is no such cap or when every trainable param fits (one bucket then, capped
 // as usual).
 std::set<int> LastBucketParams(const std::vector<ParamInfo>& params, const std::vector<int>& order,
@@ -66,8 +67,8 @@ std::set<int> LastBucketParams(const std::vector<ParamInfo>& params, const std::
       head = &p;
       cap = std::max(cap, p.numel + p.numel / 4);
     }
-    const int64_t next = RoundUp(used, c.param_alignment) + p.numel;
-    if (p.group != head->group || p.dtype != head->dtype || next > cap) break;
+    const int64_t next = used + RoundUp(p.numel, c.param_alignment);
+    if (p.group != head->group || p.dtype != head->dtype || (next > cap && !tail.empty())) break;
     tail.insert(*it);
     used = next;
   }

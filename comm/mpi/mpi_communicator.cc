@@ -184,12 +184,12 @@ class MpiCommunicator final : public Communicator {
         progress_([this] { ProgressLoop(); }) {}
 
   ~MpiCommunicator() override {
-    UnregisterProgressThread(this);
+    const bool finalizing = UnregisterProgressThread(this);
     StopProgress();
     bool keep_outgoing = false;
     int finalized = 0;
-    MPI_Finalized(&finalized);
-    if (!finalized) {
+    if (!finalizing) MPI_Finalized(&finalized);
+    if (!finalizing && !finalized) {
       if (notices_.receive != MPI_REQUEST_NULL) {
         MPI_Cancel(&notices_.receive);
         MPI_Request_free(&notices_.receive);
@@ -214,9 +214,23 @@ class MpiCommunicator final : public Communicator {
     for (auto& o : abandoned_) static_cast<void>(o.release());
   }
 
-  /// Stops the progress thread, draining what is in flight (once: from the destructor, or from
-  /// MPI_Finalize's hook when the communicator outlives MPI, as one that a garbage collector
-  /// has not reached by the program's exit).
+  /// From MPI_Finalize's hook, when the communicator outlives MPI (as one that a garbage
+  /// collector had not reached by the program's exit): the group breaks, so every collective
+  /// in flight or asked for later fails at once with the reason, and the progress thread stops
+  /// without another MPI call.
+  void StopBeforeFinalize() {
+    health_->Break(absl::FailedPreconditionError(absl::StrCat(
+        "MPI was finalised while the MPI communicator of rank ", rank_, " was alive; it runs no "
+        "more collectives (close engines and communicators before MPI_Finalize)")));
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      finalizing_ = true;
+    }
+    StopProgress();
+  }
+
+  /// Stops the progress thread, draining what is in flight (once: from the destructor, or
+  /// from StopBeforeFinalize).
   void StopProgress() {
     std::lock_guard<std::mutex> once(stop_mutex_);
     if (!progress_.joinable()) return;
@@ -575,6 +589,13 @@ class MpiCommunicator final : public Communicator {
           active.push_back(std::move(submitted_.front()));
           submitted_.pop_front();
         }
+        if (finalizing_) {  // MPI is going: fail what is in flight, make no MPI call
+          for (auto& o : active) {
+            if (!o->completion->done()) o->completion->Complete(health_->BrokenError(o->signature.ToString().c_str()));
+            abandoned_.push_back(std::move(o));
+          }
+          return;
+        }
         if (stopping_) {
           if (active.empty()) return;
           const auto now = std::chrono::steady_clock::now();
@@ -638,6 +659,7 @@ class MpiCommunicator final : public Communicator {
   std::condition_variable wake_;
   std::deque<std::unique_ptr<Operation>> submitted_;
   bool stopping_ = false;
+  bool finalizing_ = false;  // MPI_Finalize has begun (StopBeforeFinalize)
   std::shared_ptr<GroupHealth> health_ = std::make_shared<GroupHealth>();
   ScratchPool scratch_;
   Notices notices_;                                   // progress thread (and destructor) only
@@ -679,7 +701,7 @@ StatusOr<std::unique_ptr<Communicator>> CreateMpiCommunicator(const void* mpi_co
   auto communicator = std::make_unique<MpiCommunicator>(comm, control, rank, size, *ranks_on_this_host, ops,
                                                         options, std::move(reduce_scatter), std::move(all_reduce));
   MpiCommunicator* stoppable = communicator.get();
-  ZERO_RETURN_IF_ERROR(RegisterProgressThread(stoppable, [stoppable] { stoppable->StopProgress(); }));
+  ZERO_RETURN_IF_ERROR(RegisterProgressThread(stoppable, [stoppable] { stoppable->StopBeforeFinalize(); }));
   return std::unique_ptr<Communicator>(std::move(communicator));
 }
 

@@ -23,7 +23,8 @@ void FinalizeMpiAtExit() {
 struct ProgressThreads {
   std::mutex mutex;
   std::map<const void*, std::function<void()>> stops;
-  bool hooked = false;  // the MPI_COMM_SELF attribute is set
+  bool hooked = false;      // the MPI_COMM_SELF attribute is set
+  bool finalizing = false;  // MPI_Finalize has begun
 };
 
 ProgressThreads& Registry() {
@@ -36,6 +37,7 @@ ProgressThreads& Registry() {
 // UnregisterProgressThread instead of going while its thread is stopped.
 int StopProgressThreadsBeforeFinalize(MPI_Comm, int, void*, void*) {
   std::lock_guard<std::mutex> lock(Registry().mutex);
+  Registry().finalizing = true;
   for (auto& [owner, stop] : Registry().stops) stop();
   Registry().stops.clear();
   return MPI_SUCCESS;
@@ -57,10 +59,11 @@ Status RegisterProgressThread(const void* owner, std::function<void()> stop) {
   return absl::OkStatus();
 }
 
-void UnregisterProgressThread(const void* owner) {
+bool UnregisterProgressThread(const void* owner) {
   ProgressThreads& registry = Registry();
   std::lock_guard<std::mutex> lock(registry.mutex);
   registry.stops.erase(owner);
+  return registry.finalizing;
 }
 
 Status EnsureMpiInitialized() {

@@ -17,12 +17,14 @@ Status EnsureMpiInitialized();
 
 /// Progress threads make MPI calls on their own, so each must stop before MPI_Finalize,
 /// whoever calls it (this library at exit, the host program, mpi4py at exit). A live
-/// communicator registers its `stop` (which joins its thread) under `owner`; MPI_Finalize runs
-/// every registered `stop` first, through the delete callback of an attribute on
-/// MPI_COMM_SELF (the MPI standard frees MPI_COMM_SELF's attributes first thing in
-/// MPI_Finalize). Call after EnsureMpiInitialized; unregister before `owner` goes.
+/// communicator registers its `stop` (which joins its thread, making no further MPI call)
+/// under `owner`; MPI_Finalize runs every registered `stop` first, through the delete callback
+/// of an attribute on MPI_COMM_SELF (the MPI standard frees MPI_COMM_SELF's attributes first
+/// thing in MPI_Finalize). Call after EnsureMpiInitialized.
 Status RegisterProgressThread(const void* owner, std::function<void()> stop);
-void UnregisterProgressThread(const void* owner);
+/// Before `owner` goes. True when MPI_Finalize has begun (its `stop` has run or is not needed):
+/// the owner must then make no MPI call, as MPI is being torn down, perhaps by another thread.
+bool UnregisterProgressThread(const void* owner);
 
 /// How many ranks of `comm` share this machine's memory (and cores): collective.
 StatusOr<int> CountRanksOnThisHost(MPI_Comm comm);

@@ -72,7 +72,7 @@ struct BucketConfig {
   int64_t first_bucket_elems = 1'000'000;    ///< [1, 1e15]
   /// [0, 1e15]; 0: no cap of its own. The last bucket to fill in backward (the first-registered
   /// params) is what stays to reduce after backward ends: a small one leaves little exposed.
-  /// When the first-registered param alone is larger, the cap is its size plus a quarter.
+  /// The cap is at least the first-registered param's size plus a quarter (its bias with it).
   int64_t last_bucket_elems = 1'000'000;
   bool overlap = true;    ///< launch a bucket's reduction as soon as it is ready
   int pool_buffers = 4;   ///< stage 2: bucket buffers being filled or in flight at once (≥ 1)

@@ -97,7 +97,8 @@ def test_nccl_one_rank_matches_single_process_pytorch(stage):
         comm = zerort.nccl_communicator(bootstrap)
     except zerort.UnimplementedError as error:
         pytest.skip(f"built without NCCL: {error}")
-    bootstrap.close()
+    finally:
+        bootstrap.close()
     model = TinyLM().cuda()
     engine = zerort.torch.initialize(model, {"stage": stage, "optimizer": OPTIMIZER}, comm)
     for step in range(STEPS):
@@ -107,3 +108,35 @@ def test_nccl_one_rank_matches_single_process_pytorch(stage):
     trained = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
     comm.close()
     assert_close(trained, reference(device="cuda"))
+
+
+def test_backward_on_a_side_stream_matches_single_process_pytorch():
+    """The engine follows the stream current at initialize(); a gradient computed on another
+    stream is waited for, and its memory kept, until the engine's copy has read it."""
+    comm = zerort.local_group(1)[0]
+    model = TinyLM().cuda()
+    engine = zerort.torch.initialize(model, {"stage": 2, "optimizer": OPTIMIZER}, comm)
+    side = torch.cuda.Stream()
+    for step in range(STEPS):
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            loss_of(model, *(t.cuda() for t in batch(step))).backward()
+        engine.step()
+    engine.close()
+    trained = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+    comm.close()
+    assert_close(trained, reference(device="cuda"))
+
+
+def test_nccl_communicator_on_another_stream_is_an_invalid_argument():
+    bootstrap = zerort.local_group(1)[0]
+    side = torch.cuda.Stream()
+    try:
+        comm = zerort.nccl_communicator(bootstrap, stream=side.cuda_stream)
+    except zerort.UnimplementedError as error:
+        pytest.skip(f"built without NCCL: {error}")
+    finally:
+        bootstrap.close()
+    with pytest.raises(zerort.InvalidArgumentError, match=r"nccl_communicator\(stream="):
+        zerort.torch.initialize(TinyLM().cuda(), {"stage": 2}, comm)
+    comm.close()

@@ -29,20 +29,22 @@ def train(stage, device="cpu", guard=None, **model_options):
               "guard": dict({"timeout_s": 60}, **(guard or {})),
               "stage3": {"persistence_threshold": 0},
               "buckets": {"first_bucket_elems": 64, "reduce_bucket_elems": 256}}
-    engine = zerort.torch.initialize(model, config, comm)
-    # Rows split as evenly as the world allows; the loss is weighted so the ranks' mean
-    # gradients average to the whole batch's.
-    bounds = [BATCH * r // world for r in range(world + 1)]
-    rows = slice(bounds[rank], bounds[rank + 1])
-    weight = (bounds[rank + 1] - bounds[rank]) * world / BATCH
-    for step in range(STEPS):
-        tokens, targets = (t.to(device) for t in batch(step))
-        (weight * loss_of(model, tokens[rows], targets[rows])).backward()
-        engine.step()
-    engine.close()
-    trained = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
-    comm.close()
-    return trained
+    try:
+        engine = zerort.torch.initialize(model, config, comm)
+        # Rows split as evenly as the world allows; the loss is weighted so the ranks' mean
+        # gradients average to the whole batch's.
+        bounds = [BATCH * r // world for r in range(world + 1)]
+        rows = slice(bounds[rank], bounds[rank + 1])
+        weight = (bounds[rank + 1] - bounds[rank]) * world / BATCH
+        for step in range(STEPS):
+            tokens, targets = (t.to(device) for t in batch(step))
+            (weight * loss_of(model, tokens[rows], targets[rows])).backward()
+            engine.step()
+        engine.close()
+        return {n: p.detach().clone() for n, p in model.named_parameters()
+                if p.requires_grad}
+    finally:
+        comm.close()  # also when a step raised: no communicator outlives its test
 
 
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])

@@ -47,10 +47,11 @@ def install_preemption_handler():
 class Communicator:
     """One rank's communicator (owns the C handle; close() or garbage collection frees it)."""
 
-    def __init__(self, handle, device_buffers_only=False, in_process=False):
+    def __init__(self, handle, device_buffers_only=False, in_process=False, stream=None):
         self._handle = ctypes.c_void_p(handle)  # first: __del__ runs even if __init__ fails
         self.device_buffers_only = device_buffers_only  # NCCL: collectives on GPU memory
         self.in_process = in_process  # local_group(): the ranks are threads of this process
+        self.stream = stream  # NCCL: the cudaStream_t (int) its collectives are ordered after
         # Open engines built on this communicator: raw handle -> (the Engine's handle box,
         # callbacks to run before the engine is freed). A communicator frees its engines
         # first, whatever order the garbage collector finalises them in (a model, its hooks
@@ -74,8 +75,8 @@ class Communicator:
         return library().zero_comm_size(self._handle)
 
     def broadcast_bytes(self, address, nbytes, root=0, timeout_s=600.0):
-        """Copies `nbytes` bytes at `address` (host memory) from rank `root` to every rank,
-        bit for bit (collective)."""
+        """Copies `nbytes` bytes at `address` (host memory; device memory for an NCCL
+        communicator) from rank `root` to every rank, bit for bit (collective)."""
         status = library().zero_comm_broadcast_bytes(
             self._handle, ctypes.c_void_p(address), nbytes, root, timeout_s)
         _check(status, "zero_comm_broadcast_bytes")
@@ -131,7 +132,7 @@ def nccl_communicator(bootstrap=None, device=-1, stream=None):
     handle = ctypes.c_void_p()
     _check(library().zero_comm_nccl(bootstrap.handle, device, stream, ctypes.byref(handle)),
            "zero_comm_nccl")
-    return Communicator(handle.value, device_buffers_only=True)
+    return Communicator(handle.value, device_buffers_only=True, stream=int(stream or 0))
 
 
 def config_dict(config):

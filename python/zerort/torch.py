@@ -65,19 +65,12 @@ class TorchEngine:
         self.loss_scale = (2.0 ** scale.get("initial_power", 16)
                            if scale.get("mode", "none") != "none" else 1.0)
         device = _device_of(module, self.config)
-        if device.type == "cuda" and self.stage == 3 and comm.in_process and comm.size > 1:
-            raise errors.UnimplementedError(
-                "zerort.torch: stage 3 with the model on the GPU needs one process per rank "
-                "(zerort.nccl_communicator() under mpirun), not in-process ranks: PyTorch runs "
-                "every thread's CUDA backward on one autograd thread per device, so a rank "
-                "gathering its params inside backward would wait for a peer queued behind it")
+        self._stream = None  # device "cuda": the torch stream the engine's work follows
         if device.type == "cuda":
-            self.config["device"] = "cuda"
+            self._prepare_cuda(device, comm)
         self._engine = core.Engine(self.config, comm)
-        if device.type == "cuda":
-            # The engine orders its copies and reductions after the work torch queues on its
-            # current stream (where autograd computes the gradients).
-            self._engine.set_stream(torch.cuda.current_stream(device).cuda_stream)
+        if self._stream is not None:
+            self._engine.set_stream(self._stream.cuda_stream)
         self._sync_frozen_state(module, comm)
         self._params = []  # (name, param, id)
         trainable = {p for p in module.parameters() if p.requires_grad}
@@ -119,6 +112,34 @@ class TorchEngine:
         # first gradient.
         self._first_forward = module.register_forward_pre_hook(
             lambda _m, _i: self._start_first_micro_batch())
+
+    def _prepare_cuda(self, device, comm):
+        """Device "cuda": the config's device, the stream the engine follows (torch's current
+        one), and what in-process ranks sharing the GPU need. PyTorch runs the CUDA part of
+        every thread's backward on one autograd thread per device, so a rank must never wait
+        inside backward for a peer: stage 3 (its gathers) is refused, and stage 2 holds a
+        gradient buffer per bucket (buckets.pool_buffers, unless the config sets it)."""
+        self.config["device"] = "cuda"
+        self._stream = torch.cuda.current_stream(device)
+        if comm.stream is not None and comm.stream != self._stream.cuda_stream:
+            raise errors.InvalidArgumentError(
+                "zerort.torch: the NCCL communicator orders its collectives after stream "
+                f"{comm.stream:#x}, but PyTorch's current stream is "
+                f"{self._stream.cuda_stream:#x}: "
+                "create it with zerort.nccl_communicator(stream=torch.cuda.current_stream()"
+                ".cuda_stream), or call initialize() on the stream it was given")
+        if not comm.in_process or comm.size == 1:
+            return
+        if self.stage == 3:
+            raise errors.UnimplementedError(
+                "zerort.torch: stage 3 with the model on the GPU needs one process per rank "
+                "(zerort.nccl_communicator() under mpirun), not in-process ranks: PyTorch runs "
+                "every thread's CUDA backward on one autograd thread per device, so a rank "
+                "gathering its params inside backward would wait for a peer queued behind it")
+        if self.stage == 2:
+            buckets = dict(self.config.get("buckets", {}))
+            buckets.setdefault("pool_buffers", 2**31 - 1)
+            self.config["buckets"] = buckets
 
     def _sync_frozen_state(self, module, comm):
         """Rank 0's frozen params (LoRA base weights, frozen embeddings) and buffers
@@ -176,6 +197,14 @@ class TorchEngine:
             grad = grad.detach()
             if grad.dtype != param.dtype or not grad.is_contiguous():
                 grad = grad.to(param.dtype).contiguous()
+            if self._stream is not None:
+                current = torch.cuda.current_stream(grad.device)
+                if current != self._stream:
+                    # Computed on another stream (a forward under torch.cuda.stream(s)): the
+                    # engine's stream waits for it, and the allocator keeps the gradient's
+                    # memory until the engine's copy has run there.
+                    self._stream.wait_stream(current)
+                    grad.record_stream(self._stream)
             self._engine.accumulate_grad(pid, grad.data_ptr())
             param.grad = None
             if self._units is not None:
@@ -306,17 +335,20 @@ class TorchEngine:
 def _device_of(module, config):
     """The one device of `module`'s trainable params, checked against the config's "device"
     (a model on the GPU sets it to "cuda" when the config does not name one)."""
-    devices = {p.device for p in module.parameters() if p.requires_grad}
+    devices = ({p.device for p in module.parameters() if p.requires_grad}
+               or {p.device for p in module.parameters()})
     if len(devices) > 1:
         raise errors.InvalidArgumentError(
             "zerort.torch: the trainable params are on several devices "
             f"({sorted(map(str, devices))}); one engine drives params on one device: move "
             "the model there first (model.to(device))")
-    device = devices.pop() if devices else torch.device("cpu")
+    if not devices:  # no params at all: nothing to check
+        return torch.device("cuda" if config.get("device") == "cuda" else "cpu")
+    device = devices.pop()
     named = config.get("device", device.type)
     if named != device.type:
         raise errors.InvalidArgumentError(
-            f"zerort.torch: the config's device is \"{named}\" but the trainable params are on "
+            f"zerort.torch: the config's device is \"{named}\" but the params are on "
             f"{device}: move the model (model.to(\"{named}\")) or set \"device\": "
             f"\"{device.type}\"")
     if device.type == "cuda" and device.index != torch.cuda.current_device():
