@@ -29,7 +29,8 @@ What happens to the model:
   current stream at initialize(). Across processes use zerort.nccl_communicator(). In-process
   ranks sharing one GPU are for tests, at stages 0-2: PyTorch runs the CUDA part of every
   thread's backward on one autograd thread per device, so a rank that waits inside backward
-  (a stage-3 gather, a full gradient-buffer pool) waits for peers queued behind it.
+  (a stage-3 gather, a full gradient-buffer pool) waits for peers queued behind it; stage 3
+  is refused there, and stage 2 keeps a gradient buffer per bucket.
 
 Every failure is a zerort exception carrying the status and the library's message
 (zerort.errors): DuplicateGradientError, UnusedParametersError, DeadlineExceededError, ...
