@@ -22,15 +22,13 @@
 
 #if ZERO_HAVE_CUDA
 #include <cuda_runtime.h>
-#if __has_include(<mpi-ext.h>)
-#include <mpi-ext.h>
-#endif
 #endif
 
 #include "absl/strings/str_cat.h"
 #include "base/status_converters.h"
 #include "comm/completion.h"
 #include "comm/group_health.h"
+#include "comm/mpi/device_staging.h"
 #include "comm/mpi/mpi_ops.h"
 #include "comm/mpi/mpi_rounds.h"
 #include "comm/mpi/mpi_setup.h"
@@ -48,41 +46,6 @@ constexpr int kNoticeBytes = 1024;  // a broken-group notice: the first error's 
 constexpr int kNoticeTag = 7001;
 constexpr auto kBrokenCheckInterval = std::chrono::milliseconds(20);
 constexpr int kPointToPointTags = 30000;  // tags of collectives built from point-to-point calls
-
-// Page-locked host memory for staging CUDA device buffers (freed with the operation).
-class PinnedBuffer {
- public:
-  PinnedBuffer() = default;
-  PinnedBuffer(const PinnedBuffer&) = delete;
-  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
-  ~PinnedBuffer() {
-#if ZERO_HAVE_CUDA
-    if (data_ != nullptr) cudaFreeHost(data_);
-#endif
-  }
-  Status Allocate(size_t bytes) {
-#if ZERO_HAVE_CUDA
-    ZERO_CUDA_RETURN_IF_ERROR(cudaMallocHost(&data_, bytes > 0 ? bytes : 1));
-    return absl::OkStatus();
-#else
-    (void)bytes;
-    return absl::UnimplementedError("staging device buffers needs a build with CUDA");
-#endif
-  }
-  void* data() const { return data_; }
-
- private:
-  void* data_ = nullptr;
-};
-
-// True when this MPI reports that it accepts CUDA device pointers.
-bool MpiIsCudaAware() {
-#if defined(MPIX_CUDA_AWARE_SUPPORT) && MPIX_CUDA_AWARE_SUPPORT
-  return MPIX_Query_cuda_support() == 1;
-#else
-  return false;
-#endif
-}
 
 // One collective as the progress thread sees it.
 struct Operation {
@@ -532,6 +495,16 @@ class MpiCommunicator final : public Communicator {
     return true;
   }
 
+  // The group is broken: fails every collective in `active` that has not completed and keeps
+  // them all in abandoned_ (MPI may still use their buffers: kept until exit).
+  void AbandonActive(std::deque<std::unique_ptr<Operation>>& active) {
+    for (auto& o : active) {
+      if (!o->completion->done()) o->completion->Complete(health_->BrokenError(o->signature.ToString().c_str()));
+      abandoned_.push_back(std::move(o));
+    }
+    active.clear();
+  }
+
   // Checks for a peer's notice; once the group is broken (here or by a notice), fails every
   // collective in flight and, once, tells every peer. Called by the progress thread only.
   void ExchangeNotices(std::deque<std::unique_ptr<Operation>>& active) {
@@ -550,11 +523,7 @@ class MpiCommunicator final : public Communicator {
     }
     const Status broken = health_->Get();
     if (broken.ok()) return;
-    for (auto& o : active) {
-      if (!o->completion->done()) o->completion->Complete(health_->BrokenError(o->signature.ToString().c_str()));
-      abandoned_.push_back(std::move(o));  // MPI may still use its buffers: kept until exit
-    }
-    active.clear();
+    AbandonActive(active);
     if (notices_.sent) return;
     notices_.sent = true;
     const int32_t code = static_cast<int32_t>(broken.code());
@@ -590,10 +559,7 @@ class MpiCommunicator final : public Communicator {
           submitted_.pop_front();
         }
         if (finalizing_) {  // MPI is going: fail what is in flight, make no MPI call
-          for (auto& o : active) {
-            if (!o->completion->done()) o->completion->Complete(health_->BrokenError(o->signature.ToString().c_str()));
-            abandoned_.push_back(std::move(o));
-          }
+          AbandonActive(active);
           return;
         }
         if (stopping_) {

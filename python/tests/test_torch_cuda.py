@@ -89,54 +89,49 @@ def test_config_device_that_disagrees_with_the_model_is_an_invalid_argument():
     comm.close()
 
 
-@pytest.mark.parametrize("stage", [2, 3])
-def test_nccl_one_rank_matches_single_process_pytorch(stage):
-    """NCCL from Python (one GPU here: one rank), bootstrapped over an in-process group."""
+def nccl_or_skip(stream=None):
+    """A one-rank NCCL communicator (one GPU here), bootstrapped over an in-process group;
+    skips the test in builds without NCCL."""
     bootstrap = zerort.local_group(1)[0]
     try:
-        comm = zerort.nccl_communicator(bootstrap)
+        return zerort.nccl_communicator(bootstrap, stream=stream)
     except zerort.UnimplementedError as error:
         pytest.skip(f"built without NCCL: {error}")
     finally:
         bootstrap.close()
+
+
+def train_one_rank(comm, stage, stream=None):
+    """Trains the LoRA model on `comm`'s one rank over the whole batch, forward and backward
+    on `stream` (None: the current one); returns the trained params."""
     model = TinyLM().cuda()
     engine = zerort.torch.initialize(model, {"stage": stage, "optimizer": OPTIMIZER}, comm)
     for step in range(STEPS):
-        loss_of(model, *(t.cuda() for t in batch(step))).backward()
-        engine.step()
-    engine.close()
-    trained = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
-    comm.close()
-    assert_close(trained, reference(device="cuda"))
-
-
-def test_backward_on_a_side_stream_matches_single_process_pytorch():
-    """The engine follows the stream current at initialize(); a gradient computed on another
-    stream is waited for, and its memory kept, until the engine's copy has read it."""
-    comm = zerort.local_group(1)[0]
-    model = TinyLM().cuda()
-    engine = zerort.torch.initialize(model, {"stage": 2, "optimizer": OPTIMIZER}, comm)
-    side = torch.cuda.Stream()
-    for step in range(STEPS):
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
+        if stream is not None:
+            stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):  # None: no change of stream
             loss_of(model, *(t.cuda() for t in batch(step))).backward()
         engine.step()
     engine.close()
     trained = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
     comm.close()
+    return trained
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_nccl_one_rank_matches_single_process_pytorch(stage):
+    assert_close(train_one_rank(nccl_or_skip(), stage), reference(device="cuda"))
+
+
+def test_backward_on_a_side_stream_matches_single_process_pytorch():
+    """The engine follows the stream current at initialize(); a gradient computed on another
+    stream is waited for, and its memory kept, until the engine's copy has read it."""
+    trained = train_one_rank(zerort.local_group(1)[0], 2, stream=torch.cuda.Stream())
     assert_close(trained, reference(device="cuda"))
 
 
 def test_nccl_communicator_on_another_stream_is_an_invalid_argument():
-    bootstrap = zerort.local_group(1)[0]
-    side = torch.cuda.Stream()
-    try:
-        comm = zerort.nccl_communicator(bootstrap, stream=side.cuda_stream)
-    except zerort.UnimplementedError as error:
-        pytest.skip(f"built without NCCL: {error}")
-    finally:
-        bootstrap.close()
+    comm = nccl_or_skip(stream=torch.cuda.Stream().cuda_stream)
     with pytest.raises(zerort.InvalidArgumentError, match=r"nccl_communicator\(stream="):
         zerort.torch.initialize(TinyLM().cuda(), {"stage": 2}, comm)
     comm.close()

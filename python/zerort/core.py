@@ -47,17 +47,26 @@ def install_preemption_handler():
 class Communicator:
     """One rank's communicator (owns the C handle; close() or garbage collection frees it)."""
 
-    def __init__(self, handle, device_buffers_only=False, in_process=False, stream=None):
+    def __init__(self, handle, backend, stream=None):
         self._handle = ctypes.c_void_p(handle)  # first: __del__ runs even if __init__ fails
-        self.device_buffers_only = device_buffers_only  # NCCL: collectives on GPU memory
-        self.in_process = in_process  # local_group(): the ranks are threads of this process
-        self.stream = stream  # NCCL: the cudaStream_t (int) its collectives are ordered after
+        self.backend = backend  # "local" (threads of this process), "mpi" or "nccl"
+        self.stream = stream  # nccl: the cudaStream_t (int) its collectives are ordered after
         # Open engines built on this communicator: raw handle -> (the Engine's handle box,
         # callbacks to run before the engine is freed). A communicator frees its engines
         # first, whatever order the garbage collector finalises them in (a model, its hooks
         # and its engine form a cycle), and empties their boxes so that they are not used
         # or freed again.
         self._engines = {}
+
+    @property
+    def in_process(self):
+        """True when the ranks are threads of this process (local_group())."""
+        return self.backend == "local"
+
+    @property
+    def device_buffers_only(self):
+        """True when collectives take GPU memory only (NCCL)."""
+        return self.backend == "nccl"
 
     @property
     def handle(self):
@@ -111,14 +120,14 @@ def local_group(world):
     """`world` in-process ranks (run one thread per rank): a list of Communicators."""
     handles = (ctypes.c_void_p * world)()
     _check(library().zero_comm_local_group(world, handles), "zero_comm_local_group")
-    return [Communicator(h, in_process=True) for h in handles]
+    return [Communicator(h, "local") for h in handles]
 
 
 def mpi_communicator():
     """This process's rank of MPI_COMM_WORLD (one process per rank under mpirun)."""
     handle = ctypes.c_void_p()
     _check(library().zero_comm_mpi(None, ctypes.byref(handle)), "zero_comm_mpi")
-    return Communicator(handle.value)
+    return Communicator(handle.value, "mpi")
 
 
 def nccl_communicator(bootstrap=None, device=-1, stream=None):
@@ -132,7 +141,7 @@ def nccl_communicator(bootstrap=None, device=-1, stream=None):
     handle = ctypes.c_void_p()
     _check(library().zero_comm_nccl(bootstrap.handle, device, stream, ctypes.byref(handle)),
            "zero_comm_nccl")
-    return Communicator(handle.value, device_buffers_only=True, stream=int(stream or 0))
+    return Communicator(handle.value, "nccl", stream=int(stream or 0))
 
 
 def config_dict(config):
