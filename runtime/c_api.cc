@@ -262,4 +262,93 @@ zero_status zero_memory_stats(const zero_engine* engine, struct zero_memory_stat
 int zero_engine_rank(const zero_engine* engine) { return engine ? engine->engine->rank() : -1; }
 int zero_engine_world_size(const zero_engine* engine) { return engine ? engine->engine->world_size() : -1; }
 
+zero_status zero_num_groups(const zero_engine* engine, int* groups) {
+  ZERO_C_REQUIRE(engine, "zero_num_groups");
+  ZERO_C_REQUIRE(groups, "zero_num_groups");
+  *groups = engine->engine->num_groups();
+  return ZERO_OK;
+}
+
+zero_status zero_get_group_hyper(const zero_engine* engine, int group, zero_group_hyper* out) {
+  ZERO_C_REQUIRE(engine, "zero_get_group_hyper");
+  ZERO_C_REQUIRE(out, "zero_get_group_hyper");
+  auto hyper = engine->engine->GroupHyper(group);
+  if (!hyper.ok()) return Report(hyper.status());
+  *out = {hyper->lr, hyper->beta1, hyper->beta2, hyper->eps, hyper->weight_decay, hyper->momentum,
+          hyper->dampening, hyper->nesterov ? 1 : 0};
+  return ZERO_OK;
+}
+
+zero_status zero_set_group_hyper(zero_engine* engine, int group, const zero_group_hyper* hyper) {
+  ZERO_C_REQUIRE(engine, "zero_set_group_hyper");
+  ZERO_C_REQUIRE(hyper, "zero_set_group_hyper");
+  zero::OptimizerHyper h;
+  h.lr = hyper->lr;
+  h.beta1 = hyper->beta1;
+  h.beta2 = hyper->beta2;
+  h.eps = hyper->eps;
+  h.weight_decay = hyper->weight_decay;
+  h.momentum = hyper->momentum;
+  h.dampening = hyper->dampening;
+  h.nesterov = hyper->nesterov != 0;
+  return Report(engine->engine->SetGroupHyper(group, h));
+}
+
+zero_status zero_set_lr(zero_engine* engine, int group, float lr) {
+  ZERO_C_REQUIRE(engine, "zero_set_lr");
+  auto hyper = engine->engine->GroupHyper(group);
+  if (!hyper.ok()) return Report(hyper.status());
+  hyper->lr = lr;
+  return Report(engine->engine->SetGroupHyper(group, *hyper));
+}
+
+zero_status zero_get_lr(const zero_engine* engine, int group, float* lr) {
+  ZERO_C_REQUIRE(engine, "zero_get_lr");
+  ZERO_C_REQUIRE(lr, "zero_get_lr");
+  auto hyper = engine->engine->GroupHyper(group);
+  if (!hyper.ok()) return Report(hyper.status());
+  *lr = hyper->lr;
+  return ZERO_OK;
+}
+
+zero_status zero_lr_schedule_iteration(const zero_engine* engine, int64_t* iteration) {
+  ZERO_C_REQUIRE(engine, "zero_lr_schedule_iteration");
+  ZERO_C_REQUIRE(iteration, "zero_lr_schedule_iteration");
+  *iteration = engine->engine->lr_schedule_iteration();
+  return ZERO_OK;
+}
+
+zero_status zero_comm_all_reduce_f32(zero_comm* comm, float* data, int64_t count, int op, double timeout_s) {
+  ZERO_C_REQUIRE(comm, "zero_comm_all_reduce_f32");
+  if (count < 0) return Report(absl::InvalidArgumentError("zero_comm_all_reduce_f32: count is negative"));
+  if (op != 0 && op != 1) {
+    return Report(absl::InvalidArgumentError(absl::StrCat("zero_comm_all_reduce_f32: op ", op,
+                                                          " is neither 0 (sum) nor 1 (max)")));
+  }
+  if (count == 0) return ZERO_OK;
+  ZERO_C_REQUIRE(data, "zero_comm_all_reduce_f32");
+  const auto reduce = op == 0 ? zero::comm::ReduceOp::kSum : zero::comm::ReduceOp::kMax;
+  // In pieces of at most 2^28 values: MPI counts are ints.
+  constexpr int64_t kPiece = int64_t{1} << 28;
+  for (int64_t first = 0; first < count; first += kPiece) {
+    float* piece = data + first;
+    const zero::Status status =
+        comm->comm->AllReduce(piece, piece, std::min(kPiece, count - first), zero::DType::kFP32, reduce)
+            ->Wait(timeout_s);
+    if (!status.ok()) return Report(status);
+  }
+  return ZERO_OK;
+}
+
+zero_status zero_config_normalize(const char* config_json, const char** out) {
+  ZERO_C_REQUIRE(config_json, "zero_config_normalize");
+  ZERO_C_REQUIRE(out, "zero_config_normalize");
+  thread_local std::string normalized;
+  auto result = zero::NormalizeConfigJson(config_json);
+  if (!result.ok()) return Report(result.status());
+  normalized = std::move(*result);
+  *out = normalized.c_str();
+  return ZERO_OK;
+}
+
 }  // extern "C"

@@ -109,8 +109,9 @@ Status EngineImpl::SaveCheckpoint(const std::string& target) {
     meta.moments = optimizer_->state_count();
     meta.user_data = user_data_;
     meta.scaler = loss_scaler_.state();
+    meta.groups = groups_;
     for (const ParamSpec& s : specs_) {
-      meta.params.push_back({s.name, s.shape, DTypeName(s.dtype), s.requires_grad, 0});
+      meta.params.push_back({s.name, s.shape, DTypeName(s.dtype), s.requires_grad, 0, param_steps_[meta.params.size()]});
     }
     written = WriteFileDurably(partial + "/meta.json", CheckpointMetaJson(meta));
   }
@@ -180,6 +181,12 @@ Status EngineImpl::CheckCheckpointMatches(const CheckpointMeta& meta) const {
                                             : absl::StrCat(ParamLabel(static_cast<int>(params.size())), " is not in the checkpoint");
     return absl::InvalidArgumentError(absl::StrCat("checkpoint has ", params.size(), " params, ", specs_.size(),
                                                    " are registered: ", first_unmatched));
+  }
+  if (!meta.groups.empty() && static_cast<int>(meta.groups.size()) != num_groups()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "checkpoint has ", meta.groups.size(), " optimizer groups but this engine has ", num_groups(),
+        ": register the params in the same groups (ParamSpec::group; model_parameters in "
+        "zerort.torch) and the same optimizer.param_groups as the run that saved it"));
   }
   if (meta.moments != optimizer_->state_count()) {
     return absl::InvalidArgumentError(absl::StrCat("checkpoint was written by optimizer \"", meta.optimizer,
@@ -261,6 +268,9 @@ Status EngineImpl::LoadCheckpoint(const std::string& target) {
   // in the gather below.
   ZERO_RETURN_IF_ERROR(AgreeOnOutcome(written, "LoadCheckpoint"));
   step_ = meta->step;
+  for (size_t p = 0; p < specs_.size(); ++p) param_steps_[p] = meta->params[p].steps;
+  if (!meta->groups.empty()) groups_ = meta->groups;
+  ApplySchedule();  // a schedule's position is the checkpoint's step
   loss_scaler_.set_state(meta->scaler);
   user_data_ = meta->user_data;
   // Every rank now holds the checkpoint's values: nothing to compare at the next iteration.

@@ -78,6 +78,13 @@ Status ReadParams(const nlohmann::json& json, const std::string& path, Checkpoin
     if (entry.contains("requires_grad")) {
       ZERO_RETURN_IF_ERROR(Field(entry, "requires_grad", path, field + ".requires_grad", &param.requires_grad));
     }
+    param.steps = meta->step;
+    if (entry.contains("steps")) {
+      ZERO_RETURN_IF_ERROR(Field(entry, "steps", path, field + ".steps", &param.steps));
+      if (param.steps < 0 || param.steps > meta->step) {
+        return FieldError(path, field + ".steps", "an integer from 0 to the checkpoint's step");
+      }
+    }
     const auto shape = entry.find("shape");
     if (shape == entry.end() || !shape->is_array()) return FieldError(path, field + ".shape", "an array");
     param.numel = 1;
@@ -92,6 +99,34 @@ Status ReadParams(const nlohmann::json& json, const std::string& path, Checkpoin
       param.numel *= d.get<int64_t>();
     }
     meta->params.push_back(std::move(param));
+  }
+  return absl::OkStatus();
+}
+
+// "groups": each optimizer group's hyperparameters (absent in older files). The values are
+// checked against the config's ranges, so a damaged file cannot hand the kernels a bad one.
+Status ReadGroups(const nlohmann::json& json, const std::string& path, CheckpointMeta* meta) {
+  const auto groups = json.find("groups");
+  if (groups == json.end()) return absl::OkStatus();
+  if (!groups->is_array()) return FieldError(path, "groups", "an array");
+  for (size_t g = 0; g < groups->size(); ++g) {
+    const nlohmann::json& entry = (*groups)[g];
+    const std::string field = absl::StrCat("groups[", g, "]");
+    if (!entry.is_object()) return FieldError(path, field, "an object");
+    OptimizerHyper h;
+    ZERO_RETURN_IF_ERROR(Field(entry, "lr", path, field + ".lr", &h.lr));
+    ZERO_RETURN_IF_ERROR(Field(entry, "beta1", path, field + ".beta1", &h.beta1));
+    ZERO_RETURN_IF_ERROR(Field(entry, "beta2", path, field + ".beta2", &h.beta2));
+    ZERO_RETURN_IF_ERROR(Field(entry, "eps", path, field + ".eps", &h.eps));
+    ZERO_RETURN_IF_ERROR(Field(entry, "weight_decay", path, field + ".weight_decay", &h.weight_decay));
+    ZERO_RETURN_IF_ERROR(Field(entry, "momentum", path, field + ".momentum", &h.momentum));
+    ZERO_RETURN_IF_ERROR(Field(entry, "dampening", path, field + ".dampening", &h.dampening));
+    ZERO_RETURN_IF_ERROR(Field(entry, "nesterov", path, field + ".nesterov", &h.nesterov));
+    const Status valid = ValidateOptimizerHyper(h, field);
+    if (!valid.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("checkpoint: ", path, ": ", valid.message()));
+    }
+    meta->groups.push_back(h);
   }
   return absl::OkStatus();
 }
@@ -190,6 +225,7 @@ StatusOr<CheckpointMeta> ReadCheckpointMeta(const std::string& dir) {
   if (json.contains("user_data")) {
     ZERO_RETURN_IF_ERROR(Field(json, "user_data", path, "user_data", &meta.user_data));
   }
+  ZERO_RETURN_IF_ERROR(ReadGroups(json, path, &meta));
   ZERO_RETURN_IF_ERROR(ReadParams(json, path, &meta));
   return meta;
 }
@@ -205,10 +241,16 @@ std::string CheckpointMetaJson(const CheckpointMeta& meta) {
   json["user_data"] = meta.user_data;
   json["loss_scaler"] = {{"scale", meta.scaler.scale}, {"remaining_hysteresis", meta.scaler.remaining_hysteresis},
                          {"iteration", meta.scaler.iteration}, {"last_overflow", meta.scaler.last_overflow}};
+  json["groups"] = nlohmann::json::array();
+  for (const OptimizerHyper& h : meta.groups) {
+    json["groups"].push_back({{"lr", h.lr}, {"beta1", h.beta1}, {"beta2", h.beta2}, {"eps", h.eps},
+                              {"weight_decay", h.weight_decay}, {"momentum", h.momentum},
+                              {"dampening", h.dampening}, {"nesterov", h.nesterov}});
+  }
   json["params"] = nlohmann::json::array();
   for (const CheckpointMeta::Param& p : meta.params) {
     json["params"].push_back({{"name", p.name}, {"shape", p.shape}, {"dtype", p.dtype},
-                              {"requires_grad", p.requires_grad}});
+                              {"requires_grad", p.requires_grad}, {"steps", p.steps}});
   }
   return json.dump(1) + "\n";
 }

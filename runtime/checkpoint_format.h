@@ -3,8 +3,9 @@
 // records that overlap what it owns, each checked against its own checksum.
 //
 //   DIR/meta.json        format, world, stage, step, optimizer, moment count, loss scaler,
-//                        the trainer's user_data, each param's name, shape, dtype and
-//                        requires_grad (rank 0 writes it)
+//                        the trainer's user_data, each optimizer group's hyperparameters,
+//                        each param's name, shape, dtype, requires_grad and own step count
+//                        (rank 0 writes it; the lr schedule's position is the step - 1)
 //   DIR/rank-R-of-N.bin  format 3:
 //       "ZRTCKPT3", int64 record count n,
 //       n index entries {int32 param, int32 0, int64 begin, int64 numel, uint64 offset,
@@ -25,6 +26,7 @@
 #include <vector>
 
 #include "runtime/loss_scaler.h"
+#include "zero/config.h"
 #include "zero/status.h"
 
 namespace zero::runtime {
@@ -40,6 +42,9 @@ struct CheckpointMeta {
     std::string dtype;
     bool requires_grad = true;  // frozen params have no records
     int64_t numel = 0;
+    /// Optimizer steps that updated this param (bias correction); the checkpoint's step when
+    /// the file has none.
+    int64_t steps = 0;
   };
   int format = kCheckpointFormat;
   int world = 0;
@@ -49,6 +54,9 @@ struct CheckpointMeta {
   std::string optimizer;
   LossScaler::State scaler{};
   std::string user_data;
+  /// Each optimizer group's hyperparameters for the next step; empty in files written before
+  /// groups were saved (the config's then apply).
+  std::vector<OptimizerHyper> groups;
   std::vector<Param> params;
 };
 

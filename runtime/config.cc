@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "runtime/deepspeed_config.h"
 
 namespace zero {
 namespace {
@@ -68,6 +69,11 @@ const Range kTimeout{0, 604800, false, false, "≥ 0 and ≤ 604800 (one week; 0
 const Range kReplicaCheck{0, kIntMax, false, false,
                           "a whole number ≥ 0 and ≤ 2147483647 (0 never checks)"};
 const Range kKeepLast{0, kIntMax, false, false, "a whole number ≥ 0 and ≤ 2147483647 (0 keeps all)"};
+const Range kSteps{0, kMaxElems, false, false, "a whole number ≥ 0 and ≤ 1e15"};
+const Range kTotalSteps{1, kMaxElems, false, false, "a whole number ≥ 1 and ≤ 1e15"};
+const Range kBatch{0, kMaxElems, false, false, "a whole number ≥ 1 and ≤ 1e15 (0: not given)"};
+// More groups than any model has; bounds what a config can make the engine allocate.
+constexpr size_t kMaxParamGroups = 65536;
 
 Status CheckRange(absl::string_view key, double value, const Range& range, absl::string_view quoted) {
   if (range.Contains(value)) return absl::OkStatus();
@@ -152,9 +158,9 @@ class NumberLiterals final : public Json::json_sax_t {
   }
 
  private:
-  // Config keys are at most three levels deep (section, key, betas' elements) and short;
+  // Config keys are at most five levels deep (optimizer.param_groups[0].betas[1]) and short;
   // deeper or longer paths are not recorded, so any text parses in linear time.
-  static constexpr size_t kMaxDepth = 3, kMaxKey = 64;
+  static constexpr size_t kMaxDepth = 5, kMaxKey = 64;
   struct Frame {
     size_t path_size;  // the container's own path is path_[0, path_size)
     bool array;
@@ -278,6 +284,17 @@ Handler Number(T* out, const Range& range) {
   return [out, &range](const Value& v) { return ReadNumber(v, range, out); };
 }
 
+// A number stored into an optional (a param group's override).
+template <typename T>
+Handler OptionalNumber(std::optional<T>* out, const Range& range) {
+  return [out, &range](const Value& v) -> Status {
+    T value{};
+    ZERO_RETURN_IF_ERROR(ReadNumber(v, range, &value));
+    *out = value;
+    return absl::OkStatus();
+  };
+}
+
 Handler Bool(bool* out) {
   return [out](const Value& v) -> Status {
     if (!v.json.is_boolean()) return KeyError(v.key, absl::StrCat(v.Quoted(), " is not true or false"));
@@ -321,7 +338,100 @@ Handler Betas(float* beta1, float* beta2) {
   };
 }
 
+Handler OptionalBool(std::optional<bool>* out) {
+  return [out](const Value& v) -> Status {
+    bool value = false;
+    ZERO_RETURN_IF_ERROR(Bool(&value)(v));
+    *out = value;
+    return absl::OkStatus();
+  };
+}
+
+// "betas" of a param group: both or neither.
+Handler OptionalBetas(std::optional<float>* beta1, std::optional<float>* beta2) {
+  return [beta1, beta2](const Value& v) -> Status {
+    float b1 = 0, b2 = 0;
+    ZERO_RETURN_IF_ERROR(Betas(&b1, &b2)(v));
+    *beta1 = b1;
+    *beta2 = b2;
+    return absl::OkStatus();
+  };
+}
+
+// optimizer.param_groups: a list of objects, each with the optimizer's hyperparameter keys.
+Handler ParamGroups(std::vector<ParamGroupOverrides>* out) {
+  return [out](const Value& v) -> Status {
+    if (!v.json.is_array()) {
+      return KeyError(v.key, absl::StrCat(v.Quoted(), " is not a list of objects (one per group)"));
+    }
+    if (v.json.size() > kMaxParamGroups) {
+      return KeyError(v.key, absl::StrCat("has ", v.json.size(), " groups; at most ", kMaxParamGroups));
+    }
+    std::vector<ParamGroupOverrides> groups(v.json.size());
+    for (size_t g = 0; g < groups.size(); ++g) {
+      ParamGroupOverrides& o = groups[g];
+      const std::map<std::string, Handler> keys = {
+          {"lr", OptionalNumber(&o.lr, kLr)}, {"betas", OptionalBetas(&o.beta1, &o.beta2)},
+          {"eps", OptionalNumber(&o.eps, kEps)}, {"weight_decay", OptionalNumber(&o.weight_decay, kWeightDecay)},
+          {"momentum", OptionalNumber(&o.momentum, kUnitInterval)},
+          {"dampening", OptionalNumber(&o.dampening, kUnitInterval)}, {"nesterov", OptionalBool(&o.nesterov)}};
+      const std::string key = absl::StrCat(v.key, "[", g, "]");
+      ZERO_RETURN_IF_ERROR(ReadObject(Value{v.json[g], key, v.literals}, keys));
+    }
+    *out = std::move(groups);
+    return absl::OkStatus();
+  };
+}
+
+// Validate's check of one group's resolved hyperparameters; `prefix` names where they come
+// from ("optimizer" or "optimizer.param_groups[1]").
+Status CheckHyper(const std::string& prefix, const OptimizerHyper& o) {
+  ZERO_RETURN_IF_ERROR(CheckStored(prefix + ".lr", o.lr, kLr));
+  ZERO_RETURN_IF_ERROR(CheckStored(prefix + ".betas[0]", o.beta1, kBeta));
+  ZERO_RETURN_IF_ERROR(CheckStored(prefix + ".betas[1]", o.beta2, kBeta));
+  ZERO_RETURN_IF_ERROR(CheckStored(prefix + ".eps", o.eps, kEps));
+  ZERO_RETURN_IF_ERROR(CheckStored(prefix + ".weight_decay", o.weight_decay, kWeightDecay));
+  ZERO_RETURN_IF_ERROR(CheckStored(prefix + ".momentum", o.momentum, kUnitInterval));
+  ZERO_RETURN_IF_ERROR(CheckStored(prefix + ".dampening", o.dampening, kUnitInterval));
+  if (o.nesterov && (o.momentum == 0 || o.dampening != 0)) {
+    return KeyError(prefix + ".nesterov", "needs momentum > 0 and dampening = 0");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
+
+OptimizerHyper OptimizerConfig::Group(int group) const {
+  OptimizerHyper h = *this;
+  if (group < 0 || static_cast<size_t>(group) >= param_groups.size()) return h;
+  const ParamGroupOverrides& o = param_groups[group];
+  h.lr = o.lr.value_or(h.lr);
+  h.beta1 = o.beta1.value_or(h.beta1);
+  h.beta2 = o.beta2.value_or(h.beta2);
+  h.eps = o.eps.value_or(h.eps);
+  h.weight_decay = o.weight_decay.value_or(h.weight_decay);
+  h.momentum = o.momentum.value_or(h.momentum);
+  h.dampening = o.dampening.value_or(h.dampening);
+  h.nesterov = o.nesterov.value_or(h.nesterov);
+  return h;
+}
+
+StatusOr<std::string> NormalizeConfigJson(std::string_view text) {
+  if (text.empty()) text = "{}";
+  const Json json = Json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
+  std::string normalized(text);
+  if (!json.is_discarded() && runtime::IsDeepSpeedConfig(json)) {
+    std::vector<std::string> notes;
+    ZERO_ASSIGN_OR_RETURN(const Json translated, runtime::TranslateDeepSpeedConfig(json, &notes));
+    normalized = translated.dump();
+  }
+  ZERO_RETURN_IF_ERROR(Config::FromJson(normalized).status());
+  return normalized;
+}
+
+Status ValidateOptimizerHyper(const OptimizerHyper& hyper, const std::string& where) {
+  return CheckHyper(where, hyper);
+}
 
 const char* OptimizerTypeName(OptimizerType type) {
   switch (type) {
@@ -339,6 +449,19 @@ StatusOr<Config> Config::FromJson(std::string_view text) {
   if (!literals.Parse(text)) return absl::InvalidArgumentError(literals.error());
   const Json json = Json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
   if (json.is_discarded()) return absl::InvalidArgumentError("config is not valid JSON");
+  if (runtime::IsDeepSpeedConfig(json)) {
+    std::vector<std::string> notes;
+    ZERO_ASSIGN_OR_RETURN(const Json translated, runtime::TranslateDeepSpeedConfig(json, &notes));
+    if (runtime::IsDeepSpeedConfig(translated)) {
+      return absl::InternalError("the DeepSpeed config's translation is not a ZeroRT config");
+    }
+    StatusOr<Config> config = FromJson(translated.dump());
+    if (!config.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("DeepSpeed config, as translated: ", config.status().message()));
+    }
+    config->notes = std::move(notes);
+    return config;
+  }
   Config c;
   OptimizerConfig& o = c.optimizer;
   const std::map<std::string, Handler> optimizer = {
@@ -348,7 +471,20 @@ StatusOr<Config> Config::FromJson(std::string_view text) {
                                    {"lion", OptimizerType::kLion}})},
       {"lr", Number(&o.lr, kLr)}, {"betas", Betas(&o.beta1, &o.beta2)}, {"eps", Number(&o.eps, kEps)},
       {"weight_decay", Number(&o.weight_decay, kWeightDecay)}, {"momentum", Number(&o.momentum, kUnitInterval)},
-      {"dampening", Number(&o.dampening, kUnitInterval)}, {"nesterov", Bool(&o.nesterov)}};
+      {"dampening", Number(&o.dampening, kUnitInterval)}, {"nesterov", Bool(&o.nesterov)},
+      {"param_groups", ParamGroups(&o.param_groups)}};
+  SchedulerConfig& sc = c.scheduler;
+  const std::map<std::string, Handler> scheduler_params = {
+      {"warmup_min_lr", Number(&sc.warmup_min_lr, kLr)}, {"warmup_max_lr", OptionalNumber(&sc.warmup_max_lr, kLr)},
+      {"warmup_num_steps", Number(&sc.warmup_num_steps, kSteps)},
+      {"warmup_type", Choice(&sc.warmup_type, std::map<std::string, WarmupType>{
+                                                  {"log", WarmupType::kLog}, {"linear", WarmupType::kLinear}})},
+      {"total_num_steps", Number(&sc.total_num_steps, kTotalSteps)},
+      {"warmup_min_ratio", Number(&sc.warmup_min_ratio, kUnitInterval)},
+      {"cos_min_ratio", Number(&sc.cos_min_ratio, kUnitInterval)}};
+  const std::map<std::string, Handler> batch = {
+      {"train_batch_size", Number(&c.batch.train_batch_size, kBatch)},
+      {"micro_batch_size_per_rank", Number(&c.batch.micro_batch_size_per_rank, kBatch)}};
   const std::map<std::string, Handler> precision = {
       {"param", DTypeKey(&c.precision.param)}, {"grad", DTypeKey(&c.precision.grad)},
       {"reduce", DTypeKey(&c.precision.reduce)}, {"master_weights", Bool(&c.precision.master_weights)}};
@@ -388,6 +524,12 @@ StatusOr<Config> Config::FromJson(std::string_view text) {
   auto section = [](const std::map<std::string, Handler>& handlers) -> Handler {
     return [&handlers](const Value& v) { return ReadObject(v, handlers); };
   };
+  const std::map<std::string, Handler> scheduler = {
+      {"type", Choice(&sc.type, std::map<std::string, LrScheduleType>{
+                                    {"WarmupLR", LrScheduleType::kWarmupLR},
+                                    {"WarmupDecayLR", LrScheduleType::kWarmupDecayLR},
+                                    {"WarmupCosineLR", LrScheduleType::kWarmupCosineLR}})},
+      {"params", section(scheduler_params)}};
   const std::map<std::string, Handler> top = {
       {"stage", Number(&c.stage, kStage)},
       {"device", Choice(&c.device, std::map<std::string, Device>{{"cpu", Device::kCpu}, {"cuda", Device::kCuda}})},
@@ -395,7 +537,8 @@ StatusOr<Config> Config::FromJson(std::string_view text) {
       {"stage3", section(stage3)},
       {"gradient_accumulation_steps", Number(&c.gradient_accumulation_steps, kAccumulation)},
       {"clip_grad_norm", Number(&c.clip_grad_norm, kClip)}, {"loss_scale", section(loss_scale)},
-      {"guard", section(guard)}, {"checkpoint", section(checkpoint)}};
+      {"guard", section(guard)}, {"checkpoint", section(checkpoint)}, {"scheduler", section(scheduler)},
+      {"batch", section(batch)}};
   const std::string root;
   ZERO_RETURN_IF_ERROR(ReadObject(Value{json, root, literals}, top));
   ZERO_RETURN_IF_ERROR(c.Validate());
@@ -404,17 +547,30 @@ StatusOr<Config> Config::FromJson(std::string_view text) {
 
 Status Config::Validate() const {
   ZERO_RETURN_IF_ERROR(CheckStored("stage", stage, kStage));
-  const OptimizerConfig& o = optimizer;
-  ZERO_RETURN_IF_ERROR(CheckStored("optimizer.lr", o.lr, kLr));
-  ZERO_RETURN_IF_ERROR(CheckStored("optimizer.betas[0]", o.beta1, kBeta));
-  ZERO_RETURN_IF_ERROR(CheckStored("optimizer.betas[1]", o.beta2, kBeta));
-  ZERO_RETURN_IF_ERROR(CheckStored("optimizer.eps", o.eps, kEps));
-  ZERO_RETURN_IF_ERROR(CheckStored("optimizer.weight_decay", o.weight_decay, kWeightDecay));
-  ZERO_RETURN_IF_ERROR(CheckStored("optimizer.momentum", o.momentum, kUnitInterval));
-  ZERO_RETURN_IF_ERROR(CheckStored("optimizer.dampening", o.dampening, kUnitInterval));
-  if (o.nesterov && (o.momentum == 0 || o.dampening != 0)) {
-    return KeyError("optimizer.nesterov", "needs momentum > 0 and dampening = 0");
+  ZERO_RETURN_IF_ERROR(CheckHyper("optimizer", optimizer));
+  if (optimizer.param_groups.size() > kMaxParamGroups) {
+    return KeyError("optimizer.param_groups", absl::StrCat("has ", optimizer.param_groups.size(),
+                                                           " groups; at most ", kMaxParamGroups));
   }
+  for (size_t g = 0; g < optimizer.param_groups.size(); ++g) {
+    ZERO_RETURN_IF_ERROR(CheckHyper(absl::StrCat("optimizer.param_groups[", g, "]"), optimizer.Group(static_cast<int>(g))));
+  }
+  ZERO_RETURN_IF_ERROR(CheckStored("scheduler.params.warmup_min_lr", scheduler.warmup_min_lr, kLr));
+  if (scheduler.warmup_max_lr) {
+    ZERO_RETURN_IF_ERROR(CheckStored("scheduler.params.warmup_max_lr", *scheduler.warmup_max_lr, kLr));
+  }
+  ZERO_RETURN_IF_ERROR(CheckStored("scheduler.params.warmup_num_steps", scheduler.warmup_num_steps, kSteps));
+  ZERO_RETURN_IF_ERROR(CheckStored("scheduler.params.warmup_min_ratio", scheduler.warmup_min_ratio, kUnitInterval));
+  ZERO_RETURN_IF_ERROR(CheckStored("scheduler.params.cos_min_ratio", scheduler.cos_min_ratio, kUnitInterval));
+  if (scheduler.type == LrScheduleType::kWarmupDecayLR || scheduler.type == LrScheduleType::kWarmupCosineLR) {
+    if (scheduler.total_num_steps < 1) {
+      return KeyError("scheduler.params.total_num_steps",
+                      "is required by WarmupDecayLR and WarmupCosineLR (the step at which the decay ends)");
+    }
+    ZERO_RETURN_IF_ERROR(CheckStored("scheduler.params.total_num_steps", scheduler.total_num_steps, kTotalSteps));
+  }
+  ZERO_RETURN_IF_ERROR(CheckStored("batch.train_batch_size", batch.train_batch_size, kBatch));
+  ZERO_RETURN_IF_ERROR(CheckStored("batch.micro_batch_size_per_rank", batch.micro_batch_size_per_rank, kBatch));
   ZERO_RETURN_IF_ERROR(CheckStored("buckets.reduce_bucket_elems", buckets.reduce_bucket_elems, kBucketElems));
   ZERO_RETURN_IF_ERROR(CheckStored("buckets.first_bucket_elems", buckets.first_bucket_elems, kBucketElems));
   ZERO_RETURN_IF_ERROR(CheckStored("buckets.last_bucket_elems", buckets.last_bucket_elems, kLastBucketElems));

@@ -16,8 +16,20 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const Config& config,
         "precision.reduce (", DTypeName(config.precision.reduce), ") must equal precision.grad (",
         DTypeName(config.precision.grad), "): reducing in another dtype is not implemented"));
   }
+  const BatchConfig& batch = config.batch;
+  if (batch.train_batch_size > 0 && batch.micro_batch_size_per_rank > 0 &&
+      batch.train_batch_size != batch.micro_batch_size_per_rank * config.gradient_accumulation_steps *
+                                    communicator.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config: train_batch_size ", batch.train_batch_size, " is not micro_batch_size_per_rank ",
+        batch.micro_batch_size_per_rank, " × gradient_accumulation_steps ", config.gradient_accumulation_steps,
+        " × world size ", communicator.size(), " = ",
+        batch.micro_batch_size_per_rank * config.gradient_accumulation_steps * communicator.size(),
+        "; fix one of them (or leave train_batch_size out: it is derived)"));
+  }
   ZERO_ASSIGN_OR_RETURN(base::EnvTunables env, base::ReadEnvTunables());
   base::Logger logger(env.log_level, communicator.rank());
+  for (const std::string& note : config.notes) ZERO_LOG(logger, kInfo) << "config: " << note;
   base::Allocator allocator;
   // Once an MPI collective was abandoned it may still write into the engine's buffers: from
   // then on they are kept, not freed (during the engine's life and when it is destroyed).
@@ -186,6 +198,8 @@ Status EngineImpl::Finalize() {
                                                            allocator_, *ops_, std::move(sum_over_ranks)));
   pending_.assign(num_buckets, 0);
   handed_.assign(num_buckets, 0);
+  param_steps_.assign(specs_.size(), 0);
+  InitGroups();
   phase_ = Phase::kIdle;
   ZERO_LOG(logger_, kInfo) << "finalized: " << specs_.size() << " params, " << num_buckets
                            << " buckets, stage " << config_.stage << ", world " << comm_.size();

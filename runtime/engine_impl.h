@@ -22,6 +22,7 @@
 #include "runtime/grad_store.h"
 #include "runtime/host_collectives.h"
 #include "runtime/loss_scaler.h"
+#include "runtime/lr_schedule.h"
 #include "runtime/optimizer_state.h"
 #include "runtime/param_store.h"
 #include "zero/engine.h"
@@ -61,6 +62,10 @@ class EngineImpl final : public Engine {
   MemoryStats GetMemoryStats() const override { return allocator_.Stats(); }
   EngineCounters counters() const override { return counters_; }
   int64_t steps_taken() const override { return step_; }
+  int num_groups() const override { return static_cast<int>(groups_.size()); }
+  StatusOr<OptimizerHyper> GroupHyper(int group) const override;
+  Status SetGroupHyper(int group, const OptimizerHyper& hyper) override;
+  int64_t lr_schedule_iteration() const override { return schedule_ ? step_ - 1 : -1; }
   float loss_scale() const override { return loss_scaler_.scale(); }
   int rank() const override { return comm_.rank(); }
   int world_size() const override { return comm_.size(); }
@@ -98,6 +103,12 @@ class EngineImpl final : public Engine {
   // Stage 2-3: waits for reductions in flight until `bucket` can have a gradient buffer.
   Status WaitForGradBuffer(int bucket);
   bool LastMicroBatch() const { return micro_batch_ + 1 == config_.gradient_accumulation_steps; }
+
+  // Optimizer groups (engine_groups.cc).
+  // At Finalize: every group's hyperparameters from the config, and the schedule's first lrs.
+  void InitGroups();
+  // After an applied step (and a load): the schedule's lr for the next step in every group.
+  void ApplySchedule();
 
   // Checkpoints (checkpoint.cc).
   // After a step every rank took on its own (writing or reading its part): `local` on this
@@ -140,6 +151,9 @@ class EngineImpl final : public Engine {
   int micro_batch_ = 0;        // micro-batches completed since the last Step
   int64_t iteration_ = 0;      // micro-batches begun in total
   int64_t step_ = 0;           // optimizer steps taken
+  std::vector<int64_t> param_steps_;  // per param: steps that updated it (bias correction)
+  std::vector<OptimizerHyper> groups_;  // per optimizer group, for the next step
+  std::optional<LrSchedule> schedule_;  // config "scheduler"
   std::unique_ptr<GradGuard> guard_;
   std::vector<int> pending_;   // per bucket: params not yet complete this micro-batch
   std::vector<char> handed_;   // per bucket: reduction handed to the scheduler this micro-batch

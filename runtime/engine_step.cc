@@ -63,7 +63,18 @@ StatusOr<StepInfo> EngineImpl::Step() {
   ++step_;
   guard_->EndStep();
   loss_scaler_.Update(false);
-  ZERO_RETURN_IF_ERROR(optimizer_->Step(step_, static_cast<float>(clip / divisor)));
+  // Each param counts the steps that updated it, for bias correction (as PyTorch's optimizers
+  // keep a step per param): one that no rank used keeps its count.
+  size_t next_untouched = 0;
+  for (size_t p = 0; p < specs_.size(); ++p) {
+    if (next_untouched < untouched.size() && untouched[next_untouched].first == static_cast<int>(p)) {
+      ++next_untouched;
+    } else if (specs_[p].requires_grad) {
+      ++param_steps_[p];
+    }
+  }
+  ZERO_RETURN_IF_ERROR(optimizer_->Step(groups_, param_steps_, static_cast<float>(clip / divisor)));
+  ApplySchedule();  // the lr of the next step (the schedule advanced with step_)
   for (const auto& [param, parts] : untouched) ZERO_RETURN_IF_ERROR(optimizer_->WriteOwned(param, parts));
   ZERO_RETURN_IF_ERROR(params_->AfterStep(/*updated=*/true));
   ZERO_RETURN_IF_ERROR(grads_->Zero());

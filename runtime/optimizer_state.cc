@@ -62,8 +62,12 @@ StatusOr<std::unique_ptr<OptimizerState>> OptimizerState::Create(
     segment.numel = r.numel;
     state_offset += r.numel;
     auto [it, fresh] = batch_of.emplace(std::make_pair(b.group, static_cast<int>(b.dtype)), s->batches_.size());
-    if (fresh) s->batches_.push_back({b.group, {b.dtype, b.dtype}, {}, {}});
+    if (fresh) s->batches_.push_back({b.group, {b.dtype, b.dtype}, {}, {}, {}});
     s->batches_[it->second].segments.push_back(segment);
+    Batch& batch = s->batches_[it->second];
+    s->CutPerParam(r, segment, [&](int param, const kernels::Segment& fragment, int64_t) {
+      batch.fragments.push_back({param, fragment});
+    });
     // Each rank's norm covers its shard only, also at stage 0 where it owns the whole bucket.
     const int64_t shard_begin = rank * b.shard_numel - r.begin;
     s->batches_[it->second].norm_spans.push_back(
@@ -71,9 +75,7 @@ StatusOr<std::unique_ptr<OptimizerState>> OptimizerState::Create(
   }
   if (config.optimizer.type == OptimizerType::kLamb) {
     ZERO_ASSIGN_OR_RETURN(s->lamb_updates_, allocator.Allocate(state_numel * 4, MemoryCategory::kWorkspace, ops.placement()));
-    std::vector<kernels::Segment> range_segments;
-    for (const Batch& batch : s->batches_) range_segments.insert(range_segments.end(), batch.segments.begin(), batch.segments.end());
-    ZERO_RETURN_IF_ERROR(s->BuildLambBatches(range_segments));
+    ZERO_RETURN_IF_ERROR(s->BuildLambBatches());
   }
   return s;
 }
@@ -184,97 +186,142 @@ StatusOr<kernels::NormResult> OptimizerState::GradNorm() {
   return total;
 }
 
-Status OptimizerState::Step(int64_t step, float grad_scale) {
-  const OptimizerConfig& o = config_.optimizer;
+Status OptimizerState::Launch(const OptimizerHyper& o, int64_t step, float grad_scale,
+                              kernels::SegmentTypes types, const std::vector<kernels::Segment>& segments) {
+  switch (config_.optimizer.type) {
+    case OptimizerType::kAdam:
+    case OptimizerType::kAdamW: {
+      kernels::AdamHyper h;
+      h.lr = o.lr;
+      h.beta1 = o.beta1;
+      h.beta2 = o.beta2;
+      h.eps = o.eps;
+      h.weight_decay = o.weight_decay;
+      h.decoupled_weight_decay = config_.optimizer.type == OptimizerType::kAdamW;
+      h.step = step;
+      h.common.grad_scale = grad_scale;
+      return ops_.AdamStep(h, types, segments);
+    }
+    case OptimizerType::kSgd: {
+      kernels::SgdHyper h;
+      h.lr = o.lr;
+      h.momentum = o.momentum;
+      h.dampening = o.dampening;
+      h.weight_decay = o.weight_decay;
+      h.nesterov = o.nesterov;
+      h.step = step;
+      h.common.grad_scale = grad_scale;
+      return ops_.SgdStep(h, types, segments);
+    }
+    case OptimizerType::kLion: {
+      kernels::LionHyper h;
+      h.lr = o.lr;
+      h.beta1 = o.beta1;
+      h.beta2 = o.beta2;
+      h.weight_decay = o.weight_decay;
+      h.common.grad_scale = grad_scale;
+      return ops_.LionStep(h, types, segments);
+    }
+    case OptimizerType::kLamb:
+      break;
+  }
+  return absl::InternalError("Launch: LAMB steps through LambStep");
+}
+
+namespace {
+
+// A param's step count as the kernels take it (a param put back after the step may have 0).
+int64_t KernelStep(const std::vector<int64_t>& param_steps, int param) {
+  return std::max<int64_t>(1, param_steps[param]);
+}
+
+}  // namespace
+
+Status OptimizerState::Step(const std::vector<OptimizerHyper>& groups, const std::vector<int64_t>& param_steps,
+                            float grad_scale) {
+  if (config_.optimizer.type == OptimizerType::kLamb) return LambStep(groups, param_steps, grad_scale);
   for (const Batch& batch : batches_) {
-    switch (o.type) {
-      case OptimizerType::kAdam:
-      case OptimizerType::kAdamW: {
-        kernels::AdamHyper h;
-        h.lr = o.lr;
-        h.beta1 = o.beta1;
-        h.beta2 = o.beta2;
-        h.eps = o.eps;
-        h.weight_decay = o.weight_decay;
-        h.decoupled_weight_decay = o.type == OptimizerType::kAdamW;
-        h.step = step;
-        h.common.grad_scale = grad_scale;
-        ZERO_RETURN_IF_ERROR(ops_.AdamStep(h, batch.types, batch.segments));
-        break;
-      }
-      case OptimizerType::kSgd: {
-        kernels::SgdHyper h;
-        h.lr = o.lr;
-        h.momentum = o.momentum;
-        h.dampening = o.dampening;
-        h.weight_decay = o.weight_decay;
-        h.nesterov = o.nesterov;
-        h.step = step;
-        h.common.grad_scale = grad_scale;
-        ZERO_RETURN_IF_ERROR(ops_.SgdStep(h, batch.types, batch.segments));
-        break;
-      }
-      case OptimizerType::kLion: {
-        kernels::LionHyper h;
-        h.lr = o.lr;
-        h.beta1 = o.beta1;
-        h.beta2 = o.beta2;
-        h.weight_decay = o.weight_decay;
-        h.common.grad_scale = grad_scale;
-        ZERO_RETURN_IF_ERROR(ops_.LionStep(h, batch.types, batch.segments));
-        break;
-      }
-      case OptimizerType::kLamb:
-        return LambStep(step, grad_scale);
+    const OptimizerHyper& hyper = groups[batch.group];
+    std::map<int64_t, std::vector<kernels::Segment>> by_step;
+    for (const Fragment& f : batch.fragments) by_step[KernelStep(param_steps, f.param)];
+    if (by_step.size() <= 1) {  // the usual case: the whole batch at one count
+      const int64_t step = by_step.empty() ? 1 : by_step.begin()->first;
+      ZERO_RETURN_IF_ERROR(Launch(hyper, step, grad_scale, batch.types, batch.segments));
+      continue;
+    }
+    for (const Fragment& f : batch.fragments) by_step[KernelStep(param_steps, f.param)].push_back(f.segment);
+    for (const auto& [step, segments] : by_step) {
+      ZERO_RETURN_IF_ERROR(Launch(hyper, step, grad_scale, batch.types, segments));
     }
   }
   return absl::OkStatus();
 }
 
-Status OptimizerState::BuildLambBatches(const std::vector<kernels::Segment>& range_segments) {
+template <typename Fn>
+void OptimizerState::CutPerParam(const OwnedRange& r, const kernels::Segment& whole, Fn fn) const {
+  const partition::Bucket& b = plan_.buckets()[r.bucket];
+  const int64_t element = b.element_bytes();
+  for (int param : b.params) {  // padding between params is left out: it never moves
+    ForOwnedPart(param, [&](const OwnedRange& range, int64_t begin, int64_t end) {
+      if (&range != &r) return;
+      const int64_t at = begin - r.begin;
+      kernels::Segment seg = whole;
+      seg.master = whole.master + at;
+      seg.model_param = whole.model_param ? static_cast<char*>(whole.model_param) + at * element : nullptr;
+      seg.grad = static_cast<const char*>(whole.grad) + at * element;
+      seg.state0 = whole.state0 ? whole.state0 + at : nullptr;
+      seg.state1 = whole.state1 ? whole.state1 + at : nullptr;
+      seg.numel = end - begin;
+      fn(param, seg, at);
+    });
+  }
+}
+
+Status OptimizerState::BuildLambBatches() {
   std::map<std::pair<int, int>, size_t> batch_of;
-  for (size_t k = 0; k < ranges_.size(); ++k) {
-    const OwnedRange& r = ranges_[k];
-    const kernels::Segment& whole = range_segments[k];
-    const partition::Bucket& b = plan_.buckets()[r.bucket];
-    const int64_t element = b.element_bytes();
-    auto [it, fresh] = batch_of.emplace(std::make_pair(b.group, static_cast<int>(b.dtype)), lamb_batches_.size());
-    if (fresh) lamb_batches_.push_back({{b.dtype, b.dtype}, {}, {}, {}});
+  for (const Batch& whole : batches_) {
+    auto [it, fresh] = batch_of.emplace(std::make_pair(whole.group, static_cast<int>(whole.types.param)),
+                                        lamb_batches_.size());
+    if (fresh) lamb_batches_.push_back({whole.group, whole.types, {}, {}, {}});
     LambBatch& batch = lamb_batches_[it->second];
-    for (int param : b.params) {  // padding between params is left out: it never moves
-      ForOwnedPart(param, [&](const OwnedRange& range, int64_t begin, int64_t end) {
-        if (&range != &r) return;
-        const int64_t at = begin - r.begin;
-        kernels::Segment seg = whole;
-        seg.master = whole.master + at;
-        seg.model_param = whole.model_param ? static_cast<char*>(whole.model_param) + at * element : nullptr;
-        seg.grad = static_cast<const char*>(whole.grad) + at * element;
-        seg.state0 = whole.state0 + at;
-        seg.state1 = whole.state1 + at;
-        seg.numel = end - begin;
-        batch.segments.push_back(seg);
-        batch.param_of.push_back(param);
-        batch.updates.push_back(lamb_updates_.as<float>() + r.state_begin + at);
-      });
+    for (const Fragment& f : whole.fragments) {
+      batch.segments.push_back(f.segment);
+      batch.param_of.push_back(f.param);
+      // The fragment's moments sit at the same offset of the state buffer as its update does
+      // in lamb_updates_.
+      batch.updates.push_back(lamb_updates_.as<float>() + (f.segment.state0 - state0_.as<float>()));
     }
   }
   return absl::OkStatus();
 }
 
-Status OptimizerState::LambStep(int64_t step, float grad_scale) {
-  const OptimizerConfig& o = config_.optimizer;
-  kernels::LambHyper h;
-  h.lr = o.lr;
-  h.beta1 = o.beta1;
-  h.beta2 = o.beta2;
-  h.eps = o.eps;
-  h.weight_decay = o.weight_decay;
-  h.step = step;
-  h.common.grad_scale = grad_scale;
-  // Pass 1: moments and the update direction; then ‖w‖² and ‖u‖² per param, summed over ranks.
+Status OptimizerState::LambStep(const std::vector<OptimizerHyper>& groups, const std::vector<int64_t>& param_steps,
+                                float grad_scale) {
+  auto hyper_of = [&](const LambBatch& batch, int64_t step) {
+    const OptimizerHyper& o = groups[batch.group];
+    kernels::LambHyper h;
+    h.lr = o.lr;
+    h.beta1 = o.beta1;
+    h.beta2 = o.beta2;
+    h.eps = o.eps;
+    h.weight_decay = o.weight_decay;
+    h.step = step;
+    h.common.grad_scale = grad_scale;
+    return h;
+  };
+  // Pass 1: moments and the update direction (one launch per distinct step count); then ‖w‖²
+  // and ‖u‖² per param, summed over ranks.
   std::vector<float> sums(2 * plan_.params().size(), 0.0f);
   for (const LambBatch& batch : lamb_batches_) {
-    ZERO_RETURN_IF_ERROR(ops_.LambUpdate(h, batch.types, batch.segments, batch.updates));
+    std::map<int64_t, std::pair<std::vector<kernels::Segment>, std::vector<float*>>> by_step;
+    for (size_t i = 0; i < batch.segments.size(); ++i) {
+      auto& [segments, updates] = by_step[KernelStep(param_steps, batch.param_of[i])];
+      segments.push_back(batch.segments[i]);
+      updates.push_back(batch.updates[i]);
+    }
+    for (const auto& [step, launch] : by_step) {
+      ZERO_RETURN_IF_ERROR(ops_.LambUpdate(hyper_of(batch, step), batch.types, launch.first, launch.second));
+    }
     std::vector<kernels::ConstSpan> weights, updates;
     for (size_t i = 0; i < batch.segments.size(); ++i) {
       weights.push_back({batch.segments[i].master, batch.segments[i].numel});
@@ -290,12 +337,12 @@ Status OptimizerState::LambStep(int64_t step, float grad_scale) {
     }
   }
   if (sum_over_ranks_) ZERO_RETURN_IF_ERROR(sum_over_ranks_(sums));
-  // Pass 2: w -= lr · ‖w‖/‖u‖ · u, per param.
+  // Pass 2: w -= lr · ‖w‖/‖u‖ · u, per param (the step count plays no part).
   for (const LambBatch& batch : lamb_batches_) {
     std::vector<float> ratios;
     for (int param : batch.param_of) ratios.push_back(kernels::LambTrustRatio(sums[2 * param], sums[2 * param + 1]));
     std::vector<const float*> updates(batch.updates.begin(), batch.updates.end());
-    ZERO_RETURN_IF_ERROR(ops_.LambApply(h, batch.types.param, batch.segments, updates, ratios));
+    ZERO_RETURN_IF_ERROR(ops_.LambApply(hyper_of(batch, 1), batch.types.param, batch.segments, updates, ratios));
   }
   return absl::OkStatus();
 }

@@ -10,6 +10,7 @@
 #define ZERO_RUNTIME_OPTIMIZER_STATE_H_
 
 #include <functional>
+#include <map>
 #include <utility>
 #include <vector>
 
@@ -45,8 +46,14 @@ class OptimizerState {
   /// Sum of squares (float64) of the rank's shard of the gradients (sum over ranks for the
   /// global value), and whether any element is Inf/NaN.
   StatusOr<kernels::NormResult> GradNorm();
-  /// One optimizer step over the owned ranges (step ≥ 1), gradients multiplied by grad_scale.
-  Status Step(int64_t step, float grad_scale);
+  /// One optimizer step over the owned ranges, gradients multiplied by grad_scale: each
+  /// optimizer group with its hyperparameters `groups[g]`, each param with its own step count
+  /// `param_steps[p]` (this step included; a count of 0 steps as 1, for a param put back after
+  /// the step). A group's params that agree on the count (every step but those after which
+  /// guard.on_unused = "zero" left a param untouched) take one launch; otherwise one launch
+  /// per distinct count.
+  Status Step(const std::vector<OptimizerHyper>& groups, const std::vector<int64_t>& param_steps,
+              float grad_scale);
   /// A host copy of one part of a param this rank owns, in param coordinates: `numel` fp32
   /// weights followed by `numel` values of each moment buffer (state_count() of them).
   struct OwnedPart {
@@ -86,10 +93,17 @@ class OptimizerState {
   // inside each owned range.
   template <typename Fn>
   void ForOwnedPart(int param, Fn fn) const;
+  // Part of one param inside an owned range.
+  struct Fragment {
+    int param;
+    kernels::Segment segment;
+  };
   struct Batch {  // one kernel launch: segments of one group and dtype
     int group;
     kernels::SegmentTypes types;
     std::vector<kernels::Segment> segments;
+    // The same elements cut per param (padding left out), for steps whose params' counts differ.
+    std::vector<Fragment> fragments;
     // The gradient of the rank's shard of each bucket (at stage 0 a sub-range of the owned
     // whole bucket): every stage takes the norm over the same spans, then sums over ranks, so
     // stages 0, 1 and 2 produce bit-identical norms.
@@ -97,13 +111,22 @@ class OptimizerState {
   };
   // LAMB needs a trust ratio per param, so its segments are cut per param fragment.
   struct LambBatch {
+    int group;
     kernels::SegmentTypes types;
     std::vector<kernels::Segment> segments;
     std::vector<int> param_of;       // per segment
     std::vector<float*> updates;     // per segment, into lamb_updates_
   };
-  Status BuildLambBatches(const std::vector<kernels::Segment>& range_segments);
-  Status LambStep(int64_t step, float grad_scale);
+  // Calls fn(param, fragment, at) for each param's part of range `r`, whose whole segment is
+  // `whole`; `at` is the fragment's first element within the range.
+  template <typename Fn>
+  void CutPerParam(const OwnedRange& r, const kernels::Segment& whole, Fn fn) const;
+  Status BuildLambBatches();
+  // One launch of the group's optimizer over `segments`, all at step count `step`.
+  Status Launch(const OptimizerHyper& hyper, int64_t step, float grad_scale, kernels::SegmentTypes types,
+                const std::vector<kernels::Segment>& segments);
+  Status LambStep(const std::vector<OptimizerHyper>& groups, const std::vector<int64_t>& param_steps,
+                  float grad_scale);
 
   // Rewrites the bf16/fp16 model copy of `param`'s owned part from the fp32 master.
   Status RoundModelCopy(int param);

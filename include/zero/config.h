@@ -2,7 +2,10 @@
 //
 //   { "stage": 2, "device": "cpu",
 //     "optimizer": {"type": "adamw", "lr": 1e-3, "betas": [0.9, 0.999], "eps": 1e-8,
-//                   "weight_decay": 0.01, "momentum": 0.0, "dampening": 0.0, "nesterov": false},
+//                   "weight_decay": 0.01, "momentum": 0.0, "dampening": 0.0, "nesterov": false,
+//                   "param_groups": [{"weight_decay": 0.1}, {"lr": 1e-4, "weight_decay": 0.0}]},
+//     "scheduler": {"type": "WarmupCosineLR", "params": {"total_num_steps": 1000,
+//                   "warmup_num_steps": 100, "warmup_type": "linear"}},
 //     "precision": {"param": "fp32", "grad": "fp32", "reduce": "fp32", "master_weights": true},
 //     "buckets": {"reduce_bucket_elems": 4000000, "first_bucket_elems": 1000000,
 //                 "last_bucket_elems": 1000000, "overlap": true, "pool_buffers": 4},
@@ -13,7 +16,8 @@
 //                    "min": 1.0},
 //     "guard": {"on_duplicate": "error", "on_unused": "error", "consistency_check": false,
 //               "timeout_s": 600, "init_params": "broadcast", "replica_check_every": 0},
-//     "checkpoint": {"keep_last": 0} }
+//     "checkpoint": {"keep_last": 0},
+//     "batch": {"train_batch_size": 0, "micro_batch_size_per_rank": 0} }
 //
 // Every key is optional. Unknown keys, wrong types and out-of-range values are
 // kInvalidArgument naming the key as a dotted path (e.g. `buckets.reduce_bucket_elems`,
@@ -28,6 +32,8 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <optional>
+#include <vector>
 
 #include "zero/device.h"
 #include "zero/dtype.h"
@@ -46,8 +52,10 @@ enum class UnusedPolicy : int { kError, kZero };
 /// guard.init_params: what the first iteration does when ranks set different initial params.
 enum class InitParams : int { kBroadcast, kVerify };
 
-struct OptimizerConfig {
-  OptimizerType type = OptimizerType::kAdamW;
+/// The hyperparameters one optimizer group steps with. Each optimizer reads its own: Adam and
+/// AdamW lr, betas, eps, weight_decay; SGD lr, momentum, dampening, nesterov, weight_decay;
+/// LAMB lr, betas, eps, weight_decay; Lion lr, betas, weight_decay.
+struct OptimizerHyper {
   float lr = 1e-3f;                    ///< [0, 1e6]
   float beta1 = 0.9f, beta2 = 0.999f;  ///< "betas", each in [0, 1); SGD ignores them
   float eps = 1e-8f;                   ///< (0, 1]
@@ -56,9 +64,58 @@ struct OptimizerConfig {
   bool nesterov = false;                    ///< SGD; needs momentum > 0 and dampening = 0
 };
 
+/// optimizer.param_groups[g]: the keys group g sets (the JSON's names: "lr", "betas", "eps",
+/// "weight_decay", "momentum", "dampening", "nesterov"); the others are the optimizer's own.
+struct ParamGroupOverrides {
+  std::optional<float> lr, beta1, beta2, eps, weight_decay, momentum, dampening;
+  std::optional<bool> nesterov;
+};
+
+/// optimizer: the type, the hyperparameters every group starts from (the fields inherited
+/// from OptimizerHyper), and per-group overrides indexed by ParamSpec::group.
+struct OptimizerConfig : OptimizerHyper {
+  OptimizerType type = OptimizerType::kAdamW;
+  /// At most 65536 entries; a group beyond the list steps with the optimizer's own values.
+  std::vector<ParamGroupOverrides> param_groups;
+
+  /// Group `group`'s hyperparameters: the optimizer's own with param_groups[group] applied.
+  OptimizerHyper Group(int group) const;
+};
+
+/// scheduler.type: DeepSpeed's learning-rate schedules (deepspeed/runtime/lr_schedules.py).
+enum class LrScheduleType : int { kNone, kWarmupLR, kWarmupDecayLR, kWarmupCosineLR };
+/// scheduler.params.warmup_type
+enum class WarmupType : int { kLog, kLinear };
+
+/// "scheduler": {"type": "WarmupLR" | "WarmupDecayLR" | "WarmupCosineLR", "params": {...}},
+/// with DeepSpeed's names, defaults and lr at every step. The schedule starts at iteration -1
+/// (DeepSpeed's last_batch_iteration) and advances after each applied optimizer step (a step
+/// skipped for overflow does not advance it); it sets every group's lr before each step.
+struct SchedulerConfig {
+  LrScheduleType type = LrScheduleType::kNone;
+  /// WarmupLR, WarmupDecayLR: lr from warmup_min_lr to warmup_max_lr over warmup_num_steps,
+  /// then constant (WarmupLR) or linearly back down to warmup_min_lr at total_num_steps
+  /// (WarmupDecayLR). Not given, warmup_max_lr is each group's own lr (WarmupLR) or 0.001
+  /// (WarmupDecayLR), as in DeepSpeed.
+  float warmup_min_lr = 0.0f;                ///< [0, 1e6]
+  std::optional<float> warmup_max_lr;        ///< [0, 1e6]
+  int64_t warmup_num_steps = 1000;   ///< [0, 1e15]; below 2 counts as 2 (DeepSpeed's clamp)
+  WarmupType warmup_type = WarmupType::kLog;
+  /// WarmupDecayLR and WarmupCosineLR: required (≥ 1); WarmupDecayLR needs it > warmup_num_steps.
+  int64_t total_num_steps = 0;
+  /// WarmupCosineLR: each group's lr times a ratio that warms up from warmup_min_ratio to 1,
+  /// then follows a cosine down to cos_min_ratio at total_num_steps.
+  float warmup_min_ratio = 0.0f;     ///< [0, 1]
+  float cos_min_ratio = 0.0001f;     ///< [0, 1]
+};
+
 struct PrecisionConfig {
   DType param = DType::kFP32;   ///< the dtype params are expected in (each ParamSpec says its own)
-  DType grad = DType::kFP32;    ///< gradient dtype; must equal each param's dtype for now
+  /// Gradient accumulation dtype of 16-bit params: their own dtype (bf16 or fp16, as it was the
+  /// only choice before), or fp32 (DeepSpeed's data_types.grad_accum_dtype "fp32", FSDP's
+  /// reduce_dtype float32): micro-batches are summed and reduced in fp32. fp32 params always
+  /// accumulate in fp32. Each param's gradient dtype is max(param dtype, this).
+  DType grad = DType::kFP32;
   DType reduce = DType::kFP32;  ///< dtype on the wire; must equal the gradient dtype for now
   bool master_weights = true;   ///< fp32 master copy for 16-bit params (false: unimplemented)
 };
@@ -112,6 +169,14 @@ struct GuardConfig {
   int replica_check_every = 0;  ///< ≥ 0
 };
 
+/// "batch": DeepSpeed's train_batch_size and train_micro_batch_size_per_gpu, checked by
+/// Engine::Create: train_batch_size = micro_batch_size_per_rank × gradient_accumulation_steps ×
+/// world size. 0: not given (nothing to check).
+struct BatchConfig {
+  int64_t train_batch_size = 0;           ///< [0, 1e15]
+  int64_t micro_batch_size_per_rank = 0;  ///< [0, 1e15]
+};
+
 struct CheckpointConfig {
   /// SaveCheckpoint(root, tag) keeps this many newest checkpoints of `root` (by step) and
   /// deletes older ones once the new one is complete; 0 keeps all. [0, 2147483647]
@@ -123,6 +188,7 @@ struct Config {
   int stage = 2;  ///< 0, 1, 2 or 3
   Device device = Device::kCpu;
   OptimizerConfig optimizer;
+  SchedulerConfig scheduler;
   PrecisionConfig precision;
   BucketConfig buckets;
   Stage3Config stage3;
@@ -131,8 +197,14 @@ struct Config {
   LossScaleConfig loss_scale;
   GuardConfig guard;
   CheckpointConfig checkpoint;
+  BatchConfig batch;
+  /// Lines about the config for the log (e.g. DeepSpeed keys that only tune DeepSpeed's own
+  /// internals, accepted and ignored); Engine::Create logs them at INFO.
+  std::vector<std::string> notes;
 
-  /// Parses the JSON above; missing keys keep their defaults. Then Validate(). Text that is not
+  /// Parses the JSON above, or a DeepSpeed config (recognised by its top-level keys, e.g.
+  /// zero_optimization, bf16, train_batch_size; translated first, with every unsupported key
+  /// named in one error); missing keys keep their defaults. Then Validate(). Text that is not
   /// JSON is kInvalidArgument with nlohmann's reason (line, column); a number beyond a double
   /// (1e999) names its key.
   static StatusOr<Config> FromJson(std::string_view json);
@@ -140,6 +212,14 @@ struct Config {
   /// the key and the value.
   Status Validate() const;
 };
+
+/// `json` as ZeroRT's JSON: a DeepSpeed config translated (the translation FromJson makes),
+/// a ZeroRT config as it is; either checked as FromJson checks it ("" reads as "{}").
+StatusOr<std::string> NormalizeConfigJson(std::string_view json);
+
+/// Checks one group's hyperparameters against the config's ranges; errors name the field as
+/// `where`.lr, `where`.betas[0], ...
+Status ValidateOptimizerHyper(const OptimizerHyper& hyper, const std::string& where);
 
 /// Names as the JSON spells them.
 const char* OptimizerTypeName(OptimizerType type);

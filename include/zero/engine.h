@@ -189,6 +189,22 @@ class Engine {
   /// Collective (one small all-reduce); call it between steps, e.g. once per step.
   virtual StatusOr<bool> PreemptionRequested() = 0;
 
+  /// Optimizer groups: one more than the largest ParamSpec::group registered, or the length of
+  /// optimizer.param_groups if that is larger.
+  virtual int num_groups() const = 0;
+  /// The hyperparameters group `group` steps with next (kInvalidArgument for a group that
+  /// does not exist). With a scheduler, its lr is the schedule's for the next step.
+  virtual StatusOr<OptimizerHyper> GroupHyper(int group) const = 0;
+  /// Sets group `group`'s hyperparameters for the following steps: kernel arguments, nothing
+  /// is recomputed. Outside BeginIteration … EndBackward (Step reads them); the config's ranges apply
+  /// (kInvalidArgument naming the field). Every rank must set the same values. A scheduler
+  /// overwrites the lr again after the next step.
+  virtual Status SetGroupHyper(int group, const OptimizerHyper& hyper) = 0;
+  /// The learning-rate schedule's position: DeepSpeed's last_batch_iteration, steps_taken() - 1
+  /// (applied steps, including those of a loaded checkpoint, so a checkpoint restores it at any
+  /// world size). -1 without a scheduler.
+  virtual int64_t lr_schedule_iteration() const = 0;
+
   /// Bytes held now and at peak, per category.
   virtual MemoryStats GetMemoryStats() const = 0;
   /// What the engine has done so far.

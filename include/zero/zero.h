@@ -147,6 +147,35 @@ ZERO_API zero_status zero_set_checkpoint_user_data(zero_engine* engine, const ch
  *  until the next zero_load_checkpoint or zero_engine_destroy. */
 ZERO_API zero_status zero_checkpoint_user_data(const zero_engine* engine, const char** data);
 ZERO_API zero_status zero_memory_stats(const zero_engine* engine, struct zero_memory_stats* out);
+/** One optimizer group's hyperparameters (zero/config.h, OptimizerHyper). */
+typedef struct {
+  float lr, beta1, beta2, eps, weight_decay, momentum, dampening;
+  int nesterov;
+} zero_group_hyper;
+/** Number of optimizer groups (one more than the largest group registered, or the length of
+ *  optimizer.param_groups). */
+ZERO_API zero_status zero_num_groups(const zero_engine* engine, int* groups);
+/** A group's hyperparameters for the next step (with a scheduler, the schedule's lr). */
+ZERO_API zero_status zero_get_group_hyper(const zero_engine* engine, int group, zero_group_hyper* out);
+/** Sets a group's hyperparameters for the following steps (between steps; the same on every
+ *  rank; the config's ranges apply). */
+ZERO_API zero_status zero_set_group_hyper(zero_engine* engine, int group, const zero_group_hyper* hyper);
+/** Shorthands for the learning rate alone. */
+ZERO_API zero_status zero_set_lr(zero_engine* engine, int group, float lr);
+ZERO_API zero_status zero_get_lr(const zero_engine* engine, int group, float* lr);
+/** The scheduler's position (DeepSpeed's last_batch_iteration; -1 before the first applied
+ *  step, and without a scheduler). */
+ZERO_API zero_status zero_lr_schedule_iteration(const zero_engine* engine, int64_t* iteration);
+/** Reduces `count` fp32 values at `data` (host memory) over every rank of `comm`, in place:
+ *  op 0 sum, 1 max (a trainer's metrics: loss, token counts). Collective; waits at most
+ *  timeout_s seconds (0: forever). */
+ZERO_API zero_status zero_comm_all_reduce_f32(zero_comm* comm, float* data, int64_t count, int op,
+                                              double timeout_s);
+/** Translates `config_json` (ZeroRT or DeepSpeed JSON text; a DeepSpeed config is recognised
+ *  by its top-level keys) into ZeroRT JSON and checks it as zero_engine_create would; `*out`
+ *  is owned by the calling thread, valid until its next call. */
+ZERO_API zero_status zero_config_normalize(const char* config_json, const char** out);
+
 /** Rank and world size of the engine's group. */
 ZERO_API int zero_engine_rank(const zero_engine* engine);
 ZERO_API int zero_engine_world_size(const zero_engine* engine);

@@ -40,6 +40,10 @@ ABSL_FLAG(int, stage, 2, "ZeRO stage: 0 (data parallel), 1, 2 or 3");
 ABSL_FLAG(std::string, optimizer, "adamw", "adamw, adam, sgd, lion or lamb");
 ABSL_FLAG(double, lr, 2e-3, "learning rate");
 ABSL_FLAG(double, weight_decay, 0.01, "weight decay");
+ABSL_FLAG(std::string, lr_schedule, "none",
+          "none, or DeepSpeed's WarmupLR, WarmupDecayLR or WarmupCosineLR (linear warmup over "
+          "--warmup_steps to --lr; the decays end at --steps)");
+ABSL_FLAG(int, warmup_steps, 10, "warmup steps of --lr_schedule");
 ABSL_FLAG(std::string, precision, "fp32",
           "params and gradients: fp32, bf16 or fp16 (16-bit keep fp32 master weights; fp16 adds dynamic loss scaling)");
 ABSL_FLAG(int, steps, 100, "optimizer steps (≥ 1; with --resume, the total including those already done)");
@@ -114,6 +118,8 @@ constexpr ConfigFlag kConfigFlags[] = {
     {"optimizer", {"optimizer.type"}},
     {"lr", {"optimizer.lr"}},
     {"weight_decay", {"optimizer.weight_decay"}},
+    {"lr_schedule", {"scheduler.type"}},
+    {"warmup_steps", {"scheduler.params.warmup_num_steps"}},
     {"precision", {"precision.param", "precision.grad", "precision.reduce"}},
     {"reduce_bucket_elems", {"buckets.reduce_bucket_elems"}},
     {"first_bucket_elems", {"buckets.first_bucket_elems"}},
@@ -151,9 +157,12 @@ StatusOr<Json> ConfigJson(const GivenFlags& given) {
   Json json = Json::object();
   if (!path.empty()) {
     ZERO_ASSIGN_OR_RETURN(const std::string text, ReadFile(path));
-    const Status file = Config::FromJson(text).status();
-    if (!file.ok()) return Status(file.code(), absl::StrCat("--config ", path, ": ", file.message()));
-    json = Json::parse(text, nullptr, /*allow_exceptions=*/false);
+    // A DeepSpeed config becomes ZeroRT's JSON first, so the flags below override its keys.
+    const StatusOr<std::string> normalized = NormalizeConfigJson(text);
+    if (!normalized.ok()) {
+      return Status(normalized.status().code(), absl::StrCat("--config ", path, ": ", normalized.status().message()));
+    }
+    json = Json::parse(*normalized, nullptr, /*allow_exceptions=*/false);
   } else {
     json["guard"]["timeout_s"] = 120;  // a rank that fails alone must not keep the others for 10 min
   }
@@ -163,6 +172,17 @@ StatusOr<Json> ConfigJson(const GivenFlags& given) {
   if (use("optimizer")) json["optimizer"]["type"] = absl::GetFlag(FLAGS_optimizer);
   if (use("lr")) json["optimizer"]["lr"] = absl::GetFlag(FLAGS_lr);
   if (use("weight_decay")) json["optimizer"]["weight_decay"] = absl::GetFlag(FLAGS_weight_decay);
+  const std::string schedule = absl::GetFlag(FLAGS_lr_schedule);
+  if (given.count("lr_schedule") > 0 && schedule != "none") {
+    Json& params = json["scheduler"]["params"];
+    json["scheduler"]["type"] = schedule;
+    params["warmup_type"] = "linear";
+    params["warmup_num_steps"] = absl::GetFlag(FLAGS_warmup_steps);
+    if (schedule != "WarmupCosineLR") {
+      params["warmup_max_lr"] = json["optimizer"].value("lr", 1e-3);
+    }
+    if (schedule != "WarmupLR") params["total_num_steps"] = absl::GetFlag(FLAGS_steps);
+  }
   if (use("precision")) {
     const std::string dtype = absl::GetFlag(FLAGS_precision);
     for (const char* key : {"param", "grad", "reduce"}) json["precision"][key] = dtype;
