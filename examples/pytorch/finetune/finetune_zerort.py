@@ -1,0 +1,46 @@
+#!/usr/bin/env python3
+"""Fine-tuning with ZeroRT, one process per rank, driven by a DeepSpeed config (ds_config.json:
+ZeRO-2, two param groups, WarmupCosineLR, 4 micro-batches per step, bf16 params with fp32
+gradient accumulation, clipping at 1.0), with an eval pass, checkpoint and resume at any
+rank count. finetune_torch.py is the same loop in plain PyTorch.
+
+    mpirun -np 2 python3 finetune_zerort.py --steps 60 [--resume]
+"""
+import argparse
+import os
+
+import torch
+
+import zerort.torch
+from common import CharModel, batch, evaluate, load_text, param_groups
+
+CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ds_config.json")
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--checkpoint", default="checkpoints-zerort")
+    parser.add_argument("--resume", action="store_true")
+    args = parser.parse_args()
+    data, vocab = load_text()
+    model = CharModel(vocab).to(torch.bfloat16)
+    engine = zerort.torch.initialize(model, CONFIG, model_parameters=param_groups(model))
+    start = 0
+    if args.resume:
+        start = engine.load_checkpoint(args.checkpoint)["step"]
+    for step in range(start, args.steps):
+        for micro in range(engine.gradient_accumulation_steps):
+            loss = model(*batch(data, step, micro, engine.rank, engine.world_size))
+            engine.backward(loss)
+            engine.step()
+        if step % 20 == 0 or step + 1 == args.steps:
+            loss = engine.all_reduce(loss.detach(), "mean")
+            print(f"step {step:4d}  loss {loss.item():.3f}  eval {evaluate(model, data):.3f}"
+                  f"  lr {engine.get_lr()[0]:.2e}", flush=True)
+    engine.save_checkpoint(args.checkpoint, client_state={"step": args.steps})
+    engine.close()
+
+
+if __name__ == "__main__":
+    main()

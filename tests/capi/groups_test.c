@@ -1,0 +1,131 @@
+/* The C ABI's optimizer groups, learning rates, schedule position, config normalisation and
+ * metric all-reduce, as a C trainer calls them. One in-process rank; plain SGD, so that each
+ * step moves a param by exactly -lr * gradient and shows the lr its group stepped with.
+ * Exits 0 when every check holds, 1 naming the first that does not. */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "zero/zero.h"
+
+static int failures = 0;
+
+#define CHECK(condition, ...)                           \
+  do {                                                  \
+    if (!(condition)) {                                 \
+      fprintf(stderr, "groups_test: FAILED %s: ", #condition); \
+      fprintf(stderr, __VA_ARGS__);                     \
+      fprintf(stderr, "\n");                            \
+      ++failures;                                       \
+    }                                                   \
+  } while (0)
+
+#define CHECK_OK(call) CHECK((call) == ZERO_OK, "%s", zero_last_error())
+
+enum { kNumel = 37 };
+
+/* One SGD step with gradient 1 everywhere; returns how far each param moved (its lr). */
+static void StepAndMeasure(zero_engine* engine, float moved[2]) {
+  float before[2][kNumel], after[2][kNumel], grad[kNumel];
+  for (int i = 0; i < kNumel; ++i) grad[i] = 1.0f;
+  for (int p = 0; p < 2; ++p) CHECK_OK(zero_get_param(engine, p, before[p]));
+  CHECK_OK(zero_begin_iteration(engine));
+  for (int p = 1; p >= 0; --p) CHECK_OK(zero_accumulate_grad(engine, p, grad));
+  CHECK_OK(zero_end_backward(engine));
+  zero_step_info info;
+  CHECK_OK(zero_step(engine, &info));
+  for (int p = 0; p < 2; ++p) {
+    CHECK_OK(zero_get_param(engine, p, after[p]));
+    moved[p] = before[p][kNumel - 1] - after[p][kNumel - 1];
+  }
+}
+
+int main(void) {
+  zero_comm* comm = NULL;
+  CHECK_OK(zero_comm_local_group(1, &comm));
+  /* Group 1 overrides the lr; WarmupLR warms both groups linearly from 0 to their own lr over
+   * 2 steps (warmup_max_lr not given: each group's lr, as DeepSpeed). */
+  const char* config =
+      "{\"stage\": 2, \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.5, \"weight_decay\": 0.0,"
+      " \"param_groups\": [{}, {\"lr\": 0.25}]},"
+      " \"scheduler\": {\"type\": \"WarmupLR\", \"params\": {\"warmup_num_steps\": 2,"
+      " \"warmup_type\": \"linear\"}}}";
+  zero_engine* engine = NULL;
+  CHECK_OK(zero_engine_create(config, comm, &engine));
+  const int64_t shape[1] = {kNumel};
+  int64_t id = 0;
+  CHECK_OK(zero_register_param(engine, "w", shape, 1, ZERO_FP32, 1, 0, -1, &id));
+  CHECK_OK(zero_register_param(engine, "b", shape, 1, ZERO_FP32, 1, 1, -1, &id));
+  CHECK_OK(zero_finalize(engine));
+  float values[kNumel];
+  for (int i = 0; i < kNumel; ++i) values[i] = 1.0f + 0.01f * (float)i;
+  CHECK_OK(zero_set_param(engine, 0, values));
+  CHECK_OK(zero_set_param(engine, 1, values));
+
+  int groups = 0;
+  CHECK_OK(zero_num_groups(engine, &groups));
+  CHECK(groups == 2, "zero_num_groups gave %d", groups);
+  int64_t iteration = 0;
+  CHECK_OK(zero_lr_schedule_iteration(engine, &iteration));
+  CHECK(iteration == -1, "schedule iteration %lld before the first step", (long long)iteration);
+
+  /* DeepSpeed's WarmupLR: step 1 at it = -1 (min lr 0), step 2 at it = 0 (0), step 3 at it = 1
+   * (half way), step 4 on: the group's lr. */
+  const float expected[4][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}, {0.25f, 0.125f}, {0.5f, 0.25f}};
+  for (int step = 0; step < 4; ++step) {
+    float lr = -1.0f, moved[2];
+    CHECK_OK(zero_get_lr(engine, 1, &lr));
+    CHECK(fabsf(lr - expected[step][1]) < 1e-6f, "step %d: zero_get_lr(1) = %g", step + 1, lr);
+    StepAndMeasure(engine, moved);
+    for (int g = 0; g < 2; ++g) {
+      CHECK(fabsf(moved[g] - expected[step][g]) < 1e-5f, "step %d group %d moved %g, expected %g", step + 1, g,
+            moved[g], expected[step][g]);
+    }
+  }
+  CHECK_OK(zero_lr_schedule_iteration(engine, &iteration));
+  CHECK(iteration == 3, "schedule iteration %lld after 4 steps", (long long)iteration);
+
+  /* zero_set_lr between steps: the next step uses it (the schedule sets it again after). */
+  CHECK_OK(zero_set_lr(engine, 0, 0.125f));
+  float moved[2];
+  StepAndMeasure(engine, moved);
+  CHECK(fabsf(moved[0] - 0.125f) < 1e-5f, "after zero_set_lr group 0 moved %g", moved[0]);
+
+  /* The whole group's hyperparameters, and refusals that name what is wrong. */
+  zero_group_hyper hyper;
+  CHECK_OK(zero_get_group_hyper(engine, 1, &hyper));
+  CHECK(hyper.weight_decay == 0.0f && hyper.nesterov == 0, "group 1: weight_decay %g", hyper.weight_decay);
+  hyper.momentum = 2.0f;
+  CHECK(zero_set_group_hyper(engine, 1, &hyper) == ZERO_INVALID_ARGUMENT, "momentum 2 accepted");
+  CHECK(strstr(zero_last_error(), "momentum") != NULL, "message: %s", zero_last_error());
+  CHECK(zero_set_lr(engine, 5, 0.1f) == ZERO_INVALID_ARGUMENT, "group 5 accepted");
+  CHECK(strstr(zero_last_error(), "group 5") != NULL, "message: %s", zero_last_error());
+
+  /* Metrics: an all-reduce over the engine's communicator (one rank: sum and max are the value). */
+  float metrics[3] = {1.5f, -2.0f, 4.0f};
+  CHECK_OK(zero_comm_all_reduce_f32(comm, metrics, 3, 0, 10.0));
+  CHECK(metrics[0] == 1.5f && metrics[1] == -2.0f && metrics[2] == 4.0f, "sum over one rank changed values");
+  CHECK(zero_comm_all_reduce_f32(comm, metrics, 3, 7, 10.0) == ZERO_INVALID_ARGUMENT, "op 7 accepted");
+
+  /* A DeepSpeed config comes back as ZeroRT's JSON; one with unsupported keys names them all. */
+  const char* normalized = NULL;
+  CHECK_OK(zero_config_normalize(
+      "{\"train_micro_batch_size_per_gpu\": 4, \"gradient_accumulation_steps\": 2,"
+      " \"zero_optimization\": {\"stage\": 3}, \"gradient_clipping\": 1.0}",
+      &normalized));
+  CHECK(normalized != NULL && strstr(normalized, "\"stage\":3") != NULL, "normalized: %s",
+        normalized ? normalized : "(null)");
+  CHECK(normalized != NULL && strstr(normalized, "\"clip_grad_norm\":1.0") != NULL, "normalized: %s",
+        normalized ? normalized : "(null)");
+  CHECK(zero_config_normalize("{\"zero_optimization\": {\"stage\": 2, \"offload_optimizer\": {\"device\": \"cpu\"}},"
+                              " \"amp\": {\"enabled\": true}}",
+                              &normalized) == ZERO_INVALID_ARGUMENT,
+        "unsupported DeepSpeed keys accepted");
+  CHECK(strstr(zero_last_error(), "offload_optimizer") != NULL && strstr(zero_last_error(), "amp") != NULL,
+        "message: %s", zero_last_error());
+
+  zero_engine_destroy(engine);
+  zero_comm_destroy(comm);
+  if (failures == 0) printf("groups_test: all checks passed\n");
+  return failures == 0 ? 0 : 1;
+}
