@@ -271,7 +271,7 @@ Status EngineImpl::LoadCheckpoint(const std::string& target) {
   for (size_t p = 0; p < specs_.size(); ++p) param_steps_[p] = meta->params[p].steps;
   if (!meta->groups.empty()) groups_ = meta->groups;
   ApplySchedule();  // a schedule's position is the checkpoint's step
-  loss_scaler_.set_state(meta->scaler);
+  loss_scaler_.Restore(meta->scaler);
   user_data_ = meta->user_data;
   // Every rank now holds the checkpoint's values: nothing to compare at the next iteration.
   replicas_synced_ = true;

@@ -101,6 +101,43 @@ Status VerifyChecksum(const std::string& path) {
   return absl::OkStatus();
 }
 
+StatusOr<std::string> ReadRegularFile(const std::string& path, int64_t max_bytes) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT) return absl::NotFoundError(absl::StrCat("checkpoint: ", path, " does not exist"));
+    return SystemError("open", path);
+  }
+  struct stat info {};
+  Status status;
+  if (::fstat(fd, &info) != 0) {
+    status = SystemError("stat", path);
+  } else if (!S_ISREG(info.st_mode)) {
+    status = absl::InvalidArgumentError(absl::StrCat("checkpoint: ", path, " is not a regular file",
+                                                     S_ISDIR(info.st_mode) ? " (it is a directory)" : ""));
+  } else if (info.st_size > max_bytes) {
+    status = absl::InvalidArgumentError(
+        absl::StrCat("checkpoint: ", path, " has ", info.st_size, " bytes; at most ", max_bytes, " expected"));
+  }
+  std::string text;
+  if (status.ok()) {
+    text.resize(static_cast<size_t>(info.st_size));
+    size_t done = 0;
+    while (done < text.size()) {
+      const ssize_t n = ::read(fd, text.data() + done, text.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        status = n < 0 ? SystemError("read", path)
+                       : absl::DataLossError(absl::StrCat("checkpoint: ", path, " ended while it was read"));
+        break;
+      }
+      done += static_cast<size_t>(n);
+    }
+  }
+  ::close(fd);
+  ZERO_RETURN_IF_ERROR(status);
+  return text;
+}
+
 Status WriteFileDurably(const std::string& path, const std::string& text) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return SystemError("create", path);

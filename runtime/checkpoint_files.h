@@ -26,6 +26,11 @@ Status WriteAll(int fd, const void* data, size_t bytes, const std::string& path)
 /// and says what is wrong (too short, or the checksums); kUnavailable when it cannot be read.
 Status VerifyChecksum(const std::string& path);
 
+/// The whole content of the regular file `path` (at most `max_bytes`). kNotFound when it does
+/// not exist; kInvalidArgument when it is not a regular file (a directory, a device) or is
+/// larger; kUnavailable when it cannot be read. Never throws, whatever `path` names.
+StatusOr<std::string> ReadRegularFile(const std::string& path, int64_t max_bytes);
+
 /// Writes `text` to `path` and flushes it to stable storage.
 Status WriteFileDurably(const std::string& path, const std::string& text);
 /// Replaces `path` by a file holding `text` in one rename: a reader sees the old or the new

@@ -12,14 +12,15 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <limits>
 #include <type_traits>
 
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "runtime/checkpoint_files.h"
@@ -33,6 +34,9 @@ constexpr char kMagicV3[8] = {'Z', 'R', 'T', 'C', 'K', 'P', 'T', '3'};
 constexpr int64_t kHeaderBytes = 16;      // magic, record count
 constexpr int64_t kIndexEntryBytes = 40;  // param, pad, begin, numel, offset, checksum
 constexpr int kMaxCheckpointWorld = 1 << 20;
+constexpr int64_t kMaxStep = int64_t{1} << 62;
+constexpr int64_t kMaxMetaBytes = int64_t{1} << 30;  // a million params' names and shapes fit
+constexpr int64_t kMaxLatestBytes = 4096;
 
 Status SystemError(const char* what, const std::string& path) {
   return absl::UnavailableError(
@@ -133,6 +137,29 @@ Status ReadGroups(const nlohmann::json& json, const std::string& path, Checkpoin
 
 uint64_t Checksum(const void* data, size_t bytes) { return XXH3_64bits(data, bytes); }
 
+// meta.json's checksum: the XXH3-64, in hex, of the compact JSON of every field but
+// "checksum" (nlohmann writes keys sorted and numbers so that they read back the same, so the
+// text is the same whenever the values are).
+std::string MetaChecksum(const nlohmann::json& fields) {
+  const std::string text = fields.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  return absl::StrFormat("%016x", Checksum(text.data(), text.size()));
+}
+
+// Checks meta.json's "checksum" field against the other fields, and removes it.
+Status CheckMetaChecksum(const std::string& path, nlohmann::json* json) {
+  const auto it = json->find("checksum");
+  if (it == json->end() || !it->is_string()) {
+    return absl::DataLossError(absl::StrCat("checkpoint: ", path, " has no checksum field (damaged?)"));
+  }
+  const std::string saved = it->get<std::string>();
+  json->erase(it);
+  if (MetaChecksum(*json) != saved) {
+    return absl::DataLossError(absl::StrCat("checkpoint: ", path, " is damaged: its checksum does not match "
+                                            "its content (a byte changed after it was written)"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 Status CheckTiling(std::vector<std::pair<int64_t, int64_t>> spans, int64_t begin, int64_t end,
@@ -166,21 +193,24 @@ std::string RankFilePath(const std::string& dir, int rank, int world) {
 StatusOr<std::string> ResolveCheckpointDir(const std::string& target) {
   const std::string dir = TrimmedDir(target);
   // `latest` first: a series root may also hold an older checkpoint of its own (meta.json).
-  std::ifstream latest(dir + "/latest");
-  if (!latest) return dir;  // ReadCheckpointMeta says what is missing
-  std::string tag;
-  std::getline(latest, tag);
-  if (tag.empty() || tag.find('/') != std::string::npos || tag == "." || tag == "..") {
-    return absl::InvalidArgumentError(absl::StrCat("checkpoint: ", dir, "/latest does not name a checkpoint "
-                                                   "in ", dir, " (it holds \"", tag, "\")"));
+  StatusOr<std::string> latest = ReadRegularFile(dir + "/latest", kMaxLatestBytes);
+  if (absl::IsNotFound(latest.status())) return dir;  // ReadCheckpointMeta says what is missing
+  ZERO_RETURN_IF_ERROR(latest.status());
+  const std::string tag = latest->substr(0, latest->find('\n'));
+  const bool printable = std::all_of(tag.begin(), tag.end(), [](char c) { return c >= 0x20 && c != 0x7f; });
+  if (tag.empty() || !printable || tag.find('/') != std::string::npos || tag == "." || tag == "..") {
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint: ", dir, "/latest does not name a checkpoint in ",
+                                                   dir, " (it holds \"", absl::CHexEscape(tag.substr(0, 64)),
+                                                   "\"; damaged?); load a checkpoint directory of it by name"));
   }
   return dir + "/" + tag;
 }
 
 StatusOr<CheckpointMeta> ReadCheckpointMeta(const std::string& dir) {
   const std::string path = dir + "/meta.json";
-  std::ifstream file(path);
-  if (!file) {
+  StatusOr<std::string> text = ReadRegularFile(path, kMaxMetaBytes);
+  if (!text.ok() && !absl::IsNotFound(text.status())) return text.status();
+  if (!text.ok()) {
     std::error_code error;
     if (!std::filesystem::exists(dir, error)) {
       if (std::filesystem::exists(dir + ".partial", error)) {
@@ -193,7 +223,7 @@ StatusOr<CheckpointMeta> ReadCheckpointMeta(const std::string& dir) {
     return absl::NotFoundError(absl::StrCat("checkpoint: ", dir, " holds no meta.json (nor a `latest` "
                                             "file naming a checkpoint): not a ZeroRT checkpoint"));
   }
-  const nlohmann::json json = nlohmann::json::parse(file, nullptr, /*allow_exceptions=*/false);
+  nlohmann::json json = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
   if (json.is_discarded() || !json.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat("checkpoint: ", path, " is not JSON (damaged?)"));
   }
@@ -213,6 +243,7 @@ StatusOr<CheckpointMeta> ReadCheckpointMeta(const std::string& dir) {
   ZERO_RETURN_IF_ERROR(Field(json, "moments", path, "moments", &meta.moments));
   if (meta.moments < 0 || meta.moments > 2) return FieldError(path, "moments", "0, 1 or 2");
   ZERO_RETURN_IF_ERROR(Field(json, "step", path, "step", &meta.step));
+  if (meta.step < 0 || meta.step > kMaxStep) return FieldError(path, "step", "an integer from 0 to 2^62");
   ZERO_RETURN_IF_ERROR(Field(json, "optimizer", path, "optimizer", &meta.optimizer));
   const auto scaler = json.find("loss_scaler");
   if (scaler == json.end() || !scaler->is_object()) return FieldError(path, "loss_scaler", "an object");
@@ -222,11 +253,21 @@ StatusOr<CheckpointMeta> ReadCheckpointMeta(const std::string& dir) {
   ZERO_RETURN_IF_ERROR(Field(*scaler, "iteration", path, "loss_scaler.iteration", &meta.scaler.iteration));
   ZERO_RETURN_IF_ERROR(Field(*scaler, "last_overflow", path, "loss_scaler.last_overflow",
                              &meta.scaler.last_overflow));
+  const LossScaler::State& sc = meta.scaler;
+  if (!std::isfinite(sc.scale) || sc.scale <= 0 || sc.scale > 0x1p64f) {
+    return FieldError(path, "loss_scaler.scale", "a number > 0 and ≤ 2^64");
+  }
+  if (sc.remaining_hysteresis < 0 || sc.iteration < 0 || sc.iteration > kMaxStep || sc.last_overflow < -1 ||
+      sc.last_overflow > sc.iteration) {
+    return FieldError(path, "loss_scaler", "a loss scaler state in range (counts ≥ 0, last_overflow ≤ iteration)");
+  }
   if (json.contains("user_data")) {
     ZERO_RETURN_IF_ERROR(Field(json, "user_data", path, "user_data", &meta.user_data));
   }
   ZERO_RETURN_IF_ERROR(ReadGroups(json, path, &meta));
   ZERO_RETURN_IF_ERROR(ReadParams(json, path, &meta));
+  // Last: a field that is damaged beyond reading is named above; any other change is here.
+  if (meta.format >= 4) ZERO_RETURN_IF_ERROR(CheckMetaChecksum(path, &json));
   return meta;
 }
 
@@ -252,6 +293,7 @@ std::string CheckpointMetaJson(const CheckpointMeta& meta) {
     json["params"].push_back({{"name", p.name}, {"shape", p.shape}, {"dtype", p.dtype},
                               {"requires_grad", p.requires_grad}, {"steps", p.steps}});
   }
+  if (meta.format >= 4) json["checksum"] = MetaChecksum(json);
   return json.dump(1) + "\n";
 }
 

@@ -31,8 +31,10 @@
 
 namespace zero::runtime {
 
-/// The format SaveCheckpoint writes.
-inline constexpr int kCheckpointFormat = 3;
+/// The format SaveCheckpoint writes: 4 is format 3's rank files with a checksum in meta.json
+/// (its "checksum" field: the XXH3-64, in hex, of the JSON of every other field), required
+/// from format 4 on, so that no damaged byte of meta.json loads.
+inline constexpr int kCheckpointFormat = 4;
 
 /// meta.json.
 struct CheckpointMeta {
@@ -60,7 +62,8 @@ struct CheckpointMeta {
   std::vector<Param> params;
 };
 
-/// Reads DIR/meta.json and checks every field's type and range: kInvalidArgument names the
+/// Reads DIR/meta.json, checks its checksum (kDataLoss; format 4 on) and every field's type and
+/// range (step ≥ 0, the loss scale finite, > 0 and ≤ 2^64, ...): kInvalidArgument names the
 /// file and the field; kNotFound when DIR is missing (saying so when only DIR.partial, an
 /// unfinished save, is there); kUnavailable when it cannot be read.
 StatusOr<CheckpointMeta> ReadCheckpointMeta(const std::string& dir);

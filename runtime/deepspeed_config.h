@@ -14,12 +14,19 @@ namespace zero::runtime {
 
 /// Whether `config` is a DeepSpeed config: a JSON object with one of DeepSpeed's top-level keys
 /// that ZeroRT's config does not have (zero_optimization, fp16, bf16, train_batch_size,
-/// train_micro_batch_size_per_gpu, gradient_clipping, ...).
+/// train_micro_batch_size_per_gpu, gradient_clipping, ...), or an "optimizer" with "params".
+/// Keys both configs have (optimizer, scheduler, gradient_accumulation_steps, checkpoint,
+/// device) do not make it one. A translation is never a DeepSpeed config.
 bool IsDeepSpeedConfig(const nlohmann::json& config);
 
-/// ZeroRT's JSON for DeepSpeed config `config`. Keys that only tune DeepSpeed's internals are
-/// accepted, each with a line in `notes` (logged at INFO by the engine). Every unsupported key
-/// or value is named in one kInvalidArgument, each with what to do.
+/// ZeroRT's JSON for DeepSpeed config `config`, with DeepSpeed's defaults written out where they
+/// change the numbers (stage 0, clipping at 1.0, Adam as AdamW with weight decay 0, gradients in
+/// the model's dtype, bf16 steps skipped on Inf/NaN). Values are copied as written: ZeroRT's
+/// parser checks them afterwards. Keys that only tune DeepSpeed's internals (and "auto" values
+/// resolved here) are accepted, each with a "<dotted.key>: <text>" line appended to `notes`
+/// (which may be null; nothing is appended on error). Every unsupported key or value is named
+/// in one kInvalidArgument: "DeepSpeed config: N keys are not supported:" and then one
+/// "<dotted.key>: <what to do>" line each.
 StatusOr<nlohmann::json> TranslateDeepSpeedConfig(const nlohmann::json& config,
                                                   std::vector<std::string>* notes);
 

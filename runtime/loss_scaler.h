@@ -29,8 +29,12 @@ class LossScaler {
     int64_t iteration, last_overflow;
   };
   State state() const { return {scale_, remaining_hysteresis_, iteration_, last_overflow_}; }
-  void set_state(const State& s) {
-    scale_ = s.scale;
+  /// A checkpoint's state, taken by a dynamic scaler only: modes "none" and "static" keep the
+  /// scale their config gives (a saved dynamic scale must not divide the gradients of an
+  /// engine configured without it). The caller has range-checked `s` (ReadCheckpointMeta).
+  void Restore(const State& s) {
+    if (mode_ != LossScaleMode::kDynamic) return;
+    scale_ = s.scale < min_ ? min_ : s.scale;
     remaining_hysteresis_ = s.remaining_hysteresis;
     iteration_ = s.iteration;
     last_overflow_ = s.last_overflow;

@@ -52,7 +52,7 @@ TEST_F(CheckpointReaderTest, SaysWhatTheCheckpointHoldsAndReadsEachParamWhole) {
   auto reader = CheckpointReader::Open(dir_);
   ASSERT_THAT(reader, IsOk());
   CheckpointReader& r = **reader;
-  EXPECT_EQ(r.format(), 3);
+  EXPECT_EQ(r.format(), 4);
   EXPECT_EQ(r.world(), 3);
   EXPECT_EQ(r.stage(), 3);
   EXPECT_EQ(r.step(), 4);

@@ -214,6 +214,43 @@ TEST_F(Checkpoint, ADamagedMetaFieldIsNamedNeverThrown) {
   std::filesystem::remove_all(copy);
 }
 
+// Damage that leaves meta.json valid (another step, another loss scale, a misspelt user_data
+// key) is caught by its checksum; a meta.json that is a directory, and a `latest` file that a
+// crash left zeroed, are errors, not a thrown exception.
+TEST_F(Checkpoint, MetaJsonChangesThatStillParseAreDataLoss) {
+  const std::string copy = dir_ + "-flip";
+  LoadedToy toy = ToyEngine("");
+  const std::vector<float> before = Param0(*toy.engine);
+  for (const auto& [from, to] : std::vector<std::pair<std::string, std::string>>{
+           {"\"step\": ", "\"step\": 1"}, {"\"user_data\"", "\"user_dat4\""}, {"\"scale\": ", "\"scale\": -"}}) {
+    std::filesystem::remove_all(copy);
+    std::filesystem::copy(dir_, copy);
+    std::ifstream in(copy + "/meta.json");
+    std::string meta((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    in.close();
+    const size_t at = meta.find(from);
+    ASSERT_NE(at, std::string::npos) << from;
+    meta.replace(at, from.size(), to);
+    std::ofstream(copy + "/meta.json") << meta;
+    const Status loaded = toy.engine->LoadCheckpoint(copy);
+    EXPECT_FALSE(loaded.ok()) << to;
+    EXPECT_THAT(loaded, ::testing::AnyOf(StatusIs(absl::StatusCode::kDataLoss, HasSubstr("checksum")),
+                                         StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("scale"))))
+        << to;
+    EXPECT_EQ(Param0(*toy.engine), before) << to;
+  }
+  std::filesystem::remove_all(copy);
+  std::filesystem::copy(dir_, copy);
+  std::filesystem::remove(copy + "/meta.json");
+  std::filesystem::create_directory(copy + "/meta.json");
+  EXPECT_THAT(toy.engine->LoadCheckpoint(copy), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("directory")));
+  std::filesystem::remove_all(copy);
+  std::filesystem::create_directories(copy + "/step-1");
+  std::ofstream(copy + "/latest") << std::string("\0step-1\n", 8);
+  EXPECT_THAT(toy.engine->LoadCheckpoint(copy), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("latest")));
+  std::filesystem::remove_all(copy);
+}
+
 TEST_F(Checkpoint, AnUnfinishedSaveNeverHidesTheLastCheckpoint) {
   // A save that died: DIR.partial with a half-written file beside the complete DIR.
   std::filesystem::create_directories(dir_ + ".partial");

@@ -68,8 +68,29 @@ TEST(LossScaler, AStateRoundTripContinuesAlike) {
   LossScaler whole(Dynamic(8, 3, 2, 0.5f));
   Scales(whole, first);
   LossScaler resumed(Dynamic(8, 3, 2, 0.5f));
-  resumed.set_state(whole.state());
+  resumed.Restore(whole.state());
   EXPECT_EQ(Scales(resumed, rest), Scales(whole, rest));
+}
+
+// A checkpoint's dynamic scale reaches only a dynamic scaler: an engine configured without loss
+// scaling (or with a static scale) keeps its own, so its gradients are not divided by a scale
+// it never multiplied the loss by.
+TEST(LossScaler, OnlyADynamicScalerTakesASavedState) {
+  LossScaler saved(Dynamic(16, 1000, 2, 1.0f));
+  const LossScaler::State state = saved.state();
+  ASSERT_EQ(state.scale, 65536.0f);
+  LossScaler none{LossScaleConfig{}};
+  none.Restore(state);
+  EXPECT_EQ(none.scale(), 1.0f);
+  LossScaleConfig fixed;
+  fixed.mode = LossScaleMode::kStatic;
+  fixed.initial_power = 3;
+  LossScaler static_scaler(fixed);
+  static_scaler.Restore(state);
+  EXPECT_EQ(static_scaler.scale(), 8.0f);
+  LossScaler dynamic(Dynamic(4, 1000, 2, 1.0f));
+  dynamic.Restore(state);
+  EXPECT_EQ(dynamic.scale(), 65536.0f);
 }
 
 }  // namespace
