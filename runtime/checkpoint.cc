@@ -16,7 +16,9 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <tuple>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
@@ -27,25 +29,35 @@
 namespace zero::runtime {
 namespace {
 
-// The checkpoints of a series in `root` (directories holding a readable meta.json; not
-// symlinks, nor the .partial and .old leftovers of an interrupted save), oldest first by step,
-// then by name.
-std::vector<std::string> SeriesCheckpoints(const std::string& root) {
-  std::vector<std::pair<int64_t, std::string>> found;
+// A checkpoint of a series in `root` (a directory holding a readable meta.json; not a
+// symlink, nor the .partial and .old leftovers of an interrupted save).
+struct SeriesEntry {
+  int64_t series_seq, step;
+  std::string tag;
+  bool operator<(const SeriesEntry& other) const {
+    return std::tie(series_seq, step, tag) < std::tie(other.series_seq, other.step, other.tag);
+  }
+};
+
+// The series' checkpoints, oldest save first (by series_seq, then step for checkpoints
+// written before it was recorded, then name).
+std::vector<SeriesEntry> SeriesCheckpoints(const std::string& root) {
+  std::vector<SeriesEntry> found;
   std::error_code error;
   for (const auto& entry : std::filesystem::directory_iterator(root, error)) {
     const std::string name = entry.path().filename().string();
     const bool leftover = absl::EndsWith(name, ".partial") || absl::EndsWith(name, ".old");
     if (leftover || entry.is_symlink(error) || !entry.is_directory(error)) continue;
-    const std::string path = entry.path().string();
-    StatusOr<CheckpointMeta> meta = ReadCheckpointMeta(path);
-    if (meta.ok()) found.emplace_back(meta->step, entry.path().filename().string());
+    StatusOr<CheckpointMeta> meta = ReadCheckpointMeta(entry.path().string());
+    if (meta.ok()) found.push_back({meta->series_seq, meta->step, name});
   }
   std::sort(found.begin(), found.end());
-  std::vector<std::string> names;
-  for (auto& [step, name] : found) names.push_back(std::move(name));
-  return names;
+  return found;
 }
+
+// keep_last deletes only tags that end in a number (step-1000, global_step1000,
+// checkpoint-500): a tag such as "best" or "final" is the trainer's to keep.
+bool IsNumberedTag(const std::string& tag) { return !tag.empty() && absl::ascii_isdigit(tag.back()); }
 
 }  // namespace
 
@@ -83,13 +95,22 @@ Status EngineImpl::WriteRankFile(const std::string& path) {
   return out->Close();
 }
 
-Status EngineImpl::SaveCheckpoint(const std::string& target) {
+Status EngineImpl::SaveCheckpoint(const std::string& target) { return SaveCheckpointAs(target, 0); }
+
+Status EngineImpl::SaveCheckpointAs(const std::string& target, int64_t series_seq) {
   ZERO_RETURN_IF_ERROR(RequireHealthyGroup("SaveCheckpoint"));
+  if (target.empty()) return absl::InvalidArgumentError("SaveCheckpoint: the directory is \"\"; name one");
   ZERO_RETURN_IF_ERROR(RequirePhase(Phase::kIdle, "SaveCheckpoint"));
   if (micro_batch_ != 0) {
     return absl::FailedPreconditionError("SaveCheckpoint: micro-batches are pending; call it after Step()");
   }
-  const std::string dir = TrimmedDir(target);
+  std::string dir = TrimmedDir(target);
+  std::error_code link_error;
+  if (std::filesystem::is_symlink(dir, link_error)) {
+    // Save through the link: the checkpoint goes where it points, and the link stays.
+    const std::filesystem::path resolved = std::filesystem::weakly_canonical(dir, link_error);
+    if (!link_error) dir = resolved.string();
+  }
   const std::string partial = dir + ".partial";
   Status created;
   if (comm_.rank() == 0) {  // a fresh DIR.partial (what a crashed save left is discarded)
@@ -105,6 +126,7 @@ Status EngineImpl::SaveCheckpoint(const std::string& target) {
     meta.world = comm_.size();
     meta.stage = config_.stage;
     meta.step = step_;
+    meta.series_seq = series_seq;
     meta.optimizer = OptimizerTypeName(config_.optimizer.type);
     meta.moments = optimizer_->state_count();
     meta.user_data = user_data_;
@@ -136,20 +158,28 @@ Status EngineImpl::SaveCheckpoint(const std::string& root_dir, const std::string
     if (error) created = absl::UnavailableError(absl::StrCat("checkpoint: cannot create ", root, ": ", error.message()));
   }
   ZERO_RETURN_IF_ERROR(AgreeOnOutcome(created, "SaveCheckpoint"));
-  ZERO_RETURN_IF_ERROR(SaveCheckpoint(root + "/" + tag));
+  // Only rank 0 writes meta.json, so only its view of the series matters.
+  int64_t series_seq = 1;
+  if (comm_.rank() == 0) {
+    for (const SeriesEntry& entry : SeriesCheckpoints(root)) series_seq = std::max(series_seq, entry.series_seq + 1);
+  }
+  ZERO_RETURN_IF_ERROR(SaveCheckpointAs(root + "/" + tag, series_seq));
   Status pointed;
   if (comm_.rank() == 0) {
-    // `latest` switches only now that the new checkpoint is complete; older ones go after it.
+    // `latest` switches only now that the new checkpoint is complete; older ones go after it:
+    // the oldest saves of numbered tags beyond keep_last (the new one counts as one of them).
     pointed = ReplaceFileAtomically(root + "/latest", tag + "\n");
     const int keep = config_.checkpoint.keep_last;
     if (pointed.ok() && keep > 0) {
-      std::vector<std::string> series = SeriesCheckpoints(root);
-      series.erase(std::remove(series.begin(), series.end(), tag), series.end());
+      std::vector<std::string> numbered;
+      for (const SeriesEntry& entry : SeriesCheckpoints(root)) {
+        if (entry.tag != tag && IsNumberedTag(entry.tag)) numbered.push_back(entry.tag);
+      }
       std::error_code error;
-      for (size_t i = 0; i + keep - 1 < series.size(); ++i) {  // the new one counts as one of `keep`
-        std::filesystem::remove_all(root + "/" + series[i], error);
+      for (size_t i = 0; i + keep - 1 < numbered.size(); ++i) {
+        std::filesystem::remove_all(root + "/" + numbered[i], error);
         if (error) {
-          ZERO_LOG(logger_, kWarn) << "checkpoint: cannot delete " << root << "/" << series[i] << ": "
+          ZERO_LOG(logger_, kWarn) << "checkpoint: cannot delete " << root << "/" << numbered[i] << ": "
                                    << error.message();
         }
       }
@@ -181,6 +211,20 @@ Status EngineImpl::CheckCheckpointMatches(const CheckpointMeta& meta) const {
                                             : absl::StrCat(ParamLabel(static_cast<int>(params.size())), " is not in the checkpoint");
     return absl::InvalidArgumentError(absl::StrCat("checkpoint has ", params.size(), " params, ", specs_.size(),
                                                    " are registered: ", first_unmatched));
+  }
+  const std::string optimizer = OptimizerTypeName(config_.optimizer.type);
+  if (meta.optimizer != optimizer) {
+    // Adam, AdamW and LAMB keep the same two moments (exp_avg, exp_avg_sq): switching among
+    // them on resume is a choice; the others' state means something else.
+    auto adam_like = [](const std::string& type) { return type == "adam" || type == "adamw" || type == "lamb"; };
+    if (!adam_like(meta.optimizer) || !adam_like(optimizer)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "checkpoint was written by optimizer \"", meta.optimizer, "\" but this engine's is \"", optimizer,
+          "\": its optimizer state would be read as another optimizer's; set optimizer.type to \"",
+          meta.optimizer, "\""));
+    }
+    ZERO_LOG(logger_, kWarn) << "checkpoint was written by optimizer \"" << meta.optimizer
+                             << "\"; continuing with \"" << optimizer << "\" on its moments";
   }
   if (!meta.groups.empty() && static_cast<int>(meta.groups.size()) != num_groups()) {
     return absl::InvalidArgumentError(absl::StrCat(

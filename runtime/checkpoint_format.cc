@@ -245,6 +245,10 @@ StatusOr<CheckpointMeta> ReadCheckpointMeta(const std::string& dir) {
   ZERO_RETURN_IF_ERROR(Field(json, "step", path, "step", &meta.step));
   if (meta.step < 0 || meta.step > kMaxStep) return FieldError(path, "step", "an integer from 0 to 2^62");
   ZERO_RETURN_IF_ERROR(Field(json, "optimizer", path, "optimizer", &meta.optimizer));
+  if (json.contains("series_seq")) {
+    ZERO_RETURN_IF_ERROR(Field(json, "series_seq", path, "series_seq", &meta.series_seq));
+    if (meta.series_seq < 0 || meta.series_seq > kMaxStep) return FieldError(path, "series_seq", "an integer ≥ 0");
+  }
   const auto scaler = json.find("loss_scaler");
   if (scaler == json.end() || !scaler->is_object()) return FieldError(path, "loss_scaler", "an object");
   ZERO_RETURN_IF_ERROR(Field(*scaler, "scale", path, "loss_scaler.scale", &meta.scaler.scale));
@@ -278,6 +282,7 @@ std::string CheckpointMetaJson(const CheckpointMeta& meta) {
   json["stage"] = meta.stage;
   json["step"] = meta.step;
   json["optimizer"] = meta.optimizer;
+  json["series_seq"] = meta.series_seq;
   json["moments"] = meta.moments;
   json["user_data"] = meta.user_data;
   json["loss_scaler"] = {{"scale", meta.scaler.scale}, {"remaining_hysteresis", meta.scaler.remaining_hysteresis},

@@ -53,6 +53,10 @@ struct CheckpointMeta {
   int stage = 0;
   int moments = 0;
   int64_t step = 0;
+  /// Order of the save within its series (SaveCheckpoint(root, tag)): 1 + the largest of the
+  /// series' checkpoints when it was written, so the newest saves are known after a rollback;
+  /// 0 outside a series and in files written before it was recorded.
+  int64_t series_seq = 0;
   std::string optimizer;
   LossScaler::State scaler{};
   std::string user_data;

@@ -7,6 +7,7 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <set>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -134,7 +135,14 @@ class NumberLiterals final : public Json::json_sax_t {
   bool end_object() override { return Close(); }
   bool end_array() override { return Close(); }
   bool key(string_t& name) override {
-    const Frame& object = frames_.back();
+    Frame& object = frames_.back();
+    if (!object.keys.insert(name).second) {  // the DOM would keep the last value silently
+      const std::string key = object.path_size == 0 || !object.tracked
+                                  ? name
+                                  : absl::StrCat(path_.substr(0, object.path_size), ".", name);
+      error_ = std::string(KeyError(key, "appears twice in its object; keep one").message());
+      return false;
+    }
     tracked_ = object.tracked && name.size() <= kMaxKey;
     if (tracked_) {
       path_.resize(object.path_size);
@@ -166,6 +174,7 @@ class NumberLiterals final : public Json::json_sax_t {
     bool array;
     int64_t next = 0;  // arrays: the index of the next element
     bool tracked;
+    std::set<std::string> keys = {};  // objects: the keys seen so far
   };
 
   // A value begins: inside an array, its path is the next index. Forgets an earlier literal

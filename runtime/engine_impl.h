@@ -115,6 +115,8 @@ class EngineImpl final : public Engine {
   // rank, kAborted naming a failing rank on the others, OK only if every rank succeeded.
   Status AgreeOnOutcome(const Status& local, const std::string& what);
   Status WriteRankFile(const std::string& path);
+  // SaveCheckpoint(dir), recording `series_seq` (its place in a series; 0 outside one).
+  Status SaveCheckpointAs(const std::string& dir, int64_t series_seq);
   // The registered params and the optimizer are the checkpoint's; else names the difference.
   Status CheckCheckpointMatches(const CheckpointMeta& meta) const;
   // Host copies of this rank's owned parts filled from the checkpoint's records.

@@ -178,8 +178,9 @@ struct BatchConfig {
 };
 
 struct CheckpointConfig {
-  /// SaveCheckpoint(root, tag) keeps this many newest checkpoints of `root` (by step) and
-  /// deletes older ones once the new one is complete; 0 keeps all. [0, 2147483647]
+  /// SaveCheckpoint(root, tag) keeps this many newest saves of `root` with numbered tags (by
+  /// the order they were saved in) and deletes older ones once the new one is complete; 0
+  /// keeps all. [0, 2147483647]
   int keep_last = 0;
 };
 

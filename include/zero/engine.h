@@ -164,9 +164,12 @@ class Engine {
   /// (kAborted naming it), and nothing is published.
   virtual Status SaveCheckpoint(const std::string& dir) = 0;
   /// Writes checkpoint `root/tag` as above, then points `root/latest` at it (replaced in one
-  /// rename once every rank has finished), then deletes the oldest checkpoints of `root` (by
-  /// step) beyond `checkpoint.keep_last`. LoadCheckpoint(root) loads the latest. `tag` is a
-  /// plain file name (e.g. "step-1000"); otherwise kInvalidArgument.
+  /// rename once every rank has finished), then deletes the oldest saves of `root` beyond
+  /// `checkpoint.keep_last` (by the order they were saved in, so after a rollback the abandoned
+  /// later steps go first; only tags that end in a number, e.g. "step-1000": a tag such as
+  /// "best" is never deleted). LoadCheckpoint(root) loads the latest. `tag` is a plain file
+  /// name; otherwise kInvalidArgument. `dir` may be a symlink: the checkpoint is written where
+  /// it points.
   virtual Status SaveCheckpoint(const std::string& root, const std::string& tag) = 0;
   /// Restores a checkpoint written at any world size and any stage (`dir` itself, or the one
   /// `dir/latest` names). Each rank reads every file's index and only the records that overlap

@@ -182,7 +182,7 @@ def check_zero_ckpt():
         train(["--steps", "6"] + flags + ["--checkpoint_dir", ckpt])
         inspect = run([tool, "inspect", ckpt])
         check(inspect.returncode == 0 and all(part in inspect.stdout for part in (
-            "format 3", "step 6", "stage 3", "world 2", "adamw", "layer0.weight", "[24, 24]",
+            "format 4", "step 6", "stage 3", "world 2", "adamw", "layer0.weight", "[24, 24]",
             "rank-1-of-2.bin", "every checksum matches")), "zero-ckpt inspect says what a checkpoint holds")
         check(run([tool, "verify", ckpt]).returncode == 0, "zero-ckpt verify: exit 0 on an intact checkpoint")
         damaged = os.path.join(root, "damaged")
@@ -204,6 +204,10 @@ def check_zero_ckpt():
             check(made.returncode == 0 and consolidated_matches(out, ckpt, dtype),
                   f"zero-ckpt consolidate --dtype {dtype}: the safetensors file holds every param as "
                   f"the engine's GetParam gives it")
+        inside = os.path.join(latest(ckpt), "meta.json")
+        check(refused("zero-ckpt", ["consolidate", ckpt, "--out", inside], "inside the checkpoint")
+              and run([tool, "verify", ckpt]).returncode == 0,
+              "zero-ckpt consolidate --out CK/meta.json: refused, and the checkpoint still verifies")
         resharded = os.path.join(root, "three")
         made = run([tool, "reshard", ckpt, "--world", "3", "--out", resharded])
         files = sorted(os.listdir(resharded)) if made.returncode == 0 else []

@@ -47,7 +47,7 @@ TEST_F(CheckpointSeries, LatestFollowsTheNewestAndOnlyKeepLastRemain) {
     o.steps = 2;
     testing::ToyResult result;
     ZERO_RETURN_IF_ERROR(testing::TrainToy(*engine, o, &result));  // at step 2
-    for (const char* tag : {"step-2", "step-2b", "step-2c"}) {
+    for (const char* tag : {"save-1", "save-2", "save-3"}) {
       engine->set_checkpoint_user_data(tag);
       ZERO_RETURN_IF_ERROR(engine->SaveCheckpoint(root_ + "/", tag));
       if (r == 0 && Latest(root_) != tag) return absl::InternalError("latest does not name the newest");
@@ -55,7 +55,7 @@ TEST_F(CheckpointSeries, LatestFollowsTheNewestAndOnlyKeepLastRemain) {
     engine->set_checkpoint_user_data("");
     ZERO_RETURN_IF_ERROR(engine->LoadCheckpoint(root_));
     loaded_step[r] = engine->steps_taken();
-    if (engine->checkpoint_user_data() != "step-2c") {
+    if (engine->checkpoint_user_data() != "save-3") {
       return absl::InternalError("loaded " + engine->checkpoint_user_data() + ", not the latest");
     }
     // A tag that is not a plain name is refused before anything is written.
@@ -67,11 +67,11 @@ TEST_F(CheckpointSeries, LatestFollowsTheNewestAndOnlyKeepLastRemain) {
   });
   ASSERT_THAT(statuses, ::testing::Each(IsOk()));
   EXPECT_EQ(loaded_step, (std::vector<int64_t>{2, 2}));
-  EXPECT_EQ(Latest(root_), "step-2c");
-  // Same step: ordered by name, so "step-2" went.
-  EXPECT_FALSE(std::filesystem::exists(root_ + "/step-2"));
-  EXPECT_TRUE(std::filesystem::exists(root_ + "/step-2b/meta.json"));
-  EXPECT_TRUE(std::filesystem::exists(root_ + "/step-2c/meta.json"));
+  EXPECT_EQ(Latest(root_), "save-3");
+  // Same step: ordered by when they were saved, so "save-1" went.
+  EXPECT_FALSE(std::filesystem::exists(root_ + "/save-1"));
+  EXPECT_TRUE(std::filesystem::exists(root_ + "/save-2/meta.json"));
+  EXPECT_TRUE(std::filesystem::exists(root_ + "/save-3/meta.json"));
   EXPECT_FALSE(std::filesystem::exists(root_ + "/latest.tmp"));
 }
 
@@ -85,22 +85,49 @@ TEST_F(CheckpointSeries, OlderStepsGoFirstAndOtherDirectoriesStay) {
     o.steps = 1;
     testing::ToyResult result;
     ZERO_RETURN_IF_ERROR(testing::TrainToy(*engine, o, &result));
-    return engine->SaveCheckpoint(root_, "z-first");
+    return engine->SaveCheckpoint(root_, "z-1");
   });
   ASSERT_THAT(statuses, ::testing::Each(IsOk()));
-  // A later step under a name that sorts first: still the newest, so "z-first" goes.
+  // A later save under a name that sorts first: still the newest, so "z-1" goes.
   const std::vector<Status> again = RunOnRanks(3, [&](int, comm::Communicator& c) -> Status {
     ZERO_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(config, c));
     ToyOptions o;
     o.steps = 2;
     testing::ToyResult result;
     ZERO_RETURN_IF_ERROR(testing::TrainToy(*engine, o, &result));
-    return engine->SaveCheckpoint(root_, "a-second");
+    return engine->SaveCheckpoint(root_, "a-2");
   });
   ASSERT_THAT(again, ::testing::Each(IsOk()));
-  EXPECT_EQ(Latest(root_), "a-second");
-  EXPECT_FALSE(std::filesystem::exists(root_ + "/z-first"));
+  EXPECT_EQ(Latest(root_), "a-2");
+  EXPECT_FALSE(std::filesystem::exists(root_ + "/z-1"));
   EXPECT_TRUE(std::filesystem::exists(root_ + "/notes"));
+}
+
+// After a rollback (load step-10, abandoning step-20) the saves that follow are the newest:
+// keep_last keeps them and deletes the abandoned later step; a tag that does not end in a
+// number ("best") is never deleted.
+TEST_F(CheckpointSeries, AfterARollbackTheNewestSavesStayAndNamedTagsAreKept) {
+  Config config = ToyConfig(2);
+  config.checkpoint.keep_last = 2;
+  auto run = [&](int steps, const std::string& load, std::vector<std::string> tags) {
+    const std::vector<Status> statuses = RunOnRanks(2, [&](int, comm::Communicator& c) -> Status {
+      ZERO_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(config, c));
+      ToyOptions o;
+      o.steps = steps;
+      testing::ToyResult result;
+      ZERO_RETURN_IF_ERROR(testing::TrainToy(*engine, o, &result));
+      if (!load.empty()) ZERO_RETURN_IF_ERROR(engine->LoadCheckpoint(root_ + "/" + load));
+      for (const std::string& tag : tags) ZERO_RETURN_IF_ERROR(engine->SaveCheckpoint(root_, tag));
+      return absl::OkStatus();
+    });
+    ASSERT_THAT(statuses, ::testing::Each(IsOk()));
+  };
+  run(1, "", {"step-10", "best"});
+  run(2, "", {"step-20"});
+  run(1, "step-10", {"step-11", "step-12", "step-13"});
+  for (const char* gone : {"step-10", "step-11", "step-20"}) EXPECT_FALSE(std::filesystem::exists(root_ + "/" + gone)) << gone;
+  for (const char* kept : {"step-12", "step-13", "best"}) EXPECT_TRUE(std::filesystem::exists(root_ + "/" + kept + "/meta.json")) << kept;
+  EXPECT_EQ(Latest(root_), "step-13");
 }
 
 }  // namespace

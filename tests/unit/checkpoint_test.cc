@@ -10,6 +10,8 @@
 #include "tests/engine/run_on_ranks.h"
 #include "tests/engine/scratch_dir.h"
 #include "tests/engine/toy_trainer.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "tests/status_matchers.h"
 #include "zero/communicator.h"
 #include "zero/engine.h"
@@ -21,6 +23,7 @@ using ::testing::AnyOf;
 using ::testing::Each;
 using ::testing::HasSubstr;
 using testing::IsOk;
+using testing::RunOnRanks;
 using testing::StatusIs;
 using testing::ToyConfig;
 using testing::ToyOptions;
@@ -97,7 +100,7 @@ TEST_F(Checkpoint, ADifferentModelOrOptimizerIsAClearError) {
   ToyOptions o = Resume();
   std::vector<Status> statuses;
   Train(1, sgd, o, &statuses);
-  EXPECT_THAT(statuses[0], StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("moment")));
+  EXPECT_THAT(statuses[0], StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("optimizer")));
   o.load_dir = dir_ + "-missing";
   Train(1, ToyConfig(2), o, &statuses);
   EXPECT_THAT(statuses[0], StatusIs(absl::StatusCode::kNotFound));
@@ -274,6 +277,51 @@ TEST_F(Checkpoint, AnUnfinishedSaveNeverHidesTheLastCheckpoint) {
   std::filesystem::create_directories(dir_ + ".partial");
   EXPECT_THAT(toy.engine->LoadCheckpoint(dir_), StatusIs(absl::StatusCode::kNotFound, HasSubstr("did not finish")));
   std::filesystem::remove_all(dir_ + ".partial");
+}
+
+// A checkpoint of another optimizer whose state means something else (Lion's momentum read as
+// SGD's) is refused naming both; "" is not a directory; a symlinked directory stays a symlink.
+TEST(CheckpointMisuse, AnotherOptimizerAnEmptyNameAndASymlinkedDirectory) {
+  const std::string root = testing::ScratchDir("zerort-ckpt-misuse");
+  const std::vector<Status> statuses = RunOnRanks(2, [&](int, comm::Communicator& c) -> Status {
+    Config lion = ToyConfig(2);
+    lion.optimizer.type = OptimizerType::kLion;
+    ZERO_ASSIGN_OR_RETURN(std::unique_ptr<Engine> saver, Engine::Create(lion, c));
+    testing::ToyOptions o;
+    o.steps = 1;
+    testing::ToyResult result;
+    ZERO_RETURN_IF_ERROR(testing::TrainToy(*saver, o, &result));
+    ZERO_RETURN_IF_ERROR(saver->SaveCheckpoint(root + "/lion"));
+    const Status empty = saver->SaveCheckpoint("");
+    if (empty.code() != absl::StatusCode::kInvalidArgument) return absl::InternalError("save(\"\") accepted");
+    Config sgd = ToyConfig(2);
+    sgd.optimizer.type = OptimizerType::kSgd;
+    sgd.optimizer.momentum = 0.9f;
+    ZERO_ASSIGN_OR_RETURN(std::unique_ptr<Engine> loader, Engine::Create(sgd, c));
+    ZERO_RETURN_IF_ERROR(testing::TrainToy(*loader, o, &result));
+    const Status loaded = loader->LoadCheckpoint(root + "/lion");
+    if (loaded.code() != absl::StatusCode::kInvalidArgument || !absl::StrContains(loaded.message(), "lion")) {
+      return absl::InternalError(absl::StrCat("a Lion checkpoint loaded into SGD: ", loaded.ToString()));
+    }
+    return absl::OkStatus();
+  });
+  ASSERT_THAT(statuses, ::testing::Each(IsOk()));
+  EXPECT_FALSE(std::filesystem::exists(".partial"));
+  // Saving through a symlink writes where it points and keeps the link.
+  std::filesystem::create_directories(root + "/real");
+  std::filesystem::create_directory_symlink(root + "/real", root + "/link");
+  const std::vector<Status> saved = RunOnRanks(2, [&](int, comm::Communicator& c) -> Status {
+    ZERO_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(ToyConfig(2), c));
+    testing::ToyOptions o;
+    o.steps = 1;
+    testing::ToyResult result;
+    ZERO_RETURN_IF_ERROR(testing::TrainToy(*engine, o, &result));
+    return engine->SaveCheckpoint(root + "/link");
+  });
+  ASSERT_THAT(saved, ::testing::Each(IsOk()));
+  EXPECT_TRUE(std::filesystem::is_symlink(root + "/link"));
+  EXPECT_TRUE(std::filesystem::exists(root + "/real/meta.json"));
+  std::filesystem::remove_all(root);
 }
 
 }  // namespace

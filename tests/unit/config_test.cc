@@ -52,6 +52,19 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(
         // Used to fail only at the first Step, inside a kernel launcher.
         Rejected{R"({"optimizer": {"eps": 2e6}})", "optimizer.eps", "2e6"},
+        // Used to keep the last value silently.
+        Rejected{R"({"stage": 9, "stage": 2})", "stage", "appears twice"},
+        Rejected{R"({"optimizer": {"lr": 1, "type": "sgd", "lr": 2}})", "optimizer.lr", "appears twice"},
+        // Param groups and schedules name the element and the key.
+        Rejected{R"({"optimizer": {"param_groups": [{}, {"lr": -1}]}})", "optimizer.param_groups[1].lr", "-1"},
+        Rejected{R"({"optimizer": {"param_groups": [{"momentun": 0.9}]}})", "optimizer.param_groups[0].momentun",
+                 "unknown key"},
+        Rejected{R"({"optimizer": {"param_groups": [{"nesterov": true}]}})", "optimizer.param_groups[0].nesterov",
+                 "momentum > 0"},
+        Rejected{R"({"scheduler": {"type": "OneCycle"}})", "scheduler.type", "OneCycle"},
+        Rejected{R"({"scheduler": {"type": "WarmupDecayLR"}})", "scheduler.params.total_num_steps", "required"},
+        Rejected{R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_max_lr": 2e7}}})",
+                 "scheduler.params.warmup_max_lr", "2e7"},
         Rejected{R"({"optimizer": {"eps": 0}})", "optimizer.eps", "0"},
         Rejected{R"({"optimizer": {"eps": 1e999}})", "optimizer.eps", "1e999"},
         Rejected{R"({"optimizer": {"lr": -1e999}})", "optimizer.lr", "-1e999"},

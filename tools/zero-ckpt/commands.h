@@ -18,6 +18,10 @@ Status Inspect(const std::string& dir);
 /// saved param exactly; prints one line. OK only if the checkpoint is complete and intact.
 Status Verify(const std::string& dir);
 
+/// kInvalidArgument when `out` is the checkpoint directory `checkpoint_dir` or inside it
+/// (writing there would damage the input), comparing absolute paths with symlinks resolved.
+Status OutputOutsideCheckpoint(const std::string& checkpoint_dir, const std::string& out);
+
 /// Writes the full params (fp32 masters, as `dtype`: fp32 or bf16) into a safetensors file
 /// keyed by param name (frozen params are not in checkpoints, so not in the file).
 Status Consolidate(const std::string& dir, const std::string& out, DType dtype);

@@ -4,7 +4,9 @@
 // length N, N bytes of JSON {"name": {"dtype": "F32"|"BF16", "shape": [...], "data_offsets":
 // [begin, end]}, ..., "__metadata__": {string: string}} (offsets relative to the data, which
 // follows the header; the header is padded with spaces to a multiple of 8), then the data.
+#include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <set>
 #include <vector>
@@ -17,11 +19,26 @@
 
 namespace zero::tools {
 
+Status OutputOutsideCheckpoint(const std::string& checkpoint_dir, const std::string& out) {
+  std::error_code error;
+  const std::filesystem::path input = std::filesystem::weakly_canonical(checkpoint_dir, error);
+  const std::filesystem::path output = std::filesystem::weakly_canonical(out, error);
+  if (error) return absl::OkStatus();  // nothing to compare: the write itself will say what is wrong
+  const auto mismatch = std::mismatch(input.begin(), input.end(), output.begin(), output.end());
+  if (mismatch.first == input.end()) {
+    return absl::InvalidArgumentError(absl::StrCat("--out ", out, " is ", output == input ? "" : "inside ",
+                                                   "the checkpoint ", checkpoint_dir,
+                                                   ": writing there would damage it; choose a path outside"));
+  }
+  return absl::OkStatus();
+}
+
 Status Consolidate(const std::string& dir, const std::string& out, DType dtype) {
   if (dtype != DType::kFP32 && dtype != DType::kBF16) {
     return absl::InvalidArgumentError(absl::StrCat("--dtype ", DTypeName(dtype), ": consolidate writes fp32 or bf16"));
   }
   ZERO_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader, CheckpointReader::Open(dir));
+  ZERO_RETURN_IF_ERROR(OutputOutsideCheckpoint(reader->dir(), out));
   // Every record checked first: the sizes below are then backed by the files' real bytes.
   ZERO_RETURN_IF_ERROR(reader->Verify());
   std::set<std::string> names;

@@ -43,6 +43,7 @@ Status ReshardOnRank(const CheckpointReader& reader, const Config& config, comm:
 Status Reshard(const std::string& dir, int world, const std::string& out) {
   if (world < 1 || world > 4096) return absl::InvalidArgumentError(absl::StrCat("--world ", world, ": 1 to 4096"));
   ZERO_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader, CheckpointReader::Open(dir));
+  ZERO_RETURN_IF_ERROR(OutputOutsideCheckpoint(reader->dir(), out));
   ZERO_ASSIGN_OR_RETURN(const Config config, ConfigFor(*reader));
   ZERO_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<comm::Communicator>> group, comm::CreateLocalGroup(world));
   std::vector<Status> statuses(world);
