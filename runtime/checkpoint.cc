@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <optional>
 #include <tuple>
 
 #include "absl/strings/ascii.h"
@@ -95,9 +96,9 @@ Status EngineImpl::WriteRankFile(const std::string& path) {
   return out->Close();
 }
 
-Status EngineImpl::SaveCheckpoint(const std::string& target) { return SaveCheckpointAs(target, 0); }
+Status EngineImpl::SaveCheckpoint(const std::string& target) { return SaveCheckpointAs(target, 0, false); }
 
-Status EngineImpl::SaveCheckpointAs(const std::string& target, int64_t series_seq) {
+Status EngineImpl::SaveCheckpointAs(const std::string& target, int64_t series_seq, bool parent_locked) {
   ZERO_RETURN_IF_ERROR(RequireHealthyGroup("SaveCheckpoint"));
   if (target.empty()) return absl::InvalidArgumentError("SaveCheckpoint: the directory is \"\"; name one");
   ZERO_RETURN_IF_ERROR(RequirePhase(Phase::kIdle, "SaveCheckpoint"));
@@ -113,7 +114,15 @@ Status EngineImpl::SaveCheckpointAs(const std::string& target, int64_t series_se
   }
   const std::string partial = dir + ".partial";
   Status created;
-  if (comm_.rank() == 0) {  // a fresh DIR.partial (what a crashed save left is discarded)
+  std::optional<DirectoryLock> lock;  // two jobs saving here would mix their rank files
+  if (comm_.rank() == 0 && !parent_locked) {
+    std::error_code error;
+    std::filesystem::create_directories(ParentOf(dir), error);  // its lock needs it; an error shows below
+    StatusOr<DirectoryLock> locked = DirectoryLock::Acquire(ParentOf(dir), LockWaitSeconds());
+    if (locked.ok()) lock.emplace(std::move(*locked));
+    created = locked.status();
+  }
+  if (comm_.rank() == 0 && created.ok()) {  // a fresh DIR.partial (what a crashed save left is discarded)
     std::error_code error;
     std::filesystem::remove_all(partial, error);
     std::filesystem::create_directories(partial, error);
@@ -157,13 +166,20 @@ Status EngineImpl::SaveCheckpoint(const std::string& root_dir, const std::string
     std::filesystem::create_directories(root, error);
     if (error) created = absl::UnavailableError(absl::StrCat("checkpoint: cannot create ", root, ": ", error.message()));
   }
+  // The series is one job's while it saves: its checkpoint, `latest` and keep_last.
+  std::optional<DirectoryLock> lock;
+  if (comm_.rank() == 0 && created.ok()) {
+    StatusOr<DirectoryLock> locked = DirectoryLock::Acquire(root, LockWaitSeconds());
+    if (locked.ok()) lock.emplace(std::move(*locked));
+    created = locked.status();
+  }
   ZERO_RETURN_IF_ERROR(AgreeOnOutcome(created, "SaveCheckpoint"));
   // Only rank 0 writes meta.json, so only its view of the series matters.
   int64_t series_seq = 1;
   if (comm_.rank() == 0) {
     for (const SeriesEntry& entry : SeriesCheckpoints(root)) series_seq = std::max(series_seq, entry.series_seq + 1);
   }
-  ZERO_RETURN_IF_ERROR(SaveCheckpointAs(root + "/" + tag, series_seq));
+  ZERO_RETURN_IF_ERROR(SaveCheckpointAs(root + "/" + tag, series_seq, /*parent_locked=*/true));
   Status pointed;
   if (comm_.rank() == 0) {
     // `latest` switches only now that the new checkpoint is complete; older ones go after it:

@@ -2,6 +2,7 @@
 #include "runtime/checkpoint_files.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -13,7 +14,9 @@
 #include <cstdio>
 #include <cstring>
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -37,12 +40,37 @@ Status SyncDirectory(const std::string& path) {
   return absl::OkStatus();
 }
 
+}  // namespace
+
 std::string ParentOf(const std::string& path) {
   const std::string parent = std::filesystem::path(path).parent_path().string();
   return parent.empty() ? "." : parent;
 }
 
-}  // namespace
+StatusOr<DirectoryLock> DirectoryLock::Acquire(const std::string& dir, double timeout_s) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return SystemError("open directory", dir);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  while (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    if (errno != EWOULDBLOCK && errno != EINTR) {
+      const Status failed = SystemError("lock", dir);
+      ::close(fd);
+      return failed;
+    }
+    if (timeout_s > 0 && std::chrono::steady_clock::now() >= deadline) {
+      ::close(fd);
+      return absl::FailedPreconditionError(absl::StrCat(
+          "checkpoint: another job has been saving into ", dir, " for ", timeout_s,
+          " s (it holds the directory's lock); give each job a checkpoint directory of its own"));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return DirectoryLock(fd);
+}
+
+DirectoryLock::~DirectoryLock() {
+  if (fd_ >= 0) ::close(fd_);  // closing releases the flock
+}
 
 Status WriteAll(int fd, const void* data, size_t bytes, const std::string& path) {
   const char* next = static_cast<const char*>(data);

@@ -37,6 +37,27 @@ Status WriteFileDurably(const std::string& path, const std::string& text);
 /// text, never a mix (`path`.tmp is written and synced first; the directory after).
 Status ReplaceFileAtomically(const std::string& path, const std::string& text);
 
+/// An exclusive lock on a directory (flock), held while one job saves a checkpoint into it so
+/// that two jobs saving into the same place never mix their files: the second waits for the
+/// first to finish. Released when destroyed (and by the system if the process dies).
+class DirectoryLock {
+ public:
+  /// Locks `dir` (which must exist), waiting up to `timeout_s` seconds (0: forever) for
+  /// another holder; then kFailedPrecondition naming the directory.
+  static StatusOr<DirectoryLock> Acquire(const std::string& dir, double timeout_s);
+  DirectoryLock(DirectoryLock&& other) noexcept : fd_(other.fd_) { other.fd_ = -1; }
+  DirectoryLock& operator=(DirectoryLock&&) = delete;
+  DirectoryLock(const DirectoryLock&) = delete;
+  ~DirectoryLock();
+
+ private:
+  explicit DirectoryLock(int fd) : fd_(fd) {}
+  int fd_;
+};
+
+/// The directory holding `path` ("." for a bare name).
+std::string ParentOf(const std::string& path);
+
 /// Makes the finished directory `partial` visible as `dir`: `dir`'s previous contents are
 /// replaced in one atomic step (renameat2 RENAME_EXCHANGE, then the old contents are deleted;
 /// on file systems without it, `dir` is renamed aside first, so a crash in between leaves

@@ -115,8 +115,12 @@ class EngineImpl final : public Engine {
   // rank, kAborted naming a failing rank on the others, OK only if every rank succeeded.
   Status AgreeOnOutcome(const Status& local, const std::string& what);
   Status WriteRankFile(const std::string& path);
-  // SaveCheckpoint(dir), recording `series_seq` (its place in a series; 0 outside one).
-  Status SaveCheckpointAs(const std::string& dir, int64_t series_seq);
+  // SaveCheckpoint(dir), recording `series_seq` (its place in a series; 0 outside one). Rank 0
+  // holds the lock of dir's parent while it saves, unless `parent_locked` (a series root).
+  Status SaveCheckpointAs(const std::string& dir, int64_t series_seq, bool parent_locked);
+  // How long rank 0 waits for another job's save: half of guard.timeout_s, so that the ranks
+  // waiting for it in the next collective hear why instead of timing out (0: forever).
+  double LockWaitSeconds() const { return config_.guard.timeout_s / 2; }
   // The registered params and the optimizer are the checkpoint's; else names the difference.
   Status CheckCheckpointMatches(const CheckpointMeta& meta) const;
   // Host copies of this rank's owned parts filled from the checkpoint's records.

@@ -1,7 +1,10 @@
 // A series of checkpoints in one root: SaveCheckpoint(root, tag) writes root/tag, points
 // root/latest at it once complete, and keeps the newest checkpoint.keep_last;
 // LoadCheckpoint(root) loads the one `latest` names.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/file.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -128,6 +131,35 @@ TEST_F(CheckpointSeries, AfterARollbackTheNewestSavesStayAndNamedTagsAreKept) {
   for (const char* gone : {"step-10", "step-11", "step-20"}) EXPECT_FALSE(std::filesystem::exists(root_ + "/" + gone)) << gone;
   for (const char* kept : {"step-12", "step-13", "best"}) EXPECT_TRUE(std::filesystem::exists(root_ + "/" + kept + "/meta.json")) << kept;
   EXPECT_EQ(Latest(root_), "step-13");
+}
+
+// Two jobs saving into one root never mix their files: while one saves (it holds the root's
+// lock; here the test holds it, as another job would), the other waits, and after
+// guard.timeout_s says why instead of writing.
+TEST_F(CheckpointSeries, ASecondJobWaitsForTheRootsLockAndSaysWhy) {
+  Config config = ToyConfig(2);
+  config.guard.timeout_s = 0.5;
+  std::filesystem::create_directories(root_);
+  const int held = ::open(root_.c_str(), O_RDONLY | O_DIRECTORY);
+  ASSERT_GE(held, 0);
+  ASSERT_EQ(::flock(held, LOCK_EX), 0);
+  auto save = [&]() {
+    return RunOnRanks(2, [&](int, comm::Communicator& c) -> Status {
+      ZERO_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(config, c));
+      ToyOptions o;
+      o.steps = 1;
+      testing::ToyResult result;
+      ZERO_RETURN_IF_ERROR(testing::TrainToy(*engine, o, &result));
+      return engine->SaveCheckpoint(root_, "step-1");
+    });
+  };
+  const std::vector<Status> refused = save();
+  EXPECT_THAT(refused[0], testing::StatusIs(absl::StatusCode::kFailedPrecondition, ::testing::HasSubstr("another job")));
+  EXPECT_THAT(refused[1], testing::StatusIs(absl::StatusCode::kAborted));
+  EXPECT_FALSE(std::filesystem::exists(root_ + "/step-1.partial"));
+  ::close(held);  // the other job finished
+  EXPECT_THAT(save(), ::testing::Each(IsOk()));
+  EXPECT_TRUE(std::filesystem::exists(root_ + "/step-1/meta.json"));
 }
 
 }  // namespace
