@@ -26,7 +26,7 @@ Status CheckConfig(const PlanConfig& c) {
   return absl::OkStatus();
 }
 
-Status CheckParams(const std::vector<ParamInfo>& params) {
+Status CheckParams(const std::vector<ParamInfo>& params, DType grad) {
   std::set<std::string> names;
   for (size_t i = 0; i < params.size(); ++i) {
     const ParamInfo& p = params[i];
@@ -38,6 +38,10 @@ Status CheckParams(const std::vector<ParamInfo>& params) {
     if (!names.insert(p.name).second) {
       return absl::InvalidArgumentError(absl::StrCat("param name \"", p.name, "\" (index ", i,
                                                      ") is registered twice; names must be unique"));
+    }
+    if (!p.requires_grad) continue;
+    if (Status s = GradientDType(p.dtype, grad).status(); !s.ok()) {
+      return Status(s.code(), absl::StrCat("param \"", p.name, "\" (index ", i, "): ", s.message()));
     }
   }
   return absl::OkStatus();
@@ -121,9 +125,17 @@ std::vector<std::vector<int>> FormBuckets(const std::vector<ParamInfo>& params,
 
 }  // namespace
 
+StatusOr<DType> GradientDType(DType param, DType grad) {
+  if (grad == param || grad == DType::kFP32) return grad;
+  const std::string allowed = param == DType::kFP32 ? "fp32" : absl::StrCat(DTypeName(param), " or fp32");
+  return absl::UnimplementedError(absl::StrCat(
+      "its gradient cannot be kept in precision.grad = ", DTypeName(grad), " (", DTypeName(param),
+      " params keep theirs in ", allowed, "); set precision.grad and precision.reduce to ", allowed));
+}
+
 StatusOr<PartitionPlan> PartitionPlan::Build(std::vector<ParamInfo> params, const PlanConfig& config) {
   ZERO_RETURN_IF_ERROR(CheckConfig(config));
-  ZERO_RETURN_IF_ERROR(CheckParams(params));
+  ZERO_RETURN_IF_ERROR(CheckParams(params, config.grad));
   PartitionPlan plan;
   plan.config_ = config;
   plan.params_ = std::move(params);
@@ -139,6 +151,8 @@ StatusOr<PartitionPlan> PartitionPlan::Build(std::vector<ParamInfo> params, cons
     const ParamInfo& head = plan.params_[list.front()];
     bucket.group = head.group;
     bucket.dtype = head.dtype;
+    // CheckParams made sure that every trainable param has a gradient dtype.
+    bucket.grad_dtype = head.requires_grad ? *GradientDType(head.dtype, config.grad) : head.dtype;
     bucket.trainable = head.requires_grad;
     bucket.unit = config.stage == 3 ? head.unit : -1;
     int64_t used = 0;
@@ -163,6 +177,10 @@ StatusOr<PartitionPlan> PartitionPlan::Build(std::vector<ParamInfo> params, cons
     if (bucket.trainable) {
       bucket.state_offset = plan.state_numel_;
       plan.state_numel_ += bucket.shard_numel;
+      bucket.grad_byte_offset = plan.grad_flat_bytes_;
+      plan.grad_flat_bytes_ += bucket.grad_bytes();
+      bucket.grad_shard_offset = plan.grad_shards_bytes_;
+      plan.grad_shards_bytes_ += bucket.grad_shard_bytes();
     }
     plan.buckets_.push_back(std::move(bucket));
   }

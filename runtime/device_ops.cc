@@ -34,6 +34,10 @@ class CpuDeviceOps final : public DeviceOps {
     kernels::AddIntoCpu(accumulator, addend, numel, dtype);
     return absl::OkStatus();
   }
+  Status AddIntoFloat(float* accumulator, const void* addend, int64_t numel, DType addend_dtype) override {
+    kernels::AddIntoFloatCpu(accumulator, addend, numel, addend_dtype);
+    return absl::OkStatus();
+  }
   Status Widen(float* out, const void* in, int64_t numel, DType dtype) override {
     kernels::WidenCpu(out, in, numel, dtype);
     return absl::OkStatus();

@@ -45,6 +45,9 @@ class DeviceOps {
   virtual Status Copy(void* destination, const void* source, int64_t bytes) = 0;
   /// accumulator[i] = round(accumulator[i] + addend[i]) in `dtype`, summed in fp32.
   virtual Status AddInto(void* accumulator, const void* addend, int64_t numel, DType dtype) = 0;
+  /// accumulator[i] += float(addend[i]): an fp32 gradient and a gradient in `addend_dtype`
+  /// (fp32, bf16 or fp16), widened on the way, summed in fp32. The arrays do not overlap.
+  virtual Status AddIntoFloat(float* accumulator, const void* addend, int64_t numel, DType addend_dtype) = 0;
   /// out[i] = float(in[i]) for bf16/fp16/fp32 `in`.
   virtual Status Widen(float* out, const void* in, int64_t numel, DType dtype) = 0;
   /// out[i] = in[i] rounded to `dtype` (nearest even).

@@ -41,6 +41,9 @@ class CudaDeviceOps final : public DeviceOps {
   Status AddInto(void* accumulator, const void* addend, int64_t numel, DType dtype) override {
     return kernels::AddIntoCuda(accumulator, addend, numel, dtype, stream_);
   }
+  Status AddIntoFloat(float* accumulator, const void* addend, int64_t numel, DType addend_dtype) override {
+    return kernels::AddIntoFloatCuda(accumulator, addend, numel, addend_dtype, stream_);
+  }
   Status Widen(float* out, const void* in, int64_t numel, DType dtype) override {
     return kernels::WidenToFloatCuda(out, in, numel, dtype, stream_);
   }

@@ -128,11 +128,10 @@ StatusOr<ParamId> EngineImpl::RegisterParam(const ParamSpec& spec) {
     return absl::InvalidArgumentError(absl::StrCat("param \"", spec.name, "\": dtype ", DTypeName(spec.dtype),
                                                    " is not a param dtype (fp32, bf16 or fp16)"));
   }
-  if (spec.requires_grad && spec.dtype != config_.precision.grad) {
-    return absl::UnimplementedError(absl::StrCat(
-        "param \"", spec.name, "\" is ", DTypeName(spec.dtype), " but precision.grad is ",
-        DTypeName(config_.precision.grad), ": gradients in a dtype other than the param's are not "
-        "implemented yet; set precision.grad and precision.reduce to ", DTypeName(spec.dtype)));
+  if (spec.requires_grad) {  // the gradient dtype the plan will give it (config.h, precision.grad)
+    if (Status s = partition::GradientDType(spec.dtype, config_.precision.grad).status(); !s.ok()) {
+      return Status(s.code(), absl::StrCat("param \"", spec.name, "\" (", DTypeName(spec.dtype), "): ", s.message()));
+    }
   }
   for (const ParamSpec& other : specs_) {
     if (other.name == spec.name) {
@@ -155,6 +154,7 @@ Status EngineImpl::Finalize() {
   partition::PlanConfig plan_config;
   plan_config.world_size = comm_.size();
   plan_config.stage = config_.stage;
+  plan_config.grad = config_.precision.grad;
   plan_config.reduce_bucket_elems = config_.buckets.reduce_bucket_elems;
   plan_config.first_bucket_elems = config_.buckets.first_bucket_elems;
   plan_config.last_bucket_elems = config_.buckets.last_bucket_elems;

@@ -161,8 +161,9 @@ Status EngineImpl::CheckRegistryAgrees() {
 
 Status EngineImpl::CheckRanksAgree(int bucket) {
   if (!diverged_.ok()) return diverged_;  // the ranks no longer meet: no further collectives
-  // The layout hash catches buckets that merely happen to have the same size.
-  uint64_t layout = 0xcbf29ce484222325ull;
+  // The layout hash catches buckets that merely happen to have the same size, and ranks that
+  // would reduce them in different dtypes (precision.grad differs).
+  uint64_t layout = Mix(0xcbf29ce484222325ull, static_cast<int>(plan_->buckets()[bucket].grad_dtype));
   for (int p : plan_->buckets()[bucket].params) {
     layout = Mix(layout, p);
     layout = Mix(layout, plan_->placement(p).offset);
@@ -176,10 +177,11 @@ Status EngineImpl::CheckRanksAgree(int bucket) {
     diverged_ = absl::FailedPreconditionError(absl::StrCat(
         "ranks diverged (guard.consistency_check): rank ", comm_.rank(), " is about to reduce ",
         DescribeBucket(bucket), ", ", mine[2], " elements, of iteration ", iteration_, ", but rank ", r,
-        " is at bucket ", all[4 * r + 1], " (", all[4 * r + 2], " elements", all[4 * r + 3] == layout ? "" : ", other params",
+        " is at bucket ", all[4 * r + 1], " (", all[4 * r + 2], " elements",
+        all[4 * r + 3] == layout ? "" : ", other params or gradient dtype",
         ") of iteration ", all[4 * r],
         ". A rank took different control flow (skipped a backward, ran an extra iteration) or "
-        "uses a different config (bucket sizes)"));
+        "uses a different config (bucket sizes, precision.grad)"));
     return diverged_;
   }
   return absl::OkStatus();

@@ -115,7 +115,14 @@ Status EngineImpl::AccumulateGrad(ParamId id, const void* grad) {
     ZERO_RETURN_IF_ERROR(ops_->Copy(grad_staging_.data(), grad, bytes));
     grad = grad_staging_.data();
   }
-  ZERO_RETURN_IF_ERROR(ops_->AddInto(view, grad, plan_->placement(param).numel, specs_[param].dtype));
+  // `grad` is in the param's dtype; the gradient it is added into may be fp32 (Bucket::grad_dtype).
+  const DType dtype = specs_[param].dtype;
+  const int64_t numel = plan_->placement(param).numel;
+  if (plan_->buckets()[plan_->placement(param).bucket].grad_dtype == dtype) {
+    ZERO_RETURN_IF_ERROR(ops_->AddInto(view, grad, numel, dtype));
+  } else {
+    ZERO_RETURN_IF_ERROR(ops_->AddIntoFloat(static_cast<float*>(view), grad, numel, dtype));
+  }
   return GradReady(id);
 }
 

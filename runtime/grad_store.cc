@@ -10,7 +10,7 @@ namespace {
 
 using partition::Bucket;
 
-// Stages 0 and 1: gradients laid out exactly like the params.
+// Stages 0 and 1: every trainable bucket's whole gradient (the plan's flat gradient layout).
 class FullGradStore final : public GradStore {
  public:
   FullGradStore(const partition::PartitionPlan& plan, comm::Communicator& comm, DeviceOps& ops,
@@ -19,7 +19,7 @@ class FullGradStore final : public GradStore {
 
   StatusOr<void*> View(int param) override {
     const auto& place = plan_.placement(param);
-    return BucketBase(place.bucket) + plan_.ParamByteOffset(param);
+    return BucketBase(place.bucket) + plan_.ParamGradByteOffset(param);
   }
 
   StatusOr<std::pair<BucketScheduler::Launch, BucketScheduler::Finish>> Reduction(
@@ -30,12 +30,12 @@ class FullGradStore final : public GradStore {
     BucketScheduler::Launch launch;
     if (!plan_.ranks_own_shards()) {
       launch = [this, base, &b] {
-        return comm_.AllReduce(base, base, b.numel, b.dtype, comm::ReduceOp::kSum);
+        return comm_.AllReduce(base, base, b.numel, b.grad_dtype, comm::ReduceOp::kSum);
       };
     } else {
-      char* own = base + b.shard_byte_offset(comm_.rank());
+      char* own = base + b.grad_shard_byte_offset(comm_.rank());
       launch = [this, base, own, &b] {
-        return comm_.ReduceScatter(base, own, b.shard_numel, b.dtype, comm::ReduceOp::kSum);
+        return comm_.ReduceScatter(base, own, b.shard_numel, b.grad_dtype, comm::ReduceOp::kSum);
       };
     }
     return std::make_pair(std::move(launch), BucketScheduler::Finish());
@@ -43,7 +43,7 @@ class FullGradStore final : public GradStore {
 
   void* OwnedGrad(int bucket) override {
     const Bucket& b = plan_.buckets()[bucket];
-    return BucketBase(bucket) + plan_.Owned(bucket, comm_.rank()).begin * b.element_bytes();
+    return BucketBase(bucket) + plan_.Owned(bucket, comm_.rank()).begin * b.grad_element_bytes();
   }
 
   bool NeedsBufferWait(int) const override { return false; }
@@ -52,7 +52,7 @@ class FullGradStore final : public GradStore {
 
  private:
   char* BucketBase(int bucket) {
-    return buffer_.as<char>() + plan_.buckets()[bucket].byte_offset;
+    return buffer_.as<char>() + plan_.buckets()[bucket].grad_byte_offset;
   }
 
   const partition::PartitionPlan& plan_;
@@ -65,18 +65,16 @@ class FullGradStore final : public GradStore {
 class ShardedGradStore final : public GradStore {
  public:
   ShardedGradStore(const partition::PartitionPlan& plan, comm::Communicator& comm, DeviceOps& ops,
-                   base::Buffer shard, std::vector<int64_t> shard_offsets,
-                   std::vector<base::Buffer> pool)
-      : plan_(plan), comm_(comm), ops_(ops), shard_(std::move(shard)), shard_offsets_(std::move(shard_offsets)),
-        pool_(std::move(pool)), holder_(plan.buckets().size(), -1),
-        shard_is_zero_(plan.buckets().size(), true) {
+                   base::Buffer shard, std::vector<base::Buffer> pool)
+      : plan_(plan), comm_(comm), ops_(ops), shard_(std::move(shard)), pool_(std::move(pool)),
+        holder_(plan.buckets().size(), -1), shard_is_zero_(plan.buckets().size(), true) {
     for (int i = static_cast<int>(pool_.size()) - 1; i >= 0; --i) free_.push_back(i);
   }
 
   StatusOr<void*> View(int param) override {
     const auto& place = plan_.placement(param);
     ZERO_ASSIGN_OR_RETURN(char* base, BucketBuffer(place.bucket));
-    return base + plan_.ParamByteOffset(param);
+    return base + plan_.ParamGradByteOffset(param);
   }
 
   StatusOr<std::pair<BucketScheduler::Launch, BucketScheduler::Finish>> Reduction(
@@ -87,13 +85,13 @@ class ShardedGradStore final : public GradStore {
     // later micro-batches reduce in place and add their chunk, after the collective.
     const bool first = shard_is_zero_[bucket];
     shard_is_zero_[bucket] = false;
-    char* own = first ? static_cast<char*>(OwnedGrad(bucket)) : base + b.shard_byte_offset(comm_.rank());
+    char* own = first ? static_cast<char*>(OwnedGrad(bucket)) : base + b.grad_shard_byte_offset(comm_.rank());
     BucketScheduler::Launch launch = [this, base, own, &b] {
-      return comm_.ReduceScatter(base, own, b.shard_numel, b.dtype, comm::ReduceOp::kSum);
+      return comm_.ReduceScatter(base, own, b.shard_numel, b.grad_dtype, comm::ReduceOp::kSum);
     };
     BucketScheduler::Finish finish = [this, bucket, own, first, &b] {
       // Queued before any later reuse of the pool buffer (which first zeroes it) on the device.
-      Status added = first ? absl::OkStatus() : ops_.AddInto(OwnedGrad(bucket), own, b.shard_numel, b.dtype);
+      Status added = first ? absl::OkStatus() : ops_.AddInto(OwnedGrad(bucket), own, b.shard_numel, b.grad_dtype);
       free_.push_back(holder_[bucket]);
       holder_[bucket] = -1;
       return added;
@@ -101,7 +99,7 @@ class ShardedGradStore final : public GradStore {
     return std::make_pair(std::move(launch), std::move(finish));
   }
 
-  void* OwnedGrad(int bucket) override { return shard_.as<char>() + shard_offsets_[bucket]; }
+  void* OwnedGrad(int bucket) override { return shard_.as<char>() + plan_.buckets()[bucket].grad_shard_offset; }
 
   bool NeedsBufferWait(int bucket) const override { return holder_[bucket] < 0 && free_.empty(); }
 
@@ -123,7 +121,7 @@ class ShardedGradStore final : public GradStore {
       holder_[bucket] = free_.back();
       free_.pop_back();
       const Bucket& b = plan_.buckets()[bucket];
-      ZERO_RETURN_IF_ERROR(ops_.Zero(pool_[holder_[bucket]].data(), b.bytes()));
+      ZERO_RETURN_IF_ERROR(ops_.Zero(pool_[holder_[bucket]].data(), b.grad_bytes()));
     }
     return pool_[holder_[bucket]].as<char>();
   }
@@ -131,8 +129,7 @@ class ShardedGradStore final : public GradStore {
   const partition::PartitionPlan& plan_;
   comm::Communicator& comm_;
   DeviceOps& ops_;
-  base::Buffer shard_;
-  std::vector<int64_t> shard_offsets_;  // byte offset of each trainable bucket's shard
+  base::Buffer shard_;  // one gradient shard of every trainable bucket (Bucket::grad_shard_offset)
   std::vector<base::Buffer> pool_;
   std::vector<int> holder_;  // pool buffer index per bucket this micro-batch, or -1
   std::vector<int> free_;
@@ -148,28 +145,27 @@ StatusOr<std::unique_ptr<GradStore>> GradStore::Create(int stage,
   std::unique_ptr<GradStore> store;
   if (stage <= 1) {
     ZERO_ASSIGN_OR_RETURN(base::Buffer buffer,
-                          allocator.Allocate(plan.flat_bytes(), MemoryCategory::kGrads, ops.placement()));
+                          allocator.Allocate(plan.grad_flat_bytes(), MemoryCategory::kGrads, ops.placement()));
     store.reset(new FullGradStore(plan, comm, ops, std::move(buffer)));
     ZERO_RETURN_IF_ERROR(store->Zero());
     return store;
   }
-  int64_t shard_bytes = 0, largest_bucket = 0;
-  std::vector<int64_t> offsets = plan.CompactShardOffsets(/*trainable_only=*/true, &shard_bytes);
+  int64_t largest_bucket = 0;
   int trainable = 0;
   for (const Bucket& b : plan.buckets()) {
     if (!b.trainable) continue;
     ++trainable;
-    largest_bucket = std::max(largest_bucket, b.bytes());
+    largest_bucket = std::max(largest_bucket, b.grad_bytes());
   }
   ZERO_ASSIGN_OR_RETURN(base::Buffer shard,
-                        allocator.Allocate(shard_bytes, MemoryCategory::kGrads, ops.placement()));
+                        allocator.Allocate(plan.grad_shards_bytes(), MemoryCategory::kGrads, ops.placement()));
   std::vector<base::Buffer> pool;
   for (int i = 0; i < std::min(pool_buffers, trainable); ++i) {
     ZERO_ASSIGN_OR_RETURN(base::Buffer buffer, allocator.Allocate(largest_bucket, MemoryCategory::kCommBuffers,
                                                                   ops.placement()));
     pool.push_back(std::move(buffer));
   }
-  store.reset(new ShardedGradStore(plan, comm, ops, std::move(shard), std::move(offsets), std::move(pool)));
+  store.reset(new ShardedGradStore(plan, comm, ops, std::move(shard), std::move(pool)));
   ZERO_RETURN_IF_ERROR(store->Zero());
   return store;
 }

@@ -8,6 +8,10 @@
 //            micro-batch straight into the shard, later ones in place, their chunk then added.
 //            A buffer returns to the pool in its reduction's Finish; when none is free, the
 //            engine waits for the oldest reduction in flight (NeedsBufferWait).
+//
+// Every gradient is held, reduced and handed to the optimizer in its bucket's gradient dtype
+// (partition::Bucket::grad_dtype, laid out by the plan's gradient layout), which may be wider
+// than the params' (fp32 gradients for bf16/fp16 params).
 #ifndef ZERO_RUNTIME_GRAD_STORE_H_
 #define ZERO_RUNTIME_GRAD_STORE_H_
 
@@ -37,15 +41,15 @@ class GradStore {
   virtual bool NeedsBufferWait(int bucket) const = 0;
   /// Bucket buffers in the pool (0 for a store without one).
   virtual int pool_buffers() const { return 0; }
-  /// Where this micro-batch's gradient of `param` is added.
+  /// Where this micro-batch's gradient of `param` is added (its bucket's gradient dtype).
   virtual StatusOr<void*> View(int param) = 0;
   /// The collective and completion step of a trainable bucket once its gradients are ready.
   /// Stores that keep full gradients (stages 0-1) only accumulate locally until the step's
   /// last micro-batch, and return no collective before it.
   virtual StatusOr<std::pair<BucketScheduler::Launch, BucketScheduler::Finish>>
   Reduction(int bucket, bool last_micro_batch) = 0;
-  /// The rank's reduced gradient for the part of `bucket` it steps (PartitionPlan::Owned);
-  /// valid after the step's reductions completed.
+  /// The rank's reduced gradient for the part of `bucket` it steps (PartitionPlan::Owned), in
+  /// the bucket's gradient dtype; valid after the step's reductions completed.
   virtual void* OwnedGrad(int bucket) = 0;
   /// Zeroes every gradient for the next optimizer step.
   virtual Status Zero() = 0;

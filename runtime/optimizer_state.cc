@@ -45,7 +45,6 @@ StatusOr<std::unique_ptr<OptimizerState>> OptimizerState::Create(
   int64_t state_offset = 0, master_offset = 0;
   for (OwnedRange& r : s->ranges_) {
     const partition::Bucket& b = plan.buckets()[r.bucket];
-    const int64_t element = b.element_bytes();
     char* param_part = r.params;
     kernels::Segment segment;
     if (b.dtype == DType::kFP32) {
@@ -61,8 +60,9 @@ StatusOr<std::unique_ptr<OptimizerState>> OptimizerState::Create(
     segment.state1 = s->state1_.bytes() > 0 ? s->state1_.as<float>() + state_offset : nullptr;
     segment.numel = r.numel;
     state_offset += r.numel;
+    // The gradient dtype follows from the param dtype (partition::GradientDType): one per batch.
     auto [it, fresh] = batch_of.emplace(std::make_pair(b.group, static_cast<int>(b.dtype)), s->batches_.size());
-    if (fresh) s->batches_.push_back({b.group, {b.dtype, b.dtype}, {}, {}, {}});
+    if (fresh) s->batches_.push_back({b.group, {b.dtype, b.grad_dtype}, {}, {}, {}});
     s->batches_[it->second].segments.push_back(segment);
     Batch& batch = s->batches_[it->second];
     s->CutPerParam(r, segment, [&](int param, const kernels::Segment& fragment, int64_t) {
@@ -71,7 +71,7 @@ StatusOr<std::unique_ptr<OptimizerState>> OptimizerState::Create(
     // Each rank's norm covers its shard only, also at stage 0 where it owns the whole bucket.
     const int64_t shard_begin = rank * b.shard_numel - r.begin;
     s->batches_[it->second].norm_spans.push_back(
-        {static_cast<const char*>(segment.grad) + shard_begin * element, b.shard_numel});
+        {static_cast<const char*>(segment.grad) + shard_begin * b.grad_element_bytes(), b.shard_numel});
   }
   if (config.optimizer.type == OptimizerType::kLamb) {
     ZERO_ASSIGN_OR_RETURN(s->lamb_updates_, allocator.Allocate(state_numel * 4, MemoryCategory::kWorkspace, ops.placement()));
@@ -260,7 +260,7 @@ Status OptimizerState::Step(const std::vector<OptimizerHyper>& groups, const std
 template <typename Fn>
 void OptimizerState::CutPerParam(const OwnedRange& r, const kernels::Segment& whole, Fn fn) const {
   const partition::Bucket& b = plan_.buckets()[r.bucket];
-  const int64_t element = b.element_bytes();
+  const int64_t element = b.element_bytes(), grad_element = b.grad_element_bytes();
   for (int param : b.params) {  // padding between params is left out: it never moves
     ForOwnedPart(param, [&](const OwnedRange& range, int64_t begin, int64_t end) {
       if (&range != &r) return;
@@ -268,7 +268,7 @@ void OptimizerState::CutPerParam(const OwnedRange& r, const kernels::Segment& wh
       kernels::Segment seg = whole;
       seg.master = whole.master + at;
       seg.model_param = whole.model_param ? static_cast<char*>(whole.model_param) + at * element : nullptr;
-      seg.grad = static_cast<const char*>(whole.grad) + at * element;
+      seg.grad = static_cast<const char*>(whole.grad) + at * grad_element;
       seg.state0 = whole.state0 ? whole.state0 + at : nullptr;
       seg.state1 = whole.state1 ? whole.state1 + at : nullptr;
       seg.numel = end - begin;

@@ -4,7 +4,8 @@
 // shard otherwise. For fp32 buckets the fp32 weights are the params themselves; 16-bit buckets
 // get an fp32 master copy of the owned range. Moments are concatenated over the owned ranges
 // (the rank's optimizer state, DESIGN.md). Ranges are grouped by (optimizer group, dtype) into
-// segment lists so each kernel launch sees few, long segments. Everything lives on the engine's
+// segment lists so each kernel launch sees few, long segments; the kernels read each gradient
+// in its bucket's gradient dtype (kernels::SegmentTypes{param dtype, gradient dtype}). Everything lives on the engine's
 // device and is touched only through DeviceOps.
 #ifndef ZERO_RUNTIME_OPTIMIZER_STATE_H_
 #define ZERO_RUNTIME_OPTIMIZER_STATE_H_

@@ -140,15 +140,18 @@ class Engine {
   /// Starts a micro-batch.
   virtual Status BeginIteration() = 0;
   /// A view into which this micro-batch's gradient for `id` is added (device memory on device
-  /// "cuda"; write it on the SetStream stream before GradReady). At stage 2 it lives in
-  /// a bucket buffer; when the pool of buffers is exhausted the call waits for an in-flight
-  /// reduction.
+  /// "cuda"; write it on the SetStream stream before GradReady). It holds the param's gradient
+  /// dtype: the param's own when precision.grad equals it, fp32 when precision.grad is fp32 (so
+  /// a bf16 or fp16 param's view is fp32 under the default config: add the gradient widened).
+  /// At stage 2 it lives in a bucket buffer; when the pool of buffers is exhausted the call
+  /// waits for an in-flight reduction.
   virtual StatusOr<void*> GradBuffer(ParamId id) = 0;
   /// Declares `id`'s gradient for this micro-batch complete; its bucket's reduction starts
   /// once every param of the bucket and of every earlier bucket is ready.
   virtual Status GradReady(ParamId id) = 0;
   /// Adds `grad` (the param's dtype, full shape; host memory, or device memory on device
-  /// "cuda") into the gradient and marks it ready.
+  /// "cuda") into the gradient and marks it ready. A bf16/fp16 gradient added into an fp32
+  /// gradient (precision.grad fp32) is widened on the way and summed in fp32.
   virtual Status AccumulateGrad(ParamId id, const void* grad) = 0;
   /// Ends the micro-batch's backward: launches what is left, waits for the reductions.
   virtual Status EndBackward() = 0;

@@ -119,10 +119,12 @@ ZERO_API zero_status zero_set_param(zero_engine* engine, int64_t id, const void*
 ZERO_API zero_status zero_get_param(zero_engine* engine, int64_t id, void* host_dst);
 /** A view of the param's full value (stages 0-2). */
 ZERO_API zero_status zero_param_data(zero_engine* engine, int64_t id, void** view);
-/** A view into which this micro-batch's gradient is added; then zero_grad_ready. */
+/** A view into which this micro-batch's gradient is added; then zero_grad_ready. It holds the
+ *  gradient dtype: fp32 for bf16/fp16 params under the default precision.grad "fp32". */
 ZERO_API zero_status zero_grad_buffer(zero_engine* engine, int64_t id, void** view);
 ZERO_API zero_status zero_grad_ready(zero_engine* engine, int64_t id);
-/** Adds a full gradient (host, the param's dtype) and marks the param ready. */
+/** Adds a full gradient (host, the param's dtype; widened into an fp32 gradient) and marks the
+ *  param ready. */
 ZERO_API zero_status zero_accumulate_grad(zero_engine* engine, int64_t id, const void* grad);
 ZERO_API zero_status zero_begin_iteration(zero_engine* engine);
 ZERO_API zero_status zero_end_backward(zero_engine* engine);

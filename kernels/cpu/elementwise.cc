@@ -79,6 +79,14 @@ void ReduceFormat(void* out, const void* const* inputs, int num_inputs, int64_t 
   }
 }
 
+// accumulator[i] += Format::Load(addend[i]): a plain loop the compiler vectorises (the bf16
+// widening is a shift; no aliasing between the two arrays).
+template <typename Format>
+void AddWidened(float* __restrict accumulator, const void* addend, int64_t numel) {
+  const typename Format::T* __restrict in = static_cast<const typename Format::T*>(addend);
+  for (int64_t i = 0; i < numel; ++i) accumulator[i] += Format::Load(in[i]);
+}
+
 }  // namespace
 
 void ReduceInto(void* out, const void* const* inputs, int num_inputs, int64_t count, DType dtype,
@@ -95,6 +103,16 @@ void ReduceInto(void* out, const void* const* inputs, int num_inputs, int64_t co
 void AddIntoCpu(void* accumulator, const void* addend, int64_t numel, DType dtype) {
   const void* inputs[2] = {accumulator, addend};
   ReduceInto(accumulator, inputs, 2, numel, dtype, Combine::kSum);
+}
+
+void AddIntoFloatCpu(float* accumulator, const void* addend, int64_t numel, DType addend_dtype) {
+  switch (addend_dtype) {
+    case DType::kFP32: return AddWidened<F32>(accumulator, addend, numel);
+    case DType::kBF16: return AddWidened<Bf16>(accumulator, addend, numel);
+    case DType::kFP16: return AddWidened<Half>(accumulator, addend, numel);
+    case DType::kInt64:
+    case DType::kUInt8: return;  // not param types (elementwise.h)
+  }
 }
 
 void WidenCpu(float* out, const void* in, int64_t numel, DType dtype) {

@@ -1,5 +1,6 @@
-// Conversions and the element-wise sum on CUDA: grid-stride loops, one element per thread
-// step (these run once per SetParam or per bucket, far from the step's bandwidth budget).
+// Conversions and the element-wise sums on CUDA: grid-stride loops, one element per thread
+// step (these run once per SetParam or per bucket, far from the step's bandwidth budget), but
+// four for AddIntoFloat where aligned (it runs once per param gradient and micro-batch).
 #include "base/status_converters.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/casts_cuda.h"
@@ -28,6 +29,27 @@ __global__ void AddIntoKernel(void* accumulator, const void* addend, int64_t n) 
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
     Store(T{}, accumulator, i, Load(T{}, accumulator, i) + Load(T{}, addend, i));
   }
+}
+
+// accumulator[i] += float(addend[i]) with an fp32 accumulator. With `vector`, both arrays
+// allow four-element accesses and each thread step moves four elements (16 bytes of the
+// accumulator); the last numel % 4 elements go one by one.
+template <typename T>
+__global__ void AddIntoFloatKernel(float* accumulator, const void* addend, int64_t n, bool vector) {
+  const int64_t first = blockIdx.x * int64_t{blockDim.x} + threadIdx.x, stride = int64_t{gridDim.x} * blockDim.x;
+  int64_t scalar_begin = 0;
+  if (vector) {
+    for (int64_t i = kVector * first; i + kVector <= n; i += kVector * stride) {
+      float sum[kVector], add[kVector];
+      Load4(F32{}, accumulator, i, sum);
+      Load4(T{}, addend, i, add);
+#pragma unroll
+      for (int j = 0; j < kVector; ++j) sum[j] += add[j];
+      Store4(F32{}, accumulator, i, sum);
+    }
+    scalar_begin = n / kVector * kVector;
+  }
+  for (int64_t i = scalar_begin + first; i < n; i += stride) accumulator[i] += Load(T{}, addend, i);
 }
 
 int GridFor(int64_t n) {
@@ -83,6 +105,19 @@ Status AddIntoCuda(void* accumulator, const void* addend, int64_t n, DType dtype
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   return cuda::WithTag(dtype, [&](auto tag) {
     cuda::AddIntoKernel<decltype(tag)><<<cuda::GridFor(n), cuda::kThreads, 0, s>>>(accumulator, addend, n);
+  });
+}
+
+Status AddIntoFloatCuda(float* accumulator, const void* addend, int64_t n, DType addend_dtype, CudaStream stream) {
+  ZERO_RETURN_IF_ERROR(cuda::CheckArguments("AddIntoFloatCuda", accumulator, addend, n));
+  if (n == 0) return absl::OkStatus();
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  return cuda::WithTag(addend_dtype, [&](auto tag) {
+    using T = decltype(tag);
+    const bool vector = n >= cuda::kVector && reinterpret_cast<uintptr_t>(accumulator) % 16 == 0 &&
+                        reinterpret_cast<uintptr_t>(addend) % (cuda::kVector * cuda::Bytes(T{})) == 0;
+    const int grid = cuda::GridFor(vector ? n / cuda::kVector : n);
+    cuda::AddIntoFloatKernel<T><<<grid, cuda::kThreads, 0, s>>>(accumulator, addend, n, vector);
   });
 }
 

@@ -1,7 +1,8 @@
 // Element-wise conversions and sums on CUDA device memory that the engine needs besides the
-// optimizer steps: fp32 master copies from bf16/fp16 params and back, and adding one gradient
-// buffer into another. The host counterparts are kernels/cpu/elementwise.h; the results are
-// bit-identical to them (round to nearest even, one rounding).
+// optimizer steps: fp32 master copies from bf16/fp16 params and back, adding one gradient
+// buffer into another, and adding a param-dtype gradient into an fp32 one. The host
+// counterparts are kernels/cpu/elementwise.h; the results are bit-identical to them (round to
+// nearest even, one rounding).
 #ifndef ZERO_KERNELS_CUDA_CASTS_CUDA_H_
 #define ZERO_KERNELS_CUDA_CASTS_CUDA_H_
 
@@ -21,6 +22,12 @@ Status NarrowFromFloatCuda(void* out, const float* in, int64_t numel, DType dtyp
 
 /// accumulator[i] = round(float(accumulator[i]) + float(addend[i])) in `dtype`.
 Status AddIntoCuda(void* accumulator, const void* addend, int64_t numel, DType dtype, CudaStream stream);
+
+/// accumulator[i] += float(addend[i]): an fp32 accumulator and an fp32, bf16 or fp16 addend
+/// widened exactly on the way (no scratch memory); one fp32 rounding per element, as
+/// AddIntoFloatCpu. The arrays must not overlap.
+Status AddIntoFloatCuda(float* accumulator, const void* addend, int64_t numel, DType addend_dtype,
+                        CudaStream stream);
 
 }  // namespace zero::kernels
 

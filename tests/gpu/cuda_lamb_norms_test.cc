@@ -1,6 +1,7 @@
 // The CUDA LAMB passes, Lion, per-span norms, misaligned (scalar-path) segments and the
-// conversion kernels, against float64 references or the host conversions on fresh random
-// inputs (label gpu: skips without a device). Outputs are poisoned before each run.
+// conversion kernels (also the widening add into fp32), against float64 references or the
+// host conversions on fresh random inputs (label gpu: skips without a device). Outputs are
+// poisoned before each run.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -207,6 +208,55 @@ TEST(CudaCasts, WidenNarrowAndAddMatchTheHostConversionsBitForBit) {
       ASSERT_EQ(sum[i], narrow(widen(got_low[i]) + widen(addend[i]))) << i;
     }
     cudaFree(source); cudaFree(low); cudaFree(wide); cudaFree(device_addend);
+  }
+}
+
+// AddIntoFloatCuda against float64 (the exact sum rounded to fp32 once, bit for bit) on fresh
+// random accumulators and addends of every binade from 2^-20 to 2^15 and ±Inf: odd sizes, at a
+// vector-aligned start (four elements per access) and a misaligned one (one by one); the
+// accumulator is poisoned around the span, which must stay untouched.
+TEST(CudaCasts, AddIntoFloatMatchesFloat64Reference) {
+  if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";
+  constexpr int64_t kGuard = 5;
+  std::mt19937_64 rng(23);
+  std::uniform_real_distribution<double> unit(-1.0, 1.0);
+  std::uniform_int_distribution<int> binade(-20, 15);
+  auto random_value = [&] { return static_cast<float>(std::ldexp(unit(rng), binade(rng))); };
+  for (DType dtype : {DType::kFP32, DType::kBF16, DType::kFP16}) {
+    for (int64_t n : OddSizes()) {
+      for (int64_t offset : {0, 1}) {
+        std::vector<float> accumulator(offset + n + kGuard, NAN), addend_fp32(offset + n);
+        std::vector<uint16_t> addend_bits(offset + n);
+        std::vector<double> want(n);
+        for (int64_t i = 0; i < n; ++i) {
+          accumulator[offset + i] = random_value();
+          float add = i % 997 == 5 ? (i % 2 ? INFINITY : -INFINITY) : random_value();
+          if (dtype != DType::kFP32) {
+            addend_bits[offset + i] = testing::ToLowPrecision(add, dtype);
+            add = dtype == DType::kBF16 ? Bf16ToFloat(addend_bits[offset + i]) : HalfToFloat(addend_bits[offset + i]);
+          }
+          addend_fp32[offset + i] = add;
+          want[i] = double{accumulator[offset + i]} + double{add};
+        }
+        float* device_accumulator = ToDevice(accumulator);
+        float* device_fp32 = ToDevice(addend_fp32);
+        uint16_t* device_bits = ToDevice(addend_bits);
+        const void* addend = dtype == DType::kFP32 ? static_cast<const void*>(device_fp32 + offset)
+                                                   : static_cast<const void*>(device_bits + offset);
+        ASSERT_THAT(AddIntoFloatCuda(device_accumulator + offset, addend, n, dtype, nullptr), IsOk());
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        ToHost(accumulator, device_accumulator);
+        cudaFree(device_accumulator); cudaFree(device_fp32); cudaFree(device_bits);
+        for (int64_t i = 0; i < n; ++i) {
+          const float expected = static_cast<float>(want[i]);
+          ASSERT_EQ(0, std::memcmp(&accumulator[offset + i], &expected, 4))
+              << DTypeName(dtype) << " n " << n << " offset " << offset << " at " << i << ": "
+              << accumulator[offset + i] << " vs " << expected;
+        }
+        for (int64_t i = 0; i < offset; ++i) ASSERT_TRUE(std::isnan(accumulator[i])) << "before the span";
+        for (int64_t i = 0; i < kGuard; ++i) ASSERT_TRUE(std::isnan(accumulator[offset + n + i])) << "past the end";
+      }
+    }
   }
 }
 

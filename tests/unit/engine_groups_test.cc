@@ -119,10 +119,14 @@ TEST_P(EngineGroups, TwoGroupsWithLrChangedBetweenStepsFollowTheReference) {
       }
       ASSERT_THAT(engine.BeginIteration(), IsOk());
       for (int param : {1, 0}) {  // backward order
-        if (stage == 3) ASSERT_THAT(engine.Gather(param), IsOk());
+        if (stage == 3) {
+          ASSERT_THAT(engine.Gather(param), IsOk());
+        }
         const int64_t numel = param == 0 ? kWeightNumel : kBiasNumel;
         ASSERT_THAT(engine.AccumulateGrad(param, RankGradient(param, numel, step, r).data()), IsOk());
-        if (stage == 3) ASSERT_THAT(engine.Release(param), IsOk());
+        if (stage == 3) {
+          ASSERT_THAT(engine.Release(param), IsOk());
+        }
       }
       ASSERT_THAT(engine.EndBackward(), IsOk());
       ASSERT_THAT(engine.Step(), IsOk());
@@ -179,8 +183,9 @@ TEST(EngineGroupsSteps, AParamLeftUntouchedKeepsItsOwnStepCount) {
       ASSERT_THAT(engine.EndBackward(), IsOk());
       ASSERT_THAT(engine.Step(), IsOk());
     }
-    if (r == 0) ASSERT_THAT(engine.GetParam(1, final_b.data()), IsOk());
-    else ASSERT_THAT(engine.GetParam(1, std::vector<float>(kBiasNumel).data()), IsOk());
+    std::vector<float> b(kBiasNumel);
+    ASSERT_THAT(engine.GetParam(1, b.data()), IsOk());
+    if (r == 0) final_b = b;
   });
   ReferenceAdamW b(InitialValues(1, kBiasNumel));
   for (int step = kFirstUse; step <= kSteps; ++step) b.Step(MeanGradient(1, kBiasNumel, step, 2), config.optimizer.Group(1));
@@ -260,7 +265,9 @@ TEST(EngineGroupsSchedule, ResumedAtAnotherWorldSizeFollowsTheUninterruptedRun) 
       ASSERT_THAT(engine.Finalize(), IsOk());
       ASSERT_THAT(engine.SetParam(0, InitialValues(0, kWeightNumel).data()), IsOk());
       ASSERT_THAT(engine.SetParam(1, InitialValues(1, kBiasNumel).data()), IsOk());
-      if (load) ASSERT_THAT(engine.LoadCheckpoint(dir), IsOk());
+      if (load) {
+        ASSERT_THAT(engine.LoadCheckpoint(dir), IsOk());
+      }
       for (int step = first; step < last; ++step) {
         if (step == 2) {
           auto hyper = engine.GroupHyper(1);
@@ -276,7 +283,9 @@ TEST(EngineGroupsSchedule, ResumedAtAnotherWorldSizeFollowsTheUninterruptedRun) 
         ASSERT_THAT(engine.AccumulateGrad(0, RankGradient(0, kWeightNumel, step, 0).data()), IsOk());
         ASSERT_THAT(engine.EndBackward(), IsOk());
         ASSERT_THAT(engine.Step(), IsOk());
-        if (save && step + 1 == kSaveAfter) ASSERT_THAT(engine.SaveCheckpoint(dir), IsOk());
+        if (save && step + 1 == kSaveAfter) {
+          ASSERT_THAT(engine.SaveCheckpoint(dir), IsOk());
+        }
       }
       std::vector<float> w(kWeightNumel), b(kBiasNumel);
       ASSERT_THAT(engine.GetParam(0, w.data()), IsOk());

@@ -5,7 +5,8 @@
 
 namespace zero::tools {
 
-StatusOr<StateBytes> BytesPerParam(const std::string& precision, const std::string& optimizer) {
+StatusOr<StateBytes> BytesPerParam(const std::string& precision, const std::string& optimizer,
+                                   const std::string& grad_dtype) {
   // Moment bytes: Adam/AdamW keep m and v, SGD (momentum) and Lion one buffer.
   double moments;
   if (optimizer == "adam" || optimizer == "adamw") {
@@ -15,9 +16,22 @@ StatusOr<StateBytes> BytesPerParam(const std::string& precision, const std::stri
   } else {
     return absl::InvalidArgumentError(absl::StrCat("--optimizer ", optimizer, ": expected adamw, adam, sgd or lion"));
   }
-  if (precision == "mixed") return StateBytes{2, 2, 4 + moments};  // + fp32 master
-  if (precision == "fp32") return StateBytes{4, 4, moments};       // the params are the master
-  return absl::InvalidArgumentError(absl::StrCat("--precision ", precision, ": expected mixed or fp32"));
+  StateBytes bytes;
+  if (precision == "mixed") {
+    bytes = {2, 2, 4 + moments};  // + fp32 master
+  } else if (precision == "fp32") {
+    bytes = {4, 4, moments};  // the params are the master
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat("--precision ", precision, ": expected mixed or fp32"));
+  }
+  if (grad_dtype == "fp32") {
+    bytes.grad = 4;
+  } else if (!grad_dtype.empty() && !(grad_dtype == "bf16" && precision == "mixed")) {
+    return absl::InvalidArgumentError(absl::StrCat("--grad_dtype ", grad_dtype, ": expected ",
+                                                   precision == "mixed" ? "bf16 or fp32" : "fp32", " with --precision ",
+                                                   precision));
+  }
+  return bytes;
 }
 
 double StageBytes(int stage, double params, int ranks, const StateBytes& b) {

@@ -15,9 +15,12 @@ struct StateBytes {
   double optimizer = 12;       ///< K: fp32 master (if any) + moments
 };
 
-/// Bytes per parameter for `precision` ("mixed": 16-bit params/grads with fp32 master, or
-/// "fp32") and `optimizer` (adamw, adam, sgd = with momentum, lion).
-StatusOr<StateBytes> BytesPerParam(const std::string& precision, const std::string& optimizer);
+/// Bytes per parameter for `precision` ("mixed": 16-bit params with fp32 master, or "fp32"),
+/// `optimizer` (adamw, adam, sgd = with momentum, lion) and the gradient dtype `grad_dtype`
+/// (precision.grad): "bf16" (mixed only: 2 bytes, the ZeRO paper's), "fp32" (4 bytes), or ""
+/// for the params' own (2 bytes with mixed, 4 with fp32).
+StatusOr<StateBytes> BytesPerParam(const std::string& precision, const std::string& optimizer,
+                                   const std::string& grad_dtype);
 
 /// Per-rank bytes of model states at `stage` with `params` parameters over `ranks` ranks:
 /// 0 (P+G+K)Ψ, 1 (P+G)Ψ + KΨ/N, 2 PΨ + (G+K)Ψ/N, 3 (P+G+K)Ψ/N.

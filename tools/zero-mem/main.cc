@@ -3,6 +3,7 @@
 //   zero-mem estimate --params 7.5e9 --ranks 64          # the ZeRO paper's Table 1 row
 //   zero-mem estimate --preset llama-7b --ranks 1,8,64,512 --plot memory.png
 //   zero-mem measure --layers 8 --width 1024 --ranks 1,2,4 --csv
+//   zero-mem estimate --params 7.5e9 --grad_dtype fp32   # fp32 gradient accumulation
 //
 // `estimate` evaluates DESIGN.md's per-rank formulas and prints DeepSpeed's estimator beside
 // them; `measure` runs the engine on in-process ranks and reports the accounting allocator's
@@ -33,8 +34,11 @@ ABSL_FLAG(double, params, 0, "estimate: parameter count Ψ (e.g. 7.5e9)");
 ABSL_FLAG(std::string, preset, "", "estimate: zero-paper (7.5B), gpt2-xl (1.56B), llama-7b (6.74B), llama-70b (69B)");
 ABSL_FLAG(double, largest_layer, 0, "estimate: parameters of the largest layer (DeepSpeed's ZeRO-3 figure); default 1% of Ψ");
 ABSL_FLAG(std::string, ranks, "", "rank counts, comma-separated (estimate default 64; measure default 1,2,4)");
-ABSL_FLAG(std::string, precision, "mixed", "mixed (16-bit params/grads + fp32 master) or fp32");
+ABSL_FLAG(std::string, precision, "mixed", "mixed (16-bit params + fp32 master; gradients: --grad_dtype) or fp32");
 ABSL_FLAG(std::string, optimizer, "adamw", "adamw, adam, sgd (momentum) or lion");
+ABSL_FLAG(std::string, grad_dtype, "",
+          "gradient dtype (precision.grad): bf16 (--precision mixed; the default there, the ZeRO paper's "
+          "2 bytes) or fp32 (4 bytes: gradients accumulated and reduced in fp32)");
 ABSL_FLAG(int, layers, 8, "measure: square layers in the model (≥ 1; layers × width² ≤ 1e9)");
 ABSL_FLAG(int, width, 512, "measure: layer width (≥ 1)");
 ABSL_FLAG(int, steps, 2, "measure: optimizer steps before reading the peaks (≥ 1)");
@@ -117,7 +121,8 @@ Status Estimate() {
   if (!(largest_layer >= 0 && largest_layer <= params)) {
     return absl::InvalidArgumentError(absl::StrCat("--largest_layer ", largest_layer, ": allowed: 0 (1% of Ψ) to Ψ"));
   }
-  ZERO_ASSIGN_OR_RETURN(StateBytes b, BytesPerParam(absl::GetFlag(FLAGS_precision), absl::GetFlag(FLAGS_optimizer)));
+  ZERO_ASSIGN_OR_RETURN(StateBytes b, BytesPerParam(absl::GetFlag(FLAGS_precision), absl::GetFlag(FLAGS_optimizer),
+                                                       absl::GetFlag(FLAGS_grad_dtype)));
   ZERO_ASSIGN_OR_RETURN(std::vector<int> ranks, RankList("64", kMaxRanks));
   const double largest = largest_layer > 0 ? largest_layer : 0.01 * params;
   const bool deepspeed = absl::GetFlag(FLAGS_precision) == "mixed" && absl::GetFlag(FLAGS_optimizer).rfind("adam", 0) == 0;
@@ -180,7 +185,9 @@ Status Measure() {
   ZERO_RETURN_IF_ERROR(CheckModelFlags(o));
   const std::string precision = absl::GetFlag(FLAGS_precision);
   o.dtype = precision == "fp32" ? DType::kFP32 : DType::kBF16;
-  ZERO_ASSIGN_OR_RETURN(StateBytes b, BytesPerParam(precision, absl::GetFlag(FLAGS_optimizer)));
+  ZERO_ASSIGN_OR_RETURN(StateBytes b, BytesPerParam(precision, absl::GetFlag(FLAGS_optimizer),
+                                                     absl::GetFlag(FLAGS_grad_dtype)));
+  o.grad_dtype = b.grad == 4 ? DType::kFP32 : o.dtype;  // the engine keeps what the formula counts
   const nlohmann::json optimizer = {{"optimizer", {{"type", absl::GetFlag(FLAGS_optimizer)}}}};
   ZERO_ASSIGN_OR_RETURN(Config parsed, Config::FromJson(optimizer.dump()));
   o.optimizer = parsed.optimizer.type;
@@ -190,8 +197,9 @@ Status Measure() {
   if (csv) {
     std::printf("stage,ranks,params_bytes,grads_bytes,optimizer_bytes,comm_buffers_bytes,gathered_bytes,workspace_bytes,total_bytes,estimate_bytes\n");
   } else {
-    std::printf("zero-mem measure: %d layers × %d² = %.4g params, %s, %s; peak bytes per rank (rank 0), after %d steps\n",
-                o.layers, o.width, params, precision.c_str(), absl::GetFlag(FLAGS_optimizer).c_str(), o.steps);
+    std::printf("zero-mem measure: %d layers × %d² = %.4g params, %s, %s gradients, %s; peak bytes per rank (rank 0), "
+                "after %d steps\n", o.layers, o.width, params, precision.c_str(), DTypeName(o.grad_dtype),
+                absl::GetFlag(FLAGS_optimizer).c_str(), o.steps);
     std::printf("%5s %5s %11s %11s %11s %11s %11s %11s | %11s %11s %8s\n", "stage", "ranks", "params", "grads", "optimizer",
                 "comm_bufs", "gathered", "workspace", "measured", "formula", "extra");
   }

@@ -14,7 +14,8 @@ Status TrainRank(comm::Communicator& comm, const MeasureOptions& o, int stage, M
   Config config;
   config.stage = stage;
   config.optimizer.type = o.optimizer;
-  config.precision.param = config.precision.grad = config.precision.reduce = o.dtype;
+  config.precision.param = o.dtype;
+  config.precision.grad = config.precision.reduce = o.grad_dtype;
   if (o.dtype == DType::kFP16) config.loss_scale.mode = LossScaleMode::kDynamic;
   config.guard.timeout_s = 120;
   // Stage 3: one unit per layer, prefetching two layers ahead (the live window of the table).

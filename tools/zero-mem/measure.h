@@ -15,7 +15,8 @@ struct MeasureOptions {
   int layers = 8;
   int width = 512;
   int steps = 2;
-  DType dtype = DType::kBF16;
+  DType dtype = DType::kBF16;       ///< the params'
+  DType grad_dtype = DType::kBF16;  ///< precision.grad (and reduce): dtype, or fp32
   OptimizerType optimizer = OptimizerType::kAdamW;
 };
 
