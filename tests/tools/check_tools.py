@@ -71,6 +71,37 @@ def refused(tool, args, *parts):
     return ok
 
 
+def check_lr_schedule():
+    """--lr_schedule: every step's lr is DeepSpeed's for the schedule, and a DeepSpeed config
+    file (--config ds.json) drives a run."""
+    runs = train(["--steps", "10", "--ranks", "2", "--lr", "0.01", "--lr_schedule", "WarmupDecayLR",
+                  "--warmup_steps", "4"])
+    # DeepSpeed's WarmupDecayLR, linear warmup: step n runs at last_batch_iteration it = n - 2;
+    # lr = 0.01 * it / 4 while it < 4, then 0.01 * (10 - it) / (10 - 4).
+    expected = [0.0, 0.0, 0.0025, 0.005, 0.0075, 0.01] + [0.01 * (10 - it) / 6 for it in (5, 6, 7, 8)]
+    lrs = [r["lr"] for r in runs[0]] if runs else []
+    check(len(lrs) == 10 and all(close(a, b, 1e-6) or abs(a - b) < 1e-9 for a, b in zip(lrs, expected)),
+          f"zero-train --lr_schedule WarmupDecayLR: each step's lr is DeepSpeed's ({lrs})")
+    with tempfile.TemporaryDirectory() as root:
+        ds = os.path.join(root, "ds.json")
+        with open(ds, "w") as f:
+            json.dump({"train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 1,
+                       "zero_optimization": {"stage": 2, "contiguous_gradients": True},
+                       "optimizer": {"type": "AdamW", "params": {"lr": 2e-3, "weight_decay": 0.01}},
+                       "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 3,
+                                                                     "warmup_type": "linear"}},
+                       "gradient_clipping": 1.0}, f)
+        runs = train(["--config", ds, "--steps", "30", "--ranks", "2"])
+        check(runs is not None and runs[0][-1]["loss"] < runs[0][0]["loss"]
+              and close(runs[0][-1]["lr"], 2e-3, 1e-6),
+              "zero-train --config ds.json (a DeepSpeed config): trains, at the schedule's lr")
+        with open(ds, "w") as f:
+            json.dump({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}},
+                       "amp": {"enabled": True}}, f)
+        check(refused("zero-train", ["--config", ds, "--steps", "2"], "offload_optimizer", "amp"),
+              "zero-train --config ds.json: every unsupported DeepSpeed key is named in one error")
+
+
 def latest(root):
     """The checkpoint directory root/latest names."""
     with open(os.path.join(root, "latest")) as f:
@@ -392,6 +423,7 @@ if MODE == "local":
     check_killed_while_saving()
     check_preempted(signal.SIGTERM, flags=["--ranks", "2"])
     check_zero_ckpt()
+    check_lr_schedule()
     check_slurm_example()
     with tempfile.TemporaryDirectory() as root:  # a checkpoint without zero-train's position
         ckpt = os.path.join(root, "ckpt")
@@ -399,6 +431,13 @@ if MODE == "local":
         meta_path = os.path.join(latest(ckpt), "meta.json")
         meta = json.load(open(meta_path))
         meta["user_data"] = "abc"
+        json.dump(meta, open(meta_path, "w"))
+        check(refused("zero-train", ["--steps", "4", "--ranks", "2", "--checkpoint_dir", ckpt, "--resume"],
+                      "meta.json is damaged"),
+              "--resume from a checkpoint whose meta.json was edited by hand: its checksum refuses it")
+        # The same edit as a checkpoint of format 3 (no checksum, still read) reaches zero-train.
+        del meta["checksum"]
+        meta["format"] = 3
         json.dump(meta, open(meta_path, "w"))
         check(refused("zero-train", ["--steps", "4", "--ranks", "2", "--checkpoint_dir", ckpt, "--resume"],
                       "cannot resume", '"abc"'),

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -88,6 +89,21 @@ Config TwoGroupConfig(int stage) {
   return c;
 }
 
+// An engine with "w" (group 0, unit 0) and "b" (group 1, unit 1) registered and set to their
+// initial values; null after a failure reported to gtest.
+std::unique_ptr<Engine> TwoParamEngine(const Config& config, comm::Communicator& comm) {
+  auto created = Engine::Create(config, comm);
+  EXPECT_THAT(created, IsOk());
+  if (!created.ok()) return nullptr;
+  Engine& engine = **created;
+  const bool ok = engine.RegisterParam({"w", {kWeightNumel}, DType::kFP32, true, 0, 0}).ok() &&
+                  engine.RegisterParam({"b", {kBiasNumel}, DType::kFP32, true, 1, 1}).ok() &&
+                  engine.Finalize().ok() && engine.SetParam(0, InitialValues(0, kWeightNumel).data()).ok() &&
+                  engine.SetParam(1, InitialValues(1, kBiasNumel).data()).ok();
+  EXPECT_TRUE(ok) << "registering, finalizing or setting the two params failed";
+  return ok ? std::move(*created) : nullptr;
+}
+
 // The lr each group gets before step `step` (1-based): changed every step, differently per group.
 float LrBefore(int group, int step) { return (group == 0 ? 1e-2f : 5e-3f) * (1.0f - 0.15f * (step - 1)); }
 
@@ -101,15 +117,10 @@ TEST_P(EngineGroups, TwoGroupsWithLrChangedBetweenStepsFollowTheReference) {
   const Config config = TwoGroupConfig(stage);
   std::vector<std::vector<float>> finals(world);
   RunOnRanks(world, [&](int r, comm::Communicator& comm) {
-    auto created = Engine::Create(config, comm);
-    ASSERT_THAT(created, IsOk());
-    Engine& engine = **created;
-    ASSERT_THAT(engine.RegisterParam({"w", {kWeightNumel}, DType::kFP32, true, 0, 0}), IsOk());
-    ASSERT_THAT(engine.RegisterParam({"b", {kBiasNumel}, DType::kFP32, true, 1, 1}), IsOk());
-    ASSERT_THAT(engine.Finalize(), IsOk());
+    std::unique_ptr<Engine> created = TwoParamEngine(config, comm);
+    ASSERT_NE(created, nullptr);
+    Engine& engine = *created;
     ASSERT_EQ(engine.num_groups(), 2);
-    ASSERT_THAT(engine.SetParam(0, InitialValues(0, kWeightNumel).data()), IsOk());
-    ASSERT_THAT(engine.SetParam(1, InitialValues(1, kBiasNumel).data()), IsOk());
     for (int step = 1; step <= kSteps; ++step) {
       for (int g = 0; g < 2; ++g) {
         auto hyper = engine.GroupHyper(g);
@@ -166,14 +177,9 @@ TEST(EngineGroupsSteps, AParamLeftUntouchedKeepsItsOwnStepCount) {
   constexpr int kSteps = 5, kFirstUse = 3;
   std::vector<float> final_b(kBiasNumel);
   RunOnRanks(2, [&](int r, comm::Communicator& comm) {
-    auto created = Engine::Create(config, comm);
-    ASSERT_THAT(created, IsOk());
-    Engine& engine = **created;
-    ASSERT_THAT(engine.RegisterParam({"w", {kWeightNumel}, DType::kFP32, true, 0}), IsOk());
-    ASSERT_THAT(engine.RegisterParam({"b", {kBiasNumel}, DType::kFP32, true, 1}), IsOk());
-    ASSERT_THAT(engine.Finalize(), IsOk());
-    ASSERT_THAT(engine.SetParam(0, InitialValues(0, kWeightNumel).data()), IsOk());
-    ASSERT_THAT(engine.SetParam(1, InitialValues(1, kBiasNumel).data()), IsOk());
+    std::unique_ptr<Engine> created = TwoParamEngine(config, comm);
+    ASSERT_NE(created, nullptr);
+    Engine& engine = *created;
     for (int step = 1; step <= kSteps; ++step) {
       ASSERT_THAT(engine.BeginIteration(), IsOk());
       if (step >= kFirstUse) {
@@ -257,14 +263,9 @@ TEST(EngineGroupsSchedule, ResumedAtAnotherWorldSizeFollowsTheUninterruptedRun) 
   // Group 1's weight decay is changed by hand after step 2; "b" gets no gradient on step 2.
   auto run = [&](int world, int first, int last, bool load, bool save, std::vector<float>* out) {
     RunOnRanks(world, [&](int r, comm::Communicator& comm) {
-      auto created = Engine::Create(config, comm);
-      ASSERT_THAT(created, IsOk());
-      Engine& engine = **created;
-      ASSERT_THAT(engine.RegisterParam({"w", {kWeightNumel}, DType::kFP32, true, 0}), IsOk());
-      ASSERT_THAT(engine.RegisterParam({"b", {kBiasNumel}, DType::kFP32, true, 1}), IsOk());
-      ASSERT_THAT(engine.Finalize(), IsOk());
-      ASSERT_THAT(engine.SetParam(0, InitialValues(0, kWeightNumel).data()), IsOk());
-      ASSERT_THAT(engine.SetParam(1, InitialValues(1, kBiasNumel).data()), IsOk());
+      std::unique_ptr<Engine> created = TwoParamEngine(config, comm);
+      ASSERT_NE(created, nullptr);
+      Engine& engine = *created;
       if (load) {
         ASSERT_THAT(engine.LoadCheckpoint(dir), IsOk());
       }

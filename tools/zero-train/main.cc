@@ -300,6 +300,7 @@ Status RunRank(comm::Communicator& comm, const Config& config, const MlpOptions&
   double loss = 0;
   for (int step = first; step < steps; ++step) {
     ZERO_ASSIGN_OR_RETURN(double local_loss, model.TrainStep(*engine, step, loss_scale));
+    ZERO_ASSIGN_OR_RETURN(const OptimizerHyper hyper, engine->GroupHyper(0));  // this step's lr
     ZERO_ASSIGN_OR_RETURN(StepInfo info, engine->Step());
     loss_scale = info.loss_scale;
     float summed = static_cast<float>(local_loss);
@@ -309,7 +310,7 @@ Status RunRank(comm::Communicator& comm, const Config& config, const MlpOptions&
       RankMemory mine;
       const MemoryStats stats = engine->GetMemoryStats();
       std::copy(stats.peak.begin(), stats.peak.end(), mine.peak);
-      report->Step(step, loss, info, mine);
+      report->Step(step, loss, info, hyper.lr, mine);
     }
     if (checkpoints.empty()) continue;
     // Every save_every steps, after the last (the only save when save_every is 0), and when a

@@ -40,18 +40,20 @@ std::string MemoryJson(const RankMemory& m) {
 Report::Report(int steps, bool json)
     : steps_(steps), json_(json), terminal_(isatty(STDERR_FILENO) == 1) {}
 
-void Report::Step(int step, double loss, const StepInfo& info, const RankMemory& memory) {
+void Report::Step(int step, double loss, const StepInfo& info, float lr, const RankMemory& memory) {
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
   const double rate = (step + 1) / seconds;
   if (json_) {
-    std::printf("{\"step\":%d,\"loss\":%s,\"grad_norm\":%s,\"loss_scale\":%s,\"skipped\":%s,\"steps_per_s\":%s}\n",
-                step + 1, Number(loss).c_str(), Number(info.grad_norm).c_str(), Number(info.loss_scale).c_str(),
-                info.skipped ? "true" : "false", Number(rate).c_str());
+    std::printf("{\"step\":%d,\"loss\":%s,\"lr\":%s,\"grad_norm\":%s,\"loss_scale\":%s,\"skipped\":%s,"
+                "\"steps_per_s\":%s}\n",
+                step + 1, Number(loss).c_str(), Number(lr).c_str(), Number(info.grad_norm).c_str(),
+                Number(info.loss_scale).c_str(), info.skipped ? "true" : "false", Number(rate).c_str());
     std::fflush(stdout);
   }
   const std::string line = absl::StrFormat(
-      "step %*d/%d  loss %.6f  %.1f steps/s  |g| %.4g  scale %g%s  mem %s/rank", int(std::to_string(steps_).size()),
-      step + 1, steps_, loss, rate, info.grad_norm, info.loss_scale, info.skipped ? " (skipped)" : "",
+      "step %*d/%d  loss %.6f  lr %.3g  %.1f steps/s  |g| %.4g  scale %g%s  mem %s/rank",
+      int(std::to_string(steps_).size()), step + 1, steps_, loss, lr, rate, info.grad_norm, info.loss_scale,
+      info.skipped ? " (skipped)" : "",
       Bytes(Total(memory)));
   if (terminal_) {
     std::fprintf(stderr, "\r%s\x1b[K", line.c_str());

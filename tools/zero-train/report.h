@@ -23,7 +23,7 @@ class Report {
   Report(int steps, bool json);
 
   /// After each step (rank 0 only).
-  void Step(int step, double loss, const StepInfo& info, const RankMemory& memory);
+  void Step(int step, double loss, const StepInfo& info, float lr, const RankMemory& memory);
   /// At the end (rank 0 only).
   void Finish(double final_loss, double checksum, const std::vector<RankMemory>& memory,
               const std::string& setup);
