@@ -56,7 +56,7 @@ class PlatformDistribution(Distribution):
 
 setup(
     version=library_version(),
-    packages=["zerort"],
+    packages=["zerort", "zerort.torch"],
     cmdclass={"build_py": BuildWithLibrary},
     distclass=PlatformDistribution,
 )

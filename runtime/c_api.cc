@@ -311,6 +311,13 @@ zero_status zero_get_lr(const zero_engine* engine, int group, float* lr) {
   return ZERO_OK;
 }
 
+zero_status zero_loss_scale(const zero_engine* engine, float* scale) {
+  ZERO_C_REQUIRE(engine, "zero_loss_scale");
+  ZERO_C_REQUIRE(scale, "zero_loss_scale");
+  *scale = engine->engine->loss_scale();
+  return ZERO_OK;
+}
+
 zero_status zero_lr_schedule_iteration(const zero_engine* engine, int64_t* iteration) {
   ZERO_C_REQUIRE(engine, "zero_lr_schedule_iteration");
   ZERO_C_REQUIRE(iteration, "zero_lr_schedule_iteration");

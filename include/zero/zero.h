@@ -165,6 +165,9 @@ ZERO_API zero_status zero_set_group_hyper(zero_engine* engine, int group, const 
 /** Shorthands for the learning rate alone. */
 ZERO_API zero_status zero_set_lr(zero_engine* engine, int group, float lr);
 ZERO_API zero_status zero_get_lr(const zero_engine* engine, int group, float* lr);
+/** The loss scale to multiply the next loss by (1 without loss scaling; after
+ *  zero_load_checkpoint, the checkpoint's when the engine scales dynamically). */
+ZERO_API zero_status zero_loss_scale(const zero_engine* engine, float* scale);
 /** The scheduler's position (DeepSpeed's last_batch_iteration; -1 before the first applied
  *  step, and without a scheduler). */
 ZERO_API zero_status zero_lr_schedule_iteration(const zero_engine* engine, int64_t* iteration);

@@ -54,14 +54,24 @@ def test_wheel_installs_and_runs_outside_the_source_tree(tmp_path):
     probe = ("import os, zerort, zerort.core as core\n"
              "comms = zerort.local_group(1)\n"
              "print(os.path.realpath(core.library()._name))\n"
-             "print(zerort.version())\n")
+             "print(zerort.version())\n"
+             "try:\n"
+             "    import torch\n"
+             "except ImportError:\n"
+             "    print('no torch')\n"
+             "else:\n"
+             "    import zerort.torch\n"
+             "    print(os.path.realpath(zerort.torch.__file__))\n")
     env = {k: v for k, v in os.environ.items() if k not in ("ZERORT_LIBRARY", "PYTHONPATH")}
     env["PYTHONPATH"] = str(tmp_path / "site")
     result = subprocess.run([sys.executable, "-c", probe], check=True, cwd=tmp_path, env=env,
                             capture_output=True, text=True)
-    loaded, version = result.stdout.splitlines()
+    loaded, version, torch_package = result.stdout.splitlines()
     assert version.startswith(f"ZeroRT {_library_version()} "), version
     assert loaded == os.path.realpath(tmp_path / "site" / "zerort" / "libzerort.so")
+    if torch_package != "no torch":  # the PyTorch integration is a subpackage, installed too
+        assert torch_package == os.path.realpath(
+            tmp_path / "site" / "zerort" / "torch" / "__init__.py")
 
 
 def test_building_without_a_library_names_what_to_do(tmp_path):

@@ -11,6 +11,8 @@ import zerort
 import zerort.torch
 from test_torch_engine import (BATCH, OPTIMIZER, STEPS, TinyLM, assert_close,
                                batch, loss_of, reference)
+from test_torch_optimizer import lambda_lr, param_groups
+from test_torch_optimizer import reference as groups_reference
 
 pytestmark = pytest.mark.skipif("OMPI_COMM_WORLD_SIZE" not in os.environ,
                                 reason="runs under mpirun")
@@ -21,7 +23,8 @@ def one_thread():
     torch.set_num_threads(1)
 
 
-def train(stage, device="cpu", guard=None, **model_options):
+def train(stage, device="cpu", guard=None, groups=False, make_scheduler=None,
+          **model_options):
     comm = zerort.mpi_communicator()
     world, rank = comm.size, comm.rank
     model = TinyLM(**model_options).to(device)
@@ -30,7 +33,9 @@ def train(stage, device="cpu", guard=None, **model_options):
               "stage3": {"persistence_threshold": 0},
               "buckets": {"first_bucket_elems": 64, "reduce_bucket_elems": 256}}
     try:
-        engine = zerort.torch.initialize(model, config, comm)
+        engine = zerort.torch.initialize(
+            model, config, comm, model_parameters=param_groups(model) if groups else None)
+        scheduler = make_scheduler(engine.optimizer) if make_scheduler else None
         # Rows split as evenly as the world allows; the loss is weighted so the ranks' mean
         # gradients average to the whole batch's.
         bounds = [BATCH * r // world for r in range(world + 1)]
@@ -40,6 +45,8 @@ def train(stage, device="cpu", guard=None, **model_options):
             tokens, targets = (t.to(device) for t in batch(step))
             (weight * loss_of(model, tokens[rows], targets[rows])).backward()
             engine.step()
+            if scheduler is not None:
+                scheduler.step()
         engine.close()
         return {n: p.detach().clone() for n, p in model.named_parameters()
                 if p.requires_grad}
@@ -71,3 +78,29 @@ def test_reentrant_checkpoint_with_frozen_inputs_names_the_adapters():
     with pytest.raises(zerort.UnusedParametersError) as raised:
         train(2, reentrant=True)
     assert "blocks.0.lora_a.weight" in str(raised.value)
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_param_groups_and_lambda_lr_match_pytorch(stage):
+    """Two param groups (their own lr and weight decay) and LambdaLR on engine.optimizer
+    equal torch.optim.AdamW with the same groups and LambdaLR on the whole batch."""
+    want, _ = groups_reference(lambda_lr)
+    assert_close(train(stage, groups=True, make_scheduler=lambda_lr), want)
+
+
+def test_all_reduce_over_mpi_ranks():
+    comm = zerort.mpi_communicator()
+    try:
+        engine = zerort.torch.initialize(TinyLM(), {"stage": 1}, comm)
+        world, rank = comm.size, comm.rank
+        values = torch.tensor([float(rank), -float(rank), 1.0])
+        ranks = torch.arange(world, dtype=torch.float32)
+        assert engine.all_reduce(values.clone(), "sum").tolist() == [
+            ranks.sum().item(), -ranks.sum().item(), float(world)]
+        assert engine.all_reduce(values.clone(), "mean").tolist() == pytest.approx(
+            [ranks.mean().item(), -ranks.mean().item(), 1.0])
+        assert engine.all_reduce(values.clone(), "max").tolist() == [world - 1.0, 0.0, 1.0]
+        assert engine.all_reduce(values.clone(), "min").tolist() == [0.0, 1.0 - world, 1.0]
+        engine.close()
+    finally:
+        comm.close()

@@ -12,6 +12,14 @@ class StepInfo(ctypes.Structure):
                 ("grad_norm", ctypes.c_float), ("loss_scale", ctypes.c_float)]
 
 
+class GroupHyper(ctypes.Structure):
+    """zero_group_hyper: one optimizer group's hyperparameters."""
+    _fields_ = [("lr", ctypes.c_float), ("beta1", ctypes.c_float), ("beta2", ctypes.c_float),
+                ("eps", ctypes.c_float), ("weight_decay", ctypes.c_float),
+                ("momentum", ctypes.c_float), ("dampening", ctypes.c_float),
+                ("nesterov", ctypes.c_int)]
+
+
 MEMORY_CATEGORIES = ("params", "grads", "optimizer", "comm", "gathered",
                      "workspace")
 
@@ -70,6 +78,20 @@ _PROTOTYPES = {
     "zero_comm_broadcast_bytes": ([ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
                                    ctypes.c_int, ctypes.c_double], ctypes.c_int),
     "zero_engine_rank": ([ctypes.c_void_p], ctypes.c_int),
+    "zero_num_groups": ([ctypes.c_void_p, ctypes.POINTER(ctypes.c_int)], ctypes.c_int),
+    "zero_get_group_hyper": ([ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(GroupHyper)],
+                             ctypes.c_int),
+    "zero_set_group_hyper": ([ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(GroupHyper)],
+                             ctypes.c_int),
+    "zero_set_lr": ([ctypes.c_void_p, ctypes.c_int, ctypes.c_float], ctypes.c_int),
+    "zero_get_lr": ([ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_float)],
+                    ctypes.c_int),
+    "zero_lr_schedule_iteration": ([ctypes.c_void_p, _c_int64_p], ctypes.c_int),
+    "zero_loss_scale": ([ctypes.c_void_p, ctypes.POINTER(ctypes.c_float)], ctypes.c_int),
+    "zero_comm_all_reduce_f32": ([ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
+                                  ctypes.c_int, ctypes.c_double], ctypes.c_int),
+    "zero_config_normalize": ([ctypes.c_char_p, ctypes.POINTER(ctypes.c_char_p)],
+                              ctypes.c_int),
     "zero_engine_world_size": ([ctypes.c_void_p], ctypes.c_int),
 }
 
@@ -93,7 +115,8 @@ def _candidates():
 def load():
     """Loads libzerort.so (ZERORT_LIBRARY overrides the search) with prototypes.
 
-    Raises OSError naming every place that was tried.
+    Raises OSError naming every place that was tried. A function that this library does not
+    export (an older build) is left undeclared: calling it raises AttributeError naming it.
     """
     tried = []
     for path in _candidates():
@@ -106,7 +129,10 @@ def load():
             tried.append(f"{path} ({error})")
             continue
         for name, (argtypes, restype) in _PROTOTYPES.items():
-            function = getattr(lib, name)
+            try:
+                function = getattr(lib, name)
+            except AttributeError:  # an older library: only that call is missing
+                continue
             function.argtypes = argtypes
             function.restype = restype
         return lib

@@ -10,9 +10,14 @@ import threading
 import weakref
 
 from . import errors
-from ._library import MEMORY_CATEGORIES, MemoryStats, StepInfo, load
+from ._library import MEMORY_CATEGORIES, GroupHyper, MemoryStats, StepInfo, load
 
 DTYPES = {"fp32": 0, "bf16": 1, "fp16": 2}
+# zero_comm_all_reduce_f32's operations.
+REDUCE_OPS = {"sum": 0, "max": 1}
+# zero_group_hyper's fields, as the config names them ("betas" is beta1 and beta2).
+HYPER_FIELDS = ("lr", "beta1", "beta2", "eps", "weight_decay", "momentum", "dampening",
+                "nesterov")
 
 _lib = None
 _lib_lock = threading.Lock()
@@ -90,6 +95,16 @@ class Communicator:
             self._handle, ctypes.c_void_p(address), nbytes, root, timeout_s)
         _check(status, "zero_comm_broadcast_bytes")
 
+    def all_reduce_f32(self, address, count, op="sum", timeout_s=600.0):
+        """Reduces `count` float32 values at `address` (host memory) over every rank, in
+        place: op "sum" or "max" (collective; every rank calls it with the same count)."""
+        if op not in REDUCE_OPS:
+            raise errors.InvalidArgumentError(
+                f"all_reduce_f32: op {op!r} is not one of {sorted(REDUCE_OPS)}", 3)
+        status = library().zero_comm_all_reduce_f32(
+            self._handle, ctypes.c_void_p(address), count, REDUCE_OPS[op], timeout_s)
+        _check(status, "zero_comm_all_reduce_f32")
+
     def close(self):
         """Frees the communicator, and first every engine still open on it."""
         for handle in list(self._engines):
@@ -150,14 +165,27 @@ def config_dict(config):
         return {}
     if isinstance(config, dict):
         return dict(config)
-    text = str(config)
+    text = os.fspath(config) if isinstance(config, os.PathLike) else str(config)
     if os.path.exists(text):
         with open(text, encoding="utf-8") as file:
             text = file.read()
+    elif text.endswith(".json") and not text.lstrip().startswith("{"):
+        raise errors.InvalidArgumentError(f"config file {text} does not exist", 3)
     try:
         return json.loads(text)
     except json.JSONDecodeError as error:
         raise errors.InvalidArgumentError(f"config is not JSON: {error}", 3) from None
+
+
+def normalize_config(config):
+    """The ZeroRT config (a dict) for `config`: a ZeroRT or DeepSpeed config, given as
+    config_dict() takes it, translated and checked by the library (zero_config_normalize)
+    exactly as zero_engine_create would; InvalidArgumentError names what is wrong."""
+    text = json.dumps(config_dict(config))
+    out = ctypes.c_char_p()
+    _check(library().zero_config_normalize(text.encode(), ctypes.byref(out)),
+           "zero_config_normalize")
+    return json.loads(out.value.decode())
 
 
 class Engine:
@@ -298,6 +326,64 @@ class Engine:
                "zero_memory_stats")
         return {name: (stats.current[i], stats.peak[i])
                 for i, name in enumerate(MEMORY_CATEGORIES)}
+
+    @property
+    def num_groups(self):
+        """The number of optimizer groups."""
+        groups = ctypes.c_int()
+        _check(library().zero_num_groups(self._handle, ctypes.byref(groups)),
+               "zero_num_groups")
+        return groups.value
+
+    def group_hyper(self, group):
+        """Group `group`'s hyperparameters for the next step: a dict of HYPER_FIELDS (with a
+        scheduler, the schedule's lr)."""
+        hyper = GroupHyper()
+        _check(library().zero_get_group_hyper(self._handle, group, ctypes.byref(hyper)),
+               "zero_get_group_hyper")
+        values = {name: getattr(hyper, name) for name in HYPER_FIELDS}
+        values["nesterov"] = bool(values["nesterov"])
+        return values
+
+    def set_group_hyper(self, group, values):
+        """Sets group `group`'s hyperparameters (a dict of HYPER_FIELDS; a field it leaves
+        out keeps its value) for the following steps. Between steps, the same on every rank."""
+        unknown = set(values) - set(HYPER_FIELDS)
+        if unknown:
+            raise errors.InvalidArgumentError(
+                f"set_group_hyper: unknown fields {sorted(unknown)}; known: {HYPER_FIELDS}", 3)
+        merged = dict(self.group_hyper(group), **values)
+        hyper = GroupHyper(*(merged[name] for name in HYPER_FIELDS[:-1]),
+                           int(bool(merged["nesterov"])))
+        _check(library().zero_set_group_hyper(self._handle, group, ctypes.byref(hyper)),
+               f"zero_set_group_hyper (group {group})")
+
+    def lr(self, group=0):
+        """Group `group`'s learning rate for the next step."""
+        value = ctypes.c_float()
+        _check(library().zero_get_lr(self._handle, group, ctypes.byref(value)), "zero_get_lr")
+        return value.value
+
+    def set_lr(self, group, lr):
+        """Sets group `group`'s learning rate for the following steps (between steps)."""
+        _check(library().zero_set_lr(self._handle, group, lr), f"zero_set_lr (group {group})")
+
+    @property
+    def loss_scale(self):
+        """The loss scale to multiply the next loss by (1 without loss scaling; after
+        load_checkpoint, the checkpoint's when the engine scales dynamically)."""
+        value = ctypes.c_float()
+        _check(library().zero_loss_scale(self._handle, ctypes.byref(value)), "zero_loss_scale")
+        return value.value
+
+    @property
+    def lr_schedule_iteration(self):
+        """The config scheduler's position (DeepSpeed's last_batch_iteration): -1 before the
+        first applied step, and without a scheduler."""
+        iteration = ctypes.c_int64()
+        _check(library().zero_lr_schedule_iteration(self._handle, ctypes.byref(iteration)),
+               "zero_lr_schedule_iteration")
+        return iteration.value
 
     @property
     def rank(self):

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Fine-tuning with plain PyTorch, one process: two param groups, linear warmup then cosine
-decay, 4 micro-batches per step, bf16 compute, clipping at 1.0, an eval pass, checkpoint
-and resume. finetune_zerort.py is the same loop on ZeroRT, driven by ds_config.json.
+"""Fine-tuning in plain PyTorch, one process: two param groups, linear warmup then cosine
+decay, 4 micro-batches per step, bf16, clipping at 1.0, an eval pass, checkpoint and resume.
+finetune_zerort.py is the same loop on ZeroRT, set by ds_config.json (a DeepSpeed config).
 
     python3 finetune_torch.py --steps 60 [--resume]
 """

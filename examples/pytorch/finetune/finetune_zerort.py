@@ -1,15 +1,12 @@
 #!/usr/bin/env python3
-"""Fine-tuning with ZeroRT, one process per rank, driven by a DeepSpeed config (ds_config.json:
-ZeRO-2, two param groups, WarmupCosineLR, 4 micro-batches per step, bf16 params with fp32
-gradient accumulation, clipping at 1.0), with an eval pass, checkpoint and resume at any
-rank count. finetune_torch.py is the same loop in plain PyTorch.
+"""Fine-tuning on ZeroRT, one process per rank: two param groups, linear warmup then cosine
+decay, 4 micro-batches per step, bf16, clipping at 1.0, an eval pass, checkpoint and resume,
+all set in ds_config.json (a DeepSpeed config). finetune_torch.py: plain PyTorch.
 
     mpirun -np 2 python3 finetune_zerort.py --steps 60 [--resume]
 """
 import argparse
 import os
-
-import torch
 
 import zerort.torch
 from common import CharModel, batch, evaluate, load_text, param_groups
@@ -24,7 +21,7 @@ def main():
     parser.add_argument("--resume", action="store_true")
     args = parser.parse_args()
     data, vocab = load_text()
-    model = CharModel(vocab).to(torch.bfloat16)
+    model = CharModel(vocab)
     engine = zerort.torch.initialize(model, CONFIG, model_parameters=param_groups(model))
     start = 0
     if args.resume:
@@ -35,9 +32,10 @@ def main():
             engine.backward(loss)
             engine.step()
         if step % 20 == 0 or step + 1 == args.steps:
-            loss = engine.all_reduce(loss.detach(), "mean")
-            print(f"step {step:4d}  loss {loss.item():.3f}  eval {evaluate(model, data):.3f}"
-                  f"  lr {engine.get_lr()[0]:.2e}", flush=True)
+            loss, evaluation = engine.all_reduce(loss.detach(), "mean"), evaluate(model, data)
+            if engine.rank == 0:
+                print(f"step {step:4d}  loss {loss.item():.3f}  eval {evaluation:.3f}"
+                      f"  lr {engine.get_lr()[0]:.2e}", flush=True)
     engine.save_checkpoint(args.checkpoint, client_state={"step": args.steps})
     engine.close()
 

@@ -1,11 +1,12 @@
 """Stage 3 for PyTorch modules: a unit per module, gathered around its forward and backward.
 
-Each module that directly owns trainable params is one unit (a param shared by several
-modules belongs to the first; the others gather that unit too). Between uses, a param's
-tensor keeps its shape but its storage is resized to zero bytes, as FSDP does: the tensors
-autograd saved in forward refer to the same storage, which is refilled before the module's
-backward. Gathering copies the engine's gathered values into that storage (one copy per
-gather); ZeroRT's own gathered buffer is released with the unit.
+Each module that directly owns trainable params is one unit per optimizer group of those
+params (a bucket holds params of one group; a param shared by several modules belongs to the
+first; the others gather that unit too). Between uses, a param's tensor keeps its shape but
+its storage is resized to zero bytes, as FSDP does: the tensors autograd saved in forward
+refer to the same storage, which is refilled before the module's backward. Gathering copies
+the engine's gathered values into that storage (one copy per gather); ZeroRT's own gathered
+buffer is released with the unit.
 
     forward pre-hook    gather the module's units (engine.gather), fill the storages
     forward hook        release them, unless gathered for backward; hook the outputs'
@@ -27,7 +28,7 @@ import ctypes
 
 import torch
 
-from . import errors
+from .. import errors
 
 
 class _DeviceBytes:
@@ -59,36 +60,37 @@ def _resize_storage(tensor, numel):
         tensor.storage().resize_(numel)
 
 
-def _tensors_in(value):
+def tensors_in(value):
     """The tensors in a module's output (a tensor, or tuples, lists and dicts of them)."""
     if isinstance(value, torch.Tensor):
         yield value
     elif isinstance(value, (tuple, list)):
         for item in value:
-            yield from _tensors_in(item)
+            yield from tensors_in(item)
     elif isinstance(value, dict):
         for item in value.values():
-            yield from _tensors_in(item)
+            yield from tensors_in(item)
 
 
-def assign_units(module, trainable):
+def assign_units(module, trainable, group_of=None):
     """Unit ids for the params in `trainable` (a set of params): {param: unit}, and the
-    units each module needs, {module: [units]}, for modules that own trainable params."""
-    unit_of, module_units = {}, {}
+    units each module needs, {module: [units]}, for modules that own trainable params.
+    A module's params in different optimizer groups (`group_of`: {param: group}, 0 for a
+    param it leaves out) form one unit per group; units are numbered 0..n-1 in order of
+    first appearance."""
+    group_of = group_of or {}
+    unit_of, module_units, units_by_key = {}, {}, {}
     for sub in module.modules():
         units = []
         for param in sub.parameters(recurse=False):
             if param not in trainable:
                 continue
             if param not in unit_of:
-                unit_of[param] = len(module_units)
+                key = (id(sub), group_of.get(param, 0))
+                unit_of[param] = units_by_key.setdefault(key, len(units_by_key))
             units.append(unit_of[param])
         if units:
             module_units[sub] = sorted(set(units))
-    # Renumber so that units are 0..n-1 in order of first appearance.
-    order = {u: i for i, u in enumerate(sorted(set(unit_of.values())))}
-    unit_of = {p: order[u] for p, u in unit_of.items()}
-    module_units = {m: [order[u] for u in us] for m, us in module_units.items()}
     return unit_of, module_units
 
 
@@ -175,7 +177,7 @@ class UnitGathering:
     def _after_forward(self, units, output):
         self.release([u for u in units if u not in self._for_backward])
         if torch.is_grad_enabled():
-            for tensor in _tensors_in(output):
+            for tensor in tensors_in(output):
                 if tensor.requires_grad:
                     tensor.register_hook(lambda grad, units=units: self._before_backward(
                         units, grad))

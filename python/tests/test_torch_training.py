@@ -1,0 +1,490 @@
+"""The training loop's other parts against single-process PyTorch: engine.backward with
+gradient accumulation, bf16 params with fp32 accumulation, a DeepSpeed config, all_reduce,
+client_state in checkpoints, and the errors that name a loop's mistakes. The ranks are
+threads (zerort.local_group)."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import zerort
+import zerort.torch
+from test_torch_engine import (BATCH, OPTIMIZER, TinyLM, assert_close, batch, cpu_supports,
+                               loss_of, run_ranks, stored_in)
+from test_torch_optimizer import deepspeed_lrs
+
+STEPS = 6
+SGD = {"type": "sgd", "lr": 0.05, "momentum": 0.9, "weight_decay": 0.0}
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    torch.set_num_threads(1)
+
+
+def trained(model):
+    return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+
+
+def sgd_reference(steps=STEPS):
+    """PyTorch SGD (momentum 0.9) on the whole batch: unlike Adam's, its step is
+    proportional to the gradient, so a loss scaled wrongly shows."""
+    model = TinyLM()
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad],
+                                lr=SGD["lr"], momentum=SGD["momentum"])
+    for step in range(steps):
+        optimizer.zero_grad()
+        loss_of(model, *batch(step)).backward()
+        optimizer.step()
+    return trained(model)
+
+
+@pytest.mark.parametrize("loss_scale", [None, {"mode": "static", "initial_power": 4}])
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_engine_backward_with_four_micro_batches_matches_pytorch(stage, loss_scale):
+    """gradient_accumulation_steps 4: each rank's 4 rows as 4 micro-batches of one row;
+    engine.backward(loss) scales by the loss scale and divides by 4, as DeepSpeed's."""
+    world, micro = 2, 4
+    config = {"stage": stage, "optimizer": SGD, "gradient_accumulation_steps": micro,
+              "stage3": {"persistence_threshold": 0}, "guard": {"timeout_s": 30}}
+    if loss_scale:
+        config["loss_scale"] = loss_scale
+    models = [TinyLM() for _ in range(world)]
+
+    def body(rank, comm):
+        model = models[rank]
+        engine = zerort.torch.initialize(model, config, comm)
+        assert engine.gradient_accumulation_steps == micro and engine.world_size == world
+        assert engine.loss_scale == (16.0 if loss_scale else 1.0)
+        for step in range(STEPS):
+            tokens, targets = (t[rank * 4:(rank + 1) * 4] for t in batch(step))
+            infos = []
+            for row in range(micro):
+                engine.backward(loss_of(model, tokens[row:row + 1], targets[row:row + 1]))
+                infos.append(engine.step())
+            assert infos[:3] == [None] * 3 and infos[3]["step"] == step + 1
+        assert engine.global_steps == STEPS
+        engine.close()
+        return trained(model)
+
+    want = sgd_reference()
+    for got in run_ranks(world, body):
+        assert_close(got, want)
+
+
+def bf16_ulps(a, b):
+    """Elementwise distance between two bf16 tensors in units in the last place."""
+    def ordered(x):
+        bits = x.contiguous().view(torch.int16).to(torch.int32)
+        return torch.where(bits < 0, -(bits & 0x7FFF), bits)
+    return (ordered(a) - ordered(b)).abs()
+
+
+# Each rank's micro-batches: (rows of its share, loss weight). The first and third cancel
+# exactly (the same rows, weights ±32, bf16 gradients that are each other's negation), so the
+# step's gradient is the mean over the rank's rows, but a sum kept in bf16 loses the second
+# micro-batch under the first's 64 times larger values.
+MICRO_BATCHES = [(slice(0, 2), 32.0), (slice(0, 2), 0.5), (slice(0, 2), -32.0),
+                 (slice(2, 4), 0.5)]
+
+
+def bf16_model():
+    if cpu_supports(torch.bfloat16):
+        return TinyLM().to(torch.bfloat16)
+    return stored_in(TinyLM(), torch.bfloat16)
+
+
+def bf16_params(model):
+    return {n: p.detach().clone() for n, p in model.named_parameters()
+            if p.requires_grad and p.dtype == torch.bfloat16}
+
+
+def bf16_reference(accumulate_in, steps=STEPS, world=2):
+    """PyTorch AdamW on fp32 copies of bf16 params, the params rounded to bf16 after each
+    step. Each rank's micro-batch gradients are computed as the engine's ranks compute them
+    (bf16, on the rank's rows) and summed in `accumulate_in`; the ranks' sums are averaged
+    in fp32."""
+    model = bf16_model()
+    params = [p for p in model.parameters() if p.requires_grad]
+    masters = [p.detach().float().clone().requires_grad_() for p in params]
+    optimizer = torch.optim.AdamW(masters, lr=OPTIMIZER["lr"], betas=OPTIMIZER["betas"],
+                                  eps=OPTIMIZER["eps"], weight_decay=OPTIMIZER["weight_decay"])
+    share = BATCH // world
+    for step in range(steps):
+        tokens, targets = batch(step)
+        total = [torch.zeros_like(m) for m in masters]
+        for rank in range(world):
+            mine = slice(rank * share, (rank + 1) * share)
+            sums = [torch.zeros_like(p, dtype=accumulate_in) for p in params]
+            for rows, weight in MICRO_BATCHES:
+                for p in params:
+                    p.grad = None
+                (weight * loss_of(model, tokens[mine][rows], targets[mine][rows])).backward()
+                for s, p in zip(sums, params):
+                    s.add_(p.grad.to(accumulate_in))
+            for t, s in zip(total, sums):
+                t.add_(s.float())
+        for m, t in zip(masters, total):
+            m.grad = t / world
+        optimizer.step()
+        with torch.no_grad():
+            for p, m in zip(params, masters):
+                p.copy_(m.to(torch.bfloat16))
+    return bf16_params(model)
+
+
+@pytest.mark.parametrize("precision,close", [
+    (None, True), ({"param": "bf16", "grad": "bf16", "reduce": "bf16"}, False)])
+def test_bf16_params_accumulate_in_fp32_by_default(precision, close):
+    """bf16 params, no precision keys: micro-batches are summed in fp32; the result is within
+    2 bf16 ulps of PyTorch on fp32 masters with fp32 sums, and a bf16 sum (PyTorch's, or the
+    engine's with precision.grad "bf16") is not."""
+    world = 2
+    config = {"stage": 2, "optimizer": OPTIMIZER, "gradient_accumulation_steps": 4,
+              "guard": {"timeout_s": 30}}
+    if precision is not None:
+        config["precision"] = precision
+    models = [bf16_model() for _ in range(world)]
+    share = BATCH // world
+
+    def body(rank, comm):
+        model = models[rank]
+        engine = zerort.torch.initialize(model, config, comm)
+        for step in range(STEPS):
+            tokens, targets = (t[rank * share:(rank + 1) * share] for t in batch(step))
+            for rows, weight in MICRO_BATCHES:
+                (weight * loss_of(model, tokens[rows], targets[rows])).backward()
+                engine.step()
+        engine.close()
+        return bf16_params(model)
+
+    want = bf16_reference(torch.float32)
+    for got in run_ranks(world, body):
+        worst = {n: bf16_ulps(got[n], want[n]).max().item() for n in want}
+        if close:
+            assert max(worst.values()) <= 2, f"bf16 ulps from the fp32-sum reference: {worst}"
+        else:
+            assert max(worst.values()) > 2
+    in_bf16 = bf16_reference(torch.bfloat16)
+    assert max(bf16_ulps(in_bf16[n], want[n]).max().item() for n in want) > 2
+
+
+DEEPSPEED = {
+    "train_batch_size": 8, "train_micro_batch_size_per_gpu": 2,
+    "gradient_accumulation_steps": 2, "gradient_clipping": 0.5,
+    "optimizer": {"type": "Adam", "params": {"lr": 0.01, "betas": [0.9, 0.999], "eps": 1e-8,
+                                             "weight_decay": 0.01}},
+    "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0.002, "warmup_max_lr": 0.01,
+                                                 "warmup_num_steps": 4,
+                                                 "warmup_type": "linear"}},
+    "zero_optimization": {"stage": 2},
+}
+
+
+def deepspeed_reference(clip):
+    """What DeepSpeed does with DEEPSPEED: AdamW (its Adam's adam_w_mode defaults to true)
+    with WarmupLR's lr, gradients clipped to a global norm of `clip`, on the whole batch."""
+    model = TinyLM()
+    params = [p for p in model.parameters() if p.requires_grad]
+    adam = DEEPSPEED["optimizer"]["params"]
+    optimizer = torch.optim.AdamW(params, lr=adam["lr"], betas=adam["betas"], eps=adam["eps"],
+                                  weight_decay=adam["weight_decay"])
+    schedule = DEEPSPEED["scheduler"]
+    lrs, norms = [], []
+    for step in range(STEPS):
+        lr, = deepspeed_lrs(schedule["type"], schedule["params"], [adam["lr"]], step - 1)
+        optimizer.param_groups[0]["lr"] = lr
+        lrs.append([lr])
+        optimizer.zero_grad()
+        loss_of(model, *batch(step)).backward()
+        norms.append(torch.nn.utils.clip_grad_norm_(params, clip).item())
+        optimizer.step()
+    return trained(model), lrs, norms
+
+
+@pytest.mark.parametrize("form", ["dict", "text", "file"])
+def test_deepspeed_config_drives_a_run(tmp_path, form):
+    world = 2
+    if form == "dict":
+        config = DEEPSPEED
+    elif form == "text":
+        config = json.dumps(DEEPSPEED)
+    else:
+        config = tmp_path / "ds_config.json"
+        config.write_text(json.dumps(DEEPSPEED))
+        config = str(config)
+    models = [TinyLM() for _ in range(world)]
+
+    def body(rank, comm):
+        model = models[rank]
+        engine = zerort.torch.initialize(model, config, comm)
+        assert engine.stage == 2 and engine.gradient_accumulation_steps == 2
+        assert engine.lr_scheduler is not None
+        lrs = []
+        for step in range(STEPS):
+            lrs.append(engine.get_lr())
+            tokens, targets = (t[rank * 4:(rank + 1) * 4] for t in batch(step))
+            for half in (slice(0, 2), slice(2, 4)):
+                engine.backward(loss_of(model, tokens[half], targets[half]))
+                engine.step()
+        engine.close()
+        return trained(model), lrs
+
+    want, want_lrs, norms = deepspeed_reference(DEEPSPEED["gradient_clipping"])
+    assert max(norms) > DEEPSPEED["gradient_clipping"]  # clipping changed the steps
+    for got, lrs in run_ranks(world, body):
+        assert_close(got, want)
+        assert lrs == [[pytest.approx(lr, rel=1e-6)] for lr, in want_lrs]
+
+
+def test_deepspeed_reference_depends_on_clipping():
+    """The comparison above can fail: without clipping the params differ."""
+    clipped, _, _ = deepspeed_reference(DEEPSPEED["gradient_clipping"])
+    unclipped, _, _ = deepspeed_reference(float("inf"))
+    with pytest.raises(AssertionError):
+        assert_close(unclipped, clipped)
+
+
+def test_unsupported_deepspeed_key_is_named():
+    comm = zerort.local_group(1)[0]
+    config = dict(DEEPSPEED, train_batch_size=4, train_micro_batch_size_per_gpu=2,
+                  zero_optimization={"stage": 2, "offload_optimizer": {"device": "nvme"}})
+    with pytest.raises(zerort.InvalidArgumentError, match="offload_optimizer"):
+        zerort.torch.initialize(TinyLM(), config, comm)
+    comm.close()
+
+
+def test_missing_config_file_is_named(tmp_path):
+    comm = zerort.local_group(1)[0]
+    with pytest.raises(zerort.InvalidArgumentError, match="nowhere.json"):
+        zerort.torch.initialize(TinyLM(), str(tmp_path / "nowhere.json"), comm)
+    comm.close()
+
+
+def test_all_reduce_sum_mean_max_min_on_three_ranks():
+    world = 3
+
+    def body(rank, comm):
+        engine = zerort.torch.initialize(TinyLM(), {"stage": 1}, comm)
+        values = torch.tensor([1.0 + rank, -2.0 * rank, 0.5], dtype=torch.float64)
+        results = {}
+        for op in ("sum", "mean", "max", "min"):
+            tensor = values.clone()
+            assert engine.all_reduce(tensor, op) is tensor
+            results[op] = tensor
+        half = torch.full((2, 2), float(rank), dtype=torch.bfloat16)
+        results["bf16"] = engine.all_reduce(half, "mean")
+        with pytest.raises(zerort.InvalidArgumentError, match="prod"):
+            engine.all_reduce(values.clone(), "prod")
+        with pytest.raises(zerort.InvalidArgumentError, match="floating"):
+            engine.all_reduce(torch.ones(2, dtype=torch.int64))
+        engine.close()
+        return results
+
+    for results in run_ranks(world, body):
+        assert results["sum"].tolist() == [6.0, -6.0, 1.5]
+        assert results["mean"].tolist() == [2.0, -2.0, 0.5]
+        assert results["max"].tolist() == [3.0, 0.0, 0.5]
+        assert results["min"].tolist() == [1.0, -4.0, 0.5]
+        assert results["sum"].dtype == torch.float64
+        assert results["bf16"].dtype == torch.bfloat16
+        assert results["bf16"].tolist() == [[1.0, 1.0], [1.0, 1.0]]
+
+
+def test_client_state_with_rng_states_round_trips(tmp_path):
+    comm = zerort.local_group(1)[0]
+    model = TinyLM()
+    engine = zerort.torch.initialize(model, {"stage": 2, "optimizer": OPTIMIZER}, comm)
+    for step in range(3):
+        loss_of(model, *batch(step)).backward()
+        engine.step()
+    torch.manual_seed(1234)
+    state = {"rng": torch.get_rng_state(), "weights": torch.arange(5.0), "epoch": 7,
+             "generator": torch.Generator().manual_seed(5).get_state()}
+    engine.save_checkpoint(tmp_path / "ckpt", client_state=state)
+    expected_draw = torch.rand(4)
+    engine.close()
+
+    engine = zerort.torch.initialize(TinyLM(), {"stage": 2, "optimizer": OPTIMIZER}, comm)
+    loaded = engine.load_checkpoint(tmp_path / "ckpt")
+    assert sorted(loaded) == sorted(state) and loaded["epoch"] == 7
+    assert torch.equal(loaded["rng"], state["rng"]) and torch.equal(loaded["weights"],
+                                                                      state["weights"])
+    torch.set_rng_state(loaded["rng"])
+    assert torch.equal(torch.rand(4), expected_draw)
+    assert engine.global_steps == 3
+    engine.close()
+    comm.close()
+
+
+def test_checkpoint_with_plain_json_client_state_still_loads(tmp_path):
+    """User data written as plain JSON (checkpoints from before, other front doors)."""
+    comm = zerort.local_group(1)[0]
+    engine = zerort.torch.initialize(TinyLM(), {"stage": 1}, comm)
+    engine.engine.set_checkpoint_user_data(json.dumps({"next_step": 4}))
+    engine.engine.save_checkpoint(tmp_path / "ckpt")
+    assert engine.load_checkpoint(tmp_path / "ckpt") == {"next_step": 4}
+    engine.close()
+    comm.close()
+
+
+def frozen_head(model):
+    model.head.requires_grad_(False)
+    return model
+
+
+@pytest.mark.parametrize("stage,micro", [(0, 1), (2, 4)])
+def test_second_backward_before_step_names_the_fix(stage, micro):
+    """Four loss.backward() calls, then one engine.step() (the PyTorch accumulation habit):
+    the error says a second backward ran and names engine.step() and no_sync, not
+    reentrant checkpointing. Only the adapters train, all inside reentrantly checkpointed
+    blocks: the nested backwards are not taken for passes of their own."""
+    config = {"stage": stage, "optimizer": OPTIMIZER, "gradient_accumulation_steps": micro,
+              "guard": {"timeout_s": 30}}
+    model = frozen_head(TinyLM(reentrant=True, input_requires_grad=True))
+    comm = zerort.local_group(1)[0]
+    engine = zerort.torch.initialize(model, config, comm)
+    tokens, targets = batch(0)
+    with pytest.raises(zerort.DuplicateGradientError) as raised:
+        for row in range(4):
+            loss_of(model, tokens[row:row + 1], targets[row:row + 1]).backward()
+        engine.step()
+    message = str(raised.value)
+    assert "second backward" in message and "engine.step()" in message
+    assert "no_sync" in message and f"gradient_accumulation_steps = {micro}" in message
+    assert "reentrant" not in message
+    engine.close()
+    comm.close()
+
+
+def test_duplicate_inside_one_backward_keeps_the_reentrant_hint():
+    """The shared adapter's second gradient inside one backward (reentrant checkpointing's
+    recomputation), with nothing trainable outside the checkpointed blocks: the library's
+    message, which names reentrant checkpointing."""
+    model = frozen_head(TinyLM(share_adapter=True, reentrant=True, input_requires_grad=True))
+    comm = zerort.local_group(1)[0]
+    engine = zerort.torch.initialize(model, {"stage": 2, "optimizer": OPTIMIZER}, comm)
+    with pytest.raises(zerort.DuplicateGradientError) as raised:
+        loss_of(model, *batch(0)).backward()
+    message = str(raised.value)
+    assert "blocks.0.lora_a.weight" in message and "reentrant" in message
+    assert "second backward" not in message
+    engine.close()
+    comm.close()
+
+
+@pytest.mark.parametrize("form", ["parameters", "named_parameters", "group"])
+def test_model_parameters_in_pytorchs_formats(form):
+    """model.parameters() (frozen ones are skipped), named_parameters() pairs, one group."""
+    comm = zerort.local_group(1)[0]
+    model = TinyLM()
+    given = {"parameters": model.parameters(), "named_parameters": model.named_parameters(),
+             "group": [{"params": model.parameters(), "lr": 0.125}]}[form]
+    engine = zerort.torch.initialize(model, {"stage": 1}, comm, model_parameters=given)
+    group, = engine.optimizer.param_groups
+    assert len(group["params"]) == len(engine.state_dict())
+    assert engine.get_lr() == ([0.125] if form == "group" else [pytest.approx(1e-3)])
+    engine.close()
+    comm.close()
+
+
+def model_parameters_error(groups_of):
+    comm = zerort.local_group(1)[0]
+    model = TinyLM()
+    with pytest.raises(zerort.InvalidArgumentError) as raised:
+        zerort.torch.initialize(model, {"stage": 2}, comm, model_parameters=groups_of(model))
+    comm.close()
+    return str(raised.value)
+
+
+def test_param_in_no_group_is_named():
+    message = model_parameters_error(lambda m: [{"params": [m.head.weight]}])
+    assert "head.bias" in message and "blocks.0.lora_a.weight" in message
+    assert "head.weight" not in message.split(":", 1)[1]
+    assert "requires_grad=False" in message
+
+
+def test_param_in_two_groups_is_named():
+    message = model_parameters_error(lambda m: [
+        {"params": [p for p in m.parameters() if p.requires_grad]},
+        {"params": [m.head.bias], "lr": 0.1}])
+    assert "head.bias" in message and "groups 0 and 1" in message
+
+
+def test_unknown_group_key_is_named():
+    message = model_parameters_error(lambda m: [
+        {"params": [p for p in m.parameters() if p.requires_grad], "amsgrad": True,
+         "foreach": False}])
+    assert "amsgrad" in message and "foreach" in message
+
+
+def test_tensor_outside_the_model_is_refused():
+    message = model_parameters_error(lambda m: [
+        {"params": [p for p in m.parameters() if p.requires_grad] + [torch.zeros(3, 7)]}])
+    assert "(3, 7)" in message
+
+
+EXITS_AFTER_ERROR = """
+import torch, zerort, zerort.torch
+from test_torch_engine import TinyLM, batch, loss_of
+model = TinyLM()
+comm = zerort.local_group(1)[0]
+engine = zerort.torch.initialize(model, {"stage": 2}, comm)
+tokens, targets = batch(0)
+try:
+    for row in range(2):
+        loss_of(model, tokens[row:row + 1], targets[row:row + 1]).backward()
+except zerort.DuplicateGradientError as error:
+    print(type(error).__name__)
+engine.close()
+comm.close()
+"""
+
+
+def test_a_process_exits_after_a_gradient_error():
+    """A gradient error on the main thread, caught, the engine closed: the process exits. (A
+    hook that raised would leave autograd's remaining work for that backward queued, and
+    PyTorch 1.13 then hangs at exit freeing it; the error is raised as the backward ends.)"""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    result = subprocess.run([sys.executable, "-c", EXITS_AFTER_ERROR], env=env, timeout=60,
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["DuplicateGradientError"]
+
+
+def test_deepspeed_bf16_casts_an_fp32_model_as_deepspeed_does():
+    """"bf16": {"enabled": true} with a float32 model: initialize casts it to bfloat16 (as
+    deepspeed.initialize does) instead of refusing its float32 params."""
+    comm = zerort.local_group(1)[0]
+    model = TinyLM()
+    config = {"train_micro_batch_size_per_gpu": 4, "bf16": {"enabled": True},
+              "data_types": {"grad_accum_dtype": "fp32"},
+              "zero_optimization": {"stage": 2}, "optimizer": DEEPSPEED["optimizer"]}
+    engine = zerort.torch.initialize(model, config, comm)
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    before = trained(model)
+    engine.backward(loss_of(model, *batch(0)))
+    engine.step()
+    after = trained(model)
+    assert any(not torch.equal(before[n], after[n]) for n in before)
+    engine.close()
+    comm.close()
+
+
+def test_a_saved_dynamic_loss_scale_does_not_reach_an_engine_without_one(tmp_path):
+    """A checkpoint saved with dynamic loss scaling (65536), loaded by an engine configured
+    without loss scaling: its scale stays 1, in the engine and in engine.backward."""
+    comm = zerort.local_group(1)[0]
+    dynamic = {"stage": 2, "optimizer": SGD, "loss_scale": {"mode": "dynamic"}}
+    saver = zerort.torch.initialize(TinyLM(), dynamic, comm)
+    assert saver.loss_scale == 65536.0
+    saver.save_checkpoint(str(tmp_path / "ckpt"))
+    saver.close()
+    loader = zerort.torch.initialize(TinyLM(), {"stage": 2, "optimizer": SGD}, comm)
+    loader.load_checkpoint(str(tmp_path / "ckpt"))
+    assert loader.loss_scale == 1.0 and loader.engine.loss_scale == 1.0
+    loader.close()
+    comm.close()

@@ -1,0 +1,75 @@
+"""ZeroRT as the optimizer backend of a PyTorch training loop.
+
+    import zerort.torch
+    engine = zerort.torch.initialize(model, {"stage": 2, "optimizer": {"lr": 1e-3}}, comm)
+    for batch in data:
+        loss = model(batch)
+        engine.backward(loss)    # or loss.backward(): gradients go to the engine as
+                                 # autograd produces them
+        engine.step()            # ends the micro-batch; steps every gradient_accumulation_steps
+
+initialize() takes ZeroRT's config or DeepSpeed's (a dict, JSON text or a .json path) and,
+as deepspeed.initialize, `model_parameters`: the params, or PyTorch-style param groups
+({"params": [...], "lr": ..., "weight_decay": ...}) that become the engine's optimizer groups.
+`engine.optimizer` is a torch.optim.Optimizer over those groups, so PyTorch's lr schedulers
+drive it; a config "scheduler" (DeepSpeed's WarmupLR, WarmupDecayLR, WarmupCosineLR) runs in
+the engine and shows as `engine.lr_scheduler`.
+
+What happens to the model:
+- Every trainable param (`requires_grad=True`, each shared param once) is registered with the
+  engine under its `named_parameters()` name, in that order, with its group's index; frozen
+  params (LoRA base weights, frozen embeddings) are neither registered, sharded nor stepped.
+- At stages 0-2 each trainable param's `.data` becomes a view of the engine's own copy
+  (`zero_param_data`): the optimizer writes there, so nothing is copied back after a step.
+  Rank 0's initial values of the trainable params reach every rank before the first
+  forward (stage 3 refuses different values instead); rank 0's frozen params and buffers are
+  copied to every rank when the engine is built, as DDP does (not again after: buffers that
+  change in forward, such as BatchNorm statistics, stay per rank).
+- A hook after each param's gradient accumulation (`register_post_accumulate_grad_hook` on
+  PyTorch >= 2.1, a post hook on the param's AccumulateGrad node before) hands the gradient to
+  the engine (`zero_accumulate_grad`: one copy into the bucket) and sets `.grad` to None, so
+  buckets reduce while the rest of backward runs (and torch.nn.utils.clip_grad_norm_ sees no
+  gradient: clipping is the config's clip_grad_norm / DeepSpeed's gradient_clipping).
+- Stage 3: one unit per module (and optimizer group) that owns trainable params, gathered
+  before its forward and again before its backward, released after each (_stage3.py);
+  between uses the params' storage is freed, as FSDP does.
+- Params on the CPU, or on one GPU (device "cuda", set from the model when the config names
+  none): the engine's copies live in device memory and its work is ordered after torch's
+  current stream at initialize(). Across processes use zerort.nccl_communicator(). In-process
+  ranks sharing one GPU are for tests, at stages 0-2: PyTorch runs the CUDA part of every
+  thread's backward on one autograd thread per device, so a rank that waits inside backward
+  (a stage-3 gather, a full gradient-buffer pool) waits for peers queued behind it; stage 3
+  is refused there, and stage 2 keeps a gradient buffer per bucket.
+
+Modules: _engine.py (TorchEngine), _optimizer.py (engine.optimizer), _schedulers.py
+(engine.lr_scheduler), _config.py (configs and param groups), _stage3.py, _device.py (the
+device, the stream, rank 0's frozen state), _backward.py (which backward a duplicate gradient
+came from; errors raised as a backward ends), _checkpoint.py (client_state in checkpoints).
+
+Every failure is a zerort exception carrying the status and the library's message
+(zerort.errors): DuplicateGradientError, UnusedParametersError, DeadlineExceededError, ...
+"""
+from .. import core
+from ._engine import TorchEngine
+from ._optimizer import ZeroOptimizer
+from ._schedulers import EngineLRScheduler
+
+__all__ = ["initialize", "TorchEngine", "ZeroOptimizer", "EngineLRScheduler"]
+
+
+def initialize(model, config=None, comm=None, *, model_parameters=None):
+    """Builds a TorchEngine for `model`, as deepspeed.initialize (which returns it with its
+    optimizer and scheduler: here engine.optimizer and engine.lr_scheduler).
+
+    `config`: ZeroRT's or DeepSpeed's config, a dict, JSON text or a path to a .json file
+    (checked and translated by the library). `comm`: a zerort.core.Communicator
+    (zerort.local_group(n)[r] for in-process ranks); None means this process's MPI rank (run
+    under mpirun). `model_parameters`: None (every trainable param, one group), an iterable
+    of params, or a list of PyTorch param-group dicts with keys "params" and any of "lr",
+    "betas", "eps", "weight_decay", "momentum", "dampening", "nesterov" (group i overrides
+    the config optimizer's values for its params); every trainable param of `model` must be
+    in exactly one group.
+    """
+    if comm is None:
+        comm = core.mpi_communicator()
+    return TorchEngine(model, config, comm, model_parameters=model_parameters)

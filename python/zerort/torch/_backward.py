@@ -1,0 +1,108 @@
+"""Telling a whole second backward in one micro-batch from a duplicate inside one backward.
+
+Both reach the engine as a param's second gradient in a micro-batch (DuplicateGradientError),
+but their fixes differ:
+- a second `loss.backward()` before `engine.step()` (PyTorch's accumulation habit): call
+  engine.step() after each micro-batch's backward, or use engine.no_sync();
+- a second gradient inside one backward (reentrant checkpointing recomputing a shared
+  weight, a weight used twice): the library's own message names the causes and the
+  guard.on_duplicate policy.
+
+BackwardPasses numbers the backward passes of a micro-batch. A pass begins at the gradient
+of the model's output (a hook put on every output of the root module's forward), or, when
+that did not run, at the first param gradient outside any pass; it ends when autograd
+finishes the graph task it began in (Variable._execution_engine.queue_callback). Reentrant
+checkpointing's nested backward runs inside the outer pass, which began at the output's
+gradient, so a duplicate there stays "inside one backward".
+
+An error of the engine inside a gradient hook is raised when the pass ends (from that same
+callback), not in the hook: a hook that raises leaves autograd's remaining work for that
+backward queued on the thread (PyTorch 1.13), and on the main thread the params that work
+holds are freed only after the interpreter has shut down, which hangs the process at exit.
+Once an error is pending, the pass's remaining gradients are dropped.
+"""
+from torch.autograd import Variable
+
+from .. import errors
+
+UNUSED_HINT = (
+    "\nIn PyTorch the usual cause is torch.utils.checkpoint.checkpoint(..., use_reentrant=True) "
+    "around a block whose inputs do not require grad (frozen embeddings, the LoRA case): the "
+    "reentrant implementation then computes no gradient for any param inside the block, "
+    "silently. Fix: pass use_reentrant=False, or make the block's input require grad "
+    "(x.requires_grad_()). Other causes: a branch of the model that did not run on this rank "
+    "(set guard.on_unused = \"zero\"), or a param that is not used at all (freeze it).")
+
+
+def second_backward_error(name, first_pass, this_pass, accumulation_steps):
+    """The DuplicateGradientError for a param whose gradient came again from a later
+    backward pass of the same micro-batch."""
+    return errors.DuplicateGradientError(
+        f"zerort.torch: param \"{name}\" got a gradient from backward pass {this_pass} of "
+        f"this micro-batch after one from pass {first_pass}: a second backward (e.g. another "
+        "loss.backward()) ran before engine.step(). Each backward is one micro-batch. Fix: "
+        "call engine.step() after every micro-batch's backward (it steps the optimizer only "
+        f"every gradient_accumulation_steps = {accumulation_steps} micro-batches; set that "
+        "in the config to accumulate, and use engine.backward(loss), which divides the loss "
+        "by it), or run the backwards before the last one inside `with engine.no_sync():`; "
+        "several losses of one forward: one backward of their sum.",
+        errors.DuplicateGradientError.status)
+
+
+class BackwardPasses:
+    """The backward passes of the current micro-batch (see the module's docstring)."""
+
+    def __init__(self):
+        self.current = 0  # passes begun in this micro-batch
+        self._open = False
+        self._first = {}  # param id -> the pass its first gradient came from
+        self._error = None  # raised when the pass ends
+
+    def begin(self):
+        """A gradient is being computed: starts a pass unless one is running."""
+        if self._open:
+            return
+        self.current += 1
+        self._open = True
+        try:
+            Variable._execution_engine.queue_callback(self._end)
+        except RuntimeError:  # not inside autograd's engine: no end to wait for
+            self._open = False
+
+    def _end(self):
+        self._open = False
+        self.raise_pending()
+
+    @property
+    def failed(self):
+        """Whether an error waits for the end of the pass (drop further gradients)."""
+        return self._error is not None
+
+    def fail(self, error):
+        """Raises `error` when the pass ends (at once when no pass is running); an error
+        already pending wins."""
+        if not self._open:
+            raise error
+        if self._error is None:
+            self._error = error
+
+    def raise_pending(self):
+        """Raises the pending error, if any (once)."""
+        error, self._error = self._error, None
+        if error is not None:
+            raise error
+
+    def arrived(self, pid):
+        """Param `pid`'s gradient was handed over in the current pass."""
+        self._first.setdefault(pid, self.current)
+
+    def first_pass(self, pid):
+        """The pass that gave `pid` its first gradient in this micro-batch (None: none)."""
+        return self._first.get(pid)
+
+    def reset(self):
+        """The micro-batch ended (raises an error still pending)."""
+        self.current = 0
+        self._open = False
+        self._first.clear()
+        self.raise_pending()

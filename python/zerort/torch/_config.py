@@ -1,0 +1,195 @@
+"""The config and the param groups initialize() is given, made into ZeroRT's config.
+
+A config is a dict, JSON text or a path to a .json file, in ZeroRT's format or DeepSpeed's
+(zero_optimization, bf16, optimizer with "params", scheduler, gradient_clipping, ...). It is
+always passed through the library's zero_config_normalize, so the Python side reads the same
+ZeroRT config the engine is built from, whichever format it was written in.
+
+`model_parameters` (as deepspeed.initialize's) is an iterable of params, or a list of param
+groups in PyTorch's format ({"params": [...], "lr": ..., "weight_decay": ..., ...}). Group i's
+keys become optimizer.param_groups[i] of the config (keys it leaves out come from the config's
+optimizer), and each trainable param is registered with its group's index.
+"""
+import torch
+
+from .. import core, errors
+
+# PyTorch's param-group keys that map onto ZeroRT's optimizer groups.
+GROUP_KEYS = ("lr", "betas", "eps", "weight_decay", "momentum", "dampening", "nesterov")
+
+
+def load(config):
+    """(the normalized ZeroRT config, the config as the user gave it), both dicts. What the
+    user's own config says matters where the normalized one cannot tell a default from a
+    choice (the device: a config that names none lets the model's params decide)."""
+    raw = core.config_dict(config)
+    if not isinstance(raw, dict):
+        raise errors.InvalidArgumentError(
+            f"zerort.torch: the config must be a JSON object, not {type(raw).__name__}")
+    return core.normalize_config(raw), raw
+
+
+def cast_to_precision(module, config):
+    """A config whose precision.param is bf16 or fp16 (DeepSpeed's "bf16"/"fp16" enabled) casts
+    a module that still has float32 params to it, as deepspeed.initialize does; a module
+    already in a 16-bit dtype, or a float32 config, is left as it is."""
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(
+        config.get("precision", {}).get("param", "fp32"))
+    if dtype is not None and any(p.dtype == torch.float32 for p in module.parameters()):
+        module.to(dtype)
+
+
+def stage(config):
+    """The ZeRO stage (the engine's default, 2, when the config names none)."""
+    return int(config.get("stage", 2))
+
+
+def has_scheduler(config):
+    """Whether the config has a learning-rate schedule the engine steps."""
+    scheduler = config.get("scheduler")
+    return bool(scheduler) and str(scheduler.get("type", "none")).lower() != "none"
+
+
+def optimizer_type(config):
+    """The optimizer's type, lower case ("adamw" when the config names none)."""
+    return str(config.get("optimizer", {}).get("type", "adamw")).lower()
+
+
+def initial_loss_scale(config):
+    """The loss scale of the first step (1 without loss scaling)."""
+    scale = config.get("loss_scale", {})
+    if scale.get("mode", "none") == "none":
+        return 1.0
+    return 2.0 ** scale.get("initial_power", 16)
+
+
+class ParamGroups:
+    """Which group each trainable param is in, and what each group overrides.
+
+    `group_of`: {param: group index} (empty: every param in group 0); `overrides`: one dict
+    per group in the config's param_groups format, or None when no groups were given."""
+
+    def __init__(self, group_of=None, overrides=None):
+        self.group_of = group_of or {}
+        self.overrides = overrides
+
+    def group(self, param):
+        """The group index of a trainable param."""
+        return self.group_of.get(param, 0)
+
+
+def _as_float(value, what):
+    if isinstance(value, torch.Tensor):
+        value = value.item()
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise errors.InvalidArgumentError(
+            f"zerort.torch: {what} must be a number, not {value!r}") from None
+
+
+def group_overrides(group, index):
+    """Param group `group` (PyTorch's format) as the config's optimizer.param_groups[index]
+    entry; an unknown key is an InvalidArgumentError naming it."""
+    unknown = sorted(set(group) - set(GROUP_KEYS) - {"params"})
+    if unknown:
+        raise errors.InvalidArgumentError(
+            f"zerort.torch: model_parameters group {index} has keys ZeroRT does not know: "
+            f"{', '.join(unknown)} (a group may set {', '.join(GROUP_KEYS)}; the optimizer "
+            "itself is the config's \"optimizer\")")
+    overrides = {}
+    for key in GROUP_KEYS:
+        if key not in group:
+            continue
+        value = group[key]
+        what = f"model_parameters group {index}'s {key}"
+        if key == "betas":
+            betas = [_as_float(b, what) for b in value]
+            if len(betas) != 2:
+                raise errors.InvalidArgumentError(f"zerort.torch: {what} must be two numbers")
+            overrides[key] = betas
+        elif key == "nesterov":
+            overrides[key] = bool(value)
+        else:
+            overrides[key] = _as_float(value, what)
+    return overrides
+
+
+def resolve_param_groups(module, model_parameters):
+    """ParamGroups for `module` from `model_parameters` (None: every trainable param in one
+    group). Frozen params in a group are skipped (they are not registered); a trainable param
+    of `module` in no group, a param in two groups, and a tensor that is not a param of
+    `module` are InvalidArgumentErrors naming them."""
+    if model_parameters is None:
+        return ParamGroups()
+    if isinstance(model_parameters, torch.Tensor):
+        model_parameters = [model_parameters]
+    items = list(model_parameters)
+    if not items:
+        raise errors.InvalidArgumentError(
+            "zerort.torch: model_parameters is empty; pass model.parameters(), a list of "
+            "param groups, or leave it out")
+    # Params, (name, param) pairs (named_parameters()), or param-group dicts.
+    dicts = [isinstance(item, dict) for item in items]
+    if all(dicts):
+        groups = items
+    elif not any(dicts):
+        groups = [{"params": items}]
+    else:
+        raise errors.InvalidArgumentError(
+            "zerort.torch: model_parameters mixes params and param-group dicts; pass either "
+            "params or a list of dicts {\"params\": [...], ...}")
+    names = {}
+    for name, param in module.named_parameters():
+        names.setdefault(param, name)
+    group_of, overrides = {}, []
+    for index, group in enumerate(groups):
+        if "params" not in group:
+            raise errors.InvalidArgumentError(
+                f"zerort.torch: model_parameters group {index} has no \"params\"")
+        overrides.append(group_overrides(group, index))
+        params = group["params"]
+        params = [params] if isinstance(params, torch.Tensor) else list(params)
+        for param in params:
+            if isinstance(param, tuple) and len(param) == 2:  # named_parameters()' pairs
+                param = param[1]
+            if not isinstance(param, torch.Tensor):
+                raise errors.InvalidArgumentError(
+                    f"zerort.torch: model_parameters group {index} holds a "
+                    f"{type(param).__name__}, not a param")
+            if param not in names:
+                raise errors.InvalidArgumentError(
+                    f"zerort.torch: model_parameters group {index} holds a tensor of shape "
+                    f"{tuple(param.shape)} that is not a parameter of the model")
+            if not param.requires_grad:
+                continue  # frozen: neither registered nor stepped
+            previous = group_of.setdefault(param, index)
+            if previous != index:
+                raise errors.InvalidArgumentError(
+                    f"zerort.torch: param {names[param]} is in model_parameters groups "
+                    f"{previous} and {index}; a param belongs to one group")
+    missing = [name for param, name in names.items()
+               if param.requires_grad and param not in group_of]
+    if missing:
+        raise errors.InvalidArgumentError(
+            "zerort.torch: trainable params in no group of model_parameters: "
+            f"{', '.join(missing)}; add each to a group, or set requires_grad=False on it "
+            "(frozen params are neither registered nor stepped)")
+    return ParamGroups(group_of, overrides)
+
+
+def with_param_groups(config, overrides):
+    """`config` with `overrides` (one dict per group) applied over its
+    optimizer.param_groups (a group's own keys win over the config's entry for it)."""
+    if not overrides:
+        return config
+    config = dict(config)
+    optimizer = dict(config.get("optimizer", {}))
+    existing = list(optimizer.get("param_groups", []))
+    count = max(len(existing), len(overrides))
+    optimizer["param_groups"] = [
+        dict(existing[i] if i < len(existing) else {},
+             **(overrides[i] if i < len(overrides) else {}))
+        for i in range(count)]
+    config["optimizer"] = optimizer
+    return config

@@ -1,0 +1,399 @@
+"""TorchEngine: one rank's ZeroRT engine driving a torch.nn.Module's trainable params."""
+import contextlib
+
+import torch
+
+from .. import core, errors
+from . import _backward, _checkpoint, _config, _device, _stage3
+from ._optimizer import ZeroOptimizer
+from ._schedulers import EngineLRScheduler
+
+_DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+_REDUCE_OPS = ("sum", "mean", "max", "min")
+
+
+class TorchEngine:
+    """One rank's engine driving `module`'s trainable params. Build it with initialize().
+
+    The loop, as DeepSpeed's:
+
+        loss = loss_fn(model(batch))
+        engine.backward(loss)    # or loss.backward(): gradients go to the engine as
+                                 # autograd makes them
+        engine.step()            # ends the micro-batch; steps every gradient_accumulation_steps
+        scheduler.step()         # a torch.optim.lr_scheduler on engine.optimizer, if any
+
+    - `engine.optimizer`: a torch.optim.Optimizer whose param_groups are the engine's groups
+      (_optimizer.py); PyTorch's lr schedulers work on it. `engine.lr_scheduler`: the config's
+      built-in schedule (None without one; _schedulers.py). `engine.get_lr()`: each group's lr
+      for the next step.
+    - Clipping is the config's `clip_grad_norm` (DeepSpeed's `gradient_clipping`), applied by
+      the engine to the global norm over every rank's gradients. The hooks hand each gradient
+      to the engine and clear `.grad`, so torch.nn.utils.clip_grad_norm_ on the model sees no
+      gradient and returns 0.0; the norm of the last step is engine.get_global_grad_norm().
+    - `engine.backward(loss)` multiplies the loss by the loss scale and divides it by
+      gradient_accumulation_steps before backward; with `loss.backward()` do that yourself
+      (engine.scale(loss) applies the loss scale).
+    - Every failure is a zerort exception carrying the library's message (zerort.errors).
+    """
+
+    def __init__(self, module, config, comm, model_parameters=None):
+        self.module = module
+        self.config, raw = _config.load(config)
+        _config.cast_to_precision(module, self.config)
+        self.stage = _config.stage(self.config)
+        self.gradient_accumulation_steps = int(
+            self.config.get("gradient_accumulation_steps", 1))
+        self.loss_scale = _config.initial_loss_scale(self.config)
+        self.global_steps = 0  # optimizer steps, skipped ones included (as DeepSpeed's)
+        self._grad_norm = None
+        self._last_info = None
+        groups = _config.resolve_param_groups(module, model_parameters)
+        self.config = _config.with_param_groups(self.config, groups.overrides)
+        device = _device.device_of(module, raw.get("device"))
+        self.config["device"] = device.type
+        self._comm = comm
+        self._timeout = float(self.config.get("guard", {}).get("timeout_s", 600.0))
+        self._stream = None  # device "cuda": the torch stream the engine's work follows
+        if device.type == "cuda":
+            self._stream = _device.prepare_cuda(self.config, self.stage, device, comm, raw)
+        self._engine = core.Engine(self.config, comm)
+        if self._stream is not None:
+            self._engine.set_stream(self._stream.cuda_stream)
+        _device.sync_frozen_state(module, comm, self._timeout)
+        self._params = []  # (name, param, id)
+        self._names = {}  # id -> name
+        trainable = {p for p in module.parameters() if p.requires_grad}
+        unit_of, module_units = {}, {}
+        if self.stage == 3:
+            unit_of, module_units = _stage3.assign_units(module, trainable, groups.group_of)
+        registered = set()
+        for name, param in module.named_parameters():
+            if not param.requires_grad or param in registered:
+                continue
+            registered.add(param)
+            if param.dtype not in _DTYPES:
+                raise errors.InvalidArgumentError(
+                    f"zerort.torch: {name} has dtype {param.dtype}; ZeroRT keeps float32, "
+                    "bfloat16 or float16 params")
+            pid = self._engine.register_param(name, list(param.shape) or [1],  # 0-dim: [1]
+                                              _DTYPES[param.dtype],
+                                              group=groups.group(param),
+                                              unit=unit_of.get(param, -1))
+            self._params.append((name, param, pid))
+            self._names[pid] = name
+        self._engine.finalize()
+        for _, param, pid in self._params:
+            values = param.detach().contiguous()
+            self._engine.set_param(pid, values.data_ptr())
+        self._hooks = []
+        self._accumulators = []  # AccumulateGrad nodes must outlive their hooks
+        for _, param, pid in self._params:
+            self._add_grad_hook(param, pid, unit_of.get(param))
+        self._units = None
+        if self.stage == 3:  # after the grad hooks: finding a param's node needs its storage
+            self._units = _stage3.UnitGathering(self._engine, module, self._params,
+                                                unit_of, module_units)
+        else:
+            self._bind_views()
+        self._micro_batches = 0
+        self._closed = False
+        self._in_micro_batch = False
+        self._passes = _backward.BackwardPasses()
+        # The first micro-batch starts before the first forward: its BeginIteration makes the
+        # replicas identical (rank 0's values broadcast into the views at stages 0-2), so
+        # no rank computes with its own initial values. Later micro-batches start at their
+        # first gradient.
+        self._first_forward = module.register_forward_pre_hook(
+            lambda _m, _i: self._start_first_micro_batch())
+        # A backward pass begins at the gradient of the model's output (_backward.py).
+        self._output_hook = module.register_forward_hook(
+            lambda _m, _i, output: self._hook_outputs(output))
+        self._engine.on_close(self._detach)
+        self.optimizer = ZeroOptimizer(self, self.config, groups)
+        self.lr_scheduler = (EngineLRScheduler(self, self.config)
+                             if _config.has_scheduler(self.config) else None)
+
+    def _start_first_micro_batch(self):
+        self._first_forward.remove()
+        if not self._in_micro_batch:
+            self._engine.begin_iteration()
+            self._in_micro_batch = True
+
+    def _hook_outputs(self, output):
+        if not torch.is_grad_enabled():
+            return
+        for tensor in _stage3.tensors_in(output):
+            if tensor.requires_grad:
+                tensor.register_hook(self._output_gradient)
+
+    def _output_gradient(self, grad):
+        self._passes.begin()
+        return grad
+
+    @property
+    def engine(self):
+        """The underlying zerort.core.Engine (checkpoints, memory statistics)."""
+        return self._engine
+
+    @property
+    def rank(self):
+        """This rank's index."""
+        return self._engine.rank
+
+    @property
+    def world_size(self):
+        """The number of data-parallel ranks."""
+        return self._engine.world_size
+
+    def _bind_views(self):
+        """Stages 0-2: every trainable param's data becomes the engine's copy."""
+        with torch.no_grad():
+            for _, param, pid in self._params:
+                param.data = _stage3.engine_view(self._engine.param_data(pid), param)
+
+    def _add_grad_hook(self, param, pid, unit):
+        def hand_over():
+            grad = param.grad
+            if grad is None:
+                return
+            self._passes.begin()
+            try:
+                if self._passes.failed:  # an error is pending for this backward: drop the rest
+                    param.grad = None
+                else:
+                    self._hand_over(param, pid, grad)
+                if self._units is not None:
+                    self._units.gradient_arrived(unit, pid)
+            except errors.ZeroError as error:
+                self._passes.fail(error)  # raised when this backward ends (_backward.py)
+
+        if hasattr(param, "register_post_accumulate_grad_hook"):
+            self._hooks.append(
+                param.register_post_accumulate_grad_hook(lambda _: hand_over()))
+        else:  # PyTorch < 2.1: a post hook on the param's AccumulateGrad node, as DDP does
+            accumulator = param.expand_as(param).grad_fn.next_functions[0][0]
+            self._accumulators.append(accumulator)
+            self._hooks.append(accumulator.register_hook(lambda *_: hand_over()))
+
+    def _hand_over(self, param, pid, grad):
+        """Adds `param`'s gradient `grad` into the engine's bucket and clears `.grad`."""
+        if not self._in_micro_batch:
+            self._engine.begin_iteration()
+            self._in_micro_batch = True
+        try:
+            grad = grad.detach()
+            if grad.dtype != param.dtype or not grad.is_contiguous():
+                grad = grad.to(param.dtype).contiguous()
+            if self._stream is not None:
+                current = torch.cuda.current_stream(grad.device)
+                if current != self._stream:
+                    # Computed on another stream (a forward under torch.cuda.stream(s)): the
+                    # engine's stream waits for it, and the allocator keeps the gradient's
+                    # memory until the engine's copy has run there.
+                    self._stream.wait_stream(current)
+                    grad.record_stream(self._stream)
+            try:
+                self._engine.accumulate_grad(pid, grad.data_ptr())
+            except errors.DuplicateGradientError:
+                first = self._passes.first_pass(pid)
+                if first is not None and first < self._passes.current:
+                    raise _backward.second_backward_error(
+                        self._names[pid], first, self._passes.current,
+                        self.gradient_accumulation_steps) from None
+                raise
+            self._passes.arrived(pid)
+        finally:
+            param.grad = None
+
+    def scale(self, loss):
+        """`loss` times the current loss scale (1 unless loss_scale.mode is set)."""
+        return loss * self.loss_scale
+
+    def backward(self, loss, retain_graph=False):
+        """DeepSpeed's engine.backward: backward of `loss` times the loss scale divided by
+        gradient_accumulation_steps (so that a step's gradient is the mean over its
+        micro-batches of each micro-batch's loss). Returns `loss`."""
+        factor = self.loss_scale / self.gradient_accumulation_steps
+        (loss * factor if factor != 1.0 else loss).backward(retain_graph=retain_graph)
+        return loss
+
+    def step(self):
+        """Ends this micro-batch's backward; every gradient_accumulation_steps micro-batches,
+        steps the optimizer (through engine.optimizer.step, with its param_groups' values)
+        and returns {"step", "skipped", "grad_norm", "loss_scale"} (None in between)."""
+        if not self._end_micro_batch():
+            return None
+        self.optimizer._from_engine = True
+        try:
+            self.optimizer.step()  # the attribute: lr schedulers wrap it to see steps
+        finally:
+            self.optimizer._from_engine = False
+        return self._last_info
+
+    def _end_micro_batch(self):
+        """Ends the micro-batch; True when it is the last one before an optimizer step."""
+        if self._units is not None:
+            self._units.release_all()
+        if not self._in_micro_batch:  # no gradient arrived: let the engine say which
+            self._engine.begin_iteration()
+            self._in_micro_batch = True
+        try:
+            self._engine.end_backward()
+        except errors.UnusedParametersError as error:
+            raise errors.UnusedParametersError(error.message + _backward.UNUSED_HINT,
+                                               error.status) from None
+        self._in_micro_batch = False
+        self._passes.reset()
+        self._micro_batches += 1
+        if self._micro_batches < self.gradient_accumulation_steps:
+            return False
+        self._micro_batches = 0
+        return True
+
+    def _optimizer_step(self):
+        """The optimizer step proper: param_groups' changes to the engine, step, the
+        engine's lrs back (engine.optimizer.step calls it)."""
+        self.optimizer.push()
+        info = self._engine.step()
+        self._last_info = info
+        self.loss_scale = info["loss_scale"]
+        self._grad_norm = info["grad_norm"]
+        self.global_steps += 1
+        self.optimizer.pull()
+        return info
+
+    def zero_grad(self, set_to_none=True):
+        """Clears any `.grad` left on trainable params (the engine zeroes its own)."""
+        self.optimizer.zero_grad(set_to_none)
+
+    def get_lr(self):
+        """Each group's learning rate for the next optimizer step."""
+        return [float(group["lr"]) for group in self.optimizer.param_groups]
+
+    def get_global_grad_norm(self):
+        """The global gradient norm of the last optimizer step (over every rank, before
+        clipping; None before the first step)."""
+        return self._grad_norm
+
+    def all_reduce(self, tensor, op="sum"):
+        """Reduces `tensor` over every rank of the engine's communicator, in place, and
+        returns it: op "sum", "mean" (sum / world_size), "max" or "min". Any floating dtype
+        and device; the values travel as a host float32 copy (zero_comm_all_reduce_f32), so
+        float64 values are reduced at float32 precision. Collective: every rank calls it with
+        the same shape, outside backward (e.g. to average the loss for logging)."""
+        if op not in _REDUCE_OPS:
+            raise errors.InvalidArgumentError(
+                f"zerort.torch: all_reduce op {op!r} is not one of {', '.join(_REDUCE_OPS)}")
+        if not tensor.is_floating_point():
+            raise errors.InvalidArgumentError(
+                f"zerort.torch: all_reduce takes a floating-point tensor, not {tensor.dtype}")
+        host = tensor.detach().to(device="cpu", dtype=torch.float32, copy=True).contiguous()
+        if op == "min":
+            host.neg_()  # min(x) = -max(-x)
+        if host.numel():
+            self._comm.all_reduce_f32(host.data_ptr(), host.numel(),
+                                      "max" if op in ("max", "min") else "sum", self._timeout)
+        if op == "min":
+            host.neg_()
+        elif op == "mean":
+            host.div_(self.world_size)
+        with torch.no_grad():
+            tensor.copy_(host)
+        return tensor
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """DDP's no_sync, for loops written for it: the backward inside the block is one
+        micro-batch of gradient accumulation, ended when the block exits (no step() call for
+        it). The number of micro-batches per optimizer step is the config's
+        gradient_accumulation_steps, so the last one of each step runs outside no_sync,
+        followed by step(); no_sync around it raises FailedPreconditionError. Stages 0-1
+        reduce once per step, as DDP; stages 2-3 reduce-scatter every micro-batch into the
+        gradient shard (ZeRO-2's trade: no full-size gradient is kept between them). When the
+        block raises, the micro-batch is not ended: the exception propagates, and the engine
+        stays inside it (the next step() or no_sync exit ends it with what arrived)."""
+        if self._micro_batches + 1 >= self.gradient_accumulation_steps:
+            raise errors.FailedPreconditionError(
+                f"no_sync(): this is micro-batch {self._micro_batches + 1} of "
+                f"{self.gradient_accumulation_steps} (gradient_accumulation_steps), the one "
+                "that steps the optimizer: run its backward outside no_sync and call step(), "
+                "or set gradient_accumulation_steps to the number of micro-batches per step")
+        yield
+        self.step()
+
+    def state_dict(self):
+        """Full copies of every trainable param, by name, on the params' device
+        (collective at stage 3)."""
+        result = {}
+        for name, param, pid in self._params:
+            full = torch.empty(param.shape, dtype=param.dtype, device=param.device)
+            self._engine.get_param(pid, full.data_ptr())
+            result[name] = full
+        return result
+
+    def save_checkpoint(self, directory, tag=None, client_state=None):
+        """Every rank saves its part; loadable at any world size and stage. With a `tag`
+        (as DeepSpeed's save_checkpoint(save_dir, tag)): into directory/tag, then
+        directory/latest names it and only the newest `checkpoint.keep_last` stay. The
+        engine saves every group's hyperparameters (engine.optimizer.param_groups' values
+        now) and the config schedule's position.
+        `client_state` (anything torch.save stores: data position, torch.get_rng_state(),
+        tensors; rank 0's is kept) is saved inside the same checkpoint, as DeepSpeed's
+        client_state, so it can never disagree with it (_checkpoint.py)."""
+        self.optimizer.push()  # the groups' values as they are now (a scheduler's new lr)
+        extras = {"global_steps": self.global_steps, "loss_scale": self.loss_scale}
+        self._engine.set_checkpoint_user_data(_checkpoint.encode(client_state, extras))
+        self._engine.save_checkpoint(directory, tag)
+
+    def preemption_requested(self):
+        """After zerort.install_preemption_handler(): whether any rank got SIGTERM or
+        SIGUSR1. Collective (every rank calls it at the same step); the same answer on
+        every rank, so all of them save and exit together."""
+        return self._engine.preemption_requested()
+
+    def load_checkpoint(self, directory, tag=None):
+        """Loads params, optimizer state, every group's hyperparameters and the config
+        schedule's position (the model's params and engine.optimizer.param_groups show the
+        loaded values) from `directory` (directory/tag with a tag), or from the checkpoint
+        directory/latest names; returns the client_state saved with it ({} if none).
+        Unpickles the client state: load only checkpoints you trust."""
+        if tag is not None:
+            directory = f"{directory}/{tag}"
+        self._engine.load_checkpoint(directory)
+        text = self._engine.checkpoint_user_data()
+        if self._units is None:
+            self._bind_views()
+        client_state, extras = _checkpoint.decode(text)
+        self.global_steps = int(extras.get("global_steps", self.global_steps))
+        # The engine's: a checkpoint's dynamic scale reaches only an engine that scales
+        # dynamically (a static or no loss scale stays what this config says).
+        self.loss_scale = self._engine.loss_scale
+        self.optimizer.pull()
+        return client_state
+
+    def _detach(self):
+        """Before the engine's memory goes: hooks removed, params given their own copies
+        (stage 3: only by close(), which gathers them; after the garbage collector freed
+        the engine, a stage-3 model's trainable params have no storage)."""
+        self._first_forward.remove()
+        self._output_hook.remove()
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
+        if self._units is not None:
+            return
+        with torch.no_grad():
+            for _, param, _ in self._params:
+                param.data = param.data.clone()
+
+    def close(self):
+        """Frees the engine; the model keeps its params' last values and trains no more.
+        Stage 3: collective (every rank calls it), as the full values are gathered.
+        Closing twice does nothing."""
+        if self._closed or self._engine.closed:
+            return
+        self._closed = True
+        if self._units is not None:
+            self._units.remove()
+        self._engine.close()
