@@ -70,6 +70,15 @@ class CheckpointReader {
   std::unique_ptr<State> state_;
 };
 
+/// Rewrites checkpoint `dir` (or the one `dir`/latest names) into directory `out` as the rank
+/// files a job at `world` ranks writes (the stage-1 layout with the default bucket sizes, which
+/// stages 1-3 share; a job at any stage and bucket size loads it), without building engines:
+/// memory is the files' indexes plus one record, whatever `world` is. Every record read is
+/// checked against its checksum; `out` is published in one rename, as a save is. meta.json
+/// keeps everything but the world size and stage (step, groups, per-param steps, loss scaler,
+/// user data).
+Status ReshardCheckpoint(const std::string& dir, int world, const std::string& out);
+
 }  // namespace zero
 
 #endif  // ZERO_CHECKPOINT_H_
