@@ -332,18 +332,34 @@ zero_status zero_comm_all_reduce_f32(zero_comm* comm, float* data, int64_t count
     return Report(absl::InvalidArgumentError(absl::StrCat("zero_comm_all_reduce_f32: op ", op,
                                                           " is neither 0 (sum) nor 1 (max)")));
   }
+  if (!(timeout_s >= 0)) {  // NaN too
+    return Report(absl::InvalidArgumentError("zero_comm_all_reduce_f32: timeout_s must be ≥ 0"));
+  }
+  if (comm->comm->device_buffers_only()) {  // NCCL: handing it host memory would break the group
+    return Report(absl::UnimplementedError(
+        "zero_comm_all_reduce_f32: this communicator (NCCL) reduces device memory only; host values "
+        "are not implemented for it yet: reduce metrics through an MPI communicator of the same ranks"));
+  }
   if (count == 0) return ZERO_OK;
   ZERO_C_REQUIRE(data, "zero_comm_all_reduce_f32");
   const auto reduce = op == 0 ? zero::comm::ReduceOp::kSum : zero::comm::ReduceOp::kMax;
+  // Through scratch that outlives the call if a collective is abandoned (MPI cannot cancel
+  // one): the caller's buffer is never written after the call returns.
+  auto scratch = std::make_unique<float[]>(static_cast<size_t>(count));
+  std::copy_n(data, count, scratch.get());
   // In pieces of at most 2^28 values: MPI counts are ints.
   constexpr int64_t kPiece = int64_t{1} << 28;
   for (int64_t first = 0; first < count; first += kPiece) {
-    float* piece = data + first;
+    float* piece = scratch.get() + first;
     const zero::Status status =
         comm->comm->AllReduce(piece, piece, std::min(kPiece, count - first), zero::DType::kFP32, reduce)
             ->Wait(timeout_s);
-    if (!status.ok()) return Report(status);
+    if (!status.ok()) {
+      if (comm->comm->AbandonedWorkMayTouchBuffers()) scratch.release();  // a deliberate leak
+      return Report(status);
+    }
   }
+  std::copy_n(scratch.get(), count, data);
   return ZERO_OK;
 }
 

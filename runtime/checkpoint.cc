@@ -119,6 +119,9 @@ Status EngineImpl::SaveCheckpointAs(const std::string& target, int64_t series_se
     std::error_code error;
     std::filesystem::create_directories(ParentOf(dir), error);  // its lock needs it; an error shows below
     StatusOr<DirectoryLock> locked = DirectoryLock::Acquire(ParentOf(dir), LockWaitSeconds());
+    if (locked.ok() && !locked->unlocked_because().empty()) {
+      ZERO_LOG(logger_, kWarn) << "checkpoint: saving without a lock: " << locked->unlocked_because();
+    }
     if (locked.ok()) lock.emplace(std::move(*locked));
     created = locked.status();
   }
@@ -144,7 +147,8 @@ Status EngineImpl::SaveCheckpointAs(const std::string& target, int64_t series_se
     for (const ParamSpec& s : specs_) {
       meta.params.push_back({s.name, s.shape, DTypeName(s.dtype), s.requires_grad, 0, param_steps_[meta.params.size()]});
     }
-    written = WriteFileDurably(partial + "/meta.json", CheckpointMetaJson(meta));
+    StatusOr<std::string> text = CheckpointMetaJson(meta);
+    written = text.ok() ? WriteFileDurably(partial + "/meta.json", *text) : text.status();
   }
   // Every rank's file is durable: rank 0 makes the whole directory visible at once.
   ZERO_RETURN_IF_ERROR(AgreeOnOutcome(written, "SaveCheckpoint"));
@@ -170,6 +174,9 @@ Status EngineImpl::SaveCheckpoint(const std::string& root_dir, const std::string
   std::optional<DirectoryLock> lock;
   if (comm_.rank() == 0 && created.ok()) {
     StatusOr<DirectoryLock> locked = DirectoryLock::Acquire(root, LockWaitSeconds());
+    if (locked.ok() && !locked->unlocked_because().empty()) {
+      ZERO_LOG(logger_, kWarn) << "checkpoint: saving without a lock: " << locked->unlocked_because();
+    }
     if (locked.ok()) lock.emplace(std::move(*locked));
     created = locked.status();
   }
@@ -192,7 +199,8 @@ Status EngineImpl::SaveCheckpoint(const std::string& root_dir, const std::string
         if (entry.tag != tag && IsNumberedTag(entry.tag)) numbered.push_back(entry.tag);
       }
       std::error_code error;
-      for (size_t i = 0; i + keep - 1 < numbered.size(); ++i) {
+      const size_t kept = static_cast<size_t>(keep) - (IsNumberedTag(tag) ? 1 : 0);  // the new one counts
+      for (size_t i = 0; i + kept < numbered.size(); ++i) {
         std::filesystem::remove_all(root + "/" + numbered[i], error);
         if (error) {
           ZERO_LOG(logger_, kWarn) << "checkpoint: cannot delete " << root << "/" << numbered[i] << ": "

@@ -48,24 +48,30 @@ std::string ParentOf(const std::string& path) {
 }
 
 StatusOr<DirectoryLock> DirectoryLock::Acquire(const std::string& dir, double timeout_s) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return SystemError("open directory", dir);
+  const std::string path = dir + "/.zerort-lock";
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) return SystemError("create the lock file", path);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
   while (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    if (errno == ENOLCK || errno == ENOSYS || errno == EOPNOTSUPP || errno == EBADF || errno == EINVAL) {
+      std::string reason = std::strerror(errno);
+      ::close(fd);
+      return DirectoryLock(-1, absl::StrCat("the file system cannot lock ", path, " (", reason, ")"));
+    }
     if (errno != EWOULDBLOCK && errno != EINTR) {
-      const Status failed = SystemError("lock", dir);
+      const Status failed = SystemError("lock", path);
       ::close(fd);
       return failed;
     }
     if (timeout_s > 0 && std::chrono::steady_clock::now() >= deadline) {
       ::close(fd);
       return absl::FailedPreconditionError(absl::StrCat(
-          "checkpoint: another job has been saving into ", dir, " for ", timeout_s,
-          " s (it holds the directory's lock); give each job a checkpoint directory of its own"));
+          "checkpoint: another job has been saving into ", dir, " for ", timeout_s, " s (it holds ", path,
+          "); give each job a checkpoint directory of its own"));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  return DirectoryLock(fd);
+  return DirectoryLock(fd, "");
 }
 
 DirectoryLock::~DirectoryLock() {
@@ -130,7 +136,8 @@ Status VerifyChecksum(const std::string& path) {
 }
 
 StatusOr<std::string> ReadRegularFile(const std::string& path, int64_t max_bytes) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO or a device must not wait (fstat below refuses them).
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
   if (fd < 0) {
     if (errno == ENOENT) return absl::NotFoundError(absl::StrCat("checkpoint: ", path, " does not exist"));
     return SystemError("open", path);

@@ -37,22 +37,31 @@ Status WriteFileDurably(const std::string& path, const std::string& text);
 /// text, never a mix (`path`.tmp is written and synced first; the directory after).
 Status ReplaceFileAtomically(const std::string& path, const std::string& text);
 
-/// An exclusive lock on a directory (flock), held while one job saves a checkpoint into it so
-/// that two jobs saving into the same place never mix their files: the second waits for the
-/// first to finish. Released when destroyed (and by the system if the process dies).
+/// An exclusive lock on a directory, held while one job saves a checkpoint into it so that two
+/// jobs saving into the same place never mix their files: the second waits for the first to
+/// finish. It is an flock on the regular file DIR/.zerort-lock (a directory's own fd cannot be
+/// locked on NFS); on a file system without flock (Lustre without -o flock) saving goes on
+/// unlocked, and unlocked_because() says why. Released when destroyed, and by the system if
+/// the process dies.
 class DirectoryLock {
  public:
   /// Locks `dir` (which must exist), waiting up to `timeout_s` seconds (0: forever) for
   /// another holder; then kFailedPrecondition naming the directory.
   static StatusOr<DirectoryLock> Acquire(const std::string& dir, double timeout_s);
-  DirectoryLock(DirectoryLock&& other) noexcept : fd_(other.fd_) { other.fd_ = -1; }
+  DirectoryLock(DirectoryLock&& other) noexcept
+      : fd_(other.fd_), unlocked_because_(std::move(other.unlocked_because_)) {
+    other.fd_ = -1;
+  }
   DirectoryLock& operator=(DirectoryLock&&) = delete;
   DirectoryLock(const DirectoryLock&) = delete;
   ~DirectoryLock();
+  /// Empty when the lock is held; else why the file system could not lock.
+  const std::string& unlocked_because() const { return unlocked_because_; }
 
  private:
-  explicit DirectoryLock(int fd) : fd_(fd) {}
+  DirectoryLock(int fd, std::string unlocked_because) : fd_(fd), unlocked_because_(std::move(unlocked_because)) {}
   int fd_;
+  std::string unlocked_because_;
 };
 
 /// The directory holding `path` ("." for a bare name).

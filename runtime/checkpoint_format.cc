@@ -37,6 +37,28 @@ constexpr int kMaxCheckpointWorld = 1 << 20;
 constexpr int64_t kMaxStep = int64_t{1} << 62;
 constexpr int64_t kMaxMetaBytes = int64_t{1} << 30;  // a million params' names and shapes fit
 constexpr int64_t kMaxLatestBytes = 4096;
+constexpr int kMaxMetaNesting = 16;  // meta.json's own fields are 3 deep
+
+// Whether JSON text nests arrays and objects deeper than `limit` (strings skipped): nlohmann's
+// dump and copies recurse, so a deep document must be refused before it is read.
+bool NestedDeeperThan(const std::string& text, int limit) {
+  int depth = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\') ++i;
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > limit) return true;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return false;
+}
 
 Status SystemError(const char* what, const std::string& path) {
   return absl::UnavailableError(
@@ -223,6 +245,10 @@ StatusOr<CheckpointMeta> ReadCheckpointMeta(const std::string& dir) {
     return absl::NotFoundError(absl::StrCat("checkpoint: ", dir, " holds no meta.json (nor a `latest` "
                                             "file naming a checkpoint): not a ZeroRT checkpoint"));
   }
+  if (NestedDeeperThan(*text, kMaxMetaNesting)) {
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint: ", path, " is nested more than ", kMaxMetaNesting,
+                                                   " levels deep (damaged?)"));
+  }
   nlohmann::json json = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
   if (json.is_discarded() || !json.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat("checkpoint: ", path, " is not JSON (damaged?)"));
@@ -257,6 +283,14 @@ StatusOr<CheckpointMeta> ReadCheckpointMeta(const std::string& dir) {
   ZERO_RETURN_IF_ERROR(Field(*scaler, "iteration", path, "loss_scaler.iteration", &meta.scaler.iteration));
   ZERO_RETURN_IF_ERROR(Field(*scaler, "last_overflow", path, "loss_scaler.last_overflow",
                              &meta.scaler.last_overflow));
+  if (scaler->contains("mode")) {
+    std::string mode;
+    ZERO_RETURN_IF_ERROR(Field(*scaler, "mode", path, "loss_scaler.mode", &mode));
+    if (mode == "none") meta.scaler.mode = LossScaleMode::kNone;
+    else if (mode == "static") meta.scaler.mode = LossScaleMode::kStatic;
+    else if (mode == "dynamic") meta.scaler.mode = LossScaleMode::kDynamic;
+    else return FieldError(path, "loss_scaler.mode", "\"none\", \"static\" or \"dynamic\"");
+  }
   const LossScaler::State& sc = meta.scaler;
   if (!std::isfinite(sc.scale) || sc.scale <= 0 || sc.scale > 0x1p64f) {
     return FieldError(path, "loss_scaler.scale", "a number > 0 and ≤ 2^64");
@@ -271,11 +305,12 @@ StatusOr<CheckpointMeta> ReadCheckpointMeta(const std::string& dir) {
   ZERO_RETURN_IF_ERROR(ReadGroups(json, path, &meta));
   ZERO_RETURN_IF_ERROR(ReadParams(json, path, &meta));
   // Last: a field that is damaged beyond reading is named above; any other change is here.
-  if (meta.format >= 4) ZERO_RETURN_IF_ERROR(CheckMetaChecksum(path, &json));
+  // Required from format 4; checked in any file that has one (a format changed to 3 too).
+  if (meta.format >= 4 || json.contains("checksum")) ZERO_RETURN_IF_ERROR(CheckMetaChecksum(path, &json));
   return meta;
 }
 
-std::string CheckpointMetaJson(const CheckpointMeta& meta) {
+StatusOr<std::string> CheckpointMetaJson(const CheckpointMeta& meta) {
   nlohmann::json json;
   json["format"] = meta.format;
   json["world"] = meta.world;
@@ -285,8 +320,12 @@ std::string CheckpointMetaJson(const CheckpointMeta& meta) {
   json["series_seq"] = meta.series_seq;
   json["moments"] = meta.moments;
   json["user_data"] = meta.user_data;
+  const char* mode = meta.scaler.mode == LossScaleMode::kNone     ? "none"
+                     : meta.scaler.mode == LossScaleMode::kStatic ? "static"
+                                                                  : "dynamic";
   json["loss_scaler"] = {{"scale", meta.scaler.scale}, {"remaining_hysteresis", meta.scaler.remaining_hysteresis},
-                         {"iteration", meta.scaler.iteration}, {"last_overflow", meta.scaler.last_overflow}};
+                         {"iteration", meta.scaler.iteration}, {"last_overflow", meta.scaler.last_overflow},
+                         {"mode", mode}};
   json["groups"] = nlohmann::json::array();
   for (const OptimizerHyper& h : meta.groups) {
     json["groups"].push_back({{"lr", h.lr}, {"beta1", h.beta1}, {"beta2", h.beta2}, {"eps", h.eps},
@@ -299,7 +338,13 @@ std::string CheckpointMetaJson(const CheckpointMeta& meta) {
                               {"requires_grad", p.requires_grad}, {"steps", p.steps}});
   }
   if (meta.format >= 4) json["checksum"] = MetaChecksum(json);
-  return json.dump(1) + "\n";
+  try {  // nlohmann throws on a string that is not UTF-8; the library never throws
+    return json.dump(1) + "\n";
+  } catch (const nlohmann::json::type_error&) {
+    return absl::InvalidArgumentError(
+        "checkpoint: a param name or the trainer's user data is not UTF-8 text; JSON (meta.json) "
+        "cannot hold it: encode binary user data (e.g. base64) first");
+  }
 }
 
 // ---- RankFileWriter ----

@@ -71,8 +71,9 @@ struct CheckpointMeta {
 /// file and the field; kNotFound when DIR is missing (saying so when only DIR.partial, an
 /// unfinished save, is there); kUnavailable when it cannot be read.
 StatusOr<CheckpointMeta> ReadCheckpointMeta(const std::string& dir);
-/// meta.json's text.
-std::string CheckpointMetaJson(const CheckpointMeta& meta);
+/// meta.json's text; kInvalidArgument when a string in it (a param name, the user data) is
+/// not UTF-8, which JSON cannot hold.
+StatusOr<std::string> CheckpointMetaJson(const CheckpointMeta& meta);
 
 /// `dir` without trailing slashes.
 std::string TrimmedDir(std::string dir);

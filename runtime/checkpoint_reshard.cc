@@ -6,7 +6,8 @@
 // same layout; meta.json's stage is informative, and a load at any stage and bucket size reads
 // whatever records overlap what it owns). Values come from the old records that overlap each
 // part; the last record read is kept, so consecutive parts that fall in one old record read it
-// once. Memory: the old files' indexes, one old record and one new part; no threads.
+// once. Memory: the old files' indexes, one old record and one new part; one file open at a
+// time; no threads.
 #include <algorithm>
 #include <filesystem>
 #include <memory>
@@ -27,68 +28,96 @@ using runtime::CheckpointMeta;
 using runtime::RankFileReader;
 using runtime::RecordExtent;
 
-// The old checkpoint's records, read through a one-record cache.
+// The old checkpoint's records, read through a one-record cache. Only the indexes are kept;
+// a file is opened when one of its records is read (one open at a time), so a checkpoint of
+// any world size is read within the process's file limit.
 class OldRecords {
  public:
-  OldRecords(std::vector<std::unique_ptr<RankFileReader>> readers, int moments, size_t params)
-      : readers_(std::move(readers)), moments_(moments), of_param_(params) {
-    for (size_t q = 0; q < readers_.size(); ++q) {
-      const std::vector<RankFileReader::Record>& records = readers_[q]->records();
-      for (size_t k = 0; k < records.size(); ++k) of_param_[records[k].param].emplace_back(q, k);
+  // Reads every rank file's index of checkpoint `dir`.
+  static StatusOr<std::unique_ptr<OldRecords>> Open(const std::string& dir, const CheckpointMeta& meta) {
+    std::unique_ptr<OldRecords> old(new OldRecords(dir, meta));
+    for (int q = 0; q < meta.world; ++q) {
+      ZERO_ASSIGN_OR_RETURN(std::unique_ptr<RankFileReader> reader, RankFileReader::Open(old->Path(q), meta));
+      const std::vector<RankFileReader::Record>& records = reader->records();
+      for (size_t k = 0; k < records.size(); ++k) old->of_param_[records[k].param].push_back({q, k, records[k]});
     }
+    return old;
   }
 
   // Fills part [begin, begin + numel) of `param` (values laid out as a record: numel weights,
-  // then numel of each moment) from every old record that overlaps it; kDataLoss when some
-  // element is in none.
+  // then numel of each moment) from the old records that overlap it; kDataLoss unless they
+  // cover it exactly once (CheckTiling, as a load checks).
   Status Fill(int param, int64_t begin, int64_t numel, std::vector<float>* part) {
-    part->assign(static_cast<size_t>(numel * (1 + moments_)), 0.0f);
-    int64_t covered = 0;
-    for (const auto& [q, k] : of_param_[param]) {
-      const RankFileReader::Record& r = readers_[q]->records()[k];
-      const int64_t first = std::max(begin, r.begin), last = std::min(begin + numel, r.begin + r.numel);
+    const int64_t end = begin + numel;
+    part->assign(static_cast<size_t>(numel * (1 + meta_.moments)), 0.0f);
+    std::vector<std::pair<int64_t, int64_t>> spans;
+    for (const Located& located : of_param_[param]) {
+      const RankFileReader::Record& r = located.record;
+      const int64_t first = std::max(begin, r.begin), last = std::min(end, r.begin + r.numel);
       if (first >= last) continue;
-      ZERO_RETURN_IF_ERROR(Load(q, k));
-      for (int plane = 0; plane <= moments_; ++plane) {
+      ZERO_RETURN_IF_ERROR(Load(located));
+      for (int plane = 0; plane <= meta_.moments; ++plane) {
         std::copy_n(values_.data() + plane * r.numel + (first - r.begin), last - first,
                     part->data() + plane * numel + (first - begin));
       }
-      covered += last - first;
+      spans.emplace_back(first, last);
     }
-    if (covered != numel) {
-      return absl::DataLossError(absl::StrCat("checkpoint: elements [", begin, ", ", begin + numel, ") of param ",
-                                              param, " are covered ", covered, " times over, not once"));
-    }
-    return absl::OkStatus();
+    return runtime::CheckTiling(std::move(spans), begin, end,
+                                absl::StrCat("param \"", meta_.params[param].name, "\""));
   }
 
  private:
-  Status Load(size_t q, size_t k) {
-    if (q == loaded_q_ && k == loaded_k_) return absl::OkStatus();
-    loaded_q_ = loaded_k_ = SIZE_MAX;
-    ZERO_RETURN_IF_ERROR(readers_[q]->Read(k, &values_));
-    loaded_q_ = q;
-    loaded_k_ = k;
+  struct Located {
+    int file;
+    size_t index;
+    RankFileReader::Record record;
+  };
+  OldRecords(std::string dir, const CheckpointMeta& meta)
+      : dir_(std::move(dir)), meta_(meta), of_param_(meta.params.size()) {}
+  std::string Path(int q) const { return runtime::RankFilePath(dir_, q, meta_.world); }
+
+  Status Load(const Located& located) {
+    if (located.file == loaded_file_ && located.index == loaded_index_) return absl::OkStatus();
+    loaded_index_ = SIZE_MAX;
+    if (located.file != open_file_) {
+      reader_.reset();
+      open_file_ = -1;
+      ZERO_ASSIGN_OR_RETURN(reader_, RankFileReader::Open(Path(located.file), meta_));
+      open_file_ = located.file;
+    }
+    ZERO_RETURN_IF_ERROR(reader_->Read(located.index, &values_));
+    loaded_file_ = located.file;
+    loaded_index_ = located.index;
     return absl::OkStatus();
   }
 
-  std::vector<std::unique_ptr<RankFileReader>> readers_;
-  int moments_;
-  std::vector<std::vector<std::pair<size_t, size_t>>> of_param_;  // (file, record) per param
-  std::vector<float> values_;
-  size_t loaded_q_ = SIZE_MAX, loaded_k_ = SIZE_MAX;
+  const std::string dir_;
+  const CheckpointMeta& meta_;
+  std::vector<std::vector<Located>> of_param_;
+  std::unique_ptr<RankFileReader> reader_;  // the one open file
+  int open_file_ = -1;
+  std::vector<float> values_;  // the last record read
+  int loaded_file_ = -1;
+  size_t loaded_index_ = SIZE_MAX;
 };
+
+// Whether one of two directories is the other or inside it (absolute, symlinks resolved).
+bool Nested(const std::string& a, const std::string& b) {
+  std::error_code error;
+  const std::filesystem::path x = std::filesystem::weakly_canonical(a, error);
+  const std::filesystem::path y = std::filesystem::weakly_canonical(b, error);
+  if (error) return false;
+  auto starts_with = [](const std::filesystem::path& whole, const std::filesystem::path& prefix) {
+    return std::mismatch(prefix.begin(), prefix.end(), whole.begin(), whole.end()).first == prefix.end();
+  };
+  return starts_with(x, y) || starts_with(y, x);
+}
 
 // The parts of each trainable param that `rank` owns in `plan`, in param coordinates.
 std::vector<RecordExtent> OwnedParts(const partition::PartitionPlan& plan, int rank) {
   std::vector<RecordExtent> parts;
-  for (size_t p = 0; p < plan.params().size(); ++p) {
-    if (!plan.params()[p].requires_grad) continue;
-    const auto& place = plan.placement(static_cast<int>(p));
-    const partition::OwnedSpan owned = plan.Owned(place.bucket, rank);
-    const int64_t first = std::max(place.offset, owned.begin);
-    const int64_t last = std::min(place.offset + place.numel, owned.begin + owned.numel);
-    if (first < last) parts.push_back({static_cast<int32_t>(p), first - place.offset, last - first});
+  for (const partition::Fragment& f : plan.FragmentsOnRank(rank)) {
+    if (plan.params()[f.param].requires_grad) parts.push_back({f.param, f.param_begin, f.numel});
   }
   return parts;
 }
@@ -100,14 +129,13 @@ Status ReshardCheckpoint(const std::string& target, int world, const std::string
     return absl::InvalidArgumentError(absl::StrCat("reshard: world ", world, " is not in [1, 1048576]"));
   }
   ZERO_ASSIGN_OR_RETURN(const std::string dir, runtime::ResolveCheckpointDir(target));
-  ZERO_ASSIGN_OR_RETURN(CheckpointMeta meta, runtime::ReadCheckpointMeta(dir));
-  std::vector<std::unique_ptr<RankFileReader>> readers;
-  for (int q = 0; q < meta.world; ++q) {
-    ZERO_ASSIGN_OR_RETURN(std::unique_ptr<RankFileReader> reader,
-                          RankFileReader::Open(runtime::RankFilePath(dir, q, meta.world), meta));
-    readers.push_back(std::move(reader));
+  if (Nested(dir, out) || Nested(runtime::TrimmedDir(target), out)) {
+    return absl::InvalidArgumentError(absl::StrCat("reshard: ", out, " and the checkpoint ", dir,
+                                                   " are one inside the other; publishing there would replace the "
+                                                   "input: write the new checkpoint elsewhere"));
   }
-  OldRecords old(std::move(readers), meta.moments, meta.params.size());
+  ZERO_ASSIGN_OR_RETURN(CheckpointMeta meta, runtime::ReadCheckpointMeta(dir));
+  ZERO_ASSIGN_OR_RETURN(std::unique_ptr<OldRecords> old, OldRecords::Open(dir, meta));
 
   std::vector<partition::ParamInfo> infos;
   for (const CheckpointMeta::Param& p : meta.params) {
@@ -137,7 +165,7 @@ Status ReshardCheckpoint(const std::string& target, int world, const std::string
                           runtime::RankFileWriter::Create(runtime::RankFilePath(partial, rank, world), parts,
                                                           meta.moments));
     for (const RecordExtent& e : parts) {
-      ZERO_RETURN_IF_ERROR(old.Fill(e.param, e.begin, e.numel, &part));
+      ZERO_RETURN_IF_ERROR(old->Fill(e.param, e.begin, e.numel, &part));
       ZERO_RETURN_IF_ERROR(writer->Append(part.data()));
     }
     ZERO_RETURN_IF_ERROR(writer->Close());
@@ -145,7 +173,8 @@ Status ReshardCheckpoint(const std::string& target, int world, const std::string
   meta.format = runtime::kCheckpointFormat;
   meta.world = world;
   meta.stage = 1;
-  ZERO_RETURN_IF_ERROR(runtime::WriteFileDurably(partial + "/meta.json", runtime::CheckpointMetaJson(meta)));
+  ZERO_ASSIGN_OR_RETURN(const std::string text, runtime::CheckpointMetaJson(meta));
+  ZERO_RETURN_IF_ERROR(runtime::WriteFileDurably(partial + "/meta.json", text));
   return runtime::PublishDirectory(partial, destination);
 }
 

@@ -16,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "runtime/deepspeed_config.h"
+#include "zero/engine.h"
 
 namespace zero {
 namespace {
@@ -74,7 +75,7 @@ const Range kSteps{0, kMaxElems, false, false, "a whole number ≥ 0 and ≤ 1e1
 const Range kTotalSteps{1, kMaxElems, false, false, "a whole number ≥ 1 and ≤ 1e15"};
 const Range kBatch{0, kMaxElems, false, false, "a whole number ≥ 1 and ≤ 1e15 (0: not given)"};
 // More groups than any model has; bounds what a config can make the engine allocate.
-constexpr size_t kMaxParamGroups = 65536;
+constexpr size_t kMaxParamGroups = kMaxOptimizerGroups;
 
 Status CheckRange(absl::string_view key, double value, const Range& range, absl::string_view quoted) {
   if (range.Contains(value)) return absl::OkStatus();
@@ -169,6 +170,7 @@ class NumberLiterals final : public Json::json_sax_t {
   // Config keys are at most five levels deep (optimizer.param_groups[0].betas[1]) and short;
   // deeper or longer paths are not recorded, so any text parses in linear time.
   static constexpr size_t kMaxDepth = 5, kMaxKey = 64;
+  static constexpr size_t kMaxNesting = 64;
   struct Frame {
     size_t path_size;  // the container's own path is path_[0, path_size)
     bool array;
@@ -199,6 +201,10 @@ class NumberLiterals final : public Json::json_sax_t {
     return true;
   }
   bool Open(bool array) {
+    if (frames_.size() >= kMaxNesting) {  // the DOM's copies and dumps recurse: bound the depth
+      error_ = absl::StrCat("config is nested more than ", kMaxNesting, " levels deep");
+      return false;
+    }
     BeginValue();
     frames_.push_back({path_.size(), array, 0, tracked_ && frames_.size() < kMaxDepth});
     return true;

@@ -1,9 +1,39 @@
 // Engine creation, registration, Finalize and parameter access.
+#include <cmath>
+
 #include "absl/strings/str_cat.h"
 #include "base/env.h"
 #include "runtime/engine_impl.h"
 
 namespace zero {
+namespace {
+
+// "batch": train_batch_size = micro_batch_size_per_rank × gradient_accumulation_steps × world
+// (as DeepSpeed asserts); without the micro-batch size, train_batch_size must divide evenly.
+// Computed in double: the factors' product can exceed int64 (every factor is at most 1e15).
+Status CheckBatchSizes(const Config& config, int world) {
+  const BatchConfig& batch = config.batch;
+  if (batch.train_batch_size == 0) return absl::OkStatus();
+  const double per_micro_batch = static_cast<double>(config.gradient_accumulation_steps) * world;
+  const std::string factors = absl::StrCat("gradient_accumulation_steps ", config.gradient_accumulation_steps,
+                                           " × world size ", world);
+  if (batch.micro_batch_size_per_rank > 0) {
+    const double product = batch.micro_batch_size_per_rank * per_micro_batch;
+    if (product != static_cast<double>(batch.train_batch_size)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "config: train_batch_size ", batch.train_batch_size, " is not micro_batch_size_per_rank ",
+          batch.micro_batch_size_per_rank, " × ", factors, " = ", product,
+          "; fix one of them (or leave train_batch_size out: it is derived)"));
+    }
+  } else if (std::fmod(static_cast<double>(batch.train_batch_size), per_micro_batch) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("config: train_batch_size ", batch.train_batch_size,
+                                                   " is not a multiple of ", factors,
+                                                   ": no whole micro-batch per rank gives it"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 StatusOr<std::unique_ptr<Engine>> Engine::Create(const Config& config,
                                                  comm::Communicator& communicator) {
@@ -16,17 +46,7 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const Config& config,
         "precision.reduce (", DTypeName(config.precision.reduce), ") must equal precision.grad (",
         DTypeName(config.precision.grad), "): reducing in another dtype is not implemented"));
   }
-  const BatchConfig& batch = config.batch;
-  if (batch.train_batch_size > 0 && batch.micro_batch_size_per_rank > 0 &&
-      batch.train_batch_size != batch.micro_batch_size_per_rank * config.gradient_accumulation_steps *
-                                    communicator.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "config: train_batch_size ", batch.train_batch_size, " is not micro_batch_size_per_rank ",
-        batch.micro_batch_size_per_rank, " × gradient_accumulation_steps ", config.gradient_accumulation_steps,
-        " × world size ", communicator.size(), " = ",
-        batch.micro_batch_size_per_rank * config.gradient_accumulation_steps * communicator.size(),
-        "; fix one of them (or leave train_batch_size out: it is derived)"));
-  }
+  ZERO_RETURN_IF_ERROR(CheckBatchSizes(config, communicator.size()));
   ZERO_ASSIGN_OR_RETURN(base::EnvTunables env, base::ReadEnvTunables());
   base::Logger logger(env.log_level, communicator.rank());
   for (const std::string& note : config.notes) ZERO_LOG(logger, kInfo) << "config: " << note;
@@ -121,8 +141,9 @@ StatusOr<ParamId> EngineImpl::RegisterParam(const ParamSpec& spec) {
                                                      " is not ≥ 1"));
     }
   }
-  if (spec.group < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("param \"", spec.name, "\": group ", spec.group, " < 0"));
+  if (spec.group < 0 || spec.group >= kMaxOptimizerGroups) {
+    return absl::InvalidArgumentError(absl::StrCat("param \"", spec.name, "\": group ", spec.group,
+                                                   " is not in [0, ", kMaxOptimizerGroups, ")"));
   }
   if (!IsFloatingPoint(spec.dtype)) {
     return absl::InvalidArgumentError(absl::StrCat("param \"", spec.name, "\": dtype ", DTypeName(spec.dtype),

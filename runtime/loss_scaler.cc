@@ -26,7 +26,7 @@ void LossScaler::Update(bool overflow) {
       last_overflow_ = iteration_;
     } else if ((iteration_ - last_overflow_) % window_ == 0) {
       remaining_hysteresis_ = hysteresis_;
-      scale_ *= 2.0f;
+      scale_ = std::min(scale_ * 2.0f, 0x1p64f);  // the largest scale a checkpoint takes back
     }
   }
   ++iteration_;

@@ -27,13 +27,16 @@ class LossScaler {
     float scale;
     int remaining_hysteresis;
     int64_t iteration, last_overflow;
+    LossScaleMode mode = LossScaleMode::kDynamic;  ///< the saving scaler's (older files: dynamic)
   };
-  State state() const { return {scale_, remaining_hysteresis_, iteration_, last_overflow_}; }
-  /// A checkpoint's state, taken by a dynamic scaler only: modes "none" and "static" keep the
-  /// scale their config gives (a saved dynamic scale must not divide the gradients of an
-  /// engine configured without it). The caller has range-checked `s` (ReadCheckpointMeta).
+  State state() const { return {scale_, remaining_hysteresis_, iteration_, last_overflow_, mode_}; }
+  /// A dynamic scaler's saved state, taken by a dynamic scaler only: modes "none" and "static"
+  /// keep the scale their config gives (a saved dynamic scale must not divide the gradients of
+  /// an engine configured without it), and a dynamic scaler starts from its config when the
+  /// checkpoint's scaler was not dynamic (a bf16 run's scale 1 would make fp16 gradients
+  /// underflow for thousands of steps). The caller has range-checked `s` (ReadCheckpointMeta).
   void Restore(const State& s) {
-    if (mode_ != LossScaleMode::kDynamic) return;
+    if (mode_ != LossScaleMode::kDynamic || s.mode != LossScaleMode::kDynamic) return;
     scale_ = s.scale < min_ ? min_ : s.scale;
     remaining_hysteresis_ = s.remaining_hysteresis;
     iteration_ = s.iteration;

@@ -50,9 +50,9 @@ class OptimizerState {
   /// One optimizer step over the owned ranges, gradients multiplied by grad_scale: each
   /// optimizer group with its hyperparameters `groups[g]`, each param with its own step count
   /// `param_steps[p]` (this step included; a count of 0 steps as 1, for a param put back after
-  /// the step). A group's params that agree on the count (every step but those after which
-  /// guard.on_unused = "zero" left a param untouched) take one launch; otherwise one launch
-  /// per distinct count.
+  /// the step). A group's params that agree on the count take one launch over the group's
+  /// long segments; once guard.on_unused = "zero" has left a param untouched the counts differ
+  /// for good, and the group takes one launch per distinct count over per-param segments.
   Status Step(const std::vector<OptimizerHyper>& groups, const std::vector<int64_t>& param_steps,
               float grad_scale);
   /// A host copy of one part of a param this rank owns, in param coordinates: `numel` fp32

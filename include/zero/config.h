@@ -101,7 +101,8 @@ struct SchedulerConfig {
   std::optional<float> warmup_max_lr;        ///< [0, 1e6]
   int64_t warmup_num_steps = 1000;   ///< [0, 1e15]; below 2 counts as 2 (DeepSpeed's clamp)
   WarmupType warmup_type = WarmupType::kLog;
-  /// WarmupDecayLR and WarmupCosineLR: required (≥ 1); WarmupDecayLR needs it > warmup_num_steps.
+  /// WarmupDecayLR and WarmupCosineLR: required (≥ 1). Not above warmup_num_steps, the decay
+  /// is immediate (DeepSpeed only warns too).
   int64_t total_num_steps = 0;
   /// WarmupCosineLR: each group's lr times a ratio that warms up from warmup_min_ratio to 1,
   /// then follows a cosine down to cos_min_ratio at total_num_steps.
@@ -171,7 +172,7 @@ struct GuardConfig {
 
 /// "batch": DeepSpeed's train_batch_size and train_micro_batch_size_per_gpu, checked by
 /// Engine::Create: train_batch_size = micro_batch_size_per_rank × gradient_accumulation_steps ×
-/// world size. 0: not given (nothing to check).
+/// world size (without the micro-batch size, a multiple of the other two). 0: not given.
 struct BatchConfig {
   int64_t train_batch_size = 0;           ///< [0, 1e15]
   int64_t micro_batch_size_per_rank = 0;  ///< [0, 1e15]

@@ -61,13 +61,16 @@ class Communicator;
 /// A registered parameter's handle: its registration index.
 using ParamId = int64_t;
 
+/// Optimizer groups are 0 to kMaxOptimizerGroups - 1 (as optimizer.param_groups' length).
+inline constexpr int kMaxOptimizerGroups = 65536;
+
 /// What the trainer declares about a parameter.
 struct ParamSpec {
   std::string name;             ///< unique; used in every message about the param
   std::vector<int64_t> shape;   ///< all dimensions ≥ 1
   DType dtype = DType::kFP32;   ///< fp32, bf16 or fp16
   bool requires_grad = true;    ///< false: laid out, never reduced or stepped
-  int group = 0;                ///< optimizer group (≥ 0); groups never share a bucket
+  int group = 0;                ///< optimizer group, [0, kMaxOptimizerGroups); groups never share a bucket
   int unit = -1;                ///< stage 3: params with the same unit are gathered together
 };
 
@@ -168,9 +171,10 @@ class Engine {
   virtual Status SaveCheckpoint(const std::string& dir) = 0;
   /// Writes checkpoint `root/tag` as above, then points `root/latest` at it (replaced in one
   /// rename once every rank has finished), then deletes the oldest saves of `root` beyond
-  /// `checkpoint.keep_last` (by the order they were saved in, so after a rollback the abandoned
-  /// later steps go first; only tags that end in a number, e.g. "step-1000": a tag such as
-  /// "best" is never deleted). LoadCheckpoint(root) loads the latest. `tag` is a plain file
+  /// `checkpoint.keep_last` (by the order they were saved in, not by step: after a rollback
+  /// the new saves count as the newest and an abandoned later step ages like any other; only
+  /// tags that end in a number, e.g. "step-1000": a tag such as "best" is never deleted nor
+  /// counted). LoadCheckpoint(root) loads the latest. `tag` is a plain file
   /// name; otherwise kInvalidArgument. `dir` may be a symlink: the checkpoint is written where
   /// it points.
   virtual Status SaveCheckpoint(const std::string& root, const std::string& tag) = 0;

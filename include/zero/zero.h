@@ -173,7 +173,8 @@ ZERO_API zero_status zero_loss_scale(const zero_engine* engine, float* scale);
 ZERO_API zero_status zero_lr_schedule_iteration(const zero_engine* engine, int64_t* iteration);
 /** Reduces `count` fp32 values at `data` (host memory) over every rank of `comm`, in place:
  *  op 0 sum, 1 max (a trainer's metrics: loss, token counts). Collective; waits at most
- *  timeout_s seconds (0: forever). */
+ *  timeout_s seconds (0: forever); `data` is never written after the call returns.
+ *  ZERO_UNIMPLEMENTED for an NCCL communicator (device memory only). */
 ZERO_API zero_status zero_comm_all_reduce_f32(zero_comm* comm, float* data, int64_t count, int op,
                                               double timeout_s);
 /** Translates `config_json` (ZeroRT or DeepSpeed JSON text; a DeepSpeed config is recognised

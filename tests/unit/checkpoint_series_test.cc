@@ -140,7 +140,7 @@ TEST_F(CheckpointSeries, ASecondJobWaitsForTheRootsLockAndSaysWhy) {
   Config config = ToyConfig(2);
   config.guard.timeout_s = 0.5;
   std::filesystem::create_directories(root_);
-  const int held = ::open(root_.c_str(), O_RDONLY | O_DIRECTORY);
+  const int held = ::open((root_ + "/.zerort-lock").c_str(), O_RDWR | O_CREAT, 0644);
   ASSERT_GE(held, 0);
   ASSERT_EQ(::flock(held, LOCK_EX), 0);
   auto save = [&]() {

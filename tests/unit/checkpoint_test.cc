@@ -2,6 +2,7 @@
 // continuation) and at other world sizes and stages (the same trajectory within float summation
 // order), with clear errors for a different model or optimizer.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <filesystem>
 #include <fstream>
@@ -321,6 +322,34 @@ TEST(CheckpointMisuse, AnotherOptimizerAnEmptyNameAndASymlinkedDirectory) {
   ASSERT_THAT(saved, ::testing::Each(IsOk()));
   EXPECT_TRUE(std::filesystem::is_symlink(root + "/link"));
   EXPECT_TRUE(std::filesystem::exists(root + "/real/meta.json"));
+  std::filesystem::remove_all(root);
+}
+
+// User data that is not UTF-8 cannot go into meta.json: the save fails on every rank with the
+// reason (it used to throw out of the library); a FIFO named `latest` is refused, not waited on.
+TEST(CheckpointMisuse, BinaryUserDataAndAFifoAreErrorsNotACrashOrAHang) {
+  const std::string root = testing::ScratchDir("zerort-ckpt-binary");
+  const std::vector<Status> statuses = RunOnRanks(2, [&](int, comm::Communicator& c) -> Status {
+    ZERO_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(ToyConfig(2), c));
+    testing::ToyOptions o;
+    o.steps = 1;
+    testing::ToyResult result;
+    ZERO_RETURN_IF_ERROR(testing::TrainToy(*engine, o, &result));
+    engine->set_checkpoint_user_data(std::string("\xff\xfe rng", 6));
+    return engine->SaveCheckpoint(root + "/ckpt");
+  });
+  EXPECT_THAT(statuses[0], StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("UTF-8")));
+  EXPECT_THAT(statuses[1], StatusIs(absl::StatusCode::kAborted));
+  EXPECT_FALSE(std::filesystem::exists(root + "/ckpt"));
+  std::filesystem::create_directories(root + "/series");
+  ASSERT_EQ(::mkfifo((root + "/series/latest").c_str(), 0644), 0);
+  auto group = comm::CreateLocalGroup(1);
+  auto engine = Engine::Create(ToyConfig(2), *(*group)[0]);
+  ASSERT_THAT(engine, IsOk());
+  ASSERT_THAT((*engine)->RegisterParam({"w", {8}}), IsOk());
+  ASSERT_THAT((*engine)->Finalize(), IsOk());
+  EXPECT_THAT((*engine)->LoadCheckpoint(root + "/series"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("not a regular file")));
   std::filesystem::remove_all(root);
 }
 

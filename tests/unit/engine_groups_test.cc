@@ -322,6 +322,35 @@ TEST(EngineGroupsCalls, BadGroupsAndValuesAreRefusedNamingThem) {
     EXPECT_THAT(engine.SetGroupHyper(1, bad), StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("lr")));
     EXPECT_FLOAT_EQ(engine.GroupHyper(1)->lr, 5e-3f);  // unchanged
   });
+  RunOnRanks(1, [&](int, comm::Communicator& comm) {
+    auto created = Engine::Create(TwoGroupConfig(2), comm);
+    ASSERT_THAT(created, IsOk());
+    EXPECT_THAT((*created)->RegisterParam({"w", {8}, DType::kFP32, true, kMaxOptimizerGroups}),
+                StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("\"w\": group 65536")));
+  });
+}
+
+// DeepSpeed's batch arithmetic: train_batch_size = micro-batch × accumulation × world, checked
+// when the engine knows the world size (without overflow for huge values); without the
+// micro-batch size it must divide evenly.
+TEST(EngineGroupsCalls, BatchSizesAreCheckedAgainstTheWorldSize) {
+  RunOnRanks(3, [&](int, comm::Communicator& comm) {
+    Config config;
+    config.gradient_accumulation_steps = 4;
+    config.batch.train_batch_size = 24;
+    EXPECT_THAT(Engine::Create(config, comm), IsOk());  // 24 = 2 × 4 × 3
+    config.batch.micro_batch_size_per_rank = 2;
+    EXPECT_THAT(Engine::Create(config, comm), IsOk());
+    config.batch.micro_batch_size_per_rank = 3;
+    EXPECT_THAT(Engine::Create(config, comm),
+                StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("train_batch_size 24")));
+    config.batch = {32, 0};
+    EXPECT_THAT(Engine::Create(config, comm),
+                StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("not a multiple")));
+    config.batch = {1, 1'000'000'000'000'000};
+    config.gradient_accumulation_steps = 100000;
+    EXPECT_THAT(Engine::Create(config, comm), StatusIs(absl::StatusCode::kInvalidArgument));
+  });
 }
 
 }  // namespace

@@ -91,6 +91,10 @@ TEST(LossScaler, OnlyADynamicScalerTakesASavedState) {
   LossScaler dynamic(Dynamic(4, 1000, 2, 1.0f));
   dynamic.Restore(state);
   EXPECT_EQ(dynamic.scale(), 65536.0f);
+  // A static or no scaler's state (scale 1 or 8) does not replace a dynamic scaler's start.
+  LossScaler from_static(Dynamic(4, 1000, 2, 1.0f));
+  from_static.Restore(static_scaler.state());
+  EXPECT_EQ(from_static.scale(), 16.0f);
 }
 
 }  // namespace

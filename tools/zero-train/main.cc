@@ -173,13 +173,18 @@ StatusOr<Json> ConfigJson(const GivenFlags& given) {
   if (use("lr")) json["optimizer"]["lr"] = absl::GetFlag(FLAGS_lr);
   if (use("weight_decay")) json["optimizer"]["weight_decay"] = absl::GetFlag(FLAGS_weight_decay);
   const std::string schedule = absl::GetFlag(FLAGS_lr_schedule);
+  if (given.count("warmup_steps") > 0 && (given.count("lr_schedule") == 0 || schedule == "none")) {
+    return absl::InvalidArgumentError("--warmup_steps needs --lr_schedule (WarmupLR, WarmupDecayLR or WarmupCosineLR)");
+  }
   if (given.count("lr_schedule") > 0 && schedule != "none") {
     Json& params = json["scheduler"]["params"];
     json["scheduler"]["type"] = schedule;
     params["warmup_type"] = "linear";
     params["warmup_num_steps"] = absl::GetFlag(FLAGS_warmup_steps);
-    if (schedule != "WarmupCosineLR") {
-      params["warmup_max_lr"] = json["optimizer"].value("lr", 1e-3);
+    if (schedule != "WarmupCosineLR") {  // the optimizer's lr (DeepSpeed's default 1e-3 without one)
+      const auto optimizer = json.find("optimizer");
+      const bool has_lr = optimizer != json.end() && optimizer->is_object() && optimizer->contains("lr");
+      params["warmup_max_lr"] = has_lr ? (*optimizer)["lr"] : Json(1e-3);
     }
     if (schedule != "WarmupLR") params["total_num_steps"] = absl::GetFlag(FLAGS_steps);
   }
