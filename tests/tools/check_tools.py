@@ -241,12 +241,14 @@ def check_zero_ckpt():
               and run([tool, "verify", ckpt]).returncode == 0,
               "zero-ckpt consolidate --out CK/meta.json: refused, and the checkpoint still verifies")
         wide = os.path.join(root, "wide")
+        with open(tool, "rb") as binary:  # AddressSanitizer reserves terabytes of address space
+            sanitized = b"__asan_init" in binary.read()
+        limit = None if sanitized else lambda: resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
         limited = subprocess.run([tool, "reshard", ckpt, "--world", "1024", "--out", wide],
-                                 capture_output=True, text=True, timeout=300,
-                                 preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30)))
+                                 capture_output=True, text=True, timeout=300, preexec_fn=limit)
         check(limited.returncode == 0 and run([tool, "verify", wide]).returncode == 0,
-              "zero-ckpt reshard --world 1024 under a 1 GiB address-space limit: done and intact "
-              "(no engine or thread per rank)" + ("" if limited.returncode == 0 else limited.stderr[-500:]))
+              "zero-ckpt reshard --world 1024 under a 1 GiB address-space limit (none under ASan): done "
+              "and intact (no engine or thread per rank)" + ("" if limited.returncode == 0 else limited.stderr[-500:]))
         resharded = os.path.join(root, "three")
         made = run([tool, "reshard", ckpt, "--world", "3", "--out", resharded])
         files = sorted(os.listdir(resharded)) if made.returncode == 0 else []
