@@ -1,6 +1,8 @@
 // Stage 3: params live only as each rank's shard; units are gathered for compute and released,
 // prefetched along the gather order recorded over the first optimizer step (every Gather from
-// Finalize to the first Step, forward and backward), within stage3.max_live_elems.
+// Finalize to the first Step, forward and backward), within stage3.max_live_elems. A gather
+// off the recorded order (an eval pass, changed control flow) records the order again from
+// there; the next step follows the new record.
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -114,7 +116,7 @@ class ShardedParams final : public ParamStore {
     int holders = 0;        // Gathers not yet Released
     bool persistent = false;
   };
-  enum class Trace { kRecording, kValid, kInvalid };
+  enum class Trace { kRecording, kValid };
 
   int64_t ElementBytes(int param) const { return plan_.buckets()[plan_.placement(param).bucket].element_bytes(); }
   StatusOr<int> BucketOfUnit(int unit, const char* call) const;
@@ -215,13 +217,17 @@ Status ShardedParams::Gather(int unit) {
     if (trace_position_ < trace_.size() && trace_[trace_position_] == bucket) {
       ++trace_position_;
     } else {
+      // An eval pass, or control flow that changed: the rest of this step gathers on demand
+      // while the order is recorded again from here; the next step follows the new trace.
       ZERO_LOG(logger_, kInfo) << "stage 3: gather #" << trace_position_ << " of the step is unit " << unit
                                << ", not the recorded unit "
                                << (trace_position_ < trace_.size() ? plan_.buckets()[trace_[trace_position_]].unit : -1)
-                               << ": the gather order changed, prefetching stops (gathers are on demand from now on)";
-      trace_state_ = Trace::kInvalid;
+                               << ": the gather order changed; gathering on demand until the next step, "
+                                  "which follows the order recorded from here";
       ++counters_.trace_invalidations;
       ZERO_RETURN_IF_ERROR(DropPrefetched());
+      trace_.assign(1, bucket);
+      trace_state_ = Trace::kRecording;
     }
   }
   if (u.buffer.data() != nullptr && u.holders == 0) {  // prefetched before the trainer asked

@@ -3,6 +3,8 @@
 // correct, and views of params whose unit is not gathered.
 #include <gtest/gtest.h>
 
+#include <string>
+
 #include <cmath>
 
 #include "tests/engine/run_on_ranks.h"
@@ -100,6 +102,50 @@ TEST(EngineStage3, ChangedControlFlowDropsTheTraceAndStaysCorrect) {
   EXPECT_GE(runs[0].counters.trace_invalidations, 1);
   EXPECT_EQ(runs[0].result.losses, reference[0].result.losses);
   EXPECT_EQ(runs[0].result.final_params, reference[0].result.final_params);
+}
+
+// An eval pass between steps (forward gathers only) leaves the recorded order: the training
+// step after it gathers on demand while the order is recorded again, and prefetching resumes
+// on the step after that (it used to stop for good).
+TEST(EngineStage3, PrefetchResumesAfterAnEvalPass) {
+  auto group = comm::CreateLocalGroup(1);
+  auto engine = Engine::Create(ToyConfig(3), *(*group)[0]);
+  ASSERT_THAT(engine, IsOk());
+  Engine& e = **engine;
+  constexpr int kUnits = 3;
+  for (int u = 0; u < kUnits; ++u) ASSERT_THAT(e.RegisterParam({"p" + std::to_string(u), {500}, DType::kFP32, true, 0, u}), IsOk());
+  ASSERT_THAT(e.Finalize(), IsOk());
+  const std::vector<float> grad(500, 0.01f);
+  auto train_step = [&] {
+    for (int u = 0; u < kUnits; ++u) {  // forward
+      ASSERT_THAT(e.Gather(u), IsOk());
+      ASSERT_THAT(e.Release(u), IsOk());
+    }
+    ASSERT_THAT(e.BeginIteration(), IsOk());
+    for (int u = kUnits - 1; u >= 0; --u) {  // backward
+      ASSERT_THAT(e.Gather(u), IsOk());
+      ASSERT_THAT(e.AccumulateGrad(u, grad.data()), IsOk());
+      ASSERT_THAT(e.Release(u), IsOk());
+    }
+    ASSERT_THAT(e.EndBackward(), IsOk());
+    ASSERT_THAT(e.Step(), IsOk());
+  };
+  for (int step = 0; step < 2; ++step) train_step();
+  const int64_t before_steady = e.counters().gathers_prefetched;
+  train_step();
+  const int64_t per_step = e.counters().gathers_prefetched - before_steady;  // prefetched per step
+  ASSERT_GT(per_step, 0);
+  for (int u = 0; u < kUnits; ++u) {  // the eval pass: forward only
+    ASSERT_THAT(e.Gather(u), IsOk());
+    ASSERT_THAT(e.Release(u), IsOk());
+  }
+  train_step();  // off the record from its first gather: on demand, recorded again
+  const int64_t prefetched = e.counters().gathers_prefetched;
+  EXPECT_EQ(e.counters().trace_invalidations, 1);
+  train_step();
+  train_step();
+  EXPECT_EQ(e.counters().gathers_prefetched - prefetched, 2 * per_step) << "prefetching did not resume";
+  EXPECT_EQ(e.counters().trace_invalidations, 1);
 }
 
 TEST(EngineStage3, ViewsOfUngatheredParamsAreErrors) {
