@@ -94,7 +94,7 @@ zero_status zero_engine_create(const char* config_json, zero_comm* comm, zero_en
   ZERO_C_REQUIRE(comm, "zero_engine_create");
   ZERO_C_REQUIRE(out, "zero_engine_create");
   zero::Config config;
-  if (config_json != nullptr && config_json[0] != '\0') {
+  if (config_json != nullptr) {
     auto parsed = zero::Config::FromJson(config_json);
     if (!parsed.ok()) return Report(parsed.status());
     config = *parsed;

@@ -432,7 +432,6 @@ OptimizerHyper OptimizerConfig::Group(int group) const {
 }
 
 StatusOr<std::string> NormalizeConfigJson(std::string_view text) {
-  if (text.empty()) text = "{}";
   const Json json = Json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
   std::string normalized(text);
   if (!json.is_discarded() && runtime::IsDeepSpeedConfig(json)) {
@@ -460,6 +459,9 @@ const char* OptimizerTypeName(OptimizerType type) {
 }
 
 StatusOr<Config> Config::FromJson(std::string_view text) {
+  if (text.find_first_not_of(" \t\r\n") == std::string_view::npos) {
+    return absl::InvalidArgumentError("config is empty (a file that failed to load?); pass {} for the defaults");
+  }
   NumberLiterals literals;
   if (!literals.Parse(text)) return absl::InvalidArgumentError(literals.error());
   const Json json = Json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);

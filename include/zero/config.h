@@ -206,7 +206,8 @@ struct Config {
 
   /// Parses the JSON above, or a DeepSpeed config (recognised by its top-level keys, e.g.
   /// zero_optimization, bf16, train_batch_size; translated first, with every unsupported key
-  /// named in one error); missing keys keep their defaults. Then Validate(). Text that is not
+  /// named in one error); missing keys keep their defaults ("{}": all of them; empty text is an
+  /// error). Then Validate(). Text that is not
   /// JSON is kInvalidArgument with nlohmann's reason (line, column); a number beyond a double
   /// (1e999) names its key.
   static StatusOr<Config> FromJson(std::string_view json);

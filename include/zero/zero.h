@@ -3,7 +3,8 @@
  * Every call returns a zero_status (0 = ZERO_OK); zero_last_error() gives the calling
  * thread's message for its last failed call. Objects are opaque handles created and
  * destroyed here. The calls mirror the C++ API (zero/engine.h) one to one; the config is the
- * JSON described in zero/config.h (NULL or "" for the defaults).
+ * JSON described in zero/config.h (NULL for the defaults; "" is refused as an empty config,
+ * which is more often a file that failed to load than a choice: pass "{}").
  *
  *   zero_comm* comms[2];  zero_comm_local_group(2, comms);        // or zero_comm_mpi(NULL, &c)
  *   zero_engine* e;       zero_engine_create("{\"stage\": 2}", comms[rank], &e);

@@ -122,6 +122,15 @@ TEST(ConfigJson, TextThatIsNotJsonSaysWhere) {
               StatusIs(absl::StatusCode::kInvalidArgument, AllOf(HasSubstr("not valid JSON"), HasSubstr("line 2"))));
 }
 
+// Empty text is more often a config file that failed to load than a choice of defaults.
+TEST(ConfigJson, EmptyTextIsRefusedAndBracesGiveTheDefaults) {
+  for (const char* empty : {"", "  \n"}) {
+    EXPECT_THAT(Config::FromJson(empty), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("empty")));
+    EXPECT_THAT(NormalizeConfigJson(empty), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("empty")));
+  }
+  EXPECT_THAT(Config::FromJson("{}"), IsOk());
+}
+
 TEST(ConfigJson, AcceptsTheEdgesOfEveryRange) {
   const StatusOr<Config> config = Config::FromJson(R"({
       "stage": 3.0,
