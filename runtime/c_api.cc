@@ -166,6 +166,11 @@ zero_status zero_grad_ready(zero_engine* engine, int64_t id) {
   return Report(engine->engine->GradReady(id));
 }
 
+zero_status zero_grad_absent(zero_engine* engine, int64_t id) {
+  ZERO_C_REQUIRE(engine, "zero_grad_absent");
+  return Report(engine->engine->GradAbsent(id));
+}
+
 zero_status zero_accumulate_grad(zero_engine* engine, int64_t id, const void* grad) {
   ZERO_C_REQUIRE(engine, "zero_accumulate_grad");
   return Report(engine->engine->AccumulateGrad(id, grad));

@@ -50,6 +50,7 @@ class EngineImpl final : public Engine {
   Status BeginIteration() override;
   StatusOr<void*> GradBuffer(ParamId id) override;
   Status GradReady(ParamId id) override;
+  Status GradAbsent(ParamId id) override;
   Status AccumulateGrad(ParamId id, const void* grad) override;
   Status EndBackward() override;
   StatusOr<StepInfo> Step() override;

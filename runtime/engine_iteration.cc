@@ -94,6 +94,14 @@ Status EngineImpl::GradReady(ParamId id) {
   return complete ? ParamComplete(param) : absl::OkStatus();
 }
 
+Status EngineImpl::GradAbsent(ParamId id) {
+  ZERO_RETURN_IF_ERROR(CheckGradientCall(id, "GradAbsent"));
+  const int param = static_cast<int>(id);
+  bool complete = false;
+  ZERO_RETURN_IF_ERROR(guard_->Absent(param, &complete));
+  return complete ? ParamComplete(param) : absl::OkStatus();
+}
+
 Status EngineImpl::ParamComplete(int param) {
   const int bucket = plan_->placement(param).bucket;
   if (--pending_[bucket] > 0 || !config_.buckets.overlap || phase_ != Phase::kBackward) return absl::OkStatus();

@@ -122,6 +122,22 @@ Status GradGuard::AtEndBackward(int rank, std::vector<int>* to_complete) {
   return absl::OkStatus();
 }
 
+Status GradGuard::Absent(int param, bool* complete) {
+  *complete = false;
+  if (config_.on_unused != UnusedPolicy::kZero) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "GradAbsent(", Label(param), "): only under guard.on_unused = \"zero\" may a param go without a gradient"));
+  }
+  if (count_[param] > 0 || complete_[param]) {
+    return absl::FailedPreconditionError(absl::StrCat("GradAbsent(", Label(param), "): it already received a gradient "
+                                                      "in iteration ", iteration_));
+  }
+  if (learning_) return absl::OkStatus();  // the first micro-batch of on_duplicate = "count": at EndBackward
+  complete_[param] = 1;
+  *complete = true;
+  return absl::OkStatus();
+}
+
 void GradGuard::EndStep() { std::fill(used_in_step_.begin(), used_in_step_.end(), 0); }
 
 }  // namespace zero::runtime

@@ -37,6 +37,9 @@ class GradGuard {
   /// Records one arrival of `param`. `*complete` tells whether the param just became complete
   /// (its bucket's pending count drops). `bucket_launched` only shapes the message.
   Status Arrive(int param, bool bucket_launched, bool* complete);
+  /// Under on_unused = "zero": `param` will get no gradient this micro-batch; it becomes
+  /// complete now (`*complete`) without counting as used. kFailedPrecondition once it arrived.
+  Status Absent(int param, bool* complete);
 
   /// At EndBackward: checks counts and unused params per the policies. On success `*to_complete`
   /// lists params the engine must now treat as complete (all params after a learning

@@ -154,6 +154,12 @@ class Engine {
   /// Declares `id`'s gradient for this micro-batch complete; its bucket's reduction starts
   /// once every param of the bucket and of every earlier bucket is ready.
   virtual Status GradReady(ParamId id) = 0;
+  /// guard.on_unused = "zero": `id` gets no gradient in this micro-batch on this rank (an idle
+  /// expert, a skipped branch), known before backward ends: it completes now with zeros, so its
+  /// bucket does not wait for EndBackward, and unlike GradReady it does not count as used (a
+  /// param no rank used in a step is still left untouched by it). kFailedPrecondition under
+  /// on_unused = "error" or once the param got a gradient in this micro-batch.
+  virtual Status GradAbsent(ParamId id) = 0;
   /// Adds `grad` (the param's dtype, full shape; host memory, or device memory on device
   /// "cuda") into the gradient and marks it ready. A bf16/fp16 gradient added into an fp32
   /// gradient (precision.grad fp32) is widened on the way and summed in fp32.

@@ -124,6 +124,9 @@ ZERO_API zero_status zero_param_data(zero_engine* engine, int64_t id, void** vie
  *  gradient dtype: fp32 for bf16/fp16 params under the default precision.grad "fp32". */
 ZERO_API zero_status zero_grad_buffer(zero_engine* engine, int64_t id, void** view);
 ZERO_API zero_status zero_grad_ready(zero_engine* engine, int64_t id);
+/** guard.on_unused = "zero": the param gets no gradient in this micro-batch (an idle expert);
+ *  it completes now with zeros without counting as used (see Engine::GradAbsent). */
+ZERO_API zero_status zero_grad_absent(zero_engine* engine, int64_t id);
 /** Adds a full gradient (host, the param's dtype; widened into an fp32 gradient) and marks the
  *  param ready. */
 ZERO_API zero_status zero_accumulate_grad(zero_engine* engine, int64_t id, const void* grad);

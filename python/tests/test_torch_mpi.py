@@ -11,6 +11,7 @@ import zerort
 import zerort.torch
 from test_torch_engine import (BATCH, OPTIMIZER, STEPS, TinyLM, assert_close,
                                batch, loss_of, reference)
+from test_torch_misuse import WithBuffer
 from test_torch_optimizer import lambda_lr, param_groups
 from test_torch_optimizer import reference as groups_reference
 
@@ -102,5 +103,19 @@ def test_all_reduce_over_mpi_ranks():
         assert engine.all_reduce(values.clone(), "max").tolist() == [world - 1.0, 0.0, 1.0]
         assert engine.all_reduce(values.clone(), "min").tolist() == [0.0, 1.0 - world, 1.0]
         engine.close()
+    finally:
+        comm.close()
+
+
+def test_frozen_state_of_another_shape_on_one_rank_is_named():
+    """A buffer whose shape differs on rank 1 (and 2): every rank raises, naming the buffer
+    with both shapes, instead of broadcasting rank 0's bytes into it."""
+    comm = zerort.mpi_communicator()
+    try:
+        model = WithBuffer(80 + comm.rank)
+        with pytest.raises(zerort.InvalidArgumentError) as raised:
+            zerort.torch.initialize(model, {"stage": 2, "guard": {"timeout_s": 60}}, comm)
+        message = str(raised.value)
+        assert "mask: shape (80,)" in message and "mask: shape (81,)" in message
     finally:
         comm.close()

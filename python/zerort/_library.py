@@ -58,6 +58,8 @@ _PROTOTYPES = {
                         ctypes.c_int),
     "zero_accumulate_grad": ([ctypes.c_void_p, ctypes.c_int64,
                               ctypes.c_void_p], ctypes.c_int),
+    "zero_grad_ready": ([ctypes.c_void_p, ctypes.c_int64], ctypes.c_int),
+    "zero_grad_absent": ([ctypes.c_void_p, ctypes.c_int64], ctypes.c_int),
     "zero_begin_iteration": ([ctypes.c_void_p], ctypes.c_int),
     "zero_end_backward": ([ctypes.c_void_p], ctypes.c_int),
     "zero_step": ([ctypes.c_void_p, ctypes.POINTER(StepInfo)], ctypes.c_int),

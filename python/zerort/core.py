@@ -5,6 +5,7 @@ library's message; nothing is returned as a code.
 """
 import ctypes
 import json
+import math
 import os
 import threading
 import weakref
@@ -49,19 +50,40 @@ def install_preemption_handler():
     _check(library().zero_install_preemption_handler(), "zero_install_preemption_handler")
 
 
+class _Handle:
+    """One C object (a communicator or an engine), freed when the last reference to this
+    goes: its Python owner's, and for an engine those of the tensors that view its memory
+    (zerort.torch's params and anything derived from them). So a closed engine's memory
+    outlives every view of it, and no view ever reads freed memory. `keep`: a _Handle that
+    must be freed after this one (an engine's communicator)."""
+
+    def __init__(self, value, free, keep=None):
+        self.value = value
+        self._free = free
+        self._keep = keep
+
+    def __del__(self):
+        lib = _lib
+        if lib is not None and self.value:
+            getattr(lib, self._free)(ctypes.c_void_p(self.value))
+            self.value = None
+
+
 class Communicator:
-    """One rank's communicator (owns the C handle; close() or garbage collection frees it)."""
+    """One rank's communicator (owns the C handle; close() or garbage collection frees it,
+    once no engine built on it still has memory that tensors view)."""
 
     def __init__(self, handle, backend, stream=None):
-        self._handle = ctypes.c_void_p(handle)  # first: __del__ runs even if __init__ fails
+        self._owner = None  # first: __del__ runs even if __init__ fails
+        self._engines = {}
+        self._owner = _Handle(handle, "zero_comm_destroy")
         self.backend = backend  # "local" (threads of this process), "mpi" or "nccl"
         self.stream = stream  # nccl: the cudaStream_t (int) its collectives are ordered after
         # Open engines built on this communicator: raw handle -> (the Engine's handle box,
-        # callbacks to run before the engine is freed). A communicator frees its engines
-        # first, whatever order the garbage collector finalises them in (a model, its hooks
-        # and its engine form a cycle), and empties their boxes so that they are not used
-        # or freed again.
-        self._engines = {}
+        # callbacks to run before the engine is closed, the engine's _Handle). A
+        # communicator closes its engines first, whatever order the garbage collector
+        # finalises them in (a model, its hooks and its engine form a cycle), and empties
+        # their boxes so that they are not used or closed again.
 
     @property
     def in_process(self):
@@ -72,6 +94,10 @@ class Communicator:
     def device_buffers_only(self):
         """True when collectives take GPU memory only (NCCL)."""
         return self.backend == "nccl"
+
+    @property
+    def _handle(self):
+        return ctypes.c_void_p(self._owner.value if self._owner is not None else None)
 
     @property
     def handle(self):
@@ -106,25 +132,27 @@ class Communicator:
         _check(status, "zero_comm_all_reduce_f32")
 
     def close(self):
-        """Frees the communicator, and first every engine still open on it."""
+        """Closes every engine still open on it, then frees the communicator (at once, or
+        after the last tensor viewing a closed engine's memory is gone)."""
         for handle in list(self._engines):
             self._close_engine(handle)
-        if self._handle:
-            library().zero_comm_destroy(self._handle)
-            self._handle = ctypes.c_void_p()
+        self._owner = None
 
     def _close_engine(self, handle):
-        """Runs an engine's before-close callbacks and frees it (once)."""
+        """Runs an engine's before-close callbacks and frees it (once; its memory goes
+        when no tensor views it any more)."""
         entry = self._engines.pop(handle, None)
         if entry is None:
             return
-        box, callbacks = entry
-        for callback in callbacks:
-            method = callback()  # a weak method: gone with its object
-            if method is not None:
-                method()
-        box[0] = None
-        library().zero_engine_destroy(ctypes.c_void_p(handle))
+        box, callbacks, owner = entry
+        try:
+            for callback in callbacks:
+                method = callback()  # a weak method: None once its object is gone
+                if method is not None:
+                    method()
+        finally:
+            box[0] = None
+            del entry, owner  # the engine is freed here unless views of its memory remain
 
     def __del__(self):
         if _lib is not None:
@@ -177,11 +205,51 @@ def config_dict(config):
         raise errors.InvalidArgumentError(f"config is not JSON: {error}", 3) from None
 
 
+def _json_value(value, key):
+    """`value` as a JSON value: numbers held in one-element tensors or NumPy scalars become
+    numbers; anything else JSON cannot hold, and numbers that are not finite, are an
+    InvalidArgumentError naming the config key `key`."""
+    if isinstance(value, dict):
+        result = {}
+        for name, item in value.items():
+            if not isinstance(name, str):
+                raise errors.InvalidArgumentError(
+                    f"config key \"{key}\" has a key {name!r} that is not a string", 3)
+            result[name] = _json_value(item, f"{key}.{name}" if key else name)
+        return result
+    if isinstance(value, (list, tuple)):
+        return [_json_value(item, f"{key}[{index}]") for index, item in enumerate(value)]
+    if value is None or isinstance(value, (str, bool)):
+        return value
+    if not isinstance(value, (int, float)) and callable(getattr(value, "item", None)):
+        try:
+            value = value.item()  # a one-element tensor or array, a NumPy scalar
+        except (TypeError, ValueError, RuntimeError):
+            pass
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise errors.InvalidArgumentError(
+                f"config key \"{key}\": {value} is not a finite number", 3)
+        return float(value)
+    raise errors.InvalidArgumentError(
+        f"config key \"{key}\": {value!r} ({type(value).__name__}) is not a JSON value "
+        "(a number, string, boolean, null, list or object)", 3)
+
+
+def config_json(config):
+    """The JSON text of a config given as config_dict() takes it (see _json_value)."""
+    return json.dumps(_json_value(config_dict(config), ""))
+
+
 def normalize_config(config):
     """The ZeroRT config (a dict) for `config`: a ZeroRT or DeepSpeed config, given as
     config_dict() takes it, translated and checked by the library (zero_config_normalize)
     exactly as zero_engine_create would; InvalidArgumentError names what is wrong."""
-    text = json.dumps(config_dict(config))
+    text = config_json(config)
     out = ctypes.c_char_p()
     _check(library().zero_config_normalize(text.encode(), ctypes.byref(out)),
            "zero_config_normalize")
@@ -192,14 +260,16 @@ class Engine:
     """One rank's engine: the C ABI's calls one to one (include/zero/zero.h)."""
 
     def __init__(self, config, comm):
-        self._box = [None]  # the zero_engine*; emptied when it is freed
+        self._box = [None]  # the zero_engine*; emptied when it is closed
         handle = ctypes.c_void_p()
-        text = json.dumps(config_dict(config))
+        text = config_json(config)
         _check(library().zero_engine_create(text.encode(), comm.handle, ctypes.byref(handle)),
                "zero_engine_create")
         self._box[0] = handle
         self._comm = comm  # kept alive while the engine is
-        comm._engines[handle.value] = (self._box, [])
+        comm._engines[handle.value] = (self._box, [],
+                                       _Handle(handle.value, "zero_engine_destroy",
+                                               keep=comm._owner))
 
     @property
     def _handle(self):
@@ -211,8 +281,15 @@ class Engine:
 
     @property
     def closed(self):
-        """True once the engine has been freed."""
+        """True once the engine has been closed."""
         return self._box[0] is None
+
+    @property
+    def memory_owner(self):
+        """The object that keeps the engine's memory: a tensor viewing that memory (a
+        param_data view) must hold it, so that the memory outlives the view (close()
+        frees the engine's memory only once no such object is left)."""
+        return self._comm._engines[self._handle.value][2]
 
     def register_param(self, name, shape, dtype="fp32", requires_grad=True,
                        group=0, unit=-1):
@@ -251,6 +328,12 @@ class Engine:
         _check(library().zero_param_data(self._handle, pid, ctypes.byref(view)),
                "zero_param_data")
         return view.value
+
+    def grad_absent(self, pid):
+        """guard.on_unused = "zero": the param gets no gradient in this micro-batch; it
+        completes now with zeros and does not count as used (a param no rank used in a step
+        is left untouched by it, its step count included)."""
+        _check(library().zero_grad_absent(self._handle, pid), "zero_grad_absent")
 
     def accumulate_grad(self, pid, address):
         """Adds a gradient (the param's dtype, at `address`: host memory, or device memory
@@ -395,14 +478,20 @@ class Engine:
         """The number of ranks."""
         return library().zero_engine_world_size(self._handle)
 
-    def on_close(self, method):
-        """Runs the bound `method()` just before the engine is freed (by close(), by its
-        communicator's close(), or by the garbage collector), if its object still exists
-        (only a weak reference is kept)."""
-        self._comm._engines[self._handle.value][1].append(weakref.WeakMethod(method))
+    def on_close(self, method, weak=True):
+        """Runs `method()` just before the engine is closed (by close(), by its
+        communicator's close(), or by the garbage collector's finalizer). weak=True: a bound
+        method, run if its object still exists (only a weak reference is kept); weak=False:
+        any callable, kept until then (it must not refer to what should be collectable)."""
+        callbacks = self._comm._engines[self._handle.value][1]
+        if weak:
+            callbacks.append(weakref.WeakMethod(method))
+        else:
+            callbacks.append(lambda: method)
 
     def close(self):
-        """Frees the engine (never blocks). Closing a closed engine does nothing."""
+        """Closes the engine (never blocks); its memory is freed once no tensor views it.
+        Closing a closed engine does nothing."""
         if not self.closed:
             self._comm._close_engine(self._box[0].value)
 

@@ -18,6 +18,7 @@
 namespace zero {
 namespace {
 
+using ::testing::Not;
 using testing::IsOk;
 using testing::RunOnRanks;
 using testing::StatusIs;
@@ -170,8 +171,13 @@ INSTANTIATE_TEST_SUITE_P(StagesAndWorlds, EngineGroups,
                          ::testing::Combine(::testing::Values(0, 1, 2, 3), ::testing::Values(2, 3)));
 
 // A param that no rank used keeps its own step count (guard.on_unused = "zero"), so its first
-// update is bias-corrected as step 1, as PyTorch's per-param state does.
-TEST(EngineGroupsSteps, AParamLeftUntouchedKeepsItsOwnStepCount) {
+// update is bias-corrected as step 1, as PyTorch's per-param state does. Declared absent early
+// (GradAbsent, as zerort.torch does for params its forward did not reach) or never mentioned,
+// it is left untouched alike.
+class EngineGroupsSteps : public ::testing::TestWithParam<bool> {};
+
+TEST_P(EngineGroupsSteps, AParamLeftUntouchedKeepsItsOwnStepCount) {
+  const bool declared_absent = GetParam();
   Config config = TwoGroupConfig(2);
   config.guard.on_unused = UnusedPolicy::kZero;
   constexpr int kSteps = 5, kFirstUse = 3;
@@ -184,6 +190,9 @@ TEST(EngineGroupsSteps, AParamLeftUntouchedKeepsItsOwnStepCount) {
       ASSERT_THAT(engine.BeginIteration(), IsOk());
       if (step >= kFirstUse) {
         ASSERT_THAT(engine.AccumulateGrad(1, RankGradient(1, kBiasNumel, step, r).data()), IsOk());
+      } else if (declared_absent) {
+        ASSERT_THAT(engine.GradAbsent(1), IsOk());
+        EXPECT_THAT(engine.AccumulateGrad(1, RankGradient(1, kBiasNumel, step, r).data()), Not(IsOk()));
       }
       ASSERT_THAT(engine.AccumulateGrad(0, RankGradient(0, kWeightNumel, step, r).data()), IsOk());
       ASSERT_THAT(engine.EndBackward(), IsOk());
@@ -196,6 +205,17 @@ TEST(EngineGroupsSteps, AParamLeftUntouchedKeepsItsOwnStepCount) {
   ReferenceAdamW b(InitialValues(1, kBiasNumel));
   for (int step = kFirstUse; step <= kSteps; ++step) b.Step(MeanGradient(1, kBiasNumel, step, 2), config.optimizer.Group(1));
   for (int64_t i = 0; i < kBiasNumel; ++i) ASSERT_NEAR(final_b[i], b.w[i], 1e-6) << "element " << i;
+}
+
+INSTANTIATE_TEST_SUITE_P(UnusedOrDeclaredAbsent, EngineGroupsSteps, ::testing::Bool());
+
+TEST(EngineGroupsCalls, GradAbsentNeedsOnUnusedZero) {
+  RunOnRanks(1, [&](int, comm::Communicator& comm) {
+    std::unique_ptr<Engine> engine = TwoParamEngine(TwoGroupConfig(2), comm);
+    ASSERT_NE(engine, nullptr);
+    ASSERT_THAT(engine->BeginIteration(), IsOk());
+    EXPECT_THAT(engine->GradAbsent(1), StatusIs(absl::StatusCode::kFailedPrecondition, ::testing::HasSubstr("on_unused")));
+  });
 }
 
 // DeepSpeed's WarmupDecayLR, linear warmup over 4 steps from 0 to 0.1, decaying to 0 at step

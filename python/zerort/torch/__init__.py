@@ -18,18 +18,35 @@ the engine and shows as `engine.lr_scheduler`.
 What happens to the model:
 - Every trainable param (`requires_grad=True`, each shared param once) is registered with the
   engine under its `named_parameters()` name, in that order, with its group's index; frozen
-  params (LoRA base weights, frozen embeddings) are neither registered, sharded nor stepped.
+  params (LoRA base weights, frozen embeddings) are neither registered, sharded nor stepped,
+  nor are zero-element params (nn.Linear(8, 0)): they train as no-ops, their `.grad` stays
+  None after each step, and state_dict() returns them empty. Trainable sparse embeddings
+  (sparse=True) are refused. One open engine drives a param: a second initialize() on the
+  model is refused until the first engine's close().
 - At stages 0-2 each trainable param's `.data` becomes a view of the engine's own copy
   (`zero_param_data`): the optimizer writes there, so nothing is copied back after a step.
   Rank 0's initial values of the trainable params reach every rank before the first
   forward (stage 3 refuses different values instead); rank 0's frozen params and buffers are
   copied to every rank when the engine is built, as DDP does (not again after: buffers that
-  change in forward, such as BatchNorm statistics, stay per rank).
+  change in forward, such as BatchNorm statistics, stay per rank), once the ranks agreed on
+  every one's name, shape and dtype (a difference is an error naming it, on every rank).
+- What initialize() registered must stay: a param cast or moved (model.half(), .to()), a
+  `.data` replaced by another tensor, a trainable param added or unfrozen after it, are
+  errors naming the param (at the next step, forward or gradient; before anything of that
+  param reaches the C ABI). Copy new values in place (param.copy_ under torch.no_grad()).
+- close(), or the garbage collector when nobody called it, gives every param its own copy
+  of its last value (stage 3: close() gathers them; the garbage collector cannot, so a
+  sharded stage-3 param then reads as NaN). A tensor that still aliases the engine's memory
+  (param.detach() taken before) keeps that memory alive, never reads freed memory.
 - A hook after each param's gradient accumulation (`register_post_accumulate_grad_hook` on
   PyTorch >= 2.1, a post hook on the param's AccumulateGrad node before) hands the gradient to
   the engine (`zero_accumulate_grad`: one copy into the bucket) and sets `.grad` to None, so
   buckets reduce while the rest of backward runs (and torch.nn.utils.clip_grad_norm_ sees no
-  gradient: clipping is the config's clip_grad_norm / DeepSpeed's gradient_clipping).
+  gradient: clipping is the config's clip_grad_norm / DeepSpeed's gradient_clipping). A
+  gradient the engine refused (a DuplicateGradientError, a KeyboardInterrupt inside the
+  hook) is dropped from `.grad`, never added to a later step.
+- guard.on_unused = "zero": params the graph of the model's outputs does not reach are
+  marked ready as backward comes to them, as DDP's find_unused_parameters (_reach.py).
 - Stage 3: one unit per module (and optimizer group) that owns trainable params, gathered
   before its forward and again before its backward, released after each (_stage3.py);
   between uses the params' storage is freed, as FSDP does.
@@ -44,7 +61,9 @@ What happens to the model:
 Modules: _engine.py (TorchEngine), _optimizer.py (engine.optimizer), _schedulers.py
 (engine.lr_scheduler), _config.py (configs and param groups), _stage3.py, _device.py (the
 device, the stream, rank 0's frozen state), _backward.py (which backward a duplicate gradient
-came from; errors raised as a backward ends), _checkpoint.py (client_state in checkpoints).
+came from; errors raised as a backward ends), _checkpoint.py (client_state in checkpoints),
+_params.py (what was registered, and what happens before the engine goes), _reach.py
+(guard.on_unused = "zero" marking unreached params).
 
 Every failure is a zerort exception carrying the status and the library's message
 (zerort.errors): DuplicateGradientError, UnusedParametersError, DeadlineExceededError, ...

@@ -29,6 +29,21 @@ def load(config):
     return core.normalize_config(raw), raw
 
 
+def refuse_sparse_gradients(module):
+    """Trainable embeddings built with sparse=True (nn.Embedding, nn.EmbeddingBag) give
+    sparse gradients, which ZeroRT does not reduce: an InvalidArgumentError naming the
+    param, at initialize() rather than inside backward."""
+    for prefix, sub in module.named_modules():
+        if not isinstance(sub, (torch.nn.Embedding, torch.nn.EmbeddingBag)):
+            continue
+        if getattr(sub, "sparse", False) and sub.weight.requires_grad:
+            name = f"{prefix}.weight" if prefix else "weight"
+            raise errors.InvalidArgumentError(
+                f"zerort.torch: param \"{name}\" belongs to a {type(sub).__name__} with "
+                "sparse=True, whose gradients are sparse; ZeroRT reduces dense gradients only. "
+                "Build it with sparse=False (the default), or freeze it.")
+
+
 def cast_to_precision(module, config):
     """A config whose precision.param is bf16 or fp16 (DeepSpeed's "bf16"/"fp16" enabled) casts
     a module that still has float32 params to it, as deepspeed.initialize does; a module
@@ -104,6 +119,11 @@ def group_overrides(group, index):
         value = group[key]
         what = f"model_parameters group {index}'s {key}"
         if key == "betas":
+            if isinstance(value, torch.Tensor):
+                value = value.tolist()
+            if not isinstance(value, (list, tuple)):
+                raise errors.InvalidArgumentError(
+                    f"zerort.torch: {what} must be two numbers, not {value!r}")
             betas = [_as_float(b, what) for b in value]
             if len(betas) != 2:
                 raise errors.InvalidArgumentError(f"zerort.torch: {what} must be two numbers")
@@ -124,7 +144,14 @@ def resolve_param_groups(module, model_parameters):
         return ParamGroups()
     if isinstance(model_parameters, torch.Tensor):
         model_parameters = [model_parameters]
-    items = list(model_parameters)
+    elif isinstance(model_parameters, dict):
+        model_parameters = [model_parameters]
+    try:
+        items = list(model_parameters)
+    except TypeError:
+        raise errors.InvalidArgumentError(
+            "zerort.torch: model_parameters must be params or a list of param groups, not "
+            f"a {type(model_parameters).__name__}") from None
     if not items:
         raise errors.InvalidArgumentError(
             "zerort.torch: model_parameters is empty; pass model.parameters(), a list of "
@@ -149,7 +176,12 @@ def resolve_param_groups(module, model_parameters):
                 f"zerort.torch: model_parameters group {index} has no \"params\"")
         overrides.append(group_overrides(group, index))
         params = group["params"]
-        params = [params] if isinstance(params, torch.Tensor) else list(params)
+        try:
+            params = [params] if isinstance(params, torch.Tensor) else list(params)
+        except TypeError:
+            raise errors.InvalidArgumentError(
+                f"zerort.torch: model_parameters group {index}'s \"params\" must be params, "
+                f"not a {type(params).__name__}") from None
         for param in params:
             if isinstance(param, tuple) and len(param) == 2:  # named_parameters()' pairs
                 param = param[1]

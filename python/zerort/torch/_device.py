@@ -64,16 +64,75 @@ def prepare_cuda(config, stage, device, comm, raw):
     return stream
 
 
+def _broadcast_text(comm, text, root, timeout):
+    """Rank `root`'s `text` on every rank (collective; the others' `text` is ignored)."""
+    device = "cuda" if comm.device_buffers_only else "cpu"  # NCCL takes device memory
+    data = text.encode()
+    length = torch.tensor([len(data)], dtype=torch.int64, device=device)
+    comm.broadcast_bytes(length.data_ptr(), 8, root, timeout)
+    size = int(length.item())
+    if size == 0:
+        return ""
+    buffer = torch.zeros(size, dtype=torch.uint8)
+    if comm.rank == root:
+        buffer.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+    buffer = buffer.to(device)
+    if buffer.is_cuda:
+        torch.cuda.current_stream(buffer.device).synchronize()
+    comm.broadcast_bytes(buffer.data_ptr(), size, root, timeout)
+    return bytes(buffer.cpu().tolist()).decode()
+
+
+_AGREE = -(2.0 ** 30)  # all_reduce_f32 "max" of this on every rank: no rank differs
+
+
+def agree_on_frozen_state(named, comm, timeout):
+    """Every rank checks its frozen params and buffers (`named`: [(name, tensor)]) against
+    rank 0's names, shapes and dtypes before any is broadcast: a difference is an
+    InvalidArgumentError on every rank naming the first differing tensor with its shape and
+    dtype on rank 0 and on the lowest rank that differs (collective: rank 0's list, one
+    all-reduce, and that rank's message when some rank differs)."""
+    mine = [f"{name}: shape {tuple(t.shape)}, {t.dtype}" for name, t in named]
+    theirs = [line for line in _broadcast_text(comm, "\n".join(mine), 0, timeout).split("\n")
+              if line]
+    differs = next((i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b), None)
+    if differs is None and len(mine) != len(theirs):
+        differs = min(len(mine), len(theirs))
+    # max over ranks of -(rank + 1) picks the lowest rank that differs.
+    flag = torch.tensor([_AGREE if differs is None else -(comm.rank + 1.0)],
+                        dtype=torch.float32)
+    comm.all_reduce_f32(flag.data_ptr(), 1, "max", timeout)
+    if flag.item() == _AGREE:
+        return
+    first = int(-flag.item()) - 1
+    message = ""
+    if comm.rank == first:
+        here = mine[differs] if differs < len(mine) else "no such tensor"
+        there = theirs[differs] if differs < len(theirs) else "no such tensor"
+        message = (f"frozen param or buffer #{differs} (the frozen params in "
+                   "named_parameters() order, then named_buffers()) is "
+                   f"\"{there}\" on rank 0 but \"{here}\" on rank {first}")
+    message = _broadcast_text(comm, message, first, timeout)
+    raise errors.InvalidArgumentError(
+        f"zerort.torch: the ranks' models differ: {message}. Every rank must build the "
+        "same model (the same frozen params and buffers, of the same shapes and dtypes) "
+        "before initialize(), which then copies rank 0's values to every rank.",
+        errors.InvalidArgumentError.status)
+
+
 def sync_frozen_state(module, comm, timeout):
     """Rank 0's frozen params (LoRA base weights, frozen embeddings) and buffers
     (BatchNorm statistics, masks) on every rank, as DDP does when it wraps a model: the
     engine owns only the trainable params, and a rank that loaded or seeded these
-    differently would silently compute another model."""
+    differently would silently compute another model. The ranks first agree on every
+    tensor's name, shape and dtype (agree_on_frozen_state)."""
     if comm.size == 1:
         return
-    frozen = [p for p in module.parameters() if not p.requires_grad]
+    named = [(n, p) for n, p in module.named_parameters() if not p.requires_grad]
+    named += list(module.named_buffers())
+    agree_on_frozen_state(named, comm, timeout)
     with torch.no_grad():
-        for tensor in frozen + list(module.buffers()):
+        for _, tensor in named:
             if tensor.numel() == 0:
                 continue
             # NCCL takes device memory only; the other backends take host memory.

@@ -1,10 +1,11 @@
 """TorchEngine: one rank's ZeroRT engine driving a torch.nn.Module's trainable params."""
 import contextlib
+import weakref
 
 import torch
 
 from .. import core, errors
-from . import _backward, _checkpoint, _config, _device, _stage3
+from . import _backward, _checkpoint, _config, _device, _params, _reach, _stage3
 from ._optimizer import ZeroOptimizer
 from ._schedulers import EngineLRScheduler
 
@@ -39,7 +40,12 @@ class TorchEngine:
 
     def __init__(self, module, config, comm, model_parameters=None):
         self.module = module
-        self.config, raw = _config.load(config)
+        self.config, raw = _config.load(config)  # nothing is read before it is checked
+        # Refusals first, so that a refused initialize() leaves the model as it was.
+        _params.claim_check((n, p) for n, p in module.named_parameters() if p.requires_grad)
+        _config.refuse_sparse_gradients(module)
+        groups = _config.resolve_param_groups(module, model_parameters)
+        device = _device.device_of(module, raw.get("device"))
         _config.cast_to_precision(module, self.config)
         self.stage = _config.stage(self.config)
         self.gradient_accumulation_steps = int(
@@ -48,58 +54,73 @@ class TorchEngine:
         self.global_steps = 0  # optimizer steps, skipped ones included (as DeepSpeed's)
         self._grad_norm = None
         self._last_info = None
-        groups = _config.resolve_param_groups(module, model_parameters)
         self.config = _config.with_param_groups(self.config, groups.overrides)
-        device = _device.device_of(module, raw.get("device"))
         self.config["device"] = device.type
         self._comm = comm
-        self._timeout = float(self.config.get("guard", {}).get("timeout_s", 600.0))
+        guard = self.config.get("guard", {})
+        self._timeout = float(guard.get("timeout_s", 600.0))
         self._stream = None  # device "cuda": the torch stream the engine's work follows
         if device.type == "cuda":
             self._stream = _device.prepare_cuda(self.config, self.stage, device, comm, raw)
         self._engine = core.Engine(self.config, comm)
+        # Before the engine's memory goes, however the engine is closed, even if the rest
+        # of initialize() fails (_params.Detacher; it fills as the model is bound).
+        self._hooks = []  # removable handles of the params' gradient hooks
+        self._module_hooks = []
+        self._detacher = _params.Detacher(self._engine._box)
+        self._detacher.handles += [self._hooks, self._module_hooks]
+        self._engine.on_close(self._detacher, weak=False)
         if self._stream is not None:
             self._engine.set_stream(self._stream.cuda_stream)
         _device.sync_frozen_state(module, comm, self._timeout)
-        self._params = []  # (name, param, id)
-        self._names = {}  # id -> name
-        trainable = {p for p in module.parameters() if p.requires_grad}
-        unit_of, module_units = {}, {}
-        if self.stage == 3:
-            unit_of, module_units = _stage3.assign_units(module, trainable, groups.group_of)
-        registered = set()
-        for name, param in module.named_parameters():
-            if not param.requires_grad or param in registered:
-                continue
-            registered.add(param)
+        # Zero-element trainable params have nothing to reduce or step: not registered, no
+        # hooks (trained as no-ops, as PyTorch does).
+        self._inventory = _params.Inventory(module)
+        self._empty = self._inventory.empty  # (name, param)
+        for name, param in self._inventory.trainable:
             if param.dtype not in _DTYPES:
                 raise errors.InvalidArgumentError(
                     f"zerort.torch: {name} has dtype {param.dtype}; ZeroRT keeps float32, "
                     "bfloat16 or float16 params")
+        unit_of, module_units = {}, {}
+        if self.stage == 3:
+            unit_of, module_units = _stage3.assign_units(
+                module, {p for _, p in self._inventory.trainable}, groups.group_of)
+        self._params = []  # (name, param, id)
+        self._names = {}  # id -> name
+        self._records = self._inventory.records  # id -> _params.Registered
+        for name, param in self._inventory.trainable:
             pid = self._engine.register_param(name, list(param.shape) or [1],  # 0-dim: [1]
                                               _DTYPES[param.dtype],
                                               group=groups.group(param),
                                               unit=unit_of.get(param, -1))
             self._params.append((name, param, pid))
             self._names[pid] = name
+            self._records[pid] = _params.Registered(name, param, pid, unit_of.get(param))
+            self._detacher.records.append(self._records[pid])
         self._engine.finalize()
         for _, param, pid in self._params:
             values = param.detach().contiguous()
             self._engine.set_param(pid, values.data_ptr())
-        self._hooks = []
         self._accumulators = []  # AccumulateGrad nodes must outlive their hooks
-        for _, param, pid in self._params:
-            self._add_grad_hook(param, pid, unit_of.get(param))
+        for position, (_, param, pid) in enumerate(self._params):
+            self._add_grad_hook(param, pid, unit_of.get(param), position)
         self._units = None
         if self.stage == 3:  # after the grad hooks: finding a param's node needs its storage
             self._units = _stage3.UnitGathering(self._engine, module, self._params,
-                                                unit_of, module_units)
+                                                unit_of, module_units, self._records)
+            self._detacher.handles.append(self._units.handles)
         else:
             self._bind_views()
         self._micro_batches = 0
         self._closed = False
         self._in_micro_batch = False
         self._passes = _backward.BackwardPasses()
+        # guard.on_unused = "zero": params the graph of the model's outputs does not reach
+        # are marked ready as backward comes to them (_reach.py).
+        self._reach = _reach.Reach() if guard.get("on_unused") == "zero" else None
+        self._marked = set()  # ids marked ready without a gradient in this micro-batch
+        self._sweep = len(self._params)  # params from here on were considered for marking
         # The first micro-batch starts before the first forward: its BeginIteration makes the
         # replicas identical (rank 0's values broadcast into the views at stages 0-2), so
         # no rank computes with its own initial values. Later micro-batches start at their
@@ -109,13 +130,20 @@ class TorchEngine:
         # A backward pass begins at the gradient of the model's output (_backward.py).
         self._output_hook = module.register_forward_hook(
             lambda _m, _i, output: self._hook_outputs(output))
-        self._engine.on_close(self._detach)
+        self._module_hooks += [self._first_forward, self._output_hook]
         self.optimizer = ZeroOptimizer(self, self.config, groups)
         self.lr_scheduler = (EngineLRScheduler(self, self.config)
                              if _config.has_scheduler(self.config) else None)
+        # One open engine per param (a second initialize() is refused until close()).
+        tracked = self._inventory.tracked.values()
+        self._detacher.claimed = [weakref.ref(p) for p in tracked]
+        _params.claim(tracked, self._engine._box)
 
     def _start_first_micro_batch(self):
         self._first_forward.remove()
+        self._begin_micro_batch()
+
+    def _begin_micro_batch(self):
         if not self._in_micro_batch:
             self._engine.begin_iteration()
             self._in_micro_batch = True
@@ -123,13 +151,38 @@ class TorchEngine:
     def _hook_outputs(self, output):
         if not torch.is_grad_enabled():
             return
-        for tensor in _stage3.tensors_in(output):
-            if tensor.requires_grad:
-                tensor.register_hook(self._output_gradient)
+        tensors = [t for t in _stage3.tensors_in(output) if t.requires_grad]
+        for tensor in tensors:
+            tensor.register_hook(self._output_gradient)
+        if self._reach is not None and tensors:
+            self._reach.add(tensors)
 
     def _output_gradient(self, grad):
         self._passes.begin()
         return grad
+
+    def _mark_unreached(self, position):
+        """guard.on_unused = "zero": marks ready (no gradient: zeros) the params after
+        `position` in registration order that the graph of the model's outputs in this
+        micro-batch does not reach, so that no bucket waits for a gradient that will not
+        come (_reach.py). Called as the gradient of the param at `position` arrives: buckets
+        are laid out, and launched, in reverse registration order, so each is marked when
+        backward has come to it, not all at once (their buffers would wait for earlier
+        buckets)."""
+        reach = self._reach
+        if reach is None or not reach.ready():
+            return
+        while self._sweep - 1 > position:
+            self._sweep -= 1
+            _, param, pid = self._params[self._sweep]
+            if (reach.reaches(param) or pid in self._marked
+                    or self._passes.first_pass(pid) is not None):  # reached, or arrived
+                continue
+            self._begin_micro_batch()
+            self._engine.grad_absent(pid)
+            self._marked.add(pid)
+            if self._units is not None:
+                self._units.gradient_arrived(self._records[pid].unit, pid)
 
     @property
     def engine(self):
@@ -147,27 +200,59 @@ class TorchEngine:
         return self._engine.world_size
 
     def _bind_views(self):
-        """Stages 0-2: every trainable param's data becomes the engine's copy."""
+        """Stages 0-2: every trainable param's data becomes the engine's copy (a view that
+        keeps the engine's memory alive, _params.Detacher)."""
+        owner = self._engine.memory_owner
         with torch.no_grad():
             for _, param, pid in self._params:
-                param.data = _stage3.engine_view(self._engine.param_data(pid), param)
+                record = self._records[pid]
+                address = self._engine.param_data(pid)
+                param.data = _stage3.engine_view(address, record.shape, record.dtype,
+                                                 record.device, owner)
+                record.address = address
 
-    def _add_grad_hook(self, param, pid, unit):
+    def _add_grad_hook(self, param, pid, unit, position):
+        """Hooks `param` (registered as `pid`, self._params[position], stage-3 `unit`)."""
+        record = self._records[pid]
+        ref, engine_ref = weakref.ref(param), weakref.ref(self)
+
+        def drop_stale(_grad):
+            # Before autograd adds this gradient into .grad: a .grad still there was never
+            # handed over (a hook interrupted by an exception): it must not reach a step.
+            held, engine = ref(), engine_ref()
+            if held is None or engine is None:
+                return
+            if held.grad is not None:
+                held.grad = None
+            if not record.matches(held):
+                # Cast after initialize (model.half()): PyTorch < 2.1 gives the param a new
+                # AccumulateGrad node without the hand-over hook; say so as backward ends.
+                engine._passes.begin()
+                try:
+                    record.check(held, "handing a gradient to the engine")
+                except errors.ZeroError as error:
+                    engine._passes.fail(error)
+
         def hand_over():
             grad = param.grad
             if grad is None:
                 return
-            self._passes.begin()
             try:
+                self._passes.begin()
                 if self._passes.failed:  # an error is pending for this backward: drop the rest
-                    param.grad = None
-                else:
-                    self._hand_over(param, pid, grad)
+                    return
+                if pid in self._marked:
+                    raise _reach.late_gradient_error(record.name)
+                self._mark_unreached(position)
+                self._hand_over(param, record, grad)
                 if self._units is not None:
                     self._units.gradient_arrived(unit, pid)
             except errors.ZeroError as error:
                 self._passes.fail(error)  # raised when this backward ends (_backward.py)
+            finally:
+                param.grad = None  # handed over, or rejected: never kept for a later step
 
+        self._hooks.append(param.register_hook(drop_stale))
         if hasattr(param, "register_post_accumulate_grad_hook"):
             self._hooks.append(
                 param.register_post_accumulate_grad_hook(lambda _: hand_over()))
@@ -176,35 +261,44 @@ class TorchEngine:
             self._accumulators.append(accumulator)
             self._hooks.append(accumulator.register_hook(lambda *_: hand_over()))
 
-    def _hand_over(self, param, pid, grad):
-        """Adds `param`'s gradient `grad` into the engine's bucket and clears `.grad`."""
-        if not self._in_micro_batch:
-            self._engine.begin_iteration()
-            self._in_micro_batch = True
+    def _hand_over(self, param, record, grad):
+        """Adds `param`'s gradient `grad` into the engine's bucket (checked first against
+        what was registered: nothing else reaches the C ABI)."""
+        record.check(param, "handing a gradient to the engine")
+        if grad.layout != torch.strided:
+            raise errors.InvalidArgumentError(
+                f"zerort.torch: param \"{record.name}\" got a {grad.layout} gradient; "
+                "ZeroRT reduces dense gradients only (nn.Embedding(sparse=True) and "
+                "nn.EmbeddingBag(sparse=True) produce sparse ones: use sparse=False)",
+                errors.InvalidArgumentError.status)
+        self._begin_micro_batch()
+        grad = grad.detach()
+        if grad.dtype != record.dtype or not grad.is_contiguous():
+            grad = grad.to(record.dtype).contiguous()
+        if tuple(grad.shape) != record.shape:
+            raise errors.FailedPreconditionError(
+                f"zerort.torch: param \"{record.name}\" got a gradient of shape "
+                f"{tuple(grad.shape)}, not its registered {record.shape}",
+                errors.FailedPreconditionError.status)
+        if self._stream is not None:
+            current = torch.cuda.current_stream(grad.device)
+            if current != self._stream:
+                # Computed on another stream (a forward under torch.cuda.stream(s)): the
+                # engine's stream waits for it, and the allocator keeps the gradient's
+                # memory until the engine's copy has run there.
+                self._stream.wait_stream(current)
+                grad.record_stream(self._stream)
+        pid = record.pid
         try:
-            grad = grad.detach()
-            if grad.dtype != param.dtype or not grad.is_contiguous():
-                grad = grad.to(param.dtype).contiguous()
-            if self._stream is not None:
-                current = torch.cuda.current_stream(grad.device)
-                if current != self._stream:
-                    # Computed on another stream (a forward under torch.cuda.stream(s)): the
-                    # engine's stream waits for it, and the allocator keeps the gradient's
-                    # memory until the engine's copy has run there.
-                    self._stream.wait_stream(current)
-                    grad.record_stream(self._stream)
-            try:
-                self._engine.accumulate_grad(pid, grad.data_ptr())
-            except errors.DuplicateGradientError:
-                first = self._passes.first_pass(pid)
-                if first is not None and first < self._passes.current:
-                    raise _backward.second_backward_error(
-                        self._names[pid], first, self._passes.current,
-                        self.gradient_accumulation_steps) from None
-                raise
-            self._passes.arrived(pid)
-        finally:
-            param.grad = None
+            self._engine.accumulate_grad(pid, grad.data_ptr())
+        except errors.DuplicateGradientError:
+            first = self._passes.first_pass(pid)
+            if first is not None and first < self._passes.current:
+                raise _backward.second_backward_error(
+                    self._names[pid], first, self._passes.current,
+                    self.gradient_accumulation_steps) from None
+            raise
+        self._passes.arrived(pid)
 
     def scale(self, loss):
         """`loss` times the current loss scale (1 unless loss_scale.mode is set)."""
@@ -233,11 +327,16 @@ class TorchEngine:
 
     def _end_micro_batch(self):
         """Ends the micro-batch; True when it is the last one before an optimizer step."""
+        self._check_model("step()")
+        for _, param in self._empty:
+            param.grad = None  # zero-element params train as no-ops
         if self._units is not None:
             self._units.release_all()
-        if not self._in_micro_batch:  # no gradient arrived: let the engine say which
-            self._engine.begin_iteration()
-            self._in_micro_batch = True
+        self._begin_micro_batch()  # no gradient arrived: let the engine say which
+        if self._reach is not None:
+            self._reach = _reach.Reach()
+        self._marked.clear()
+        self._sweep = len(self._params)
         try:
             self._engine.end_backward()
         except errors.UnusedParametersError as error:
@@ -322,14 +421,31 @@ class TorchEngine:
         yield
         self.step()
 
+    def _check_model(self, what):
+        """Raises FailedPreconditionError when the engine was closed, or naming the first
+        param that changed since initialize() in a way the engine cannot follow
+        (_params.Inventory.check)."""
+        if self._engine.closed:
+            raise errors.FailedPreconditionError(
+                f"zerort.torch: {what}: this engine was closed (by close(), or by its "
+                "communicator's close()); initialize() a new one to train on",
+                errors.FailedPreconditionError.status)
+        units = self._units
+        self._inventory.check(self.module, self._params,
+                              units.is_gathered if units is not None else None, what)
+
     def state_dict(self):
         """Full copies of every trainable param, by name, on the params' device
-        (collective at stage 3)."""
+        (collective at stage 3; zero-element params included, empty)."""
+        self._check_model("state_dict()")
         result = {}
         for name, param, pid in self._params:
-            full = torch.empty(param.shape, dtype=param.dtype, device=param.device)
+            record = self._records[pid]
+            full = torch.empty(record.shape, dtype=record.dtype, device=record.device)
             self._engine.get_param(pid, full.data_ptr())
             result[name] = full
+        for name, param in self._empty:
+            result[name] = torch.empty(param.shape, dtype=param.dtype, device=param.device)
         return result
 
     def save_checkpoint(self, directory, tag=None, client_state=None):
@@ -341,6 +457,7 @@ class TorchEngine:
         `client_state` (anything torch.save stores: data position, torch.get_rng_state(),
         tensors; rank 0's is kept) is saved inside the same checkpoint, as DeepSpeed's
         client_state, so it can never disagree with it (_checkpoint.py)."""
+        self._check_model("save_checkpoint()")
         self.optimizer.push()  # the groups' values as they are now (a scheduler's new lr)
         extras = {"global_steps": self.global_steps, "loss_scale": self.loss_scale}
         self._engine.set_checkpoint_user_data(_checkpoint.encode(client_state, extras))
@@ -360,6 +477,7 @@ class TorchEngine:
         Unpickles the client state: load only checkpoints you trust."""
         if tag is not None:
             directory = f"{directory}/{tag}"
+        self._check_model("load_checkpoint()")
         self._engine.load_checkpoint(directory)
         text = self._engine.checkpoint_user_data()
         if self._units is None:
@@ -372,28 +490,18 @@ class TorchEngine:
         self.optimizer.pull()
         return client_state
 
-    def _detach(self):
-        """Before the engine's memory goes: hooks removed, params given their own copies
-        (stage 3: only by close(), which gathers them; after the garbage collector freed
-        the engine, a stage-3 model's trainable params have no storage)."""
-        self._first_forward.remove()
-        self._output_hook.remove()
-        for hook in self._hooks:
-            hook.remove()
-        self._hooks = []
-        if self._units is not None:
-            return
-        with torch.no_grad():
-            for _, param, _ in self._params:
-                param.data = param.data.clone()
-
     def close(self):
-        """Frees the engine; the model keeps its params' last values and trains no more.
-        Stage 3: collective (every rank calls it), as the full values are gathered.
-        Closing twice does nothing."""
+        """Frees the engine; the model keeps its params' last values (its own copies) and
+        trains no more. Stage 3: collective (every rank calls it), as the full values are
+        gathered. Closing twice does nothing. An engine that is never closed is freed by
+        the garbage collector; the params then get their own copies as well, except a
+        stage-3 param whose unit is sharded, which cannot be gathered there (see
+        _params.Detacher): close() stage-3 engines."""
         if self._closed or self._engine.closed:
             return
         self._closed = True
-        if self._units is not None:
-            self._units.remove()
-        self._engine.close()
+        try:
+            if self._units is not None:
+                self._units.remove()
+        finally:
+            self._engine.close()  # _params.Detacher runs

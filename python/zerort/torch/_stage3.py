@@ -29,27 +29,34 @@ import ctypes
 import torch
 
 from .. import errors
+from ._params import storage_bytes
 
 
 class _DeviceBytes:
     """`nbytes` bytes of device memory at `address`, as CUDA's array interface describes
     them (torch.as_tensor reads it; the tensor keeps this object, not the memory, alive)."""
 
-    def __init__(self, address, nbytes):
+    def __init__(self, address, nbytes, owner=None):
         self.__cuda_array_interface__ = {
             "shape": (nbytes,), "typestr": "|u1", "data": (address, False),
             "strides": None, "version": 2}
+        self.owner = owner  # kept alive by the tensor, with this object
 
 
-def engine_view(address, param):
-    """A tensor shaped like `param`, over `param.numel()` elements of its dtype at `address`
-    (engine memory on `param`'s device: the tensor does not own it)."""
-    nbytes = param.numel() * param.element_size()
-    if param.device.type == "cuda":
-        raw = torch.as_tensor(_DeviceBytes(address, nbytes), device=param.device)
-        return raw.view(param.dtype).view(param.shape)
+def engine_view(address, shape, dtype, device, owner=None):
+    """A tensor of `shape` and `dtype` over engine memory at `address` on `device` (the
+    tensor does not own it). `owner` (core.Engine.memory_owner) is kept alive by the tensor
+    and by every tensor derived from it, so the engine's memory outlives them all."""
+    numel = 1
+    for size in shape:
+        numel *= size
+    nbytes = numel * (torch.finfo(dtype).bits // 8)  # float32, bfloat16, float16
+    if torch.device(device).type == "cuda":
+        raw = torch.as_tensor(_DeviceBytes(address, nbytes, owner), device=device)
+        return raw.view(dtype).view(shape)
     buffer = (ctypes.c_byte * nbytes).from_address(address)
-    return torch.frombuffer(buffer, dtype=param.dtype, count=param.numel()).view(param.shape)
+    buffer.owner = owner  # torch.frombuffer keeps the buffer object, so the owner, alive
+    return torch.frombuffer(buffer, dtype=dtype, count=numel).view(shape)
 
 
 def _resize_storage(tensor, numel):
@@ -96,17 +103,18 @@ def assign_units(module, trainable, group_of=None):
 
 class UnitGathering:
     """Installs the hooks above on `module` for `params` [(name, param, id)] registered
-    with units `unit_of`."""
+    with units `unit_of`; `records`: {id: _params.Registered}."""
 
-    def __init__(self, engine, module, params, unit_of, module_units):
+    def __init__(self, engine, module, params, unit_of, module_units, records):
         self._engine = engine
+        self._records = records
         self._members = {}  # unit -> [(param, id)]
         for _, param, pid in params:
             self._members.setdefault(unit_of[param], []).append((param, pid))
         self._gathered = set()
         self._for_backward = set()  # gathered by an output's gradient hook: kept until grads
         self._waiting = {}  # unit -> ids whose gradient has not arrived since the gather
-        self._handles = []
+        self.handles = []
         # Persistent units answer param_data before any gather: bind them as views.
         self._persistent = set()
         with torch.no_grad():
@@ -116,16 +124,17 @@ class UnitGathering:
                 except errors.FailedPreconditionError:
                     continue
                 self._persistent.add(unit)
-                for (param, _), address in zip(members, addresses):
-                    param.data = engine_view(address, param)
+                for (param, pid), address in zip(members, addresses):
+                    param.data = self._view(pid, address)
+                    records[pid].address = address
         module_units = {m: [u for u in us if u not in self._persistent]
                         for m, us in module_units.items()}
         for sub, units in module_units.items():
             if not units:
                 continue
-            self._handles.append(sub.register_forward_pre_hook(
+            self.handles.append(sub.register_forward_pre_hook(
                 lambda _m, _i, units=units: self.gather(units)))
-            self._handles.append(sub.register_forward_hook(
+            self.handles.append(sub.register_forward_hook(
                 lambda _m, _i, output, units=units: self._after_forward(units, output)))
         with torch.no_grad():
             for unit, members in self._members.items():
@@ -134,6 +143,24 @@ class UnitGathering:
                 for param, _ in members:
                     param.data = torch.empty_like(param.data)
                     _resize_storage(param.data, 0)
+
+    def _view(self, pid, address):
+        record = self._records[pid]
+        return engine_view(address, record.shape, record.dtype, record.device,
+                           self._engine.memory_owner)
+
+    def is_gathered(self, unit):
+        """Whether `unit` is gathered now (its params have storage)."""
+        return unit in self._gathered
+
+    def check(self, unit, what):
+        """Raises when a param of a released, sharded `unit` changed since initialize()
+        (another dtype or shape, or a .data replaced: a storage where there is none)."""
+        for param, pid in self._members[unit]:
+            record = self._records[pid]
+            record.check(param, what)
+            if storage_bytes(param.data) != 0:
+                raise record.replaced_error(what)
 
     def gather(self, units):
         """Makes `units` usable: the engine gathers them, their storages are refilled."""
@@ -144,9 +171,10 @@ class UnitGathering:
                 self._engine.gather(unit)
                 self._gathered.add(unit)
                 self._waiting[unit] = {pid for _, pid in self._members[unit]}
+                self.check(unit, "gathering a stage-3 unit")
                 for param, pid in self._members[unit]:
                     _resize_storage(param.data, param.numel())
-                    param.data.copy_(engine_view(self._engine.param_data(pid), param))
+                    param.data.copy_(self._view(pid, self._engine.param_data(pid)))
 
     def release(self, units):
         """Frees `units` (engine and storages)."""
@@ -188,16 +216,25 @@ class UnitGathering:
         return grad
 
     def remove(self):
-        """Removes the module hooks; gives every param its full value back in its storage."""
-        for handle in self._handles:
+        """Removes the module hooks; gives every param its full value back in its storage
+        (collective: every param is gathered, in the same order on every rank). A param
+        changed since initialize() (_params) keeps what it was given."""
+        for handle in self.handles:
             handle.remove()
-        self._handles = []
+        del self.handles[:]
         self.release_all()
         with torch.no_grad():
             for unit, members in self._members.items():
                 for param, pid in members:
+                    record = self._records[pid]
                     if unit in self._persistent:
-                        param.data = param.data.clone()
+                        if param.data_ptr() == record.address:
+                            param.data = param.data.clone()
+                        continue
+                    if not record.matches(param) or storage_bytes(param.data) != 0:
+                        scratch = torch.empty(record.shape, dtype=record.dtype,
+                                              device=record.device)
+                        self._engine.get_param(pid, scratch.data_ptr())  # every rank calls
                         continue
                     _resize_storage(param.data, param.numel())
                     self._engine.get_param(pid, param.data.data_ptr())

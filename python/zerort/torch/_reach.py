@@ -1,0 +1,85 @@
+"""guard.on_unused = "zero": params that will get no gradient are marked ready early.
+
+A bucket is reduced once every param in it has handed over its gradient. Under
+on_unused = "zero" a param that gets none (an idle expert of a mixture of experts, a branch
+this rank skipped) completes only at end_backward, so every bucket holding one waits, with
+its gradient buffer, until backward ends; with many such buckets the pool of buffers
+(buckets.pool_buffers) runs out mid-backward (ResourceExhaustedError). As DDP's
+find_unused_parameters: when a root forward ends, the autograd graph of its outputs is
+walked to the AccumulateGrad nodes it reaches; a registered param that no forward of the
+micro-batch reached is marked absent (zero_grad_absent: it contributes zeros)
+as soon as backward comes to it, that is when the gradient of a param registered before it
+arrives. (Buckets are laid out and launched in reverse registration order: marking every
+unreached param at once would make the buckets late in that order take buffers and wait
+for the earlier ones.) So buckets never wait for a gradient that will not come; what is
+left when backward ends is completed by end_backward, as before. Only under
+guard.on_unused = "zero".
+
+What this changes, and its limits:
+- A param marked this way does not count as used: one that no rank used in a step is left
+  untouched by it (no weight decay, no momentum, its step count kept), as before.
+- A param used outside the model's forward (in the loss, a regularizer on model.head.weight)
+  is not reached by the outputs' graph: its gradient then comes after it was marked, which
+  is an error naming it (as DDP's "marked ready twice"); use it inside forward, or keep
+  guard.on_unused = "error".
+- A custom autograd.Function in the graph (reentrant activation checkpointing,
+  torch.utils.checkpoint(..., use_reentrant=True)) may compute gradients for params that it
+  does not take as inputs; the graph then tells nothing, and no param is marked early in
+  that micro-batch (the previous behaviour: completed at end_backward).
+"""
+from torch.autograd.function import BackwardCFunction
+
+from .. import errors
+
+
+class Reach:
+    """The params reached by the graphs of a micro-batch's root forwards (by id)."""
+
+    def __init__(self):
+        self._reached = set()
+        self._forwards = 0
+        self._opaque = False
+
+    def add(self, outputs):
+        """Records what the graph of `outputs` (tensors that require grad) reaches."""
+        self._forwards += 1
+        seen, stack = set(), []
+        for tensor in outputs:
+            if tensor.grad_fn is None:  # a leaf returned as it is
+                self._reached.add(id(tensor))
+            else:
+                stack.append(tensor.grad_fn)
+        while stack:
+            node = stack.pop()
+            if node in seen:
+                continue
+            seen.add(node)
+            variable = getattr(node, "variable", None)  # AccumulateGrad
+            if variable is not None:
+                self._reached.add(id(variable))
+                continue
+            if isinstance(node, BackwardCFunction):
+                self._opaque = True
+            for next_node, _ in node.next_functions:
+                if next_node is not None:
+                    stack.append(next_node)
+
+    def ready(self):
+        """Whether unreached params can be marked: a forward recorded a graph, and no
+        graph hides what it uses."""
+        return self._forwards > 0 and not self._opaque
+
+    def reaches(self, param):
+        """Whether a recorded graph reaches `param`."""
+        return id(param) in self._reached
+
+
+def late_gradient_error(name):
+    """The error for a gradient that came for a param marked ready without one."""
+    return errors.FailedPreconditionError(
+        f"zerort.torch: param \"{name}\" got a gradient, but the autograd graph of the "
+        "model's outputs did not reach it when forward ended, so guard.on_unused = \"zero\" "
+        "had already marked it ready without one (as DDP's find_unused_parameters). It is "
+        "used outside the model's forward (in the loss, a regularizer): use it inside "
+        "forward, or set guard.on_unused = \"error\".",
+        errors.FailedPreconditionError.status)
