@@ -267,6 +267,15 @@ zero_status zero_memory_stats(const zero_engine* engine, struct zero_memory_stat
 int zero_engine_rank(const zero_engine* engine) { return engine ? engine->engine->rank() : -1; }
 int zero_engine_world_size(const zero_engine* engine) { return engine ? engine->engine->world_size() : -1; }
 
+zero_status zero_engine_counters(const zero_engine* engine, zero_engine_counters_t* out) {
+  ZERO_C_REQUIRE(engine, "zero_engine_counters");
+  ZERO_C_REQUIRE(out, "zero_engine_counters");
+  const zero::EngineCounters c = engine->engine->counters();
+  *out = {c.reductions_launched, c.reductions_before_end_backward, c.pool_waits, c.gathers_prefetched,
+          c.gathers_on_demand,   c.trace_invalidations,            c.checkpoint_bytes_read};
+  return ZERO_OK;
+}
+
 zero_status zero_num_groups(const zero_engine* engine, int* groups) {
   ZERO_C_REQUIRE(engine, "zero_num_groups");
   ZERO_C_REQUIRE(groups, "zero_num_groups");

@@ -153,6 +153,12 @@ ZERO_API zero_status zero_set_checkpoint_user_data(zero_engine* engine, const ch
  *  until the next zero_load_checkpoint or zero_engine_destroy. */
 ZERO_API zero_status zero_checkpoint_user_data(const zero_engine* engine, const char** data);
 ZERO_API zero_status zero_memory_stats(const zero_engine* engine, struct zero_memory_stats* out);
+/** What the engine has done so far (zero/engine.h, EngineCounters). */
+typedef struct {
+  int64_t reductions_launched, reductions_before_end_backward, pool_waits;
+  int64_t gathers_prefetched, gathers_on_demand, trace_invalidations, checkpoint_bytes_read;
+} zero_engine_counters_t;
+ZERO_API zero_status zero_engine_counters(const zero_engine* engine, zero_engine_counters_t* out);
 /** One optimizer group's hyperparameters (zero/config.h, OptimizerHyper). */
 typedef struct {
   float lr, beta1, beta2, eps, weight_decay, momentum, dampening;

@@ -488,3 +488,22 @@ def test_a_saved_dynamic_loss_scale_does_not_reach_an_engine_without_one(tmp_pat
     assert loader.loss_scale == 1.0 and loader.engine.loss_scale == 1.0
     loader.close()
     comm.close()
+
+
+def test_counters_and_memory_stats_show_prefetching_and_what_each_rank_holds():
+    """engine.counters() shows stage 3's prefetched and on-demand gathers and the reductions;
+    engine.memory_stats() what the rank holds per category."""
+    comm = zerort.local_group(1)[0]
+    model = TinyLM()
+    engine = zerort.torch.initialize(model, {"stage": 3, "optimizer": SGD,
+                                             "stage3": {"persistence_threshold": 0}}, comm)
+    for step in range(3):
+        engine.backward(loss_of(model, *batch(step)))
+        engine.step()
+    counters = engine.counters()
+    assert counters["reductions_launched"] > 0
+    assert counters["gathers_prefetched"] > 0 and counters["gathers_on_demand"] > 0
+    memory = engine.memory_stats()
+    assert memory["optimizer"][0] > 0 and memory["params"][1] >= memory["params"][0] > 0
+    engine.close()
+    comm.close()

@@ -24,6 +24,14 @@ MEMORY_CATEGORIES = ("params", "grads", "optimizer", "comm", "gathered",
                      "workspace")
 
 
+class EngineCounters(ctypes.Structure):
+    """zero_engine_counters_t: what the engine has done so far."""
+    _fields_ = [(name, ctypes.c_int64) for name in (
+        "reductions_launched", "reductions_before_end_backward", "pool_waits",
+        "gathers_prefetched", "gathers_on_demand", "trace_invalidations",
+        "checkpoint_bytes_read")]
+
+
 class MemoryStats(ctypes.Structure):
     """zero_memory_stats: bytes per category, current and peak."""
     _fields_ = [("current", ctypes.c_int64 * len(MEMORY_CATEGORIES)),
@@ -60,6 +68,7 @@ _PROTOTYPES = {
                               ctypes.c_void_p], ctypes.c_int),
     "zero_grad_ready": ([ctypes.c_void_p, ctypes.c_int64], ctypes.c_int),
     "zero_grad_absent": ([ctypes.c_void_p, ctypes.c_int64], ctypes.c_int),
+    "zero_engine_counters": ([ctypes.c_void_p, ctypes.c_void_p], ctypes.c_int),
     "zero_begin_iteration": ([ctypes.c_void_p], ctypes.c_int),
     "zero_end_backward": ([ctypes.c_void_p], ctypes.c_int),
     "zero_step": ([ctypes.c_void_p, ctypes.POINTER(StepInfo)], ctypes.c_int),

@@ -11,7 +11,8 @@ import threading
 import weakref
 
 from . import errors
-from ._library import MEMORY_CATEGORIES, GroupHyper, MemoryStats, StepInfo, load
+from ._library import (MEMORY_CATEGORIES, EngineCounters, GroupHyper, MemoryStats, StepInfo,
+                       load)
 
 DTYPES = {"fp32": 0, "bf16": 1, "fp16": 2}
 # zero_comm_all_reduce_f32's operations.
@@ -409,6 +410,15 @@ class Engine:
                "zero_memory_stats")
         return {name: (stats.current[i], stats.peak[i])
                 for i, name in enumerate(MEMORY_CATEGORIES)}
+
+    def counters(self):
+        """What the engine has done so far (EngineCounters): reductions launched (and before
+        end_backward), buffer-pool waits, stage-3 gathers prefetched and on demand, trace
+        restarts, checkpoint bytes read; a dict of ints."""
+        counters = EngineCounters()
+        _check(library().zero_engine_counters(self._handle, ctypes.byref(counters)),
+               "zero_engine_counters")
+        return {name: getattr(counters, name) for name, _ in EngineCounters._fields_}
 
     @property
     def num_groups(self):

@@ -434,6 +434,17 @@ class TorchEngine:
         self._inventory.check(self.module, self._params,
                               units.is_gathered if units is not None else None, what)
 
+    def counters(self):
+        """What the engine has done (a dict): reductions launched, stage-3 gathers prefetched
+        and on demand (prefetching works when most are prefetched), trace restarts (an eval
+        pass), checkpoint bytes read."""
+        return self._engine.counters()
+
+    def memory_stats(self):
+        """Bytes this rank holds per category, {"params": (current, peak), "grads": ...,
+        "optimizer", "comm", "gathered", "workspace"}."""
+        return self._engine.memory_stats()
+
     def state_dict(self):
         """Full copies of every trainable param, by name, on the params' device
         (collective at stage 3; zero-element params included, empty)."""
