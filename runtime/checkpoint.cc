@@ -96,6 +96,16 @@ Status EngineImpl::WriteRankFile(const std::string& path) {
   return out->Close();
 }
 
+Status EngineImpl::LockForSave(const std::string& dir, std::optional<DirectoryLock>* lock) {
+  // Half of guard.timeout_s, so that the ranks waiting in the next collective hear why.
+  ZERO_ASSIGN_OR_RETURN(DirectoryLock locked, DirectoryLock::Acquire(dir, config_.guard.timeout_s / 2));
+  if (!locked.unlocked_because().empty()) {
+    ZERO_LOG(logger_, kWarn) << "checkpoint: saving without a lock: " << locked.unlocked_because();
+  }
+  lock->emplace(std::move(locked));
+  return absl::OkStatus();
+}
+
 Status EngineImpl::SaveCheckpoint(const std::string& target) { return SaveCheckpointAs(target, 0, false); }
 
 Status EngineImpl::SaveCheckpointAs(const std::string& target, int64_t series_seq, bool parent_locked) {
@@ -118,12 +128,7 @@ Status EngineImpl::SaveCheckpointAs(const std::string& target, int64_t series_se
   if (comm_.rank() == 0 && !parent_locked) {
     std::error_code error;
     std::filesystem::create_directories(ParentOf(dir), error);  // its lock needs it; an error shows below
-    StatusOr<DirectoryLock> locked = DirectoryLock::Acquire(ParentOf(dir), LockWaitSeconds());
-    if (locked.ok() && !locked->unlocked_because().empty()) {
-      ZERO_LOG(logger_, kWarn) << "checkpoint: saving without a lock: " << locked->unlocked_because();
-    }
-    if (locked.ok()) lock.emplace(std::move(*locked));
-    created = locked.status();
+    created = LockForSave(ParentOf(dir), &lock);
   }
   if (comm_.rank() == 0 && created.ok()) {  // a fresh DIR.partial (what a crashed save left is discarded)
     std::error_code error;
@@ -173,12 +178,7 @@ Status EngineImpl::SaveCheckpoint(const std::string& root_dir, const std::string
   // The series is one job's while it saves: its checkpoint, `latest` and keep_last.
   std::optional<DirectoryLock> lock;
   if (comm_.rank() == 0 && created.ok()) {
-    StatusOr<DirectoryLock> locked = DirectoryLock::Acquire(root, LockWaitSeconds());
-    if (locked.ok() && !locked->unlocked_because().empty()) {
-      ZERO_LOG(logger_, kWarn) << "checkpoint: saving without a lock: " << locked->unlocked_because();
-    }
-    if (locked.ok()) lock.emplace(std::move(*locked));
-    created = locked.status();
+    created = LockForSave(root, &lock);
   }
   ZERO_RETURN_IF_ERROR(AgreeOnOutcome(created, "SaveCheckpoint"));
   // Only rank 0 writes meta.json, so only its view of the series matters.

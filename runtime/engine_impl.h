@@ -15,6 +15,7 @@
 #include "partition/partition_plan.h"
 #include "base/allocator.h"
 #include "base/logging.h"
+#include "runtime/checkpoint_files.h"
 #include "runtime/checkpoint_format.h"
 #include "runtime/collective_path.h"
 #include "runtime/device_ops.h"
@@ -119,9 +120,10 @@ class EngineImpl final : public Engine {
   // SaveCheckpoint(dir), recording `series_seq` (its place in a series; 0 outside one). Rank 0
   // holds the lock of dir's parent while it saves, unless `parent_locked` (a series root).
   Status SaveCheckpointAs(const std::string& dir, int64_t series_seq, bool parent_locked);
-  // How long rank 0 waits for another job's save: half of guard.timeout_s, so that the ranks
-  // waiting for it in the next collective hear why instead of timing out (0: forever).
-  double LockWaitSeconds() const { return config_.guard.timeout_s / 2; }
+  // Rank 0: locks `dir` for a save into it (checkpoint_files.h), waiting for another job's save
+  // up to half of guard.timeout_s (0: forever), so that the ranks waiting for rank 0 in the
+  // next collective hear why instead of timing out; warns where the file system cannot lock.
+  Status LockForSave(const std::string& dir, std::optional<DirectoryLock>* lock);
   // The registered params and the optimizer are the checkpoint's; else names the difference.
   Status CheckCheckpointMatches(const CheckpointMeta& meta) const;
   // Host copies of this rank's owned parts filled from the checkpoint's records.

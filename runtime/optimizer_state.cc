@@ -10,6 +10,20 @@
 namespace zero::runtime {
 namespace {
 
+// The kernel arguments Adam, AdamW and LAMB share, from a group's hyperparameters.
+template <typename Hyper>
+Hyper AdamFamilyHyper(const OptimizerHyper& o, int64_t step, float grad_scale) {
+  Hyper h;
+  h.lr = o.lr;
+  h.beta1 = o.beta1;
+  h.beta2 = o.beta2;
+  h.eps = o.eps;
+  h.weight_decay = o.weight_decay;
+  h.step = step;
+  h.common.grad_scale = grad_scale;
+  return h;
+}
+
 bool NeedsState0(const OptimizerConfig& o) {
   return o.type != OptimizerType::kSgd || o.momentum != 0.0f;
 }
@@ -191,15 +205,8 @@ Status OptimizerState::Launch(const OptimizerHyper& o, int64_t step, float grad_
   switch (config_.optimizer.type) {
     case OptimizerType::kAdam:
     case OptimizerType::kAdamW: {
-      kernels::AdamHyper h;
-      h.lr = o.lr;
-      h.beta1 = o.beta1;
-      h.beta2 = o.beta2;
-      h.eps = o.eps;
-      h.weight_decay = o.weight_decay;
+      auto h = AdamFamilyHyper<kernels::AdamHyper>(o, step, grad_scale);
       h.decoupled_weight_decay = config_.optimizer.type == OptimizerType::kAdamW;
-      h.step = step;
-      h.common.grad_scale = grad_scale;
       return ops_.AdamStep(h, types, segments);
     }
     case OptimizerType::kSgd: {
@@ -278,12 +285,8 @@ void OptimizerState::CutPerParam(const OwnedRange& r, const kernels::Segment& wh
 }
 
 Status OptimizerState::BuildLambBatches() {
-  std::map<std::pair<int, int>, size_t> batch_of;
-  for (const Batch& whole : batches_) {
-    auto [it, fresh] = batch_of.emplace(std::make_pair(whole.group, static_cast<int>(whole.types.param)),
-                                        lamb_batches_.size());
-    if (fresh) lamb_batches_.push_back({whole.group, whole.types, {}, {}, {}});
-    LambBatch& batch = lamb_batches_[it->second];
+  for (const Batch& whole : batches_) {  // already one per (group, dtype)
+    LambBatch batch{whole.group, whole.types, {}, {}, {}};
     for (const Fragment& f : whole.fragments) {
       batch.segments.push_back(f.segment);
       batch.param_of.push_back(f.param);
@@ -291,6 +294,7 @@ Status OptimizerState::BuildLambBatches() {
       // in lamb_updates_.
       batch.updates.push_back(lamb_updates_.as<float>() + (f.segment.state0 - state0_.as<float>()));
     }
+    lamb_batches_.push_back(std::move(batch));
   }
   return absl::OkStatus();
 }
@@ -298,16 +302,7 @@ Status OptimizerState::BuildLambBatches() {
 Status OptimizerState::LambStep(const std::vector<OptimizerHyper>& groups, const std::vector<int64_t>& param_steps,
                                 float grad_scale) {
   auto hyper_of = [&](const LambBatch& batch, int64_t step) {
-    const OptimizerHyper& o = groups[batch.group];
-    kernels::LambHyper h;
-    h.lr = o.lr;
-    h.beta1 = o.beta1;
-    h.beta2 = o.beta2;
-    h.eps = o.eps;
-    h.weight_decay = o.weight_decay;
-    h.step = step;
-    h.common.grad_scale = grad_scale;
-    return h;
+    return AdamFamilyHyper<kernels::LambHyper>(groups[batch.group], step, grad_scale);
   };
   // Pass 1: moments and the update direction (one launch per distinct step count); then ‖w‖²
   // and ‖u‖² per param, summed over ranks.
