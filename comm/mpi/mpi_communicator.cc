@@ -16,6 +16,7 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -165,16 +166,48 @@ class MpiCommunicator final : public Communicator {
           keep_outgoing = true;
         }
       }
-      if (health_->Get().ok()) {
+      if (EveryRankHealthyAtDestroy()) {
         ops_.Free();
         MPI_Comm_free(&comm_);
         MPI_Comm_free(&control_);
-      }  // else kept: abandoned collectives and unmatched notices may still arrive on them, and
-         // a freed context id reused by a new communicator would receive them (seen as hangs)
+      }  // else kept: a peer's abandoned collectives and notices may still arrive on them, and
+         // a freed communicator's late messages hung the job's next MPI_Comm_dup
     }
     // Deliberate leaks: MPI may still use these after we are gone (see the file comment).
     if (keep_outgoing) static_cast<void>(new std::vector<char>(std::move(notices_.outgoing)));
     for (auto& o : abandoned_) static_cast<void>(o.release());
+  }
+
+  /// Whether the communicators may be freed: every rank reaches its destructor with a healthy
+  /// group, so no rank abandoned a collective whose messages could still arrive. A rank that
+  /// frees while a peer's abandoned collective still sends to it leaves those messages pending
+  /// in MPI, and OpenMPI then hung the next MPI_Comm_dup of the job in 1 run of 3. The ranks
+  /// agree with one all-reduce on the control communicator; a broken rank contributes without
+  /// waiting (destroying a broken group never blocks), a healthy one waits up to
+  /// kDrainSecondsAtDestroy and keeps the communicators when its peers do not answer in time.
+  bool EveryRankHealthyAtDestroy() {
+    const bool healthy = health_->Get().ok();
+    // Heap-held: MPI may write them after this returns when the agreement is abandoned.
+    auto votes = std::make_unique<int[]>(2);
+    votes[0] = healthy ? 1 : 0;
+    votes[1] = 0;
+    MPI_Request request = MPI_REQUEST_NULL;
+    if (MPI_Iallreduce(&votes[0], &votes[1], 1, MPI_INT, MPI_MIN, control_, &request) != MPI_SUCCESS) {
+      return false;
+    }
+    const auto deadline = std::chrono::steady_clock::now() +
+                          std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                              std::chrono::duration<double>(kDrainSecondsAtDestroy));
+    int done = 0;
+    while (healthy && MPI_Test(&request, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && !done &&
+           std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+    if (done) return votes[1] == 1;
+    // Abandoned: MPI forbids freeing or cancelling a collective's request, and may still
+    // complete it into the votes, so both are leaked.
+    static_cast<void>(votes.release());
+    return false;
   }
 
   /// From MPI_Finalize's hook, when the communicator outlives MPI (as one that a garbage

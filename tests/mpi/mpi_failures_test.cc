@@ -8,7 +8,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <random>
+#include <string>
+#include <vector>
 
 #include "tests/engine/faulty_communicator.h"
 #include "tests/engine/toy_trainer.h"
@@ -73,6 +76,45 @@ TEST(MpiFailures, RandomDelaysTimeoutsAndFailuresEndTheSameWayOnEveryRank) {
   }
   EXPECT_GT(failed_rounds, 0);
   EXPECT_LT(failed_rounds, kRounds);
+}
+
+// Communicators created one after another in one job, each broken by a rank that skips its
+// last all-reduce while its peers time out waiting for it. A rank whose own collectives all
+// completed used to free its communicator while a peer's abandoned all-reduce still sent to it;
+// OpenMPI then hung the job's next MPI_Comm_dup in about 1 run of 3 (with MPI's own
+// non-blocking all-reduce, as the peers' abandoned collective). Passes when every round ends.
+TEST(MpiFailures, CommunicatorsCreatedAfterBrokenOnesDoNotHang) {
+  const char* saved = std::getenv("ZERO_MPI_ALL_REDUCE");
+  const std::string restore = saved != nullptr ? saved : "";
+  setenv("ZERO_MPI_ALL_REDUCE", "native", 1);
+  constexpr int kRounds = 12;
+  constexpr int kCollectives = 3;
+  for (int round = 0; round < kRounds; ++round) {
+    auto comm = comm::CreateMpiCommunicator(nullptr);
+    ASSERT_THAT(comm, IsOk()) << "round " << round;
+    const int rank = (*comm)->rank(), world = (*comm)->size();
+    const int skipper = round % world;
+    const int64_t count = 4096;
+    std::vector<float> send(count * world, 1.0f), recv(count * world);
+    Status status;
+    for (int i = 0; i < kCollectives - (rank == skipper ? 1 : 0) && status.ok(); ++i) {
+      comm::WorkPtr work = i % 2 == 0
+          ? (*comm)->AllReduce(send.data(), recv.data(), count * world, DType::kFP32, comm::ReduceOp::kSum)
+          : (*comm)->ReduceScatter(send.data(), recv.data(), count, DType::kFP32, comm::ReduceOp::kSum);
+      status = work->Wait(0.25);
+    }
+    if (world > 1 && rank != skipper) {
+      EXPECT_THAT(status, Not(IsOk())) << "round " << round << ": the skipped all-reduce completed";
+    }
+  }
+  auto last = comm::CreateMpiCommunicator(nullptr);
+  ASSERT_THAT(last, IsOk());
+  EXPECT_THAT((*last)->Barrier()->Wait(60), IsOk());
+  if (saved != nullptr) {
+    setenv("ZERO_MPI_ALL_REDUCE", restore.c_str(), 1);
+  } else {
+    unsetenv("ZERO_MPI_ALL_REDUCE");
+  }
 }
 
 }  // namespace
