@@ -212,29 +212,48 @@ Status EngineImpl::SaveCheckpoint(const std::string& root_dir, const std::string
   return AgreeOnOutcome(pointed, "SaveCheckpoint");
 }
 
-Status EngineImpl::CheckCheckpointMatches(const CheckpointMeta& meta) const {
+StatusOr<std::vector<int>> EngineImpl::MatchCheckpointParams(const CheckpointMeta& meta) const {
   const auto& params = meta.params;
-  for (size_t p = 0; p < std::min(specs_.size(), params.size()); ++p) {
-    const ParamSpec& s = specs_[p];
-    if (params[p].name != s.name || params[p].shape != s.shape || params[p].dtype != DTypeName(s.dtype)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "checkpoint param ", p, " is \"", params[p].name, "\" [", absl::StrJoin(params[p].shape, ", "), "] ",
-          params[p].dtype, " but ", ParamLabel(static_cast<int>(p)), " is registered with shape [",
-          absl::StrJoin(s.shape, ", "), "] ", DTypeName(s.dtype)));
-    }
-    if (params[p].requires_grad != s.requires_grad) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "checkpoint param ", p, " \"", params[p].name, "\" was ", params[p].requires_grad ? "trainable" : "frozen",
-          " when saved but ", ParamLabel(static_cast<int>(p)), " is registered ",
-          s.requires_grad ? "trainable" : "frozen", " (frozen params are not saved)"));
-    }
+  std::map<std::string, int> registered_by_name;
+  std::vector<int> trainable;  // registered trainable params, in order
+  for (size_t p = 0; p < specs_.size(); ++p) {
+    registered_by_name[specs_[p].name] = static_cast<int>(p);
+    if (specs_[p].requires_grad) trainable.push_back(static_cast<int>(p));
   }
-  if (params.size() != specs_.size()) {
-    const std::string first_unmatched = params.size() > specs_.size()
-                                            ? absl::StrCat("\"", params[specs_.size()].name, "\" is in the checkpoint only")
-                                            : absl::StrCat(ParamLabel(static_cast<int>(params.size())), " is not in the checkpoint");
-    return absl::InvalidArgumentError(absl::StrCat("checkpoint has ", params.size(), " params, ", specs_.size(),
-                                                   " are registered: ", first_unmatched));
+  std::vector<int> registered(params.size(), -1);
+  size_t next = 0;  // the next registered trainable param to match
+  for (size_t c = 0; c < params.size(); ++c) {
+    const auto found = registered_by_name.find(params[c].name);
+    const int same_name = found == registered_by_name.end() ? -1 : found->second;
+    if (!params[c].requires_grad && (same_name < 0 || !specs_[same_name].requires_grad)) {
+      registered[c] = same_name;  // frozen: no records to read
+      continue;
+    }
+    if (same_name >= 0 && params[c].requires_grad != specs_[same_name].requires_grad) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "checkpoint param ", c, " \"", params[c].name, "\" was ", params[c].requires_grad ? "trainable" : "frozen",
+          " when saved but ", ParamLabel(same_name), " is registered ",
+          specs_[same_name].requires_grad ? "trainable" : "frozen", " (frozen params are not saved)"));
+    }
+    if (next == trainable.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "checkpoint has more trainable params than the ", trainable.size(), " registered: \"", params[c].name,
+          "\" (checkpoint param ", c, ") is in the checkpoint only"));
+    }
+    const int p = trainable[next++];
+    const ParamSpec& s = specs_[p];
+    if (params[c].name != s.name || params[c].shape != s.shape || params[c].dtype != DTypeName(s.dtype)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "checkpoint param ", c, " is \"", params[c].name, "\" [", absl::StrJoin(params[c].shape, ", "), "] ",
+          params[c].dtype, " but ", ParamLabel(p), " is registered with shape [", absl::StrJoin(s.shape, ", "), "] ",
+          DTypeName(s.dtype)));
+    }
+    registered[c] = p;
+  }
+  if (next != trainable.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint has ", next, " trainable params, ", trainable.size(),
+                                                   " are registered: ", ParamLabel(trainable[next]),
+                                                   " is not in the checkpoint"));
   }
   const std::string optimizer = OptimizerTypeName(config_.optimizer.type);
   if (meta.optimizer != optimizer) {
@@ -262,11 +281,11 @@ Status EngineImpl::CheckCheckpointMatches(const CheckpointMeta& meta) const {
                                                    OptimizerTypeName(config_.optimizer.type), "\" keeps ",
                                                    optimizer_->state_count()));
   }
-  return absl::OkStatus();
+  return registered;
 }
 
 StatusOr<std::map<int, std::vector<OptimizerState::OwnedPart>>> EngineImpl::ReadCheckpointShard(
-    const std::string& dir, const CheckpointMeta& meta) {
+    const std::string& dir, const CheckpointMeta& meta, const std::vector<int>& registered) {
   // Host copies of the parts this rank owns, filled from the records that overlap them.
   std::map<int, std::vector<OptimizerState::OwnedPart>> owned;
   std::vector<std::vector<std::pair<int64_t, int64_t>>> extents(specs_.size());
@@ -283,20 +302,25 @@ StatusOr<std::map<int, std::vector<OptimizerState::OwnedPart>>> EngineImpl::Read
                           RankFileReader::Open(RankFilePath(dir, q, meta.world), meta));
     for (size_t k = 0; k < file->records().size(); ++k) {
       const RankFileReader::Record& r = file->records()[k];
+      const int param = registered[r.param];  // trainable params have records: all matched
+      if (param < 0 || !specs_[param].requires_grad) {
+        return absl::DataLossError(absl::StrCat("checkpoint ", dir, ": rank file ", q, " has a record of \"",
+                                                meta.params[r.param].name, "\", which is frozen"));
+      }
       const int64_t end = r.begin + r.numel;
-      const auto& mine = extents[r.param];
+      const auto& mine = extents[param];
       bool overlaps = false;
       for (size_t i = 0; i < mine.size(); ++i) {
         const int64_t first = std::max(mine[i].first, r.begin), last = std::min(mine[i].first + mine[i].second, end);
-        if (first < last) covered[r.param][i].emplace_back(first, last);
+        if (first < last) covered[param][i].emplace_back(first, last);
         overlaps = overlaps || first < last;
       }
       if (!overlaps) continue;  // not read at all
       ZERO_RETURN_IF_ERROR(file->Read(k, &values));
-      if (owned.count(r.param) == 0) {
-        ZERO_ASSIGN_OR_RETURN(owned[r.param], optimizer_->ReadOwned(r.param));
+      if (owned.count(param) == 0) {
+        ZERO_ASSIGN_OR_RETURN(owned[param], optimizer_->ReadOwned(param));
       }
-      for (OptimizerState::OwnedPart& part : owned[r.param]) {
+      for (OptimizerState::OwnedPart& part : owned[param]) {
         const int64_t first = std::max(r.begin, part.begin), last = std::min(end, part.begin + part.numel);
         for (int m = 0; m <= moments && first < last; ++m) {
           std::memcpy(&part.values[m * part.numel + (first - part.begin)], &values[m * r.numel + (first - r.begin)],
@@ -322,11 +346,13 @@ Status EngineImpl::LoadCheckpoint(const std::string& target) {
   // Every rank reads its part; nothing changes unless every rank succeeded.
   StatusOr<std::map<int, std::vector<OptimizerState::OwnedPart>>> owned;
   StatusOr<CheckpointMeta> meta;
+  StatusOr<std::vector<int>> registered;
   StatusOr<std::string> dir = ResolveCheckpointDir(target);
   if (dir.ok()) meta = ReadCheckpointMeta(*dir);
-  Status read = !dir.ok() ? dir.status() : !meta.ok() ? meta.status() : CheckCheckpointMatches(*meta);
+  if (meta.ok()) registered = MatchCheckpointParams(*meta);
+  Status read = !dir.ok() ? dir.status() : !meta.ok() ? meta.status() : registered.status();
   if (read.ok()) {
-    owned = ReadCheckpointShard(*dir, *meta);
+    owned = ReadCheckpointShard(*dir, *meta, *registered);
     read = owned.status();
   }
   ZERO_RETURN_IF_ERROR(AgreeOnOutcome(read, "LoadCheckpoint"));
@@ -336,7 +362,9 @@ Status EngineImpl::LoadCheckpoint(const std::string& target) {
   // in the gather below.
   ZERO_RETURN_IF_ERROR(AgreeOnOutcome(written, "LoadCheckpoint"));
   step_ = meta->step;
-  for (size_t p = 0; p < specs_.size(); ++p) param_steps_[p] = meta->params[p].steps;
+  for (size_t c = 0; c < meta->params.size(); ++c) {
+    if ((*registered)[c] >= 0) param_steps_[(*registered)[c]] = meta->params[c].steps;
+  }
   if (!meta->groups.empty()) groups_ = meta->groups;
   ApplySchedule();  // a schedule's position is the checkpoint's step
   loss_scaler_.Restore(meta->scaler);

@@ -124,11 +124,16 @@ class EngineImpl final : public Engine {
   // up to half of guard.timeout_s (0: forever), so that the ranks waiting for rank 0 in the
   // next collective hear why instead of timing out; warns where the file system cannot lock.
   Status LockForSave(const std::string& dir, std::optional<DirectoryLock>* lock);
-  // The registered params and the optimizer are the checkpoint's; else names the difference.
-  Status CheckCheckpointMatches(const CheckpointMeta& meta) const;
-  // Host copies of this rank's owned parts filled from the checkpoint's records.
+  // The registered trainable params (in order) and the optimizer are the checkpoint's; else
+  // names the difference. Frozen params have no records, so a frozen param registered here
+  // and not in the checkpoint (or the other way round: a stage-3 run shards a model's frozen
+  // base, a stage-2 run leaves it out) is no difference. Returns, for each checkpoint param,
+  // the registered index (-1: a frozen one not registered here).
+  StatusOr<std::vector<int>> MatchCheckpointParams(const CheckpointMeta& meta) const;
+  // Host copies of this rank's owned parts filled from the checkpoint's records; `registered`
+  // is MatchCheckpointParams'.
   StatusOr<std::map<int, std::vector<OptimizerState::OwnedPart>>> ReadCheckpointShard(
-      const std::string& dir, const CheckpointMeta& meta);
+      const std::string& dir, const CheckpointMeta& meta, const std::vector<int>& registered);
 
   // Replicas (engine_replicas.cc).
   // Params whose hash (ParamStore::ReplicaHash) differs on some rank from rank 0's;

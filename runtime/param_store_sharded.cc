@@ -1,8 +1,11 @@
 // Stage 3: params live only as each rank's shard; units are gathered for compute and released,
 // prefetched along the gather order recorded over the first optimizer step (every Gather from
 // Finalize to the first Step, forward and backward), within stage3.max_live_elems. A gather
-// off the recorded order (an eval pass, changed control flow) records the order again from
-// there; the next step follows the new record.
+// off the recorded order leaves the trace (on demand from there) until a gather of the trace's
+// first unit starts a pass from the top again: an eval pass's forward follows the trace's first
+// gathers, and the training step after it comes back to the trace at its first gather. A step
+// that never comes back (changed control flow) has the next step record the order again.
+#include <algorithm>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -81,7 +84,12 @@ class ShardedParams final : public ParamStore {
   Status AfterStep(bool) override {
     ZERO_RETURN_IF_ERROR(DropPrefetched());
     if (trace_state_ == Trace::kRecording && !trace_.empty()) trace_state_ = Trace::kValid;
+    if (trace_state_ == Trace::kOffTrace) {  // the step never came back: record the next one's
+      trace_.clear();
+      trace_state_ = Trace::kRecording;
+    }
     trace_position_ = 0;
+    restarts_.clear();
     for (const Bucket& b : plan_.buckets()) {
       if (units_[b.index].buffer.data() == nullptr) continue;
       units_[b.index].pending = path_.Start([&](comm::Communicator& comm) {
@@ -116,10 +124,13 @@ class ShardedParams final : public ParamStore {
     int holders = 0;        // Gathers not yet Released
     bool persistent = false;
   };
-  enum class Trace { kRecording, kValid };
+  enum class Trace { kRecording, kValid, kOffTrace };
 
   int64_t ElementBytes(int param) const { return plan_.buckets()[plan_.placement(param).bucket].element_bytes(); }
   StatusOr<int> BucketOfUnit(int unit, const char* call) const;
+  // Where the latest gathers would be in the trace had a pass started from its top since
+  // (each gather of the trace's first unit may begin one), after a gather of `bucket`.
+  void NoteRestarts(int bucket);
   // Allocates the bucket's buffer within max_live_elems and starts its all-gather.
   Status StartGather(int bucket);
   Status FinishGather(int bucket);
@@ -140,8 +151,9 @@ class ShardedParams final : public ParamStore {
   std::vector<Unit> units_;            // per bucket
   int64_t live_elems_ = 0, prefetched_elems_ = 0;
   Trace trace_state_ = Trace::kRecording;
-  std::vector<int> trace_;  // buckets in the order the first step gathered them
+  std::vector<int> trace_;  // buckets in the order a recorded step gathered them
   size_t trace_position_ = 0;
+  std::vector<size_t> restarts_;  // trace positions of passes that may have restarted (Gather)
   std::vector<uint64_t> set_hash_;  // per param, a hash of the values last given to Set
   ReplicaHasher hasher_;
 };
@@ -206,29 +218,41 @@ void ShardedParams::Prefetch() {
   }
 }
 
+void ShardedParams::NoteRestarts(int bucket) {
+  std::vector<size_t> restarts;
+  for (size_t position : restarts_) {
+    if (position < trace_.size() && trace_[position] == bucket) restarts.push_back(position + 1);
+  }
+  if (trace_[0] == bucket) restarts.push_back(1);
+  restarts_.swap(restarts);
+}
+
 Status ShardedParams::Gather(int unit) {
   ZERO_ASSIGN_OR_RETURN(int bucket, BucketOfUnit(unit, "Gather"));
   Unit& u = units_[bucket];
   if (u.persistent) return absl::OkStatus();
   // Follow, record or drop the trace of gather order (one optimizer step's gathers).
+  if (trace_state_ != Trace::kRecording) NoteRestarts(bucket);
   if (trace_state_ == Trace::kRecording) {
     trace_.push_back(bucket);
+  } else if (trace_state_ == Trace::kValid && trace_position_ < trace_.size() && trace_[trace_position_] == bucket) {
+    ++trace_position_;
+  } else if (!restarts_.empty()) {
+    // A pass from the top: the training step after an eval pass, whose forward followed the
+    // trace's first gathers, or a pass that had left the trace.
+    trace_position_ = *std::max_element(restarts_.begin(), restarts_.end());
+    trace_state_ = Trace::kValid;
   } else if (trace_state_ == Trace::kValid) {
-    if (trace_position_ < trace_.size() && trace_[trace_position_] == bucket) {
-      ++trace_position_;
-    } else {
-      // An eval pass, or control flow that changed: the rest of this step gathers on demand
-      // while the order is recorded again from here; the next step follows the new trace.
-      ZERO_LOG(logger_, kInfo) << "stage 3: gather #" << trace_position_ << " of the step is unit " << unit
-                               << ", not the recorded unit "
-                               << (trace_position_ < trace_.size() ? plan_.buckets()[trace_[trace_position_]].unit : -1)
-                               << ": the gather order changed; gathering on demand until the next step, "
-                                  "which follows the order recorded from here";
-      ++counters_.trace_invalidations;
-      ZERO_RETURN_IF_ERROR(DropPrefetched());
-      trace_.assign(1, bucket);
-      trace_state_ = Trace::kRecording;
-    }
+    // Control flow that changed, or an eval pass of other modules: on demand until a pass
+    // starts from the top again (or the next step, which records the order again).
+    ZERO_LOG(logger_, kInfo) << "stage 3: gather #" << trace_position_ << " of the step is unit " << unit
+                             << ", not the recorded unit "
+                             << (trace_position_ < trace_.size() ? plan_.buckets()[trace_[trace_position_]].unit : -1)
+                             << ": the gather order changed; gathering on demand until a pass starts again "
+                                "from the recorded first unit (else the next step records the order again)";
+    ++counters_.trace_invalidations;
+    ZERO_RETURN_IF_ERROR(DropPrefetched());
+    trace_state_ = Trace::kOffTrace;
   }
   if (u.buffer.data() != nullptr && u.holders == 0) {  // prefetched before the trainer asked
     ++counters_.gathers_prefetched;

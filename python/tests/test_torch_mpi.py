@@ -14,6 +14,7 @@ from test_torch_engine import (BATCH, OPTIMIZER, STEPS, TinyLM, assert_close,
 from test_torch_misuse import WithBuffer
 from test_torch_optimizer import lambda_lr, param_groups
 from test_torch_optimizer import reference as groups_reference
+from test_torch_stage3 import LoraLM, check_lora_job, train_lora_job
 
 pytestmark = pytest.mark.skipif("OMPI_COMM_WORLD_SIZE" not in os.environ,
                                 reason="runs under mpirun")
@@ -58,6 +59,17 @@ def train(stage, device="cpu", guard=None, groups=False, make_scheduler=None,
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_lora_model_matches_single_process_pytorch(stage):
     assert_close(train(stage), reference())
+
+
+def test_lora_job_shards_its_frozen_base_at_stage3():
+    """97 % frozen, a tied output layer through F.linear: each process holds about 1/N."""
+    comm = zerort.mpi_communicator()
+    world = comm.size
+    try:
+        result = train_lora_job(LoraLM(), comm.rank, world, comm)
+    finally:
+        comm.close()
+    check_lora_job(result, world)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

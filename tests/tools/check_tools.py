@@ -471,6 +471,22 @@ if MODE == "local":
         rows = [line.split(",") for line in measure.stdout.splitlines()[1:]]
         check(measure.returncode == 0 and len(rows) == 8, "zero-mem measure --csv gives a row per stage 0-3 and rank count")
         check(os.path.exists(png) and os.path.getsize(png) > 1000, "zero-mem --plot draws a PNG with gnuplot")
+    # A LoRA job: the frozen base holds only its 2-byte copy, replicated below stage 3 and
+    # sharded at stage 3 (7e9 params, 99 % frozen: 0.07e9 × 16 B + 6.93e9 × 2 B = 14.98 GB at
+    # 1 rank; stage 3 at 4 ranks a quarter of it).
+    lora = run([os.path.join(BIN, "zero-mem"), "estimate", "--params", "7e9", "--frozen_fraction", "0.99",
+                "--ranks", "1,4", "--csv"])
+    lora_rows = [[float(x) for x in line.split(",")] for line in lora.stdout.splitlines()[1:]]
+    check(lora.returncode == 0 and len(lora_rows) == 2 and close(lora_rows[0][1], 14.98e9, 1e-9)
+          and close(lora_rows[1][4], 14.98e9 / 4, 1e-9) and close(lora_rows[1][3], 6.93e9 * 2 + 0.07e9 * (2 + 14 / 4), 1e-9),
+          "zero-mem estimate --frozen_fraction: frozen params hold their copy only, sharded at stage 3")
+    measure = run([os.path.join(BIN, "zero-mem"), "measure", "--layers", "4", "--width", "256", "--lora_rank", "4",
+                   "--ranks", "1,2", "--csv"])
+    by_stage = {(int(r[0]), int(r[1])): int(r[2]) for r in (line.split(",") for line in measure.stdout.splitlines()[1:])}
+    check(measure.returncode == 0 and len(by_stage) == 8 and by_stage[(3, 2)] < 0.6 * by_stage[(2, 2)],
+          "zero-mem measure --lora_rank: stage 3 shards the frozen base (params at 2 ranks about half of stage 2's)")
+    check(refused("zero-mem", ["estimate", "--params", "1e9", "--frozen_fraction", "1"], "--frozen_fraction 1"),
+          "zero-mem estimate --frozen_fraction 1 is refused")
 else:
     for ranks in (2, 3):
         mpi = {stage: train(["--stage", str(stage), "--steps", "30"], (RUN_MPI, str(ranks))) for stage in (0, 1, 2, 3)}

@@ -139,6 +139,42 @@ std::vector<float> Param0(Engine& engine) {
   return values;
 }
 
+// Frozen params have no records: a stage-3 run that registers a model's frozen base (and a
+// stage-2 run that leaves it out) save and load each other's checkpoints. The trainable params
+// are matched in order; a param frozen on one side and trainable on the other is an error.
+TEST_F(Checkpoint, FrozenParamsRegisteredOnOneSideOnlyAreNoDifference) {
+  const std::vector<float> want = Param0(*ToyEngine(dir_).engine);
+  auto with_frozen = [](bool trainable_embed) {
+    auto group = comm::CreateLocalGroup(1);
+    LoadedToy toy{std::move((*group)[0]), nullptr};
+    toy.engine = std::move(*Engine::Create(ToyConfig(3), *toy.comm));
+    EXPECT_THAT(toy.engine->RegisterParam({"embed.weight", {7, 3}, DType::kFP32, trainable_embed, 0, 9}), IsOk());
+    const std::vector<std::pair<const char*, std::vector<int64_t>>> specs = {
+        {"fc1.weight", {37, 13}}, {"fc1.bias", {37}}, {"fc2.weight", {5, 37}}, {"fc2.bias", {5}}};
+    for (size_t p = 0; p < specs.size(); ++p) {
+      EXPECT_THAT(toy.engine->RegisterParam({specs[p].first, specs[p].second, DType::kFP32, true, 0, static_cast<int>(p / 2)}),
+                  IsOk());
+    }
+    EXPECT_THAT(toy.engine->Finalize(), IsOk());
+    return toy;
+  };
+  LoadedToy frozen = with_frozen(false);
+  const std::vector<float> embed(21, 0.5f);
+  ASSERT_THAT(frozen.engine->SetParam(0, embed.data()), IsOk());
+  ASSERT_THAT(frozen.engine->LoadCheckpoint(dir_), IsOk());  // saved without embed.weight
+  std::vector<float> fc1(13 * 37), kept(21);
+  ASSERT_THAT(frozen.engine->GetParam(1, fc1.data()), IsOk());
+  EXPECT_EQ(fc1, want);
+  ASSERT_THAT(frozen.engine->GetParam(0, kept.data()), IsOk());
+  EXPECT_EQ(kept, embed) << "a frozen param the checkpoint does not have keeps its values";
+  const std::string again = dir_ + "-with-frozen";
+  ASSERT_THAT(frozen.engine->SaveCheckpoint(again), IsOk());
+  EXPECT_EQ(Param0(*ToyEngine(again).engine), want);  // loaded where embed.weight is not registered
+  EXPECT_THAT(with_frozen(true).engine->LoadCheckpoint(again),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("\"embed.weight\" was frozen when saved")));
+  std::filesystem::remove_all(again);
+}
+
 void FlipByte(const std::string& path, std::streamoff at) {
   std::fstream file(path, std::ios::in | std::ios::out | std::ios::binary);
   file.seekg(at);

@@ -26,6 +26,10 @@ StatusOr<StateBytes> BytesPerParam(const std::string& precision, const std::stri
 /// 0 (P+G+K)Ψ, 1 (P+G)Ψ + KΨ/N, 2 PΨ + (G+K)Ψ/N, 3 (P+G+K)Ψ/N.
 double StageBytes(int stage, double params, int ranks, const StateBytes& b);
 
+/// Per-rank bytes of `frozen` parameters (never stepped: no gradient, no optimizer state): the
+/// model copy, replicated at stages 0-2 and sharded at stage 3.
+double FrozenBytes(int stage, double frozen, int ranks, const StateBytes& b);
+
 /// DeepSpeed's estimators (mixed precision Adam): ZeRO-2 2P + 18P/N, ZeRO-3 4·L + 18P/N with L
 /// the largest layer's parameter count.
 double DeepSpeedZero2Bytes(double params, int ranks);

@@ -4,6 +4,7 @@
 //   zero-mem estimate --preset llama-7b --ranks 1,8,64,512 --plot memory.png
 //   zero-mem measure --layers 8 --width 1024 --ranks 1,2,4 --csv
 //   zero-mem estimate --params 7.5e9 --grad_dtype fp32   # fp32 gradient accumulation
+//   zero-mem measure --layers 8 --width 2048 --lora_rank 8  # a LoRA job: frozen base, adapters
 //
 // `estimate` evaluates DESIGN.md's per-rank formulas and prints DeepSpeed's estimator beside
 // them; `measure` runs the engine on in-process ranks and reports the accounting allocator's
@@ -39,6 +40,11 @@ ABSL_FLAG(std::string, optimizer, "adamw", "adamw, adam, sgd (momentum) or lion"
 ABSL_FLAG(std::string, grad_dtype, "",
           "gradient dtype (precision.grad): bf16 (--precision mixed; the default there, the ZeRO paper's "
           "2 bytes) or fp32 (4 bytes: gradients accumulated and reduced in fp32)");
+ABSL_FLAG(double, frozen_fraction, 0,
+          "estimate: the fraction of Ψ that is frozen (a LoRA job's base: no gradient, no optimizer state; "
+          "sharded at stage 3), in [0, 1)");
+ABSL_FLAG(int, lora_rank, 0,
+          "measure: > 0 freezes each layer's width² weight (sharded at stage 3) and trains a rank-R adapter beside it");
 ABSL_FLAG(int, layers, 8, "measure: square layers in the model (≥ 1; layers × width² ≤ 1e9)");
 ABSL_FLAG(int, width, 512, "measure: layer width (≥ 1)");
 ABSL_FLAG(int, steps, 2, "measure: optimizer steps before reading the peaks (≥ 1)");
@@ -117,6 +123,11 @@ Status Estimate() {
   if (!(params > 0 && params <= 1e15)) {
     return absl::InvalidArgumentError(absl::StrCat("--params ", params, ": allowed: > 0 and ≤ 1e15"));
   }
+  const double frozen_fraction = absl::GetFlag(FLAGS_frozen_fraction);
+  if (!(frozen_fraction >= 0 && frozen_fraction < 1)) {
+    return absl::InvalidArgumentError(absl::StrCat("--frozen_fraction ", frozen_fraction, ": allowed: 0 to below 1"));
+  }
+  const double frozen = frozen_fraction * params, trainable = params - frozen;
   const double largest_layer = absl::GetFlag(FLAGS_largest_layer);
   if (!(largest_layer >= 0 && largest_layer <= params)) {
     return absl::InvalidArgumentError(absl::StrCat("--largest_layer ", largest_layer, ": allowed: 0 (1% of Ψ) to Ψ"));
@@ -131,8 +142,9 @@ Status Estimate() {
     std::printf("ranks,stage0_bytes,stage1_bytes,stage2_bytes,stage3_bytes%s\n",
                 deepspeed ? ",deepspeed_zero2_bytes,deepspeed_zero3_bytes" : "");
   } else {
-    std::printf("zero-mem estimate: Ψ = %.4g params, %s precision, %s: bytes/param params %g, grads %g, optimizer K = %g\n",
-                params, absl::GetFlag(FLAGS_precision).c_str(), absl::GetFlag(FLAGS_optimizer).c_str(), b.param, b.grad,
+    std::printf("zero-mem estimate: Ψ = %.4g params%s, %s precision, %s: bytes/param params %g, grads %g, optimizer K = %g\n",
+                params, frozen > 0 ? absl::StrFormat(" (%.4g frozen)", frozen).c_str() : "",
+                absl::GetFlag(FLAGS_precision).c_str(), absl::GetFlag(FLAGS_optimizer).c_str(), b.param, b.grad,
                 b.optimizer);
     std::printf("%8s %12s %12s %12s %12s", "ranks", "stage 0", "stage 1", "stage 2", "stage 3");
     if (deepspeed) std::printf("   %18s %18s", "DeepSpeed ZeRO-2", "DeepSpeed ZeRO-3");
@@ -140,7 +152,9 @@ Status Estimate() {
   }
   for (int n : ranks) {
     std::vector<double> row;
-    for (int stage = 0; stage < 4; ++stage) row.push_back(StageBytes(stage, params, n, b));
+    for (int stage = 0; stage < 4; ++stage) {
+      row.push_back(StageBytes(stage, trainable, n, b) + FrozenBytes(stage, frozen, n, b));
+    }
     rows.push_back(row);
     if (absl::GetFlag(FLAGS_csv)) {
       std::printf("%d,%.0f,%.0f,%.0f,%.0f", n, row[0], row[1], row[2], row[3]);
@@ -158,6 +172,9 @@ Status Estimate() {
     std::printf("DeepSpeed's estimators count 2 fp16 + 4 fp32 grad + 4 fp32 param + 8 Adam bytes (18/param sharded);"
                 " ZeRO-3 adds 4 bytes × the largest layer (%.3g params%s).\n",
                 largest, absl::GetFlag(FLAGS_largest_layer) > 0 ? "" : ", assumed 1% of Ψ");
+    if (frozen > 0) {
+      std::printf("They count every param as trained; here frozen params hold only their %g-byte copy.\n", b.param);
+    }
   }
   if (!absl::GetFlag(FLAGS_plot).empty()) {
     ZERO_RETURN_IF_ERROR(Plot(absl::GetFlag(FLAGS_plot), ranks, rows, {}, absl::StrFormat("model states per rank, %.3g params", params)));
@@ -170,6 +187,9 @@ Status CheckModelFlags(const MeasureOptions& o) {
   if (o.layers < 1) return absl::InvalidArgumentError(absl::StrCat("--layers ", o.layers, ": allowed: ≥ 1"));
   if (o.width < 1) return absl::InvalidArgumentError(absl::StrCat("--width ", o.width, ": allowed: ≥ 1"));
   if (o.steps < 1) return absl::InvalidArgumentError(absl::StrCat("--steps ", o.steps, ": allowed: ≥ 1"));
+  if (o.lora_rank < 0 || o.lora_rank > o.width) {
+    return absl::InvalidArgumentError(absl::StrCat("--lora_rank ", o.lora_rank, ": allowed: 0 to --width"));
+  }
   if (double(o.layers) * o.width * o.width > kMaxMeasuredParams) {
     return absl::InvalidArgumentError(absl::StrCat("--layers ", o.layers, " --width ", o.width,
                                                    ": the model would have layers × width² > 1e9 params"));
@@ -182,6 +202,7 @@ Status Measure() {
   o.layers = absl::GetFlag(FLAGS_layers);
   o.width = absl::GetFlag(FLAGS_width);
   o.steps = absl::GetFlag(FLAGS_steps);
+  o.lora_rank = absl::GetFlag(FLAGS_lora_rank);
   ZERO_RETURN_IF_ERROR(CheckModelFlags(o));
   const std::string precision = absl::GetFlag(FLAGS_precision);
   o.dtype = precision == "fp32" ? DType::kFP32 : DType::kBF16;
@@ -192,21 +213,24 @@ Status Measure() {
   ZERO_ASSIGN_OR_RETURN(Config parsed, Config::FromJson(optimizer.dump()));
   o.optimizer = parsed.optimizer.type;
   ZERO_ASSIGN_OR_RETURN(std::vector<int> ranks, RankList("1,2,4", kMaxMeasuredRanks));
-  const double params = double(o.layers) * o.width * o.width;
+  const auto [trainable, frozen] = ModelParams(o);
+  const double params = trainable + frozen;
   const bool csv = absl::GetFlag(FLAGS_csv);
   if (csv) {
     std::printf("stage,ranks,params_bytes,grads_bytes,optimizer_bytes,comm_buffers_bytes,gathered_bytes,workspace_bytes,total_bytes,estimate_bytes\n");
   } else {
-    std::printf("zero-mem measure: %d layers × %d² = %.4g params, %s, %s gradients, %s; peak bytes per rank (rank 0), "
-                "after %d steps\n", o.layers, o.width, params, precision.c_str(), DTypeName(o.grad_dtype),
-                absl::GetFlag(FLAGS_optimizer).c_str(), o.steps);
+    std::printf("zero-mem measure: %d layers × %d²%s = %.4g params%s, %s, %s gradients, %s; peak bytes per rank "
+                "(rank 0), after %d steps\n", o.layers, o.width,
+                o.lora_rank > 0 ? absl::StrFormat(" frozen + rank-%d adapters", o.lora_rank).c_str() : "", params,
+                frozen > 0 ? absl::StrFormat(" (%.1f%% frozen)", 100.0 * frozen / params).c_str() : "",
+                precision.c_str(), DTypeName(o.grad_dtype), absl::GetFlag(FLAGS_optimizer).c_str(), o.steps);
     std::printf("%5s %5s %11s %11s %11s %11s %11s %11s | %11s %11s %8s\n", "stage", "ranks", "params", "grads", "optimizer",
                 "comm_bufs", "gathered", "workspace", "measured", "formula", "extra");
   }
   std::vector<std::vector<double>> formula(ranks.size()), measured(ranks.size());
   for (size_t i = 0; i < ranks.size(); ++i) {
     for (int stage = 0; stage < 4; ++stage) {
-      const double estimate = StageBytes(stage, params, ranks[i], b);
+      const double estimate = StageBytes(stage, trainable, ranks[i], b) + FrozenBytes(stage, frozen, ranks[i], b);
       formula[i].push_back(estimate);
       auto stats = MeasureLocal(o, stage, ranks[i]);
       if (!stats.ok()) {
@@ -246,7 +270,8 @@ int main(int argc, char** argv) {
       "memory per rank for model states at ZeRO stages 0-3.\n\n"
       "  zero-mem estimate --params 7.5e9 --ranks 64       # DESIGN.md's formulas, DeepSpeed's beside\n"
       "  zero-mem estimate --preset llama-7b --ranks 1,8,64 --plot memory.png\n"
-      "  zero-mem measure --layers 8 --width 1024 --ranks 1,2,4 [--csv]   # the engine's peaks");
+      "  zero-mem measure --layers 8 --width 1024 --ranks 1,2,4 [--csv]   # the engine's peaks\n"
+      "  zero-mem estimate --params 7e9 --frozen_fraction 0.99 / measure --lora_rank 8   # a LoRA job");
   const std::vector<char*> positional = zero::tools::ParseToolCommandLine(argc, argv, "zero-mem/");
   const std::string command = positional.size() > 1 ? positional[1] : "";
   zero::Status status;

@@ -22,23 +22,46 @@ Status TrainRank(comm::Communicator& comm, const MeasureOptions& o, int stage, M
   config.stage3.persistence_threshold = 0;
   config.stage3.prefetch_elems = 2 * int64_t{o.width} * o.width;
   ZERO_ASSIGN_OR_RETURN(auto engine, Engine::Create(config, comm));
-  const int64_t numel = int64_t{o.width} * o.width;
+  // Per layer: its trainable params (and, for LoRA, a frozen base in a unit of its own).
+  const bool lora = o.lora_rank > 0;
+  std::vector<std::vector<ParamId>> trainable(o.layers);
   for (int l = 0; l < o.layers; ++l) {
+    const std::string name = "layer" + std::to_string(l);
+    if (!lora) {
+      ZERO_ASSIGN_OR_RETURN(ParamId id, engine->RegisterParam({name + ".weight", {o.width, o.width}, o.dtype, true, 0, l}));
+      trainable[l].push_back(id);
+      continue;
+    }
     ZERO_RETURN_IF_ERROR(
-        engine->RegisterParam({"layer" + std::to_string(l) + ".weight", {o.width, o.width}, o.dtype, true, 0, l}).status());
+        engine->RegisterParam({name + ".base", {o.width, o.width}, o.dtype, false, 0, 2 * l}).status());
+    for (const char* adapter : {".lora_a", ".lora_b"}) {
+      ZERO_ASSIGN_OR_RETURN(ParamId id,
+                            engine->RegisterParam({name + adapter, {o.lora_rank, o.width}, o.dtype, true, 0, 2 * l + 1}));
+      trainable[l].push_back(id);
+    }
   }
   ZERO_RETURN_IF_ERROR(engine->Finalize());
-  std::vector<char> grad(numel * DTypeSize(o.dtype), 0);  // zeros: the bytes, not the values, matter here
+  const int units_per_layer = lora ? 2 : 1;
+  auto gather = [&](int l) -> Status {
+    for (int u = 0; u < units_per_layer; ++u) ZERO_RETURN_IF_ERROR(engine->Gather(units_per_layer * l + u));
+    return absl::OkStatus();
+  };
+  auto release = [&](int l) -> Status {
+    for (int u = 0; u < units_per_layer; ++u) ZERO_RETURN_IF_ERROR(engine->Release(units_per_layer * l + u));
+    return absl::OkStatus();
+  };
+  // Zeros: the bytes, not the values, matter here (the largest trainable param's).
+  std::vector<char> grad(int64_t{o.width} * (lora ? o.lora_rank : o.width) * DTypeSize(o.dtype), 0);
   for (int step = 0; step < o.steps; ++step) {
     ZERO_RETURN_IF_ERROR(engine->BeginIteration());
     for (int l = 0; l < o.layers; ++l) {  // forward: each layer gathered while it computes
-      ZERO_RETURN_IF_ERROR(engine->Gather(l));
-      ZERO_RETURN_IF_ERROR(engine->Release(l));
+      ZERO_RETURN_IF_ERROR(gather(l));
+      ZERO_RETURN_IF_ERROR(release(l));
     }
     for (int l = o.layers - 1; l >= 0; --l) {  // backward: gathered again for its gradient
-      ZERO_RETURN_IF_ERROR(engine->Gather(l));
-      ZERO_RETURN_IF_ERROR(engine->AccumulateGrad(l, grad.data()));
-      ZERO_RETURN_IF_ERROR(engine->Release(l));
+      ZERO_RETURN_IF_ERROR(gather(l));
+      for (ParamId id : trainable[l]) ZERO_RETURN_IF_ERROR(engine->AccumulateGrad(id, grad.data()));
+      ZERO_RETURN_IF_ERROR(release(l));
     }
     ZERO_RETURN_IF_ERROR(engine->EndBackward());
     ZERO_RETURN_IF_ERROR(engine->Step().status());
@@ -48,6 +71,12 @@ Status TrainRank(comm::Communicator& comm, const MeasureOptions& o, int stage, M
 }
 
 }  // namespace
+
+std::pair<double, double> ModelParams(const MeasureOptions& o) {
+  const double square = double(o.layers) * o.width * o.width;
+  if (o.lora_rank == 0) return {square, 0};
+  return {2.0 * o.layers * o.width * o.lora_rank, square};
+}
 
 StatusOr<MemoryStats> MeasureLocal(const MeasureOptions& options, int stage, int ranks) {
   ZERO_ASSIGN_OR_RETURN(auto group, comm::CreateLocalGroup(ranks));

@@ -17,10 +17,13 @@ the engine and shows as `engine.lr_scheduler`.
 
 What happens to the model:
 - Every trainable param (`requires_grad=True`, each shared param once) is registered with the
-  engine under its `named_parameters()` name, in that order, with its group's index; frozen
-  params (LoRA base weights, frozen embeddings) are neither registered, sharded nor stepped,
-  nor are zero-element params (nn.Linear(8, 0)): they train as no-ops, their `.grad` stays
-  None after each step, and state_dict() returns them empty. Trainable sparse embeddings
+  engine under its `named_parameters()` name, in that order, with its group's index. Frozen
+  params (LoRA base weights, frozen embeddings) are never stepped: below stage 3 they stay
+  the model's own; at stage 3 the float ones are registered frozen and sharded with their
+  module's unit (so no rank holds the whole frozen base), and engine.state_dict() and
+  close() give them back whole. Zero-element params (nn.Linear(8, 0)) are not registered:
+  they train as no-ops, their `.grad` stays None after each step, and state_dict() returns
+  them empty. Trainable sparse embeddings
   (sparse=True) are refused. One open engine drives a param: a second initialize() on the
   model is refused until the first engine's close().
 - At stages 0-2 each trainable param's `.data` becomes a view of the engine's own copy
@@ -47,9 +50,12 @@ What happens to the model:
   hook) is dropped from `.grad`, never added to a later step.
 - guard.on_unused = "zero": params the graph of the model's outputs does not reach are
   marked ready as backward comes to them, as DDP's find_unused_parameters (_reach.py).
-- Stage 3: one unit per module (and optimizer group) that owns trainable params, gathered
-  before its forward and again before its backward, released after each (_stage3.py);
-  between uses the params' storage is freed, as FSDP does.
+- Stage 3: one unit per module (and optimizer group) that owns trainable params, and one
+  for its frozen ones, gathered before its forward and again before its backward, released
+  after each (_stage3.py); between uses the params' storage is freed, as FSDP does. A module
+  that uses another module's param (F.linear(h, self.embed.weight)) declares it with
+  register_external_parameter(module, param); code outside forward reads or writes full
+  values inside `with gathered(params, modifier_rank=None):` (_gathered.py).
 - Params on the CPU, or on one GPU (device "cuda", set from the model when the config names
   none): the engine's copies live in device memory and its work is ordered after torch's
   current stream at initialize(). Across processes use zerort.nccl_communicator(). In-process
@@ -63,17 +69,20 @@ Modules: _engine.py (TorchEngine), _optimizer.py (engine.optimizer), _schedulers
 device, the stream, rank 0's frozen state), _backward.py (which backward a duplicate gradient
 came from; errors raised as a backward ends), _checkpoint.py (client_state in checkpoints),
 _params.py (what was registered, and what happens before the engine goes), _reach.py
-(guard.on_unused = "zero" marking unreached params).
+(guard.on_unused = "zero" marking unreached params), _gathered.py (gathered() and
+register_external_parameter).
 
 Every failure is a zerort exception carrying the status and the library's message
 (zerort.errors): DuplicateGradientError, UnusedParametersError, DeadlineExceededError, ...
 """
 from .. import core
 from ._engine import TorchEngine
+from ._gathered import gathered, register_external_parameter
 from ._optimizer import ZeroOptimizer
 from ._schedulers import EngineLRScheduler
 
-__all__ = ["initialize", "TorchEngine", "ZeroOptimizer", "EngineLRScheduler"]
+__all__ = ["initialize", "TorchEngine", "ZeroOptimizer", "EngineLRScheduler", "gathered",
+           "register_external_parameter"]
 
 
 def initialize(model, config=None, comm=None, *, model_parameters=None):

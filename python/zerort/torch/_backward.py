@@ -57,6 +57,7 @@ class BackwardPasses:
         self._open = False
         self._first = {}  # param id -> the pass its first gradient came from
         self._error = None  # raised when the pass ends
+        self.on_end = []  # callables run when a pass ends (before a pending error is raised)
 
     def begin(self):
         """A gradient is being computed: starts a pass unless one is running."""
@@ -71,6 +72,8 @@ class BackwardPasses:
 
     def _end(self):
         self._open = False
+        for callback in self.on_end:
+            callback()
         self.raise_pending()
 
     @property

@@ -137,7 +137,7 @@ def group_overrides(group, index):
 
 def resolve_param_groups(module, model_parameters):
     """ParamGroups for `module` from `model_parameters` (None: every trainable param in one
-    group). Frozen params in a group are skipped (they are not registered); a trainable param
+    group). Frozen params in a group are skipped (they are never stepped); a trainable param
     of `module` in no group, a param in two groups, and a tensor that is not a param of
     `module` are InvalidArgumentErrors naming them."""
     if model_parameters is None:

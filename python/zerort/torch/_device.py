@@ -131,16 +131,21 @@ def sync_frozen_state(module, comm, timeout):
     named = [(n, p) for n, p in module.named_parameters() if not p.requires_grad]
     named += list(module.named_buffers())
     agree_on_frozen_state(named, comm, timeout)
+    for _, tensor in named:
+        broadcast_tensor(tensor, comm, 0, timeout)
+
+
+def broadcast_tensor(tensor, comm, root, timeout):
+    """Rank `root`'s values of `tensor` into every rank's `tensor` (collective)."""
+    if tensor.numel() == 0:
+        return
     with torch.no_grad():
-        for _, tensor in named:
-            if tensor.numel() == 0:
-                continue
-            # NCCL takes device memory only; the other backends take host memory.
-            values = tensor.detach().to(
-                "cuda" if comm.device_buffers_only else "cpu").contiguous()
-            if values.is_cuda:
-                torch.cuda.current_stream(values.device).synchronize()
-            comm.broadcast_bytes(values.data_ptr(),
-                                 values.numel() * values.element_size(), 0, timeout)
-            if values.data_ptr() != tensor.data_ptr():
-                tensor.copy_(values)
+        # NCCL takes device memory only; the other backends take host memory.
+        values = tensor.detach().to(
+            "cuda" if comm.device_buffers_only else "cpu").contiguous()
+        if values.is_cuda:
+            torch.cuda.current_stream(values.device).synchronize()
+        comm.broadcast_bytes(values.data_ptr(),
+                             values.numel() * values.element_size(), root, timeout)
+        if values.data_ptr() != tensor.data_ptr():
+            tensor.copy_(values)

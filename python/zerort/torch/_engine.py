@@ -5,7 +5,8 @@ import weakref
 import torch
 
 from .. import core, errors
-from . import _backward, _checkpoint, _config, _device, _params, _reach, _stage3
+from . import (_backward, _checkpoint, _config, _device, _gathered, _params, _reach,
+               _stage3)
 from ._optimizer import ZeroOptimizer
 from ._schedulers import EngineLRScheduler
 
@@ -82,10 +83,14 @@ class TorchEngine:
                 raise errors.InvalidArgumentError(
                     f"zerort.torch: {name} has dtype {param.dtype}; ZeroRT keeps float32, "
                     "bfloat16 or float16 params")
+        # Stage 3 shards the frozen float params too (a LoRA model's base), with their
+        # modules' units; below it they stay the model's own.
+        frozen = self._inventory.frozen if self.stage == 3 else []
         unit_of, module_units = {}, {}
         if self.stage == 3:
             unit_of, module_units = _stage3.assign_units(
-                module, {p for _, p in self._inventory.trainable}, groups.group_of)
+                module, {p for _, p in self._inventory.trainable}, groups.group_of,
+                {p for _, p in frozen})
         self._params = []  # (name, param, id)
         self._names = {}  # id -> name
         self._records = self._inventory.records  # id -> _params.Registered
@@ -98,24 +103,36 @@ class TorchEngine:
             self._names[pid] = name
             self._records[pid] = _params.Registered(name, param, pid, unit_of.get(param))
             self._detacher.records.append(self._records[pid])
+        self._frozen = []  # (name, param, id): stage 3's frozen params
+        for name, param in frozen:
+            pid = self._engine.register_param(name, list(param.shape) or [1],
+                                              _DTYPES[param.dtype], requires_grad=False,
+                                              unit=unit_of[param])
+            self._frozen.append((name, param, pid))
+            self._records[pid] = _params.Registered(name, param, pid, unit_of[param])
+            self._detacher.records.append(self._records[pid])
         self._engine.finalize()
-        for _, param, pid in self._params:
+        for _, param, pid in self._params + self._frozen:
             values = param.detach().contiguous()
             self._engine.set_param(pid, values.data_ptr())
         self._accumulators = []  # AccumulateGrad nodes must outlive their hooks
         for position, (_, param, pid) in enumerate(self._params):
             self._add_grad_hook(param, pid, unit_of.get(param), position)
         self._units = None
+        self._passes = _backward.BackwardPasses()
         if self.stage == 3:  # after the grad hooks: finding a param's node needs its storage
-            self._units = _stage3.UnitGathering(self._engine, module, self._params,
-                                                unit_of, module_units, self._records)
+            self._units = _stage3.UnitGathering(self._engine, module,
+                                                self._params + self._frozen,
+                                                unit_of, module_units, self._records,
+                                                self._passes)
             self._detacher.handles.append(self._units.handles)
+            for sub, param in _gathered.declared_external(module):
+                self.register_external_parameter(sub, param)
         else:
             self._bind_views()
         self._micro_batches = 0
         self._closed = False
         self._in_micro_batch = False
-        self._passes = _backward.BackwardPasses()
         # guard.on_unused = "zero": params the graph of the model's outputs does not reach
         # are marked ready as backward comes to them (_reach.py).
         self._reach = _reach.Reach() if guard.get("on_unused") == "zero" else None
@@ -138,6 +155,7 @@ class TorchEngine:
         tracked = self._inventory.tracked.values()
         self._detacher.claimed = [weakref.ref(p) for p in tracked]
         _params.claim(tracked, self._engine._box)
+        _gathered.drive([p for _, p, _ in self._params + self._frozen], self)
 
     def _start_first_micro_batch(self):
         self._first_forward.remove()
@@ -421,6 +439,55 @@ class TorchEngine:
         yield
         self.step()
 
+    @property
+    def closed(self):
+        """Whether the engine was closed."""
+        return self._closed or self._engine.closed
+
+    def _pid_of(self, param, what):
+        for _, registered, pid in self._params + self._frozen:
+            if registered is param:
+                return pid
+        raise errors.InvalidArgumentError(
+            f"zerort.torch: {what}: a param of shape {tuple(param.shape)} that this engine "
+            "does not drive (not a param of the model given to initialize(), or one with no "
+            "elements, or a frozen one below stage 3)", errors.InvalidArgumentError.status)
+
+    def register_external_parameter(self, module, param):
+        """Makes `module`'s forward and backward gather `param`'s stage-3 unit too: a param
+        another module owns that `module` uses (a tied output layer's F.linear(h,
+        self.embed.weight)), as DeepSpeed's register_external_parameter (_gathered.py).
+        Nothing to do below stage 3."""
+        pid = self._pid_of(param, "register_external_parameter()")
+        if self._units is not None:
+            self._units.add_units(module, self._units.units_of([pid]))
+
+    @contextlib.contextmanager
+    def gathered(self, params, modifier_rank=None):
+        """Full values of `params` inside the block; with `modifier_rank`, that rank's
+        values when the block ends become every rank's (_gathered.py). Collective."""
+        params = [params] if isinstance(params, torch.Tensor) else list(params)
+        self._check_model("gathered()")
+        pids = [self._pid_of(p, "gathered()") for p in params]
+        if modifier_rank is not None and not 0 <= modifier_rank < self.world_size:
+            raise errors.InvalidArgumentError(
+                f"gathered(): modifier_rank {modifier_rank} is not a rank of this engine "
+                f"(0..{self.world_size - 1})", errors.InvalidArgumentError.status)
+        units = self._units.units_of(pids) if self._units is not None else []
+        if self._units is not None:
+            self._units.hold(units)
+        try:
+            yield params
+            if modifier_rank is not None:
+                for param, pid in zip(params, pids):
+                    _device.broadcast_tensor(param.data, self._comm, modifier_rank,
+                                             self._timeout)
+                    values = param.detach().clone()  # not the engine's own memory
+                    self._engine.set_param(pid, values.data_ptr())
+        finally:
+            if self._units is not None:
+                self._units.unhold(units)
+
     def _check_model(self, what):
         """Raises FailedPreconditionError when the engine was closed, or naming the first
         param that changed since initialize() in a way the engine cannot follow
@@ -431,7 +498,7 @@ class TorchEngine:
                 "communicator's close()); initialize() a new one to train on",
                 errors.FailedPreconditionError.status)
         units = self._units
-        self._inventory.check(self.module, self._params,
+        self._inventory.check(self.module, self._params + self._frozen,
                               units.is_gathered if units is not None else None, what)
 
     def counters(self):
@@ -447,10 +514,12 @@ class TorchEngine:
 
     def state_dict(self):
         """Full copies of every trainable param, by name, on the params' device
-        (collective at stage 3; zero-element params included, empty)."""
+        (collective at stage 3; zero-element params included, empty), and at stage 3 of
+        every frozen param it shards (the model holds none of their values between
+        uses)."""
         self._check_model("state_dict()")
         result = {}
-        for name, param, pid in self._params:
+        for name, param, pid in self._params + self._frozen:
             record = self._records[pid]
             full = torch.empty(record.shape, dtype=record.dtype, device=record.device)
             self._engine.get_param(pid, full.data_ptr())

@@ -117,16 +117,28 @@ def untracked_error(what, name, was_frozen):
         errors.FailedPreconditionError.status)
 
 
+FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
 class Inventory:
     """What initialize() found in a module: `trainable` [(name, param)] to register (each
     shared param once, zero-element ones left out), `empty` [(name, param)] (the
     zero-element trainable params), `tracked` {id: param} (every trainable param),
-    `records` {engine id: Registered} (filled as the params are registered), and the
-    params frozen then."""
+    `records` {engine id: Registered} (filled as the params are registered), `frozen`
+    [(name, param)] (the frozen float params with elements, each shared one once: stage 3
+    shards them), and the params frozen then."""
 
     def __init__(self, module):
         self.trainable, self.empty, self.tracked, self.records = [], [], {}, {}
+        self.frozen = []
         self._empty_records = []
+        seen_frozen = set()
+        for name, param in module.named_parameters():
+            if (param.requires_grad or id(param) in seen_frozen or param.numel() == 0
+                    or param.dtype not in FLOAT_DTYPES):
+                continue
+            seen_frozen.add(id(param))
+            self.frozen.append((name, param))
         for name, param in module.named_parameters():
             if not param.requires_grad or id(param) in self.tracked:
                 continue

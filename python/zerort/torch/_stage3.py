@@ -2,7 +2,9 @@
 
 Each module that directly owns trainable params is one unit per optimizer group of those
 params (a bucket holds params of one group; a param shared by several modules belongs to the
-first; the others gather that unit too). Between uses, a param's tensor keeps its shape but
+first; the others gather that unit too). Its frozen float params (a LoRA model's base
+weights) are one more unit, sharded the same way and gathered with the others, never reduced
+or stepped. Between uses, a param's tensor keeps its shape but
 its storage is resized to zero bytes, as FSDP does: the tensors autograd saved in forward
 refer to the same storage, which is refilled before the module's backward. Gathering copies
 the engine's gathered values into that storage (one copy per gather); ZeroRT's own gathered
@@ -14,16 +16,24 @@ buffer is released with the unit.
     output grad hook    gather again, before the module's backward runs (a forward
                         recomputed inside backward by checkpointing gathers by itself)
     param grad hook     once every param of a unit has handed over its gradient, release
+    input grad hook     a frozen unit gathered for backward: release once the gradient of
+                        the module's inputs is computed (its backward has run)
+    end of backward     release the frozen units still gathered for backward (a module
+                        whose inputs need no gradient)
     step()              release what is still gathered, before end_backward
 
 Units the engine keeps gathered (smaller than stage3.persistence_threshold) are views of the
 engine's memory, as at stages 0-2, and none of this happens to them.
 
+A module may gather units it does not own (add_units): those of params it uses but another
+module owns (register_external_parameter, _gathered.py). A unit held by a running forward
+or a gathered() block (hold) is not released by a module nested inside it.
+
 Limits: every rank must run the same modules in the same order (the gathers are
-collective); a param must be used only inside its own module's forward (a tied weight used
-by a functional call in another module, e.g. F.linear(x, self.embed.weight), finds its
-storage empty: make it persistent or use the owning module).
+collective); a param used outside its own module's forward (F.linear(x, self.embed.weight)
+in another module) finds its storage empty unless it is declared external.
 """
+import collections
 import ctypes
 
 import torch
@@ -79,21 +89,21 @@ def tensors_in(value):
             yield from tensors_in(item)
 
 
-def assign_units(module, trainable, group_of=None):
-    """Unit ids for the params in `trainable` (a set of params): {param: unit}, and the
-    units each module needs, {module: [units]}, for modules that own trainable params.
-    A module's params in different optimizer groups (`group_of`: {param: group}, 0 for a
-    param it leaves out) form one unit per group; units are numbered 0..n-1 in order of
-    first appearance."""
+def assign_units(module, trainable, group_of=None, frozen=()):
+    """Unit ids for the params in `trainable` and `frozen` (sets of params): {param: unit},
+    and the units each module needs, {module: [units]}, for modules that own such params.
+    A module's trainable params in different optimizer groups (`group_of`: {param: group},
+    0 for a param it leaves out) form one unit per group, its frozen ones one more; units
+    are numbered 0..n-1 in order of first appearance."""
     group_of = group_of or {}
     unit_of, module_units, units_by_key = {}, {}, {}
     for sub in module.modules():
         units = []
         for param in sub.parameters(recurse=False):
-            if param not in trainable:
+            if param not in trainable and param not in frozen:
                 continue
             if param not in unit_of:
-                key = (id(sub), group_of.get(param, 0))
+                key = (id(sub), "frozen" if param in frozen else group_of.get(param, 0))
                 unit_of[param] = units_by_key.setdefault(key, len(units_by_key))
             units.append(unit_of[param])
         if units:
@@ -103,14 +113,19 @@ def assign_units(module, trainable, group_of=None):
 
 class UnitGathering:
     """Installs the hooks above on `module` for `params` [(name, param, id)] registered
-    with units `unit_of`; `records`: {id: _params.Registered}."""
+    with units `unit_of` (the frozen ones among them have no gradient to wait for);
+    `records`: {id: _params.Registered}; `passes`: the engine's _backward.BackwardPasses
+    (their ends release frozen units)."""
 
-    def __init__(self, engine, module, params, unit_of, module_units, records):
+    def __init__(self, engine, module, params, unit_of, module_units, records, passes):
         self._engine = engine
         self._records = records
         self._members = {}  # unit -> [(param, id)]
         for _, param, pid in params:
             self._members.setdefault(unit_of[param], []).append((param, pid))
+        self._frozen = {unit for unit, members in self._members.items()
+                        if not any(param.requires_grad for param, _ in members)}
+        passes.on_end.append(self._after_backward_pass)
         self._gathered = set()
         self._for_backward = set()  # gathered by an output's gradient hook: kept until grads
         self._waiting = {}  # unit -> ids whose gradient has not arrived since the gather
@@ -127,15 +142,10 @@ class UnitGathering:
                 for (param, pid), address in zip(members, addresses):
                     param.data = self._view(pid, address)
                     records[pid].address = address
-        module_units = {m: [u for u in us if u not in self._persistent]
-                        for m, us in module_units.items()}
+        self._holds = collections.Counter()  # unit -> forwards and blocks using it now
+        self._module_units = {}  # module -> the list of units its hooks gather
         for sub, units in module_units.items():
-            if not units:
-                continue
-            self.handles.append(sub.register_forward_pre_hook(
-                lambda _m, _i, units=units: self.gather(units)))
-            self.handles.append(sub.register_forward_hook(
-                lambda _m, _i, output, units=units: self._after_forward(units, output)))
+            self.add_units(sub, units)
         with torch.no_grad():
             for unit, members in self._members.items():
                 if unit in self._persistent:
@@ -143,6 +153,41 @@ class UnitGathering:
                 for param, _ in members:
                     param.data = torch.empty_like(param.data)
                     _resize_storage(param.data, 0)
+
+    def add_units(self, module, units):
+        """Makes `module`'s forward (and backward) gather `units` as well: its own units, or
+        those of params it uses but another module owns (register_external_parameter)."""
+        units = [u for u in units if u not in self._persistent]
+        if not units:
+            return
+        hooked = self._module_units.get(module)
+        if hooked is not None:
+            hooked.extend(u for u in units if u not in hooked)
+            return
+        hooked = self._module_units[module] = list(units)
+        self.handles.append(module.register_forward_pre_hook(
+            lambda _m, _i, units=hooked: self.hold(units)))
+        self.handles.append(module.register_forward_hook(
+            lambda _m, inputs, output, units=hooked: self._after_forward(
+                units, inputs, output)))
+
+    def units_of(self, pids):
+        """The sharded units of the params `pids` (sorted)."""
+        return sorted({self._records[pid].unit for pid in pids} - self._persistent)
+
+    def hold(self, units):
+        """Gathers `units` and keeps them until unhold(): a module's forward, a gathered()
+        block; a module nested inside does not release them when its own forward ends."""
+        self._holds.update(units)
+        self.gather(units)
+
+    def unhold(self, units):
+        """Ends one hold of `units`; releases those no longer held, unless their backward
+        needs them."""
+        for unit in units:
+            self._holds[unit] = max(0, self._holds[unit] - 1)
+        self.release([u for u in units
+                      if self._holds[u] <= 0 and u not in self._for_backward])
 
     def _view(self, pid, address):
         record = self._records[pid]
@@ -170,16 +215,18 @@ class UnitGathering:
                     continue
                 self._engine.gather(unit)
                 self._gathered.add(unit)
-                self._waiting[unit] = {pid for _, pid in self._members[unit]}
+                if unit not in self._frozen:
+                    self._waiting[unit] = {pid for _, pid in self._members[unit]}
                 self.check(unit, "gathering a stage-3 unit")
                 for param, pid in self._members[unit]:
                     _resize_storage(param.data, param.numel())
                     param.data.copy_(self._view(pid, self._engine.param_data(pid)))
 
     def release(self, units):
-        """Frees `units` (engine and storages)."""
+        """Frees `units` (engine and storages), but not one a forward or a gathered() block
+        holds."""
         for unit in units:
-            if unit not in self._gathered:
+            if unit not in self._gathered or self._holds[unit] > 0:
                 continue
             self._engine.release(unit)
             self._gathered.discard(unit)
@@ -188,7 +235,8 @@ class UnitGathering:
                 _resize_storage(param.data, 0)
 
     def release_all(self):
-        """Frees every unit still gathered."""
+        """Frees every unit still gathered (the step: holds end too)."""
+        self._holds.clear()
         self.release(sorted(self._gathered))
 
     def gradient_arrived(self, unit, pid):
@@ -202,18 +250,34 @@ class UnitGathering:
         if not waiting:
             self.release([unit])
 
-    def _after_forward(self, units, output):
-        self.release([u for u in units if u not in self._for_backward])
-        if torch.is_grad_enabled():
-            for tensor in tensors_in(output):
+    def _after_forward(self, units, inputs, output):
+        self.unhold(units)
+        if not torch.is_grad_enabled():
+            return
+        for tensor in tensors_in(output):
+            if tensor.requires_grad:
+                tensor.register_hook(lambda grad, units=units: self._before_backward(
+                    units, grad))
+        frozen = [u for u in units if u in self._frozen]
+        if frozen:
+            for tensor in tensors_in(inputs):
                 if tensor.requires_grad:
-                    tensor.register_hook(lambda grad, units=units: self._before_backward(
-                        units, grad))
+                    tensor.register_hook(lambda grad, frozen=frozen: self._after_backward(
+                        frozen, grad))
 
     def _before_backward(self, units, grad):
         self.gather(units)
         self._for_backward.update(units)
         return grad
+
+    def _after_backward(self, frozen, grad):
+        """The gradient of a module's input is computed: its backward no longer needs its
+        frozen units."""
+        self.release([u for u in frozen if u in self._for_backward])
+        return grad
+
+    def _after_backward_pass(self):
+        self.release(sorted(u for u in self._for_backward if u in self._frozen))
 
     def remove(self):
         """Removes the module hooks; gives every param its full value back in its storage

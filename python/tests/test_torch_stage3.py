@@ -1,0 +1,215 @@
+"""Stage 3 for a LoRA job on in-process ranks: the frozen base is sharded with its modules'
+units, training equals single-process PyTorch, a tied output layer reads the embedding
+through F.linear (register_external_parameter), gathered() reads and writes full values,
+and an eval pass does not end prefetching."""
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import zerort
+import zerort.torch
+from test_torch_engine import assert_close, run_ranks
+
+VOCAB, DIM, RANK, BLOCKS, BATCH, SEQ, STEPS = 32, 128, 1, 3, 12, 4, 4
+OPTIMIZER = {"type": "adamw", "lr": 0.01, "betas": [0.9, 0.999], "eps": 1e-8,
+             "weight_decay": 0.01}
+# The adapters (128 elements a unit) stay gathered; the base projections (16,512) and the
+# embedding (4,096) are sharded.
+CONFIG = {"stage": 3, "optimizer": OPTIMIZER, "stage3": {"persistence_threshold": 1000},
+          "guard": {"timeout_s": 30}}
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    torch.set_num_threads(1)
+
+
+class LoraLinear(nn.Module):
+    """A frozen projection plus a trainable rank-1 adapter."""
+
+    def __init__(self):
+        super().__init__()
+        self.base = nn.Linear(DIM, DIM)
+        self.base.requires_grad_(False)
+        self.lora_a = nn.Linear(DIM, RANK, bias=False)
+        self.lora_b = nn.Linear(RANK, DIM, bias=False)
+        nn.init.normal_(self.lora_b.weight, std=0.1)  # PEFT starts at 0; then A gets none
+
+    def forward(self, x):
+        return self.base(x) + self.lora_b(self.lora_a(x))
+
+
+class LoraLM(nn.Module):
+    """A frozen embedding and LayerNorms, LoRA blocks, and an output layer that is the
+    embedding (tied): F.linear(h, self.embed.weight), as GPT-style models compute it.
+    97 % of the params are frozen."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = nn.Embedding(VOCAB, DIM)
+        self.norms = nn.ModuleList(nn.LayerNorm(DIM) for _ in range(BLOCKS))
+        self.blocks = nn.ModuleList(LoraLinear() for _ in range(BLOCKS))
+        self.embed.requires_grad_(False)
+        self.norms.requires_grad_(False)
+        zerort.torch.register_external_parameter(self, self.embed.weight)
+
+    def forward(self, tokens):
+        x = self.embed(tokens)
+        for norm, block in zip(self.norms, self.blocks):
+            x = x + torch.tanh(block(norm(x)))
+        return F.linear(x, self.embed.weight)
+
+
+def batch(step):
+    generator = torch.Generator().manual_seed(200 + step)
+    tokens = torch.randint(0, VOCAB, (BATCH, SEQ), generator=generator)
+    targets = torch.randint(0, VOCAB, (BATCH, SEQ), generator=generator)
+    return tokens, targets
+
+
+def loss_of(model, tokens, targets):
+    return F.cross_entropy(model(tokens).reshape(-1, VOCAB), targets.reshape(-1))
+
+
+def trainable(model):
+    return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+
+
+def frozen(model):
+    return {n: p.detach().clone() for n, p in model.named_parameters()
+            if not p.requires_grad}
+
+
+def reference():
+    model = LoraLM()
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad],
+                                  lr=OPTIMIZER["lr"], betas=OPTIMIZER["betas"],
+                                  eps=OPTIMIZER["eps"],
+                                  weight_decay=OPTIMIZER["weight_decay"])
+    for step in range(STEPS):
+        optimizer.zero_grad()
+        loss_of(model, *batch(step)).backward()
+        optimizer.step()
+    return trainable(model), frozen(LoraLM())
+
+
+def storage_bytes(model):
+    """Bytes of the model's own param storages now (each storage once)."""
+    seen, total = set(), 0
+    for param in model.parameters():
+        storage = (param.untyped_storage() if hasattr(param, "untyped_storage")
+                   else param.storage())
+        key = storage.data_ptr()
+        if key in seen:
+            continue
+        seen.add(key)
+        total += storage.nbytes()
+    return total
+
+
+def train_lora_job(model, rank, world, comm):
+    """Trains `model` as rank `rank` of `world` on its rows of each batch; returns what
+    check_lora_job compares."""
+    engine = zerort.torch.initialize(model, CONFIG, comm)
+    bounds = [BATCH * r // world for r in range(world + 1)]
+    mine = slice(bounds[rank], bounds[rank + 1])
+    weight = (bounds[rank + 1] - bounds[rank]) * world / BATCH
+    held = []
+    for step in range(STEPS):
+        tokens, targets = batch(step)
+        (weight * loss_of(model, tokens[mine], targets[mine])).backward()
+        engine.step()
+        held.append(storage_bytes(model))
+    params_bytes = engine.memory_stats()["params"][0]
+    state = engine.state_dict()
+    engine.close()
+    return trainable(model), frozen(model), state, held, params_bytes
+
+
+def check_lora_job(result, world):
+    """Training equals PyTorch's; the frozen base is unchanged and whole after close() and
+    in state_dict(); between steps the model's storages hold under 10 % of the model and
+    the engine's params about 1/world of it."""
+    want_trained, want_frozen = reference()
+    model_bytes = sum(p.numel() * p.element_size() for p in LoraLM().parameters())
+    got_trained, got_frozen, state, held, params_bytes = result
+    assert_close(got_trained, want_trained)
+    assert_close(got_frozen, want_frozen)
+    assert_close({n: state[n] for n in want_frozen}, want_frozen)
+    assert max(held) < 0.10 * model_bytes, (held, model_bytes)
+    assert params_bytes <= 1.3 * model_bytes / world, (params_bytes, model_bytes)
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_lora_job_shards_its_frozen_base_and_trains_as_pytorch(world):
+    models = [LoraLM() for _ in range(world)]
+    results = run_ranks(world, lambda rank, comm: train_lora_job(models[rank], rank, world,
+                                                                 comm))
+    for result in results:
+        check_lora_job(result, world)
+
+
+def test_without_the_declaration_the_tied_layer_is_gathered_by_nobody():
+    """The declaration is what makes the root's forward gather the embedding's unit."""
+    model = LoraLM()
+    del model.__dict__["_zerort_external_params"]
+    comm = zerort.local_group(1)[0]
+    engine = zerort.torch.initialize(model, CONFIG, comm)
+    with pytest.raises(RuntimeError):
+        loss_of(model, *batch(0)).backward()
+    engine.close()
+    comm.close()
+
+
+def test_gathered_reads_full_values_and_writes_from_the_modifier_rank():
+    world = 3
+    models = [LoraLM() for _ in range(world)]
+    want = frozen(LoraLM())["blocks.1.base.weight"]
+
+    def body(rank, comm):
+        model = models[rank]
+        engine = zerort.torch.initialize(model, CONFIG, comm)
+        weight = model.blocks[1].base.weight
+        assert weight.untyped_storage().nbytes() == 0 if hasattr(
+            weight, "untyped_storage") else weight.storage().size() == 0
+        with zerort.torch.gathered(weight) as (values,):
+            read = values.detach().clone()
+        with zerort.torch.gathered([weight, model.blocks[1].lora_a.weight],
+                                   modifier_rank=1):
+            with torch.no_grad():
+                weight.fill_(float(rank + 1))  # only rank 1's write counts
+        with zerort.torch.gathered(weight):
+            written = weight.detach().clone()
+        tokens, targets = batch(0)
+        loss_of(model, tokens, targets).backward()  # trains on from the written values
+        engine.step()
+        state = engine.state_dict()
+        engine.close()
+        return read, written, state["blocks.1.base.weight"]
+
+    for read, written, stated in run_ranks(world, body):
+        assert torch.equal(read, want)
+        assert torch.equal(written, torch.full_like(want, 2.0))
+        assert torch.equal(stated, written)  # frozen: the step leaves it as written
+
+
+def test_an_eval_pass_in_the_middle_keeps_prefetching():
+    comm = zerort.local_group(1)[0]
+    model = LoraLM()
+    engine = zerort.torch.initialize(model, CONFIG, comm)
+    prefetched = []
+    for step in range(6):
+        if step == 3:
+            with torch.no_grad():
+                model(batch(99)[0][:, :2])  # an eval pass, gathers of its own
+        before = engine.counters()["gathers_prefetched"]
+        loss_of(model, *batch(step)).backward()
+        engine.step()
+        prefetched.append(engine.counters()["gathers_prefetched"] - before)
+    # From the second step on, including the one right after the eval pass.
+    assert min(prefetched[1:]) > 0 and prefetched[4:] == [prefetched[2]] * 2, prefetched
+    assert engine.counters()["trace_invalidations"] == 0
+    engine.close()
+    comm.close()

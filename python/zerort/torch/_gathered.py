@@ -1,0 +1,94 @@
+"""Full values of stage-3 params in user code, and params used outside their module.
+
+At stage 3 a param's storage is empty between its module's uses (_stage3.py). Two things
+need its values elsewhere:
+
+- a module that reads another module's param (a tied output layer computing
+  F.linear(h, self.embed.weight)): register_external_parameter(module, param) makes
+  `module`'s forward and backward gather the param's unit too, as DeepSpeed's function of
+  the same name. Call it before initialize() (it is recorded on the module) or after it;
+- code outside any forward (inspecting, initialising or editing weights): the block
+  `with zerort.torch.gathered(params, modifier_rank=None):` has every param's full values
+  (collective: every rank enters and leaves it). With `modifier_rank` = r, rank r's values
+  when the block ends are broadcast and set as every rank's (the engine's shards, and the
+  optimizer's master copy), as DeepSpeed's GatheredParameters(modifier_rank=r). Writes
+  are applied only when the block ends without an exception, and only outside a
+  micro-batch (after step(), or before the first forward).
+
+Below stage 3 every param has its values; the block only applies `modifier_rank`'s writes.
+"""
+import contextlib
+import weakref
+
+import torch
+
+from .. import errors
+
+_EXTERNAL_ATTRIBUTE = "_zerort_external_params"
+
+# id(param) -> (weak reference to the param, weak reference to the TorchEngine driving it)
+_DRIVERS = {}
+
+
+def register_external_parameter(module, param):
+    """Makes `module`'s forward and backward gather `param`'s stage-3 unit (a param another
+    module owns, used in `module`'s forward). Before initialize(): recorded on `module`.
+    After it: the engine driving `param` is told at once."""
+    if not isinstance(module, torch.nn.Module) or not isinstance(param, torch.nn.Parameter):
+        raise errors.InvalidArgumentError(
+            "zerort.torch.register_external_parameter(module, param): module must be a "
+            "torch.nn.Module and param a torch.nn.Parameter",
+            errors.InvalidArgumentError.status)
+    declared = module.__dict__.setdefault(_EXTERNAL_ATTRIBUTE, [])
+    if not any(p is param for p in declared):
+        declared.append(param)
+    engine = driver_of(param)
+    if engine is not None:
+        engine.register_external_parameter(module, param)
+
+
+def declared_external(module):
+    """[(submodule, param)] declared by register_external_parameter on `module`'s tree."""
+    return [(sub, param) for sub in module.modules()
+            for param in sub.__dict__.get(_EXTERNAL_ATTRIBUTE, ())]
+
+
+def drive(params, engine):
+    """Records that `engine` drives `params` (for gathered() and register_external_...)."""
+    reference = weakref.ref(engine)
+    for param in params:
+        key = id(param)
+        _DRIVERS[key] = (weakref.ref(param, lambda _, key=key: _DRIVERS.pop(key, None)),
+                         reference)
+
+
+def driver_of(param):
+    """The open TorchEngine driving `param`, or None."""
+    entry = _DRIVERS.get(id(param))
+    if entry is None or entry[0]() is not param:
+        return None
+    engine = entry[1]()
+    return engine if engine is not None and not engine.closed else None
+
+
+@contextlib.contextmanager
+def gathered(params, modifier_rank=None):
+    """Full values of `params` (a param or an iterable of them, all driven by one open
+    engine) inside the block; see the module's docstring. Collective."""
+    params = [params] if isinstance(params, torch.Tensor) else list(params)
+    engines = {id(e): e for e in (driver_of(p) for p in params) if e is not None}
+    if len(engines) > 1:
+        raise errors.InvalidArgumentError(
+            "zerort.torch.gathered: the params belong to different engines; use one block "
+            "per engine", errors.InvalidArgumentError.status)
+    if not engines:
+        if modifier_rank is not None and params:
+            raise errors.FailedPreconditionError(
+                "zerort.torch.gathered: no open engine drives these params, so there is "
+                "nothing to gather or write back (initialize() first)",
+                errors.FailedPreconditionError.status)
+        yield params
+        return
+    engine = next(iter(engines.values()))
+    with engine.gathered(params, modifier_rank) as values:
+        yield values
