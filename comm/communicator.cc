@@ -30,7 +30,7 @@ class DoneWork final : public Work {
 }  // namespace
 
 bool CollectiveSignature::operator==(const CollectiveSignature& o) const {
-  return kind == o.kind && count == o.count && dtype == o.dtype && op == o.op && root == o.root;
+  return kind == o.kind && count == o.count && dtype == o.dtype && op == o.op && root == o.root && tag == o.tag;
 }
 
 std::string CollectiveSignature::ToString() const {
@@ -40,7 +40,8 @@ std::string CollectiveSignature::ToString() const {
     case CollectiveKind::kBroadcast:
       return absl::StrCat("Broadcast(count=", count, ", ", DTypeName(dtype), ", root=", root, ")");
     case CollectiveKind::kAllGather:
-      return absl::StrCat("AllGather(count=", count, ", ", DTypeName(dtype), ")");
+      return absl::StrCat("AllGather(count=", count, ", ", DTypeName(dtype), tag >= 0 ? absl::StrCat(", tag=", tag) : "",
+                          ")");
     default:
       return absl::StrCat(KindName(kind), "(count=", count, ", ", DTypeName(dtype), ", ",
                           op == ReduceOp::kSum ? "sum" : "max", ")");

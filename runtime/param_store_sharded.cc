@@ -93,7 +93,7 @@ class ShardedParams final : public ParamStore {
     for (const Bucket& b : plan_.buckets()) {
       if (units_[b.index].buffer.data() == nullptr) continue;
       units_[b.index].pending = path_.Start([&](comm::Communicator& comm) {
-        return comm.AllGather(Owned(b.index), units_[b.index].buffer.data(), b.shard_numel, b.dtype);
+        return comm.AllGather(Owned(b.index), units_[b.index].buffer.data(), b.shard_numel, b.dtype, b.unit);
       });
     }
     for (const Bucket& b : plan_.buckets()) ZERO_RETURN_IF_ERROR(FinishGather(b.index));
@@ -177,7 +177,7 @@ Status ShardedParams::StartGather(int bucket) {
   Unit& unit = units_[bucket];
   ZERO_ASSIGN_OR_RETURN(unit.buffer, allocator_.Allocate(b.bytes(), MemoryCategory::kGathered, ops_.placement()));
   unit.pending = path_.Start([&](comm::Communicator& comm) {
-    return comm.AllGather(Owned(bucket), unit.buffer.data(), b.shard_numel, b.dtype);
+    return comm.AllGather(Owned(bucket), unit.buffer.data(), b.shard_numel, b.dtype, b.unit);
   });
   live_elems_ += b.numel;
   return absl::OkStatus();

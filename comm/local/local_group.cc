@@ -269,8 +269,8 @@ class LocalCommunicator final : public Communicator {
                         ReduceOp op) override {
     return Post({CollectiveKind::kReduceScatter, count, dtype, op, 0}, send, recv);
   }
-  WorkPtr AllGather(const void* send, void* recv, int64_t count, DType dtype) override {
-    return Post({CollectiveKind::kAllGather, count, dtype, ReduceOp::kSum, 0}, send, recv);
+  WorkPtr AllGather(const void* send, void* recv, int64_t count, DType dtype, int64_t tag = -1) override {
+    return Post({CollectiveKind::kAllGather, count, dtype, ReduceOp::kSum, 0, tag}, send, recv);
   }
   WorkPtr AllReduce(const void* send, void* recv, int64_t count, DType dtype,
                     ReduceOp op) override {

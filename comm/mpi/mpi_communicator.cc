@@ -40,7 +40,7 @@
 namespace zero::comm {
 namespace {
 
-constexpr int kSignatureWords = 5;
+constexpr int kSignatureWords = 6;
 constexpr double kDrainSecondsAtDestroy = 2.0;
 constexpr int kEagerPolls = 20000;  // ≈ a few ms of MPI_Test without progress
 constexpr int kNoticeBytes = 1024;  // a broken-group notice: the first error's message
@@ -72,6 +72,7 @@ void EncodeSignature(const CollectiveSignature& s, int64_t* words) {
   words[2] = static_cast<int64_t>(s.dtype);
   words[3] = static_cast<int64_t>(s.op);
   words[4] = s.root;
+  words[5] = s.tag;
 }
 
 CollectiveSignature DecodeSignature(const int64_t* words) {
@@ -81,6 +82,7 @@ CollectiveSignature DecodeSignature(const int64_t* words) {
   s.dtype = static_cast<DType>(words[2]);
   s.op = static_cast<ReduceOp>(words[3]);
   s.root = static_cast<int>(words[4]);
+  s.tag = words[5];
   return s;
 }
 
@@ -260,8 +262,8 @@ class MpiCommunicator final : public Communicator {
     return Submit(std::move(*operation));
   }
 
-  WorkPtr AllGather(const void* send, void* recv, int64_t count, DType dtype) override {
-    const CollectiveSignature s{CollectiveKind::kAllGather, count, dtype, ReduceOp::kSum, 0};
+  WorkPtr AllGather(const void* send, void* recv, int64_t count, DType dtype, int64_t tag = -1) override {
+    const CollectiveSignature s{CollectiveKind::kAllGather, count, dtype, ReduceOp::kSum, 0, tag};
     auto operation = Prepare(s, send, recv);
     if (!operation.ok()) return CompletedWork(operation.status());
     const size_t bytes = static_cast<size_t>(count) * DTypeSize(dtype);
@@ -423,9 +425,11 @@ class MpiCommunicator final : public Communicator {
     return work;
   }
 
-  // Starts the next phase of `o`: the signature all-gather, or the collective's first round.
+  // Starts the next phase of `o`: the signature all-gather (every collective with
+  // check_signatures, a tagged one always), or the collective's first round.
   void Launch(Operation& o) {
-    if (options_.check_signatures && o.phase == Operation::Phase::kQueued) {
+    const bool check = options_.check_signatures || o.signature.tag >= 0;
+    if (check && o.phase == Operation::Phase::kQueued) {
       EncodeSignature(o.signature, o.mine);
       o.everyone.resize(static_cast<size_t>(size_) * kSignatureWords);
       o.phase = Operation::Phase::kChecking;

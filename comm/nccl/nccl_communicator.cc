@@ -127,8 +127,8 @@ class NcclCommunicator final : public Communicator {
       return ncclReduceScatter(send, recv, count, NcclType(dtype), NcclOp(op), comm_, own_);
     });
   }
-  WorkPtr AllGather(const void* send, void* recv, int64_t count, DType dtype) override {
-    return Run({CollectiveKind::kAllGather, count, dtype, ReduceOp::kSum, 0}, send, recv, [&] {
+  WorkPtr AllGather(const void* send, void* recv, int64_t count, DType dtype, int64_t tag = -1) override {
+    return Run({CollectiveKind::kAllGather, count, dtype, ReduceOp::kSum, 0, tag}, send, recv, [&] {
       return ncclAllGather(send, recv, count, NcclType(dtype), comm_, own_);
     });
   }

@@ -57,10 +57,13 @@ struct CollectiveSignature {
   DType dtype = DType::kFP32;
   ReduceOp op = ReduceOp::kSum;
   int root = 0;
+  /// What the caller says this collective is, -1 for nothing (a stage-3 gather passes its
+  /// unit): ranks whose tags differ have diverged even when the sizes agree.
+  int64_t tag = -1;
 
   bool operator==(const CollectiveSignature& other) const;
   bool operator!=(const CollectiveSignature& other) const { return !(*this == other); }
-  /// e.g. "AllReduce(count=1000, fp32, sum)".
+  /// e.g. "AllReduce(count=1000, fp32, sum)", "AllGather(count=512, bf16, tag=4)".
   std::string ToString() const;
 };
 
@@ -120,7 +123,11 @@ class Communicator {
 
   virtual WorkPtr ReduceScatter(const void* send, void* recv, int64_t count, DType dtype,
                                 ReduceOp op) = 0;
-  virtual WorkPtr AllGather(const void* send, void* recv, int64_t count, DType dtype) = 0;
+  /// `tag` ≥ 0 (CollectiveSignature::tag) names what is gathered; the in-process and MPI
+  /// communicators check that every rank passed the same one (MPI: one small all-gather
+  /// first), so ranks that gather different things of one size get kInvalidArgument naming
+  /// both tags and ranks. NCCL does not check.
+  virtual WorkPtr AllGather(const void* send, void* recv, int64_t count, DType dtype, int64_t tag = -1) = 0;
   virtual WorkPtr AllReduce(const void* send, void* recv, int64_t count, DType dtype,
                             ReduceOp op) = 0;
   virtual WorkPtr Broadcast(void* data, int64_t count, DType dtype, int root) = 0;

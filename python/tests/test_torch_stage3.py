@@ -213,3 +213,25 @@ def test_an_eval_pass_in_the_middle_keeps_prefetching():
     assert engine.counters()["trace_invalidations"] == 0
     engine.close()
     comm.close()
+
+
+def test_ranks_running_different_modules_of_one_size_fail():
+    """Rank r runs block r: the blocks' base units have one size, so only the unit each
+    gather carries tells them apart; both ranks get an error naming both."""
+    models = [LoraLM() for _ in range(2)]
+
+    def body(rank, comm):
+        engine = zerort.torch.initialize(models[rank], CONFIG, comm)
+        try:
+            with torch.no_grad():
+                models[rank].blocks[rank](torch.ones(1, DIM))
+        finally:
+            try:
+                engine.close()
+            except zerort.ZeroError:
+                pass  # the group is broken: close() cannot gather either
+
+    _, failures = run_ranks(2, body, raise_first=False)
+    for failure in failures:
+        assert isinstance(failure, zerort.InvalidArgumentError), failure
+        assert "mismatch" in str(failure) and "tag=" in str(failure), failure

@@ -32,8 +32,8 @@ class FaultyCommunicator final : public comm::Communicator {
   comm::WorkPtr ReduceScatter(const void* send, void* recv, int64_t count, DType dtype, comm::ReduceOp op) override {
     return inner_.ReduceScatter(Disturb(send), recv, count, dtype, op);
   }
-  comm::WorkPtr AllGather(const void* send, void* recv, int64_t count, DType dtype) override {
-    return inner_.AllGather(Disturb(send), recv, count, dtype);
+  comm::WorkPtr AllGather(const void* send, void* recv, int64_t count, DType dtype, int64_t tag = -1) override {
+    return inner_.AllGather(Disturb(send), recv, count, dtype, tag);
   }
   comm::WorkPtr AllReduce(const void* send, void* recv, int64_t count, DType dtype, comm::ReduceOp op) override {
     return inner_.AllReduce(Disturb(send), recv, count, dtype, op);

@@ -227,6 +227,22 @@ TEST(MpiComm, MismatchedCountsAreAnErrorOnEveryRank) {
   EXPECT_EQ(one, 1.0f);
 }
 
+// A tagged all-gather (a stage-3 unit's) is checked without check_signatures: ranks that
+// gather different units of one size get an error naming both tags, not each other's values.
+TEST(MpiComm, TaggedAllGathersOfOneSizeButDifferentTagsAreAnError) {
+  auto comm = NewComm();
+  ASSERT_NE(comm, nullptr);
+  std::vector<float> mine(4, 1.0f), all(4 * comm->size(), -5.0f);
+  EXPECT_THAT(comm->AllGather(mine.data(), all.data(), 4, DType::kFP32, 7)->Wait(30), IsOk());
+  const int64_t tag = comm->rank() == 0 ? 3 : 4;  // rank 0 gathers another unit
+  const Status diverged = comm->AllGather(mine.data(), all.data(), 4, DType::kFP32, tag)->Wait(30);
+  if (comm->size() > 1) {
+    EXPECT_THAT(diverged, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("mismatch")));
+    EXPECT_THAT(diverged, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("tag=3")));
+    EXPECT_THAT(diverged, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("tag=4")));
+  }
+}
+
 TEST(MpiComm, InvalidArgumentsAreReportedWithoutCallingMpi) {
   auto comm = NewComm();
   ASSERT_NE(comm, nullptr);

@@ -170,5 +170,29 @@ TEST(EngineStage3, ViewsOfUngatheredParamsAreErrors) {
   EXPECT_THAT(e.Gather(9), StatusIs(absl::StatusCode::kNotFound));
 }
 
+// Two ranks that run different modules whose units have the same size (rank 1 gathers unit 1
+// where rank 0 gathers unit 0): each gather carries its unit, so both ranks get an error naming
+// both units (tags) and ranks instead of computing with each other's values.
+TEST(EngineStage3, RanksGatheringDifferentUnitsOfOneSizeFail) {
+  Config config = ToyConfig(3);
+  config.stage3.persistence_threshold = 0;
+  config.stage3.prefetch_elems = 0;
+  config.guard.timeout_s = 20;
+  const std::vector<Status> results = RunOnRanks(2, [&](int r, comm::Communicator& comm) -> Status {
+    ZERO_ASSIGN_OR_RETURN(auto e, Engine::Create(config, comm));
+    for (int u = 0; u < 2; ++u) {
+      ZERO_RETURN_IF_ERROR(e->RegisterParam({"block" + std::to_string(u) + ".weight", {256}, DType::kFP32, true, 0, u}).status());
+    }
+    ZERO_RETURN_IF_ERROR(e->Finalize());
+    ZERO_RETURN_IF_ERROR(e->Gather(r));  // diverged: rank r runs block r
+    return e->Release(r);
+  });
+  for (const Status& s : results) {
+    EXPECT_THAT(s, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("mismatch")));
+    EXPECT_THAT(s, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("tag=0")));
+    EXPECT_THAT(s, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("tag=1")));
+  }
+}
+
 }  // namespace
 }  // namespace zero
