@@ -72,6 +72,22 @@ def test_lora_job_shards_its_frozen_base_at_stage3():
     check_lora_job(result, world)
 
 
+def test_init_context_builds_the_lora_job_sharded():
+    """Each process builds the model inside init_context (its slices only), then trains it
+    at stage 3 exactly as the model built whole."""
+    comm = zerort.mpi_communicator()
+    world = comm.size
+    try:
+        with zerort.torch.init_context(comm):
+            model = LoraLM()
+        assert all(p.untyped_storage().nbytes() == 0 if hasattr(p, "untyped_storage")
+                   else p.storage().size() == 0 for p in model.parameters())
+        result = train_lora_job(model, comm.rank, world, comm)
+    finally:
+        comm.close()
+    check_lora_job(result, world)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_lora_model_on_the_gpu_matches_single_process_pytorch(stage):

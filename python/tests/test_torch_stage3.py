@@ -235,3 +235,74 @@ def test_ranks_running_different_modules_of_one_size_fail():
     for failure in failures:
         assert isinstance(failure, zerort.InvalidArgumentError), failure
         assert "mismatch" in str(failure) and "tag=" in str(failure), failure
+
+
+def shard_bytes(model):
+    """Bytes of the slices init_context keeps for `model`'s params."""
+    return sum(p._zerort_init_shard.numel() * p.element_size() for p in model.parameters()
+               if getattr(p, "_zerort_init_shard", None) is not None)
+
+
+SGD = {"type": "sgd", "lr": 0.05, "momentum": 0.9, "weight_decay": 0.0}
+
+
+def sgd_reference_from(initial):
+    """PyTorch SGD (momentum 0.9) on the whole batch from the params `initial` ({name:
+    tensor}). SGD's step is proportional to the gradient, so it carries no rounding
+    difference of a near-zero gradient into a whole step, as Adam's sign-like first steps
+    can from an arbitrary initialisation."""
+    model = LoraLM()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            param.copy_(initial[name])
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad],
+                                lr=SGD["lr"], momentum=SGD["momentum"])
+    for step in range(STEPS):
+        optimizer.zero_grad()
+        loss_of(model, *batch(step)).backward()
+        optimizer.step()
+    return trainable(model)
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_init_context_builds_a_model_no_rank_holds_whole(stage):
+    """Built inside init_context, each rank holds a third of the model (its slices) and no
+    param storage; initialize() puts it together one param at a time (rank 0's values on
+    every rank) and training equals PyTorch's from those values. (The rank threads share
+    PyTorch's generator, so rank 0's initial values are not LoraLM()'s.)"""
+    world = 3
+    model_bytes = sum(p.numel() * p.element_size() for p in LoraLM().parameters())
+    bounds = [BATCH * r // world for r in range(world + 1)]
+
+    def body(rank, comm):
+        with zerort.torch.init_context(comm):
+            model = LoraLM()
+        built = storage_bytes(model), shard_bytes(model)
+        engine = zerort.torch.initialize(model, dict(CONFIG, stage=stage, optimizer=SGD), comm)
+        initial = engine.state_dict()  # trainable (and at stage 3 frozen) params, whole
+        initial.update({n: p.detach().clone() for n, p in model.named_parameters()
+                        if n not in initial})
+        mine = slice(bounds[rank], bounds[rank + 1])
+        weight = (bounds[rank + 1] - bounds[rank]) * world / BATCH
+        for step in range(STEPS):
+            tokens, targets = batch(step)
+            (weight * loss_of(model, tokens[mine], targets[mine])).backward()
+            engine.step()
+        engine.close()
+        return built, initial, trainable(model)
+
+    results = run_ranks(world, body)
+    want = sgd_reference_from(results[0][1])
+    for (storages, shards), initial, trained in results:
+        assert storages == 0 and shards <= 1.01 * model_bytes / world, (storages, shards)
+        assert_close(initial, results[0][1])
+        assert_close(trained, want)
+
+
+def test_modules_built_outside_the_block_are_whole():
+    comm = zerort.local_group(1)[0]
+    with zerort.torch.init_context(comm):
+        pass
+    model = LoraLM()
+    assert shard_bytes(model) == 0 and storage_bytes(model) > 0
+    comm.close()

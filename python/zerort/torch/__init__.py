@@ -70,7 +70,7 @@ device, the stream, rank 0's frozen state), _backward.py (which backward a dupli
 came from; errors raised as a backward ends), _checkpoint.py (client_state in checkpoints),
 _params.py (what was registered, and what happens before the engine goes), _reach.py
 (guard.on_unused = "zero" marking unreached params), _gathered.py (gathered() and
-register_external_parameter).
+register_external_parameter), _init_context.py (init_context: a model built sharded).
 
 Every failure is a zerort exception carrying the status and the library's message
 (zerort.errors): DuplicateGradientError, UnusedParametersError, DeadlineExceededError, ...
@@ -78,11 +78,12 @@ Every failure is a zerort exception carrying the status and the library's messag
 from .. import core
 from ._engine import TorchEngine
 from ._gathered import gathered, register_external_parameter
+from ._init_context import init_context
 from ._optimizer import ZeroOptimizer
 from ._schedulers import EngineLRScheduler
 
 __all__ = ["initialize", "TorchEngine", "ZeroOptimizer", "EngineLRScheduler", "gathered",
-           "register_external_parameter"]
+           "register_external_parameter", "init_context"]
 
 
 def initialize(model, config=None, comm=None, *, model_parameters=None):

@@ -44,13 +44,16 @@ def refuse_sparse_gradients(module):
                 "Build it with sparse=False (the default), or freeze it.")
 
 
-def cast_to_precision(module, config):
+def cast_to_precision(module, config, cast_sharded=None):
     """A config whose precision.param is bf16 or fp16 (DeepSpeed's "bf16"/"fp16" enabled) casts
     a module that still has float32 params to it, as deepspeed.initialize does; a module
-    already in a 16-bit dtype, or a float32 config, is left as it is."""
+    already in a 16-bit dtype, or a float32 config, is left as it is. `cast_sharded(module,
+    dtype)` first casts the params init_context sharded (module.to would read them)."""
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(
         config.get("precision", {}).get("param", "fp32"))
     if dtype is not None and any(p.dtype == torch.float32 for p in module.parameters()):
+        if cast_sharded is not None:
+            cast_sharded(module, dtype)
         module.to(dtype)
 
 

@@ -120,7 +120,7 @@ def agree_on_frozen_state(named, comm, timeout):
         errors.InvalidArgumentError.status)
 
 
-def sync_frozen_state(module, comm, timeout):
+def sync_frozen_state(module, comm, timeout, skip=lambda tensor: False):
     """Rank 0's frozen params (LoRA base weights, frozen embeddings) and buffers
     (BatchNorm statistics, masks) on every rank, as DDP does when it wraps a model: the
     engine owns only the trainable params, and a rank that loaded or seeded these
@@ -132,7 +132,8 @@ def sync_frozen_state(module, comm, timeout):
     named += list(module.named_buffers())
     agree_on_frozen_state(named, comm, timeout)
     for _, tensor in named:
-        broadcast_tensor(tensor, comm, 0, timeout)
+        if not skip(tensor):  # (init_context's params came from rank 0 already)
+            broadcast_tensor(tensor, comm, 0, timeout)
 
 
 def broadcast_tensor(tensor, comm, root, timeout):

@@ -5,8 +5,8 @@ import weakref
 import torch
 
 from .. import core, errors
-from . import (_backward, _checkpoint, _config, _device, _gathered, _params, _reach,
-               _stage3)
+from . import (_backward, _checkpoint, _config, _device, _gathered, _init_context, _params,
+               _reach, _stage3)
 from ._optimizer import ZeroOptimizer
 from ._schedulers import EngineLRScheduler
 
@@ -47,7 +47,7 @@ class TorchEngine:
         _config.refuse_sparse_gradients(module)
         groups = _config.resolve_param_groups(module, model_parameters)
         device = _device.device_of(module, raw.get("device"))
-        _config.cast_to_precision(module, self.config)
+        _config.cast_to_precision(module, self.config, _init_context.cast)
         self.stage = _config.stage(self.config)
         self.gradient_accumulation_steps = int(
             self.config.get("gradient_accumulation_steps", 1))
@@ -73,7 +73,12 @@ class TorchEngine:
         self._engine.on_close(self._detacher, weak=False)
         if self._stream is not None:
             self._engine.set_stream(self._stream.cuda_stream)
-        _device.sync_frozen_state(module, comm, self._timeout)
+        sharded = [p for p in module.parameters() if _init_context.is_sharded(p)]
+        if self.stage < 3:  # stages 0-2 keep the params whole on every rank
+            with torch.no_grad():
+                for param in sharded:
+                    param.data = _init_context.materialize(param, comm, self._timeout)
+        _device.sync_frozen_state(module, comm, self._timeout, _init_context.is_sharded)
         # Zero-element trainable params have nothing to reduce or step: not registered, no
         # hooks (trained as no-ops, as PyTorch does).
         self._inventory = _params.Inventory(module)
@@ -113,8 +118,14 @@ class TorchEngine:
             self._detacher.records.append(self._records[pid])
         self._engine.finalize()
         for _, param, pid in self._params + self._frozen:
-            values = param.detach().contiguous()
+            sharded = _init_context.is_sharded(param)
+            if sharded:  # whole one param at a time
+                values = _init_context.materialize(param, comm, self._timeout)
+            else:
+                values = param.detach().contiguous()
             self._engine.set_param(pid, values.data_ptr())
+            if sharded:  # a storage to find its gradient node by, of no size (_stage3 binds it)
+                param.data = _params.placeholder(param)
         self._accumulators = []  # AccumulateGrad nodes must outlive their hooks
         for position, (_, param, pid) in enumerate(self._params):
             self._add_grad_hook(param, pid, unit_of.get(param), position)

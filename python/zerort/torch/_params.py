@@ -31,6 +31,14 @@ def storage_bytes(tensor):
     return tensor.storage().size() * tensor.element_size()
 
 
+def resize_storage(tensor, numel):
+    """Resizes the storage under `tensor` to `numel` elements (0 frees it)."""
+    if hasattr(tensor, "untyped_storage"):
+        tensor.untyped_storage().resize_(numel * tensor.element_size())
+    else:
+        tensor.storage().resize_(numel)
+
+
 class Registered:
     """A registered param: `name`, engine id `pid`, stage-3 `unit` (None below stage 3),
     and what initialize() registered: `shape`, `dtype`, `device`. `address`: the engine
@@ -211,7 +219,7 @@ def release(params, box):
             del _OWNERS[id(param)]
 
 
-def _placeholder(param):
+def placeholder(param):
     """A same-shaped stand-in for a param whose values are gone: one NaN, expanded (reads
     give NaN, in-place writes are refused, no memory)."""
     value = torch.full((), float("nan"), dtype=param.dtype, device=param.device)
@@ -256,5 +264,5 @@ class Detacher:
                 if record.address is not None and param.data_ptr() == record.address:
                     param.data = param.data.clone()
                 elif record.address is None and storage_bytes(param.data) == 0:
-                    param.data = _placeholder(param)
+                    param.data = placeholder(param)
         release([p for p in (ref() for ref in self.claimed) if p is not None], self._box)

@@ -39,7 +39,7 @@ import ctypes
 import torch
 
 from .. import errors
-from ._params import storage_bytes
+from ._params import resize_storage, storage_bytes
 
 
 class _DeviceBytes:
@@ -67,14 +67,6 @@ def engine_view(address, shape, dtype, device, owner=None):
     buffer = (ctypes.c_byte * nbytes).from_address(address)
     buffer.owner = owner  # torch.frombuffer keeps the buffer object, so the owner, alive
     return torch.frombuffer(buffer, dtype=dtype, count=numel).view(shape)
-
-
-def _resize_storage(tensor, numel):
-    """Resizes the storage under `tensor` to `numel` elements (0 frees it)."""
-    if hasattr(tensor, "untyped_storage"):
-        tensor.untyped_storage().resize_(numel * tensor.element_size())
-    else:
-        tensor.storage().resize_(numel)
 
 
 def tensors_in(value):
@@ -152,7 +144,7 @@ class UnitGathering:
                     continue
                 for param, _ in members:
                     param.data = torch.empty_like(param.data)
-                    _resize_storage(param.data, 0)
+                    resize_storage(param.data, 0)
 
     def add_units(self, module, units):
         """Makes `module`'s forward (and backward) gather `units` as well: its own units, or
@@ -219,7 +211,7 @@ class UnitGathering:
                     self._waiting[unit] = {pid for _, pid in self._members[unit]}
                 self.check(unit, "gathering a stage-3 unit")
                 for param, pid in self._members[unit]:
-                    _resize_storage(param.data, param.numel())
+                    resize_storage(param.data, param.numel())
                     param.data.copy_(self._view(pid, self._engine.param_data(pid)))
 
     def release(self, units):
@@ -232,7 +224,7 @@ class UnitGathering:
             self._gathered.discard(unit)
             self._for_backward.discard(unit)
             for param, _ in self._members[unit]:
-                _resize_storage(param.data, 0)
+                resize_storage(param.data, 0)
 
     def release_all(self):
         """Frees every unit still gathered (the step: holds end too)."""
@@ -300,5 +292,5 @@ class UnitGathering:
                                               device=record.device)
                         self._engine.get_param(pid, scratch.data_ptr())  # every rank calls
                         continue
-                    _resize_storage(param.data, param.numel())
+                    resize_storage(param.data, param.numel())
                     self._engine.get_param(pid, param.data.data_ptr())

@@ -1,0 +1,185 @@
+"""Building a model larger than one rank's memory: init_context, as DeepSpeed's zero.Init.
+
+    with zerort.torch.init_context(comm):
+        model = MyModel()                   # each module's params sharded as it is built
+    engine = zerort.torch.initialize(model, config, comm)
+
+Inside the block, when a module's __init__ returns (the outermost one, after its subclass's
+own initialisation ran), the float params of its submodules are sharded: each is broadcast
+from rank 0 (so every rank builds the same model, as if one rank had built it), this rank
+keeps its contiguous 1/N slice of the flattened values, and the param's storage is freed
+(its shape and dtype stay). A module's own params wait for its parent's __init__ to return
+(or for the block to end), because a parent may still initialise its children's params in
+its own __init__ (PEFT's LoRA layer initialises its adapters' weights after building them).
+A rank thus holds at any moment the slices so far plus the params of the module being
+built and of its children, never the whole model.
+
+initialize() puts the slices together again one param at a time (each rank broadcasts its
+slice into a full-size temporary, which goes to the engine and is freed): at stage 3 no rank
+ever holds more than one whole param; at stages 0-2, which keep every trainable param whole
+on every rank, the params become whole again.
+
+Limits: code that writes into a grandchild's params (an init_weights() over the whole model at
+the end of the top-level __init__, as Hugging Face's post_init) finds them sharded (PyTorch
+raises on the empty storage): initialise inside each module's own __init__ or its parent's,
+or build the model outside the block. Classes defined inside
+the block are not covered. Non-float params and buffers are not sharded.
+"""
+import contextlib
+import threading
+
+import torch
+from torch import nn
+
+from .. import errors
+from ._device import broadcast_tensor
+from ._params import FLOAT_DTYPES, resize_storage
+
+_SHARD = "_zerort_init_shard"
+_DEPTH = "_zerort_init_depth"
+
+
+def _subclasses(cls):
+    found, stack = [], [cls]
+    while stack:
+        for sub in stack.pop().__subclasses__():
+            if sub not in found:
+                found.append(sub)
+                stack.append(sub)
+    return found
+
+
+def _bounds(numel, rank, world):
+    return numel * rank // world, numel * (rank + 1) // world
+
+
+def _shard_params(params, comm, timeout):
+    """Broadcasts float `params` from rank 0 and keeps this rank's slices."""
+    with torch.no_grad():
+        for param in params:
+            if (getattr(param, _SHARD, None) is not None or param.numel() == 0
+                    or param.dtype not in FLOAT_DTYPES):
+                continue
+            broadcast_tensor(param.data, comm, 0, timeout)
+            begin, end = _bounds(param.numel(), comm.rank, comm.size)
+            setattr(param, _SHARD, param.detach().reshape(-1)[begin:end].clone())
+            resize_storage(param.data, 0)
+
+
+class _Patch:
+    """The wrapped __init__ of every nn.Module subclass, installed while any thread is inside
+    an init_context block (in-process ranks are threads, each in its own block); a wrapper
+    shards only for the thread whose block is open, with that block's communicator."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.users = 0
+        self.originals = {}
+        self.active = threading.local()  # .block: [comm, timeout, modules built in it]
+
+    def wrap(self, original):
+        active = self.active
+
+        def __init__(module, *args, **kwargs):
+            block = getattr(active, "block", None)
+            if block is None:
+                return original(module, *args, **kwargs)
+            depth = module.__dict__.get(_DEPTH, 0)
+            module.__dict__[_DEPTH] = depth + 1
+            try:
+                original(module, *args, **kwargs)
+            finally:
+                module.__dict__[_DEPTH] = depth
+            if depth == 0:  # the outermost __init__ of this module returned
+                del module.__dict__[_DEPTH]
+                comm, timeout, built = block
+                built.append(module)
+                for child in module.children():
+                    _shard_params(child.parameters(), comm, timeout)
+        __init__.__wrapped__ = original
+        return __init__
+
+    def enter(self, block):
+        if getattr(self.active, "block", None) is not None:
+            raise errors.FailedPreconditionError(
+                "zerort.torch.init_context: this thread is inside a block already",
+                errors.FailedPreconditionError.status)
+        with self.lock:
+            if self.users == 0:
+                for cls in _subclasses(nn.Module):
+                    if "__init__" in cls.__dict__ and not cls.__module__.startswith("torch.jit"):
+                        self.originals[cls] = cls.__dict__["__init__"]
+                        cls.__init__ = self.wrap(self.originals[cls])
+            self.users += 1
+        self.active.block = block
+
+    def leave(self, shard):
+        """Ends this thread's block; with `shard`, the params still whole (the outermost
+        modules' own) are sharded (not after an exception: the peers may not be here)."""
+        comm, timeout, built = self.active.block
+        self.active.block = None
+        try:
+            for module in built if shard else ():
+                _shard_params(module.parameters(recurse=False), comm, timeout)
+        finally:
+            self._uninstall()
+
+    def _uninstall(self):
+        with self.lock:
+            self.users -= 1
+            if self.users == 0:
+                for cls, original in self.originals.items():
+                    cls.__init__ = original
+                self.originals.clear()
+
+
+_PATCH = _Patch()
+
+
+@contextlib.contextmanager
+def init_context(comm, timeout_s=600.0):
+    """Modules built inside the block keep only this rank's slice of their float params
+    (see the module's docstring). Collective: every rank builds the same modules in the
+    same order. `comm`: the communicator the engine will use."""
+    if comm is None or getattr(comm, "closed", False):
+        raise errors.InvalidArgumentError(
+            "zerort.torch.init_context(comm): give the open communicator that initialize() "
+            "will use", errors.InvalidArgumentError.status)
+    _PATCH.enter([comm, timeout_s, []])
+    try:
+        yield
+    except BaseException:
+        _PATCH.leave(shard=False)
+        raise
+    _PATCH.leave(shard=True)
+
+
+def is_sharded(param):
+    """Whether init_context left `param` as this rank's slice only."""
+    return getattr(param, _SHARD, None) is not None
+
+
+def cast(module, dtype):
+    """Casts the sharded float32 params of `module` to `dtype` (their slices, and the empty
+    params' dtype) without reading their absent values; module.to(dtype) then leaves them."""
+    for param in module.parameters():
+        if is_sharded(param) and param.dtype == torch.float32:
+            setattr(param, _SHARD, getattr(param, _SHARD).to(dtype))
+            empty = torch.empty(param.shape, dtype=dtype, device=param.device)
+            resize_storage(empty, 0)
+            param.data = empty
+
+
+def materialize(param, comm, timeout):
+    """The whole values of a param init_context sharded (a new tensor, on the param's device;
+    collective: every rank calls it for the same params in the same order). Frees the slice."""
+    shard = getattr(param, _SHARD)
+    full = torch.empty(param.numel(), dtype=param.dtype, device=shard.device)
+    for rank in range(comm.size):
+        begin, end = _bounds(param.numel(), rank, comm.size)
+        part = full[begin:end]
+        if rank == comm.rank:
+            part.copy_(shard)
+        broadcast_tensor(part, comm, rank, timeout)
+    delattr(param, _SHARD)
+    return full.view(param.shape)
