@@ -80,6 +80,9 @@ std::set<int> LastBucketParams(const std::vector<ParamInfo>& params, const std::
   return tail;
 }
 
+// The small params an oversized param takes into its bucket: at most cap / this many elements.
+constexpr int64_t kCompanionFraction = 16;
+
 // Groups param ids (already in layout order) into buckets' param lists.
 std::vector<std::vector<int>> FormBuckets(const std::vector<ParamInfo>& params,
                                           const std::vector<int>& order, const PlanConfig& c) {
@@ -107,15 +110,41 @@ std::vector<std::vector<int>> FormBuckets(const std::vector<ParamInfo>& params,
     if (fits) {
       const ParamInfo& head = params[lists[current].front()];
       const int64_t cap = (kind == 0 && first_trainable) ? c.first_bucket_elems : c.reduce_bucket_elems;
-      fits = head.group == p.group && head.dtype == p.dtype &&
-             RoundUp(used[kind], c.param_alignment) + p.numel <= cap &&
-             last_bucket.count(lists[current].front()) == last_bucket.count(id);
+      const bool alike = head.group == p.group && head.dtype == p.dtype &&
+                         last_bucket.count(lists[current].front()) == last_bucket.count(id);
+      // A param larger than the cap takes the small params before it along (a Linear's bias,
+      // laid out just before its weight, whose gradient arrives with it) rather than leaving
+      // them a tiny bucket of their own.
+      const bool companions = p.numel > cap && used[kind] <= cap / kCompanionFraction;
+      fits = alike && (RoundUp(used[kind], c.param_alignment) + p.numel <= cap || companions);
       if (!fits && kind == 0) first_trainable = false;
     }
     if (!fits) {
+      const int previous = current;
       current = static_cast<int>(lists.size());
       lists.emplace_back();
       used[kind] = 0;
+      // An oversized param takes the small params that end the bucket before along (its bias,
+      // after a norm's params that filled that bucket).
+      const int64_t cap = kind == 0 && first_trainable ? c.first_bucket_elems : c.reduce_bucket_elems;
+      if (previous >= 0 && p.numel > cap) {
+        std::vector<int>& before = lists[previous];
+        size_t keep = before.size();
+        int64_t taken = 0;
+        while (keep > 1) {
+          const ParamInfo& q = params[before[keep - 1]];
+          const bool alike = q.group == p.group && q.dtype == p.dtype &&
+                             last_bucket.count(before[keep - 1]) == last_bucket.count(id);
+          if (!alike || taken + RoundUp(q.numel, c.param_alignment) > cap / kCompanionFraction) break;
+          taken += RoundUp(q.numel, c.param_alignment);
+          --keep;
+        }
+        for (size_t i = keep; i < before.size(); ++i) {
+          lists[current].push_back(before[i]);
+          used[kind] = RoundUp(used[kind], c.param_alignment) + params[before[i]].numel;
+        }
+        before.resize(keep);
+      }
     }
     lists[current].push_back(id);
     used[kind] = RoundUp(used[kind], c.param_alignment) + p.numel;

@@ -3,7 +3,8 @@
 //
 // Trainable params are laid out in reverse registration order (the order backward produces
 // their gradients) into buckets. A bucket holds whole params of one optimizer group and one
-// dtype; a param larger than the bucket cap gets a bucket of its own; at stage 3 a bucket is
+// dtype; a param larger than the bucket cap gets a bucket of its own, with the small params laid
+// out just before it (up to 1/16 of the cap: its bias); at stage 3 a bucket is
 // one unit (the params the trainer gathers together). Param starts are aligned to 64 elements
 // and each bucket is padded to a multiple of world × 128 elements. Each bucket is cut into
 // `world` equal contiguous shards; rank r owns shard r of every bucket. Frozen params
