@@ -126,7 +126,9 @@ class Communicator {
   /// `tag` ≥ 0 (CollectiveSignature::tag) names what is gathered; the in-process and MPI
   /// communicators check that every rank passed the same one (MPI: one small all-gather
   /// first), so ranks that gather different things of one size get kInvalidArgument naming
-  /// both tags and ranks. NCCL does not check.
+  /// both tags and ranks. NCCL does not check. MPI decides per rank: a rank whose collective is
+  /// untagged where a peer's is tagged runs a different MPI collective than that peer, which
+  /// fails (a truncation error) or times out (guard.timeout_s) rather than naming both.
   virtual WorkPtr AllGather(const void* send, void* recv, int64_t count, DType dtype, int64_t tag = -1) = 0;
   virtual WorkPtr AllReduce(const void* send, void* recv, int64_t count, DType dtype,
                             ReduceOp op) = 0;

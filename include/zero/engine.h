@@ -89,7 +89,7 @@ struct EngineCounters {
   int64_t pool_waits = 0;                     ///< stage 2: GradBuffer calls that waited for a buffer
   int64_t gathers_prefetched = 0;  ///< stage 3: Gathers whose all-gather prefetch had started
   int64_t gathers_on_demand = 0;   ///< stage 3: Gathers that had to start their all-gather
-  int64_t trace_invalidations = 0; ///< stage 3: times a changed gather order restarted the trace
+  int64_t trace_invalidations = 0; ///< stage 3: gathers off the recorded order (prefetch paused)
   int64_t checkpoint_bytes_read = 0;  ///< bytes LoadCheckpoint read from rank files
 };
 
@@ -131,10 +131,13 @@ class Engine {
   /// valid until Release(unit). Collective: all ranks gather the same units in the same order.
   /// The first optimizer step's gathers (Finalize to the first Step, forward and backward) are
   /// recorded; from then on each Gather prefetches the units the recorded order says come next
-  /// (up to stage3.prefetch_elems), so the all-gathers overlap compute. A gather off the
-  /// recorded order (an eval pass between steps, changed control flow; an INFO log line)
-  /// gathers on demand for the rest of the step while the order is recorded again from there,
-  /// and the next step prefetches along the new record. Never holds more than stage3.max_live_elems
+  /// (up to stage3.prefetch_elems), so the all-gathers overlap compute. An eval pass between
+  /// steps follows the record's first gathers, and the step after it starts from the top of the
+  /// record again: prefetching goes on. A gather off the record (changed control flow; an INFO
+  /// log line) gathers on demand until a pass starts from the record's first unit again; a
+  /// step that never does has the next step record the order again. Each gather's all-gather
+  /// carries its unit as the collective's tag, so ranks gathering different units fail
+  /// (kInvalidArgument naming both). Never holds more than stage3.max_live_elems
   /// gathered elements: prefetched units are dropped first, then kResourceExhausted.
   /// A no-op at stages 0-2 and for persistent units (smaller than persistence_threshold, or
   /// params registered without a unit), which stay gathered.

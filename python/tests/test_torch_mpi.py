@@ -80,8 +80,9 @@ def test_init_context_builds_the_lora_job_sharded():
     try:
         with zerort.torch.init_context(comm):
             model = LoraLM()
-        assert all(p.untyped_storage().nbytes() == 0 if hasattr(p, "untyped_storage")
-                   else p.storage().size() == 0 for p in model.parameters())
+        assert all(p.untyped_storage().nbytes() <= p.element_size()
+                   if hasattr(p, "untyped_storage") else p.storage().size() <= 1
+                   for p in model.parameters())  # one-element placeholders
         result = train_lora_job(model, comm.rank, world, comm)
     finally:
         comm.close()

@@ -197,7 +197,7 @@ def resolve_param_groups(module, model_parameters):
                     f"zerort.torch: model_parameters group {index} holds a tensor of shape "
                     f"{tuple(param.shape)} that is not a parameter of the model")
             if not param.requires_grad:
-                continue  # frozen: neither registered nor stepped
+                continue  # frozen: never stepped (sharded at stage 3, in no group)
             previous = group_of.setdefault(param, index)
             if previous != index:
                 raise errors.InvalidArgumentError(
@@ -209,7 +209,7 @@ def resolve_param_groups(module, model_parameters):
         raise errors.InvalidArgumentError(
             "zerort.torch: trainable params in no group of model_parameters: "
             f"{', '.join(missing)}; add each to a group, or set requires_grad=False on it "
-            "(frozen params are neither registered nor stepped)")
+            "(frozen params are never stepped)")
     return ParamGroups(group_of, overrides)
 
 

@@ -123,8 +123,9 @@ def agree_on_frozen_state(named, comm, timeout):
 def sync_frozen_state(module, comm, timeout, skip=lambda tensor: False):
     """Rank 0's frozen params (LoRA base weights, frozen embeddings) and buffers
     (BatchNorm statistics, masks) on every rank, as DDP does when it wraps a model: the
-    engine owns only the trainable params, and a rank that loaded or seeded these
-    differently would silently compute another model. The ranks first agree on every
+    engine steps only the trainable params (and at stage 3 shards the frozen ones from each
+    rank's values), and a rank that loaded or seeded these differently would silently
+    compute another model. The ranks first agree on every
     tensor's name, shape and dtype (agree_on_frozen_state)."""
     if comm.size == 1:
         return

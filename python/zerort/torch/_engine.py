@@ -166,7 +166,7 @@ class TorchEngine:
         tracked = self._inventory.tracked.values()
         self._detacher.claimed = [weakref.ref(p) for p in tracked]
         _params.claim(tracked, self._engine._box)
-        _gathered.drive([p for _, p, _ in self._params + self._frozen], self)
+        _gathered.drive(list(module.parameters()), self)  # frozen ones too (gathered())
 
     def _start_first_micro_batch(self):
         self._first_forward.remove()
@@ -455,10 +455,14 @@ class TorchEngine:
         """Whether the engine was closed."""
         return self._closed or self._engine.closed
 
-    def _pid_of(self, param, what):
+    def _pid_of(self, param, what, module_params=False):
+        """The engine id of `param`; with `module_params`, None for a param of the model
+        the engine does not drive (frozen below stage 3, zero-element, not float)."""
         for _, registered, pid in self._params + self._frozen:
             if registered is param:
                 return pid
+        if module_params and any(p is param for p in self.module.parameters()):
+            return None
         raise errors.InvalidArgumentError(
             f"zerort.torch: {what}: a param of shape {tuple(param.shape)} that this engine "
             "does not drive (not a param of the model given to initialize(), or one with no "
@@ -479,25 +483,40 @@ class TorchEngine:
         values when the block ends become every rank's (_gathered.py). Collective."""
         params = [params] if isinstance(params, torch.Tensor) else list(params)
         self._check_model("gathered()")
-        pids = [self._pid_of(p, "gathered()") for p in params]
+        pids = [self._pid_of(p, "gathered()", module_params=True) for p in params]
         if modifier_rank is not None and not 0 <= modifier_rank < self.world_size:
             raise errors.InvalidArgumentError(
                 f"gathered(): modifier_rank {modifier_rank} is not a rank of this engine "
                 f"(0..{self.world_size - 1})", errors.InvalidArgumentError.status)
-        units = self._units.units_of(pids) if self._units is not None else []
+        registered = [pid for pid in pids if pid is not None]
+        units = self._units.units_of(registered) if self._units is not None else []
         if self._units is not None:
             self._units.hold(units)
         try:
-            yield params
-            if modifier_rank is not None:
-                for param, pid in zip(params, pids):
-                    _device.broadcast_tensor(param.data, self._comm, modifier_rank,
-                                             self._timeout)
-                    values = param.detach().clone()  # not the engine's own memory
-                    self._engine.set_param(pid, values.data_ptr())
+            failed = True
+            try:
+                yield params
+                failed = False
+            finally:
+                # Every rank learns whether any rank's block raised: then no rank writes
+                # (a rank that skipped the broadcasts would leave its peers waiting).
+                if modifier_rank is not None and not self._any_rank(failed):
+                    self._write_from(modifier_rank, params, pids)
         finally:
             if self._units is not None:
                 self._units.unhold(units)
+
+    def _any_rank(self, flag):
+        """Whether `flag` is true on any rank (collective)."""
+        return bool(self.all_reduce(torch.tensor([float(flag)]), "max").item())
+
+    def _write_from(self, rank, params, pids):
+        """Rank `rank`'s values of `params` on every rank, in the model and the engine."""
+        for param, pid in zip(params, pids):
+            _device.broadcast_tensor(param.data, self._comm, rank, self._timeout)
+            if pid is not None:
+                values = param.detach().clone()  # not the engine's own memory
+                self._engine.set_param(pid, values.data_ptr())
 
     def _check_model(self, what):
         """Raises FailedPreconditionError when the engine was closed, or naming the first

@@ -7,8 +7,9 @@
 Inside the block, when a module's __init__ returns (the outermost one, after its subclass's
 own initialisation ran), the float params of its submodules are sharded: each is broadcast
 from rank 0 (so every rank builds the same model, as if one rank had built it), this rank
-keeps its contiguous 1/N slice of the flattened values, and the param's storage is freed
-(its shape and dtype stay). A module's own params wait for its parent's __init__ to return
+keeps its contiguous 1/N slice of the flattened values, and the param's values are replaced
+by a placeholder of its shape and dtype that takes no memory (reads give NaN; in-place writes
+raise). A module's own params wait for its parent's __init__ to return
 (or for the block to end), because a parent may still initialise its children's params in
 its own __init__ (PEFT's LoRA layer initialises its adapters' weights after building them).
 A rank thus holds at any moment the slices so far plus the params of the module being
@@ -21,9 +22,12 @@ on every rank, the params become whole again.
 
 Limits: code that writes into a grandchild's params (an init_weights() over the whole model at
 the end of the top-level __init__, as Hugging Face's post_init) finds them sharded (PyTorch
-raises on the empty storage): initialise inside each module's own __init__ or its parent's,
-or build the model outside the block. Classes defined inside
-the block are not covered. Non-float params and buffers are not sharded.
+raises on writing the placeholder; an out-of-place assignment, param.data = ..., is lost):
+initialise inside each module's own __init__ or its parent's, or build the model outside the
+block. A cast or move of the model between the block and initialize() (model.half(),
+.to(...)) makes full-size NaN tensors of the placeholders: give initialize() the model as the
+block built it (a bf16/fp16 config casts the slices there). Classes defined inside
+the block are not covered. Non-float params, 0-dim ones and buffers are not sharded.
 """
 import contextlib
 import threading
@@ -33,7 +37,7 @@ from torch import nn
 
 from .. import errors
 from ._device import broadcast_tensor
-from ._params import FLOAT_DTYPES, resize_storage
+from ._params import FLOAT_DTYPES, placeholder
 
 _SHARD = "_zerort_init_shard"
 _DEPTH = "_zerort_init_depth"
@@ -57,13 +61,13 @@ def _shard_params(params, comm, timeout):
     """Broadcasts float `params` from rank 0 and keeps this rank's slices."""
     with torch.no_grad():
         for param in params:
-            if (getattr(param, _SHARD, None) is not None or param.numel() == 0
-                    or param.dtype not in FLOAT_DTYPES):
+            if (getattr(param, _SHARD, None) is not None or param.dim() == 0
+                    or param.numel() == 0 or param.dtype not in FLOAT_DTYPES):
                 continue
             broadcast_tensor(param.data, comm, 0, timeout)
             begin, end = _bounds(param.numel(), comm.rank, comm.size)
             setattr(param, _SHARD, param.detach().reshape(-1)[begin:end].clone())
-            resize_storage(param.data, 0)
+            param.data = placeholder(param)
 
 
 class _Patch:
@@ -165,9 +169,7 @@ def cast(module, dtype):
     for param in module.parameters():
         if is_sharded(param) and param.dtype == torch.float32:
             setattr(param, _SHARD, getattr(param, _SHARD).to(dtype))
-            empty = torch.empty(param.shape, dtype=dtype, device=param.device)
-            resize_storage(empty, 0)
-            param.data = empty
+            param.data = placeholder(param, dtype)
 
 
 def materialize(param, comm, timeout):

@@ -219,10 +219,10 @@ def release(params, box):
             del _OWNERS[id(param)]
 
 
-def placeholder(param):
+def placeholder(param, dtype=None):
     """A same-shaped stand-in for a param whose values are gone: one NaN, expanded (reads
-    give NaN, in-place writes are refused, no memory)."""
-    value = torch.full((), float("nan"), dtype=param.dtype, device=param.device)
+    give NaN, in-place writes are refused, no memory), of the param's dtype or `dtype`."""
+    value = torch.full((), float("nan"), dtype=dtype or param.dtype, device=param.device)
     return value.expand(param.shape)
 
 

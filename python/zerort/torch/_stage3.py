@@ -120,6 +120,8 @@ class UnitGathering:
         passes.on_end.append(self._after_backward_pass)
         self._gathered = set()
         self._for_backward = set()  # gathered by an output's gradient hook: kept until grads
+        # frozen unit -> forward calls (with grad) whose backward has not yet run
+        self._backward_calls = collections.Counter()
         self._waiting = {}  # unit -> ids whose gradient has not arrived since the gather
         self.handles = []
         # Persistent units answer param_data before any gather: bind them as views.
@@ -251,24 +253,34 @@ class UnitGathering:
                 tensor.register_hook(lambda grad, units=units: self._before_backward(
                     units, grad))
         frozen = [u for u in units if u in self._frozen]
-        if frozen:
-            for tensor in tensors_in(inputs):
-                if tensor.requires_grad:
-                    tensor.register_hook(lambda grad, frozen=frozen: self._after_backward(
-                        frozen, grad))
+        needing = [t for t in tensors_in(inputs) if t.requires_grad] if frozen else []
+        if needing:
+            # One more call whose backward needs these units: released when no such call is
+            # left (f(f(x)): the second call's input hook fires before the first's backward).
+            self._backward_calls.update(frozen)
+            done = {"fired": False}
+            for tensor in needing:
+                tensor.register_hook(lambda grad, frozen=frozen, done=done: self._after_backward(
+                    frozen, done, grad))
 
     def _before_backward(self, units, grad):
         self.gather(units)
         self._for_backward.update(units)
         return grad
 
-    def _after_backward(self, frozen, grad):
-        """The gradient of a module's input is computed: its backward no longer needs its
-        frozen units."""
-        self.release([u for u in frozen if u in self._for_backward])
+    def _after_backward(self, frozen, done, grad):
+        """The gradient of a module call's input is computed: that call's backward no longer
+        needs its frozen units (once per call, whichever input's hook fires first)."""
+        if not done["fired"]:
+            done["fired"] = True
+            for unit in frozen:
+                self._backward_calls[unit] = max(0, self._backward_calls[unit] - 1)
+            self.release([u for u in frozen
+                          if u in self._for_backward and self._backward_calls[u] == 0])
         return grad
 
     def _after_backward_pass(self):
+        self._backward_calls.clear()
         self.release(sorted(u for u in self._for_backward if u in self._frozen))
 
     def remove(self):
