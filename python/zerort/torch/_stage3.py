@@ -17,7 +17,8 @@ buffer is released with the unit.
                         recomputed inside backward by checkpointing gathers by itself)
     param grad hook     once every param of a unit has handed over its gradient, release
     input grad hook     a frozen unit gathered for backward: release once the gradient of
-                        the module's inputs is computed (its backward has run)
+                        the module's inputs is computed (its backward has run) for every
+                        call of it that had one pending (f(f(x)) waits for both)
     end of backward     release the frozen units still gathered for backward (a module
                         whose inputs need no gradient)
     step()              release what is still gathered, before end_backward
