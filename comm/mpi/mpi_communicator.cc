@@ -33,6 +33,7 @@
 #include "comm/mpi/mpi_ops.h"
 #include "comm/mpi/mpi_rounds.h"
 #include "comm/mpi/mpi_setup.h"
+#include "comm/mpi/mpi_signature.h"
 #include "comm/mpi/mpi_tuning.h"
 #include "comm/mpi/scratch_pool.h"
 #include "zero/device.h"
@@ -40,7 +41,6 @@
 namespace zero::comm {
 namespace {
 
-constexpr int kSignatureWords = 6;
 constexpr double kDrainSecondsAtDestroy = 2.0;
 constexpr int kEagerPolls = 20000;  // ≈ a few ms of MPI_Test without progress
 constexpr int kNoticeBytes = 1024;  // a broken-group notice: the first error's message
@@ -65,26 +65,6 @@ struct Operation {
   int64_t mine[kSignatureWords] = {};
   std::vector<int64_t> everyone;  // size × kSignatureWords, for the signature check
 };
-
-void EncodeSignature(const CollectiveSignature& s, int64_t* words) {
-  words[0] = static_cast<int64_t>(s.kind);
-  words[1] = s.count;
-  words[2] = static_cast<int64_t>(s.dtype);
-  words[3] = static_cast<int64_t>(s.op);
-  words[4] = s.root;
-  words[5] = s.tag;
-}
-
-CollectiveSignature DecodeSignature(const int64_t* words) {
-  CollectiveSignature s;
-  s.kind = static_cast<CollectiveKind>(words[0]);
-  s.count = words[1];
-  s.dtype = static_cast<DType>(words[2]);
-  s.op = static_cast<ReduceOp>(words[3]);
-  s.root = static_cast<int>(words[4]);
-  s.tag = words[5];
-  return s;
-}
 
 class MpiWork final : public Work {
  public:
