@@ -102,48 +102,42 @@ std::vector<std::vector<int>> FormBuckets(const std::vector<ParamInfo>& params,
   int open[2] = {-1, -1};
   int64_t used[2] = {0, 0};
   bool first_trainable = true;
+  // Params that may share a bucket: one group, one dtype, both in the last bucket or neither.
+  auto alike = [&](int a, int b) {
+    return params[a].group == params[b].group && params[a].dtype == params[b].dtype &&
+           last_bucket.count(a) == last_bucket.count(b);
+  };
   for (int id : order) {
     const ParamInfo& p = params[id];
     const int kind = p.requires_grad ? 0 : 1;
     int& current = open[kind];
-    bool fits = current >= 0;
-    if (fits) {
-      const ParamInfo& head = params[lists[current].front()];
-      const int64_t cap = (kind == 0 && first_trainable) ? c.first_bucket_elems : c.reduce_bucket_elems;
-      const bool alike = head.group == p.group && head.dtype == p.dtype &&
-                         last_bucket.count(lists[current].front()) == last_bucket.count(id);
-      // A param larger than the cap takes the small params before it along (a Linear's bias,
-      // laid out just before its weight, whose gradient arrives with it) rather than leaving
-      // them a tiny bucket of their own.
-      const bool companions = p.numel > cap && used[kind] <= cap / kCompanionFraction;
-      fits = alike && (RoundUp(used[kind], c.param_alignment) + p.numel <= cap || companions);
-      if (!fits && kind == 0) first_trainable = false;
-    }
+    const int64_t cap = (kind == 0 && first_trainable) ? c.first_bucket_elems : c.reduce_bucket_elems;
+    const bool fits = current >= 0 && alike(lists[current].front(), id) &&
+                      RoundUp(used[kind], c.param_alignment) + p.numel <= cap;
     if (!fits) {
-      const int previous = current;
-      current = static_cast<int>(lists.size());
-      lists.emplace_back();
-      used[kind] = 0;
-      // An oversized param takes the small params that end the bucket before along (its bias,
-      // after a norm's params that filled that bucket).
-      const int64_t cap = kind == 0 && first_trainable ? c.first_bucket_elems : c.reduce_bucket_elems;
-      if (previous >= 0 && p.numel > cap) {
-        std::vector<int>& before = lists[previous];
-        size_t keep = before.size();
+      if (current >= 0 && kind == 0) first_trainable = false;
+      // A param larger than the cap takes along the small params that end the open bucket
+      // (up to cap / kCompanionFraction: a Linear's bias, laid out just before its weight,
+      // whose gradient arrives with it) rather than leaving them a tiny bucket of their own.
+      std::vector<int> companions;
+      if (current >= 0 && p.numel > cap) {
+        std::vector<int>& before = lists[current];
         int64_t taken = 0;
-        while (keep > 1) {
-          const ParamInfo& q = params[before[keep - 1]];
-          const bool alike = q.group == p.group && q.dtype == p.dtype &&
-                             last_bucket.count(before[keep - 1]) == last_bucket.count(id);
-          if (!alike || taken + RoundUp(q.numel, c.param_alignment) > cap / kCompanionFraction) break;
-          taken += RoundUp(q.numel, c.param_alignment);
-          --keep;
+        while (!before.empty() && alike(before.back(), id) &&
+               taken + RoundUp(params[before.back()].numel, c.param_alignment) <= cap / kCompanionFraction) {
+          taken += RoundUp(params[before.back()].numel, c.param_alignment);
+          companions.insert(companions.begin(), before.back());
+          before.pop_back();
         }
-        for (size_t i = keep; i < before.size(); ++i) {
-          lists[current].push_back(before[i]);
-          used[kind] = RoundUp(used[kind], c.param_alignment) + params[before[i]].numel;
-        }
-        before.resize(keep);
+      }
+      if (current < 0 || !lists[current].empty()) {  // else the taken bucket becomes this one
+        current = static_cast<int>(lists.size());
+        lists.emplace_back();
+      }
+      used[kind] = 0;
+      for (int companion : companions) {
+        lists[current].push_back(companion);
+        used[kind] = RoundUp(used[kind], c.param_alignment) + params[companion].numel;
       }
     }
     lists[current].push_back(id);

@@ -219,12 +219,12 @@ void ShardedParams::Prefetch() {
 }
 
 void ShardedParams::NoteRestarts(int bucket) {
-  std::vector<size_t> restarts;
+  size_t kept = 0;
   for (size_t position : restarts_) {
-    if (position < trace_.size() && trace_[position] == bucket) restarts.push_back(position + 1);
+    if (position < trace_.size() && trace_[position] == bucket) restarts_[kept++] = position + 1;
   }
-  if (trace_[0] == bucket) restarts.push_back(1);
-  restarts_.swap(restarts);
+  restarts_.resize(kept);
+  if (trace_[0] == bucket) restarts_.push_back(1);
 }
 
 Status ShardedParams::Gather(int unit) {
