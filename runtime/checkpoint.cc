@@ -1,8 +1,9 @@
 // Checkpoints that load at any world size and stage: every rank saves the fp32 weights and
 // moments of the param parts it owns, in param coordinates; on load every rank reads, from
 // every file's index, the records that overlap the parts it owns now (checkpoint_format.h).
-// Frozen params (requires_grad = false) are not saved: they never change; set them again with
-// SetParam after loading.
+// Frozen params (requires_grad = false) never change: they are saved only under
+// checkpoint.save_frozen, as weights without moments (checkpoint_frozen.cc), and a load sets
+// those it finds; otherwise a load leaves them as they are.
 //
 // Saving writes DIR.partial, and every rank's file and meta.json reach stable storage before
 // rank 0 swaps it in as DIR in one rename: a crash at any point leaves the previous
@@ -78,20 +79,31 @@ Status EngineImpl::WriteRankFile(const std::string& path) {
   // Where every rank owns everything (stage 0), rank 0 alone writes it. Records stream to the
   // file (one param's part in memory at a time).
   const bool writes = plan_->ranks_own_shards() || comm_.rank() == 0;
+  const bool frozen_too = config_.checkpoint.save_frozen;
   std::vector<RecordExtent> extents;
-  for (size_t p = 0; writes && p < specs_.size(); ++p) {
-    if (!specs_[p].requires_grad) continue;
-    for (const auto& [begin, numel] : optimizer_->OwnedExtents(static_cast<int>(p))) {
-      extents.push_back({static_cast<int32_t>(p), begin, numel});
+  for (int p = 0; writes && p < static_cast<int>(specs_.size()); ++p) {
+    if (specs_[p].requires_grad) {
+      for (const auto& [begin, numel] : optimizer_->OwnedExtents(p)) extents.push_back({p, begin, numel});
+    } else if (frozen_too) {
+      for (const auto& [begin, numel] : FrozenParts(p, /*loading=*/false)) {
+        extents.push_back({p, begin, numel, /*weights_only=*/true});
+      }
     }
   }
   ZERO_ASSIGN_OR_RETURN(std::unique_ptr<RankFileWriter> out,
                         RankFileWriter::Create(path, extents, optimizer_->state_count()));
   std::vector<float> scratch;
-  for (size_t p = 0; writes && p < specs_.size(); ++p) {
-    if (!specs_[p].requires_grad) continue;
-    ZERO_RETURN_IF_ERROR(optimizer_->VisitOwned(static_cast<int>(p), &scratch,
-                                                [&](int64_t, int64_t, const float* values) { return out->Append(values); }));
+  std::vector<char> staging;
+  for (int p = 0; writes && p < static_cast<int>(specs_.size()); ++p) {
+    if (specs_[p].requires_grad) {
+      ZERO_RETURN_IF_ERROR(optimizer_->VisitOwned(
+          p, &scratch, [&](int64_t, int64_t, const float* values) { return out->Append(values); }));
+    } else if (frozen_too) {
+      for (const auto& [begin, numel] : FrozenParts(p, /*loading=*/false)) {
+        ZERO_RETURN_IF_ERROR(ReadFrozenValues(p, begin, numel, &staging, &scratch));
+        ZERO_RETURN_IF_ERROR(out->Append(scratch.data()));
+      }
+    }
   }
   return out->Close();
 }
@@ -150,7 +162,9 @@ Status EngineImpl::SaveCheckpointAs(const std::string& target, int64_t series_se
     meta.scaler = loss_scaler_.state();
     meta.groups = groups_;
     for (const ParamSpec& s : specs_) {
-      meta.params.push_back({s.name, s.shape, DTypeName(s.dtype), s.requires_grad, 0, param_steps_[meta.params.size()]});
+      const bool saved = s.requires_grad || config_.checkpoint.save_frozen;
+      meta.params.push_back(
+          {s.name, s.shape, DTypeName(s.dtype), s.requires_grad, saved, 0, param_steps_[meta.params.size()]});
     }
     StatusOr<std::string> text = CheckpointMetaJson(meta);
     written = text.ok() ? WriteFileDurably(partial + "/meta.json", *text) : text.status();
@@ -226,14 +240,23 @@ StatusOr<std::vector<int>> EngineImpl::MatchCheckpointParams(const CheckpointMet
     const auto found = registered_by_name.find(params[c].name);
     const int same_name = found == registered_by_name.end() ? -1 : found->second;
     if (!params[c].requires_grad && (same_name < 0 || !specs_[same_name].requires_grad)) {
-      registered[c] = same_name;  // frozen: no records to read
+      // Frozen on both sides (or not registered): its records, if saved, set the registered one.
+      if (same_name >= 0 && params[c].saved && params[c].shape != specs_[same_name].shape) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "checkpoint holds frozen param ", c, " \"", params[c].name, "\" with shape [",
+            absl::StrJoin(params[c].shape, ", "), "] but ", ParamLabel(same_name), " is registered with shape [",
+            absl::StrJoin(specs_[same_name].shape, ", "), "]"));
+      }
+      registered[c] = same_name;
       continue;
     }
     if (same_name >= 0 && params[c].requires_grad != specs_[same_name].requires_grad) {
       return absl::InvalidArgumentError(absl::StrCat(
           "checkpoint param ", c, " \"", params[c].name, "\" was ", params[c].requires_grad ? "trainable" : "frozen",
           " when saved but ", ParamLabel(same_name), " is registered ",
-          specs_[same_name].requires_grad ? "trainable" : "frozen", " (frozen params are not saved)"));
+          specs_[same_name].requires_grad ? "trainable" : "frozen",
+          " (a checkpoint keeps optimizer state for its trainable params only): freeze the same params as the "
+          "run that saved it"));
     }
     if (next == trainable.size()) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -284,16 +307,25 @@ StatusOr<std::vector<int>> EngineImpl::MatchCheckpointParams(const CheckpointMet
   return registered;
 }
 
-StatusOr<std::map<int, std::vector<OptimizerState::OwnedPart>>> EngineImpl::ReadCheckpointShard(
-    const std::string& dir, const CheckpointMeta& meta, const std::vector<int>& registered) {
-  // Host copies of the parts this rank owns, filled from the records that overlap them.
-  std::map<int, std::vector<OptimizerState::OwnedPart>> owned;
+StatusOr<EngineImpl::CheckpointShard> EngineImpl::ReadCheckpointShard(const std::string& dir,
+                                                                    const CheckpointMeta& meta,
+                                                                    const std::vector<int>& registered) {
+  // Host copies of the parts this rank loads, filled from the records that overlap them:
+  // owned parts of trainable params, and parts of the frozen params the checkpoint saved.
+  CheckpointShard shard;
   std::vector<std::vector<std::pair<int64_t, int64_t>>> extents(specs_.size());
   for (size_t p = 0; p < specs_.size(); ++p) {
     if (specs_[p].requires_grad) extents[p] = optimizer_->OwnedExtents(static_cast<int>(p));
   }
+  for (size_t c = 0; c < meta.params.size(); ++c) {
+    const int p = registered[c];
+    if (p >= 0 && !specs_[p].requires_grad && meta.params[c].saved) {
+      extents[p] = FrozenParts(p, /*loading=*/true);
+      for (const auto& [begin, numel] : extents[p]) shard.frozen[p].push_back({begin, numel, {}});
+    }
+  }
   const int moments = meta.moments;
-  // Per param and owned extent: the spans the records covered, which must tile it exactly.
+  // Per param and extent: the spans the records covered, which must tile it exactly.
   std::vector<std::vector<std::vector<std::pair<int64_t, int64_t>>>> covered(specs_.size());
   for (size_t p = 0; p < specs_.size(); ++p) covered[p].resize(extents[p].size());
   std::vector<float> values;
@@ -303,10 +335,7 @@ StatusOr<std::map<int, std::vector<OptimizerState::OwnedPart>>> EngineImpl::Read
     for (size_t k = 0; k < file->records().size(); ++k) {
       const RankFileReader::Record& r = file->records()[k];
       const int param = registered[r.param];  // trainable params have records: all matched
-      if (param < 0 || !specs_[param].requires_grad) {
-        return absl::DataLossError(absl::StrCat("checkpoint ", dir, ": rank file ", q, " has a record of \"",
-                                                meta.params[r.param].name, "\", which is frozen"));
-      }
+      if (param < 0) continue;  // a frozen param saved but not registered here
       const int64_t end = r.begin + r.numel;
       const auto& mine = extents[param];
       bool overlaps = false;
@@ -317,10 +346,17 @@ StatusOr<std::map<int, std::vector<OptimizerState::OwnedPart>>> EngineImpl::Read
       }
       if (!overlaps) continue;  // not read at all
       ZERO_RETURN_IF_ERROR(file->Read(k, &values));
-      if (owned.count(param) == 0) {
-        ZERO_ASSIGN_OR_RETURN(owned[param], optimizer_->ReadOwned(param));
+      if (!specs_[param].requires_grad) {
+        for (FrozenPart& part : shard.frozen[param]) {
+          const int64_t first = std::max(r.begin, part.begin), last = std::min(end, part.begin + part.numel);
+          if (first < last) NarrowIntoFrozenPart(param, &values[first - r.begin], first, last - first, &part);
+        }
+        continue;
       }
-      for (OptimizerState::OwnedPart& part : owned[param]) {
+      if (shard.trainable.count(param) == 0) {
+        ZERO_ASSIGN_OR_RETURN(shard.trainable[param], optimizer_->ReadOwned(param));
+      }
+      for (OptimizerState::OwnedPart& part : shard.trainable[param]) {
         const int64_t first = std::max(r.begin, part.begin), last = std::min(end, part.begin + part.numel);
         for (int m = 0; m <= moments && first < last; ++m) {
           std::memcpy(&part.values[m * part.numel + (first - part.begin)], &values[m * r.numel + (first - r.begin)],
@@ -336,7 +372,7 @@ StatusOr<std::map<int, std::vector<OptimizerState::OwnedPart>>> EngineImpl::Read
       ZERO_RETURN_IF_ERROR(CheckTiling(std::move(covered[p][i]), begin, begin + numel, ParamLabel(static_cast<int>(p))));
     }
   }
-  return owned;
+  return shard;
 }
 
 Status EngineImpl::LoadCheckpoint(const std::string& target) {
@@ -344,7 +380,7 @@ Status EngineImpl::LoadCheckpoint(const std::string& target) {
   ZERO_RETURN_IF_ERROR(RequirePhase(Phase::kIdle, "LoadCheckpoint"));
   if (micro_batch_ != 0) return absl::FailedPreconditionError("LoadCheckpoint: micro-batches are pending");
   // Every rank reads its part; nothing changes unless every rank succeeded.
-  StatusOr<std::map<int, std::vector<OptimizerState::OwnedPart>>> owned;
+  StatusOr<CheckpointShard> shard;
   StatusOr<CheckpointMeta> meta;
   StatusOr<std::vector<int>> registered;
   StatusOr<std::string> dir = ResolveCheckpointDir(target);
@@ -352,15 +388,27 @@ Status EngineImpl::LoadCheckpoint(const std::string& target) {
   if (meta.ok()) registered = MatchCheckpointParams(*meta);
   Status read = !dir.ok() ? dir.status() : !meta.ok() ? meta.status() : registered.status();
   if (read.ok()) {
-    owned = ReadCheckpointShard(*dir, *meta, *registered);
-    read = owned.status();
+    shard = ReadCheckpointShard(*dir, *meta, *registered);
+    read = shard.status();
   }
   ZERO_RETURN_IF_ERROR(AgreeOnOutcome(read, "LoadCheckpoint"));
   Status written;
-  for (const auto& [param, parts] : *owned) written.Update(optimizer_->WriteOwned(param, parts));
+  for (const auto& [param, parts] : shard->trainable) written.Update(optimizer_->WriteOwned(param, parts));
+  for (const auto& [param, parts] : shard->frozen) {
+    for (const FrozenPart& part : parts) written.Update(WriteFrozenValues(param, part));
+  }
   // A rank that could not write its part (a device error) must not leave the others waiting
   // in the gather below.
   ZERO_RETURN_IF_ERROR(AgreeOnOutcome(written, "LoadCheckpoint"));
+  std::vector<std::string> not_loaded;  // saved frozen params this engine does not keep
+  for (size_t c = 0; c < meta->params.size(); ++c) {
+    if (meta->params[c].saved && (*registered)[c] < 0) not_loaded.push_back(meta->params[c].name);
+  }
+  if (!not_loaded.empty()) {
+    ZERO_LOG(logger_, kWarn) << "LoadCheckpoint: " << not_loaded.size() << " frozen param(s) the checkpoint holds "
+                             << "are not registered here and were not loaded (first: \"" << not_loaded[0]
+                             << "\"); register them (requires_grad = false) to load them";
+  }
   step_ = meta->step;
   for (size_t c = 0; c < meta->params.size(); ++c) {
     if ((*registered)[c] >= 0) param_steps_[(*registered)[c]] = meta->params[c].steps;

@@ -104,6 +104,11 @@ Status ReadParams(const nlohmann::json& json, const std::string& path, Checkpoin
     if (entry.contains("requires_grad")) {
       ZERO_RETURN_IF_ERROR(Field(entry, "requires_grad", path, field + ".requires_grad", &param.requires_grad));
     }
+    param.saved = param.requires_grad;
+    if (entry.contains("saved")) {
+      ZERO_RETURN_IF_ERROR(Field(entry, "saved", path, field + ".saved", &param.saved));
+      if (param.requires_grad && !param.saved) return FieldError(path, field + ".saved", "true for a trainable param");
+    }
     param.steps = meta->step;
     if (entry.contains("steps")) {
       ZERO_RETURN_IF_ERROR(Field(entry, "steps", path, field + ".steps", &param.steps));
@@ -335,7 +340,7 @@ StatusOr<std::string> CheckpointMetaJson(const CheckpointMeta& meta) {
   json["params"] = nlohmann::json::array();
   for (const CheckpointMeta::Param& p : meta.params) {
     json["params"].push_back({{"name", p.name}, {"shape", p.shape}, {"dtype", p.dtype},
-                              {"requires_grad", p.requires_grad}, {"steps", p.steps}});
+                              {"requires_grad", p.requires_grad}, {"saved", p.saved}, {"steps", p.steps}});
   }
   if (meta.format >= 4) json["checksum"] = MetaChecksum(json);
   try {  // nlohmann throws on a string that is not UTF-8; the library never throws
@@ -368,7 +373,7 @@ Status RankFileWriter::Append(const float* values) {
   if (checksums_.size() >= records_.size()) {
     return absl::FailedPreconditionError(absl::StrCat("checkpoint: ", path_, ": more records than announced"));
   }
-  const size_t bytes = static_cast<size_t>(records_[checksums_.size()].numel) * (1 + moments_) * sizeof(float);
+  const size_t bytes = static_cast<size_t>(PayloadFloats(records_[checksums_.size()], moments_)) * sizeof(float);
   if (checksums_.empty()) {  // the payloads start after the header, the index and its checksum
     const off_t start = kHeaderBytes + kIndexEntryBytes * static_cast<off_t>(records_.size()) + 8;
     if (::lseek(fd_, start, SEEK_SET) != start) return SystemError("seek in", path_);
@@ -400,7 +405,7 @@ Status RankFileWriter::Close() {
     put(records_[k].numel);
     put(offset);
     put(checksums_[k]);
-    offset += static_cast<uint64_t>(records_[k].numel) * (1 + moments_) * sizeof(float);
+    offset += static_cast<uint64_t>(PayloadFloats(records_[k], moments_)) * sizeof(float);
   }
   put(Checksum(header.data(), header.size() - 8));
   if (::lseek(fd_, 0, SEEK_SET) != 0) return SystemError("seek in", path_);
@@ -467,19 +472,24 @@ Status RankFileReader::ReadAt(void* out, int64_t bytes, int64_t offset) {
   return absl::OkStatus();
 }
 
-Status RankFileReader::CheckExtent(const RecordExtent& e, const CheckpointMeta& meta, int64_t k) const {
+Status RankFileReader::CheckExtent(RecordExtent* extent, const CheckpointMeta& meta, int64_t k) const {
   // A size read from the file is never trusted for an allocation (a fuzzed file asked for
   // 7e15 floats): the record must lie inside its param.
+  const RecordExtent& e = *extent;
   if (e.param < 0 || static_cast<size_t>(e.param) >= meta.params.size()) {
     return absl::DataLossError(absl::StrCat("checkpoint: ", path_, " is corrupt: record ", k, " names param ",
                                             e.param, " of ", meta.params.size()));
   }
-  const int64_t numel = meta.params[e.param].numel;
-  if (e.begin < 0 || e.numel < 0 || e.begin > numel || e.numel > numel - e.begin) {
-    return absl::DataLossError(absl::StrCat("checkpoint: ", path_, " is corrupt: record ", k, " holds elements [",
-                                            e.begin, ", +", e.numel, ") of \"", meta.params[e.param].name,
-                                            "\", which has ", numel));
+  const CheckpointMeta::Param& p = meta.params[e.param];
+  if (!p.saved) {
+    return absl::DataLossError(absl::StrCat("checkpoint: ", path_, " is corrupt: record ", k, " holds \"", p.name,
+                                            "\", which meta.json says was not saved (frozen)"));
   }
+  if (e.begin < 0 || e.numel < 0 || e.begin > p.numel || e.numel > p.numel - e.begin) {
+    return absl::DataLossError(absl::StrCat("checkpoint: ", path_, " is corrupt: record ", k, " holds elements [",
+                                            e.begin, ", +", e.numel, ") of \"", p.name, "\", which has ", p.numel));
+  }
+  extent->weights_only = !p.requires_grad;
   return absl::OkStatus();
 }
 
@@ -516,13 +526,13 @@ Status RankFileReader::ReadIndex(const CheckpointMeta& meta) {
     get(&r.numel);
     get(&r.offset);
     get(&r.checksum);
-    ZERO_RETURN_IF_ERROR(CheckExtent(r, meta, k));
+    ZERO_RETURN_IF_ERROR(CheckExtent(&r, meta, k));
     if (r.offset != expected_offset) {
       return absl::DataLossError(absl::StrCat("checkpoint: ", path_, " is corrupt: record ", k, " starts at ",
                                               r.offset, ", expected ", expected_offset));
     }
     // Each record must fit in what is left of the file (no sum can wrap around).
-    const uint64_t bytes = static_cast<uint64_t>(r.numel) * (1 + moments_) * sizeof(float);
+    const uint64_t bytes = static_cast<uint64_t>(PayloadFloats(r, moments_)) * sizeof(float);
     if (bytes > static_cast<uint64_t>(file_bytes_) - std::min<uint64_t>(expected_offset, file_bytes_)) {
       return absl::DataLossError(absl::StrCat("checkpoint: ", path_, " is truncated: record ", k, " (", bytes,
                                               " bytes at ", expected_offset, ") goes past its end (", file_bytes_,
@@ -564,9 +574,9 @@ Status RankFileReader::ScanLegacy(const CheckpointMeta& meta) {
     ZERO_RETURN_IF_ERROR(ReadAt(&r.param, sizeof r.param, offset));
     ZERO_RETURN_IF_ERROR(ReadAt(&r.begin, sizeof r.begin, offset + 4));
     ZERO_RETURN_IF_ERROR(ReadAt(&r.numel, sizeof r.numel, offset + 12));
-    ZERO_RETURN_IF_ERROR(CheckExtent(r, meta, k));
+    ZERO_RETURN_IF_ERROR(CheckExtent(&r, meta, k));
     r.offset = static_cast<uint64_t>(offset + 20);
-    offset += 20 + r.numel * (1 + moments_) * static_cast<int64_t>(sizeof(float));
+    offset += 20 + PayloadFloats(r, moments_) * static_cast<int64_t>(sizeof(float));
     if (offset > end) {
       return absl::DataLossError(absl::StrCat("checkpoint: ", path_, " is truncated (record ", k, ")"));
     }
@@ -577,7 +587,7 @@ Status RankFileReader::ScanLegacy(const CheckpointMeta& meta) {
 
 Status RankFileReader::Read(size_t k, std::vector<float>* values) {
   const Record& r = records_.at(k);
-  values->resize(static_cast<size_t>(r.numel) * (1 + moments_));
+  values->resize(static_cast<size_t>(PayloadFloats(r, moments_)));
   const int64_t bytes = static_cast<int64_t>(values->size() * sizeof(float));
   ZERO_RETURN_IF_ERROR(ReadAt(values->data(), bytes, static_cast<int64_t>(r.offset)));
   if (format_ == 3) {

@@ -4,15 +4,17 @@
 //
 //   DIR/meta.json        format, world, stage, step, optimizer, moment count, loss scaler,
 //                        the trainer's user_data, each optimizer group's hyperparameters,
-//                        each param's name, shape, dtype, requires_grad and own step count
-//                        (rank 0 writes it; the lr schedule's position is the step - 1)
+//                        each param's name, shape, dtype, requires_grad, whether it has
+//                        records (saved) and own step count (rank 0 writes it; the lr
+//                        schedule's position is the step - 1)
 //   DIR/rank-R-of-N.bin  format 3:
 //       "ZRTCKPT3", int64 record count n,
 //       n index entries {int32 param, int32 0, int64 begin, int64 numel, uint64 offset,
 //                        uint64 XXH3-64 of the record's payload},
 //       uint64 XXH3-64 of everything before it (the header),
 //       then the records' payloads back to back, each at its offset: `numel` fp32 weights of
-//       elements [begin, begin + numel) of the param, then `numel` values of each moment.
+//       elements [begin, begin + numel) of the param, then `numel` values of each moment (a
+//       frozen param's record, written under checkpoint.save_frozen, holds the weights alone).
 //   Format 2 ("ZRTCKPT2": records {int32 param, int64 begin, int64 numel, payload} in line,
 //   then the record count and the XXH3-64 of the whole file) and format 1 ("ZRTCKPT1", the
 //   count after the magic, no checksum) still load; their index is built by a scan.
@@ -42,7 +44,11 @@ struct CheckpointMeta {
     std::string name;
     std::vector<int64_t> shape;
     std::string dtype;
-    bool requires_grad = true;  // frozen params have no records
+    bool requires_grad = true;
+    /// Whether rank files hold its values: every trainable param; a frozen one only when
+    /// saved with checkpoint.save_frozen (its records then hold weights, no moments). In
+    /// meta.json from the first files that saved frozen params; absent: requires_grad.
+    bool saved = true;
     int64_t numel = 0;
     /// Optimizer steps that updated this param (bias correction); the checkpoint's step when
     /// the file has none.
@@ -93,13 +99,20 @@ struct RecordExtent {
   int32_t param = 0;
   int64_t begin = 0;
   int64_t numel = 0;
+  /// A frozen param's record: the weights alone, no moments.
+  bool weights_only = false;
 };
+
+/// Floats in the payload of a record `e` of a checkpoint whose optimizer keeps `moments`.
+inline int64_t PayloadFloats(const RecordExtent& e, int moments) {
+  return e.numel * (e.weights_only ? 1 : 1 + moments);
+}
 
 /// Writes a rank file of format 3: the records are announced first (their index), then
 /// appended in that order, so no more than one record is held in memory.
 class RankFileWriter {
  public:
-  /// Creates (truncates) `path` for `records`, each numel · (1 + moments) floats.
+  /// Creates (truncates) `path` for `records`, each PayloadFloats(record, moments) floats.
   static StatusOr<std::unique_ptr<RankFileWriter>> Create(const std::string& path,
                                                           std::vector<RecordExtent> records,
                                                           int moments);
@@ -107,7 +120,8 @@ class RankFileWriter {
   RankFileWriter(const RankFileWriter&) = delete;
   RankFileWriter& operator=(const RankFileWriter&) = delete;
 
-  /// Appends the next record's payload: weights, then each moment (numel floats each).
+  /// Appends the next record's payload: weights, then each moment unless weights_only (numel
+  /// floats each).
   Status Append(const float* values);
   /// Writes the index with every record's checksum, syncs the file to disk and closes it.
   /// kFailedPrecondition when fewer records were appended than announced.
@@ -133,8 +147,8 @@ class RankFileReader {
   };
 
   /// Opens `path` and reads its index (format 2: checks the whole file's checksum first;
-  /// format 1: scans it). Every record must lie inside its param (`meta`'s shapes) and inside
-  /// the file. kDataLoss names the file for damage (checksums, truncation); kInvalidArgument
+  /// format 1: scans it). Every record must be of a saved param, lie inside it (`meta`'s
+  /// shapes) and inside the file; a frozen param's records are weights_only. kDataLoss names the file for damage (checksums, truncation); kInvalidArgument
   /// for a file that is not a rank file.
   static StatusOr<std::unique_ptr<RankFileReader>> Open(const std::string& path,
                                                         const CheckpointMeta& meta);
@@ -144,7 +158,7 @@ class RankFileReader {
 
   int format() const { return format_; }
   const std::vector<Record>& records() const { return records_; }
-  /// Reads record `k`'s payload (numel · (1 + moments) floats) and checks its checksum.
+  /// Reads record `k`'s payload (PayloadFloats floats) and checks its checksum.
   Status Read(size_t k, std::vector<float>* values);
   /// Bytes read from the file so far (index, payloads, and the whole file for format 2).
   int64_t bytes_read() const { return bytes_read_; }
@@ -158,7 +172,8 @@ class RankFileReader {
   Status ReadAt(void* out, int64_t bytes, int64_t offset);
   Status ReadIndex(const CheckpointMeta& meta);
   Status ScanLegacy(const CheckpointMeta& meta);
-  Status CheckExtent(const RecordExtent& extent, const CheckpointMeta& meta, int64_t k) const;
+  // Checks where record `k` lies and marks a frozen param's record weights_only.
+  Status CheckExtent(RecordExtent* extent, const CheckpointMeta& meta, int64_t k) const;
 
   int fd_;
   std::string path_;

@@ -35,7 +35,7 @@ StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(const std::st
       return absl::InvalidArgumentError(absl::StrCat("checkpoint: ", state->dir, "/meta.json: param \"", p.name,
                                                      "\": ", dtype.status().message()));
     }
-    state->params.push_back({p.name, p.shape, *dtype, p.requires_grad, p.numel});
+    state->params.push_back({p.name, p.shape, *dtype, p.requires_grad, p.saved, p.numel});
   }
   for (int r = 0; r < state->meta.world; ++r) {
     File file;
@@ -97,7 +97,8 @@ Status CheckpointReader::ReadParam(int param, float* out) {
   const Param& p = state_->params[param];
   if (!p.saved) {
     return absl::FailedPreconditionError(absl::StrCat("ReadParam: \"", p.name, "\" is frozen (requires_grad = "
-                                                      "false): checkpoints do not hold it"));
+                                                      "false) and was not saved: save with "
+                                                      "checkpoint.save_frozen = true to keep frozen params"));
   }
   std::vector<std::pair<int64_t, int64_t>> spans;
   std::vector<float> values;

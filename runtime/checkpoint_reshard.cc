@@ -1,7 +1,8 @@
 // Offline resharding: a checkpoint's records rewritten as the rank files a job at another
 // world size would write, one new rank at a time, without building engines.
 //
-// Each new rank's file holds the parts of every trainable param that rank owns in the layout
+// Each new rank's file holds the parts of every saved param (trainable params, and frozen ones
+// saved with checkpoint.save_frozen, as weights alone) that rank owns in the layout
 // an engine builds at stage 1 with the default bucket sizes (the records of stages 1-3 have the
 // same layout; meta.json's stage is informative, and a load at any stage and bucket size reads
 // whatever records overlap what it owns). Values come from the old records that overlap each
@@ -44,19 +45,21 @@ class OldRecords {
     return old;
   }
 
-  // Fills part [begin, begin + numel) of `param` (values laid out as a record: numel weights,
-  // then numel of each moment) from the old records that overlap it; kDataLoss unless they
+  // Fills part `e` of a param (values laid out as a record: numel weights, then numel of each
+  // moment unless weights_only) from the old records that overlap it; kDataLoss unless they
   // cover it exactly once (CheckTiling, as a load checks).
-  Status Fill(int param, int64_t begin, int64_t numel, std::vector<float>* part) {
-    const int64_t end = begin + numel;
-    part->assign(static_cast<size_t>(numel * (1 + meta_.moments)), 0.0f);
+  Status Fill(const RecordExtent& e, std::vector<float>* part) {
+    const int param = e.param;
+    const int64_t begin = e.begin, numel = e.numel, end = begin + numel;
+    const int moments = e.weights_only ? 0 : meta_.moments;
+    part->assign(static_cast<size_t>(runtime::PayloadFloats(e, meta_.moments)), 0.0f);
     std::vector<std::pair<int64_t, int64_t>> spans;
     for (const Located& located : of_param_[param]) {
       const RankFileReader::Record& r = located.record;
       const int64_t first = std::max(begin, r.begin), last = std::min(end, r.begin + r.numel);
       if (first >= last) continue;
       ZERO_RETURN_IF_ERROR(Load(located));
-      for (int plane = 0; plane <= meta_.moments; ++plane) {
+      for (int plane = 0; plane <= moments; ++plane) {
         std::copy_n(values_.data() + plane * r.numel + (first - r.begin), last - first,
                     part->data() + plane * numel + (first - begin));
       }
@@ -113,11 +116,12 @@ bool Nested(const std::string& a, const std::string& b) {
   return starts_with(x, y) || starts_with(y, x);
 }
 
-// The parts of each trainable param that `rank` owns in `plan`, in param coordinates.
-std::vector<RecordExtent> OwnedParts(const partition::PartitionPlan& plan, int rank) {
+// The parts of each saved param that `rank` owns in `plan`, in param coordinates.
+std::vector<RecordExtent> OwnedParts(const partition::PartitionPlan& plan, const CheckpointMeta& meta, int rank) {
   std::vector<RecordExtent> parts;
   for (const partition::Fragment& f : plan.FragmentsOnRank(rank)) {
-    if (plan.params()[f.param].requires_grad) parts.push_back({f.param, f.param_begin, f.numel});
+    const bool trainable = plan.params()[f.param].requires_grad;
+    if (meta.params[f.param].saved) parts.push_back({f.param, f.param_begin, f.numel, /*weights_only=*/!trainable});
   }
   return parts;
 }
@@ -160,12 +164,12 @@ Status ReshardCheckpoint(const std::string& target, int world, const std::string
   if (error) return absl::UnavailableError(absl::StrCat("reshard: cannot create ", partial, ": ", error.message()));
   std::vector<float> part;
   for (int rank = 0; rank < world; ++rank) {
-    const std::vector<RecordExtent> parts = OwnedParts(plan, rank);
+    const std::vector<RecordExtent> parts = OwnedParts(plan, meta, rank);
     ZERO_ASSIGN_OR_RETURN(std::unique_ptr<runtime::RankFileWriter> writer,
                           runtime::RankFileWriter::Create(runtime::RankFilePath(partial, rank, world), parts,
                                                           meta.moments));
     for (const RecordExtent& e : parts) {
-      ZERO_RETURN_IF_ERROR(old->Fill(e.param, e.begin, e.numel, &part));
+      ZERO_RETURN_IF_ERROR(old->Fill(e, &part));
       ZERO_RETURN_IF_ERROR(writer->Append(part.data()));
     }
     ZERO_RETURN_IF_ERROR(writer->Close());

@@ -537,7 +537,8 @@ StatusOr<Config> Config::FromJson(std::string_view text) {
                                                        {"verify", InitParams::kVerify}})},
       {"replica_check_every", Number(&c.guard.replica_check_every, kReplicaCheck)}};
   const std::map<std::string, Handler> checkpoint = {
-      {"keep_last", Number(&c.checkpoint.keep_last, kKeepLast)}};
+      {"keep_last", Number(&c.checkpoint.keep_last, kKeepLast)},
+      {"save_frozen", Bool(&c.checkpoint.save_frozen)}};
   auto section = [](const std::map<std::string, Handler>& handlers) -> Handler {
     return [&handlers](const Value& v) { return ReadObject(v, handlers); };
   };

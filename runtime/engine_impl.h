@@ -125,15 +125,44 @@ class EngineImpl final : public Engine {
   // next collective hear why instead of timing out; warns where the file system cannot lock.
   Status LockForSave(const std::string& dir, std::optional<DirectoryLock>* lock);
   // The registered trainable params (in order) and the optimizer are the checkpoint's; else
-  // names the difference. Frozen params have no records, so a frozen param registered here
+  // names the difference. Frozen params are matched by name: a frozen param registered here
   // and not in the checkpoint (or the other way round: a stage-3 run shards a model's frozen
-  // base, a stage-2 run leaves it out) is no difference. Returns, for each checkpoint param,
-  // the registered index (-1: a frozen one not registered here).
+  // base, a stage-2 run leaves it out) is no difference; one the checkpoint saved
+  // (checkpoint.save_frozen) must have the registered one's shape. Returns, for each
+  // checkpoint param, the registered index (-1: a frozen one not registered here).
   StatusOr<std::vector<int>> MatchCheckpointParams(const CheckpointMeta& meta) const;
-  // Host copies of this rank's owned parts filled from the checkpoint's records; `registered`
-  // is MatchCheckpointParams'.
-  StatusOr<std::map<int, std::vector<OptimizerState::OwnedPart>>> ReadCheckpointShard(
-      const std::string& dir, const CheckpointMeta& meta, const std::vector<int>& registered);
+  // Part of a frozen param as a load writes it into the param store: elements [begin, begin +
+  // numel) in the param's dtype.
+  struct FrozenPart {
+    int64_t begin = 0;
+    int64_t numel = 0;
+    std::vector<char> bytes;
+  };
+  // What this rank loads from a checkpoint, by registered param: its owned parts of trainable
+  // params (weights and moments), and its parts of the frozen params the checkpoint saved.
+  struct CheckpointShard {
+    std::map<int, std::vector<OptimizerState::OwnedPart>> trainable;
+    std::map<int, std::vector<FrozenPart>> frozen;
+  };
+  // Host copies of this rank's parts filled from the checkpoint's records; `registered` is
+  // MatchCheckpointParams'.
+  StatusOr<CheckpointShard> ReadCheckpointShard(const std::string& dir, const CheckpointMeta& meta,
+                                                const std::vector<int>& registered);
+  // Frozen params in checkpoints (checkpoint_frozen.cc, checkpoint.save_frozen).
+  // The parts (begin, numel) of frozen `param` this rank writes when saving, or reads when
+  // `loading`.
+  std::vector<std::pair<int64_t, int64_t>> FrozenParts(int param, bool loading) const;
+  // Where this rank keeps element `begin` of frozen `param` (one of its FrozenParts).
+  char* FrozenAddress(int param, int64_t begin);
+  // Elements [begin, begin + numel) of frozen `param` widened to fp32 into `out` (through the
+  // host bytes `staging`).
+  Status ReadFrozenValues(int param, int64_t begin, int64_t numel, std::vector<char>* staging,
+                          std::vector<float>* out);
+  // `part` into the param store.
+  Status WriteFrozenValues(int param, const FrozenPart& part);
+  // fp32 `values` of elements [begin, begin + numel) of `param`, narrowed to its dtype, into
+  // `part` (which holds them).
+  void NarrowIntoFrozenPart(int param, const float* values, int64_t begin, int64_t numel, FrozenPart* part) const;
 
   // Replicas (engine_replicas.cc).
   // Params whose hash (ParamStore::ReplicaHash) differs on some rank from rank 0's;

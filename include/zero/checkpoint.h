@@ -27,7 +27,9 @@ class CheckpointReader {
     std::string name;
     std::vector<int64_t> shape;
     DType dtype = DType::kFP32;  ///< the dtype it was trained in (records are fp32 masters)
-    bool saved = true;           ///< false for frozen params: they have no records
+    bool requires_grad = true;   ///< false: frozen (its records hold weights, no moments)
+    bool saved = true;           ///< has records: trainable params, and frozen params saved
+                                 ///< with checkpoint.save_frozen
     int64_t numel = 0;
   };
   struct File {
@@ -60,8 +62,8 @@ class CheckpointReader {
   /// and intact; otherwise the first problem, with files() updated.
   Status Verify();
   /// The full fp32 value of param `param` (params()[param].numel floats into `out`), from the
-  /// records of every file. kFailedPrecondition for a frozen param (not saved); kDataLoss when
-  /// a record is damaged or elements are missing.
+  /// records of every file. kFailedPrecondition for a param not saved (a frozen param without
+  /// checkpoint.save_frozen); kDataLoss when a record is damaged or elements are missing.
   Status ReadParam(int param, float* out);
 
  private:

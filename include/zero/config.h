@@ -16,7 +16,7 @@
 //                    "min": 1.0},
 //     "guard": {"on_duplicate": "error", "on_unused": "error", "consistency_check": false,
 //               "timeout_s": 600, "init_params": "broadcast", "replica_check_every": 0},
-//     "checkpoint": {"keep_last": 0},
+//     "checkpoint": {"keep_last": 0, "save_frozen": false},
 //     "batch": {"train_batch_size": 0, "micro_batch_size_per_rank": 0} }
 //
 // Every key is optional. Unknown keys, wrong types and out-of-range values are
@@ -183,6 +183,11 @@ struct CheckpointConfig {
   /// the order they were saved in) and deletes older ones once the new one is complete; 0
   /// keeps all. [0, 2147483647]
   int keep_last = 0;
+  /// Checkpoints hold the frozen params' values too (requires_grad = false; their records
+  /// hold weights, no moments), so that a load sets them and zero-ckpt consolidate gives
+  /// them back. Off: checkpoints hold trainable params only (a LoRA job's checkpoint is its
+  /// adapters), and a load leaves frozen params as they are.
+  bool save_frozen = false;
 };
 
 /// The whole configuration.

@@ -175,7 +175,8 @@ class Engine {
   /// Writes a checkpoint into directory `dir`: every rank its own shard of the fp32 weights
   /// and optimizer moments (`rank-R-of-N.bin`, an index of its records first, each record
   /// with its checksum), rank 0 the metadata (`meta.json`: params, step, loss scale, user
-  /// data). Crash-safe: written into `dir.partial`, synced, then swapped in as `dir` in one
+  /// data). Frozen params are saved only with checkpoint.save_frozen (their weights, no
+  /// moments). Crash-safe: written into `dir.partial`, synced, then swapped in as `dir` in one
   /// rename, so `dir` always holds a complete checkpoint (the previous one until the swap).
   /// Collective; between steps (after Step()). A rank that fails makes every rank fail
   /// (kAborted naming it), and nothing is published.
@@ -192,8 +193,9 @@ class Engine {
   /// Restores a checkpoint written at any world size and any stage (`dir` itself, or the one
   /// `dir/latest` names). Each rank reads every file's index and only the records that overlap
   /// its own shard, checking each record's checksum (counters().checkpoint_bytes_read). The
-  /// params registered must match the checkpoint (names, shapes, dtypes; errors name the first
-  /// difference). A damaged or missing file is kDataLoss naming it; the engine is unchanged on
+  /// trainable params registered must match the checkpoint's (names, shapes, dtypes; errors
+  /// name the first difference). Frozen params are matched by name: those the checkpoint
+  /// saved are set (a shape that differs is kInvalidArgument), the others keep their values. A damaged or missing file is kDataLoss naming it; the engine is unchanged on
   /// every rank when any rank fails. Collective; after Finalize, between steps.
   virtual Status LoadCheckpoint(const std::string& dir) = 0;
   /// The trainer's own state (data position, RNG seeds: any text, e.g. JSON) to save inside

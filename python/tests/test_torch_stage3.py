@@ -2,6 +2,11 @@
 units, training equals single-process PyTorch, a tied output layer reads the embedding
 through F.linear (register_external_parameter), gathered() reads and writes full values,
 and an eval pass does not end prefetching."""
+import json
+import os
+import pathlib
+import subprocess
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -109,19 +114,25 @@ def storage_bytes(model):
     return total
 
 
-def train_lora_job(model, rank, world, comm):
-    """Trains `model` as rank `rank` of `world` on its rows of each batch; returns what
-    check_lora_job compares."""
-    engine = zerort.torch.initialize(model, CONFIG, comm)
+def train_steps(model, engine, rank, world, after_step=lambda: None):
+    """STEPS steps of `model` as rank `rank` of `world`, each on its rows of the batch
+    (weighted so that the ranks' mean is the whole batch's loss)."""
     bounds = [BATCH * r // world for r in range(world + 1)]
     mine = slice(bounds[rank], bounds[rank + 1])
     weight = (bounds[rank + 1] - bounds[rank]) * world / BATCH
-    held = []
     for step in range(STEPS):
         tokens, targets = batch(step)
         (weight * loss_of(model, tokens[mine], targets[mine])).backward()
         engine.step()
-        held.append(storage_bytes(model))
+        after_step()
+
+
+def train_lora_job(model, rank, world, comm):
+    """Trains `model` as rank `rank` of `world` on its rows of each batch; returns what
+    check_lora_job compares."""
+    engine = zerort.torch.initialize(model, CONFIG, comm)
+    held = []
+    train_steps(model, engine, rank, world, lambda: held.append(storage_bytes(model)))
     params_bytes = engine.memory_stats()["params"][0]
     state = engine.state_dict()
     engine.close()
@@ -272,7 +283,6 @@ def test_init_context_builds_a_model_no_rank_holds_whole(stage):
     PyTorch's generator, so rank 0's initial values are not LoraLM()'s.)"""
     world = 3
     model_bytes = sum(p.numel() * p.element_size() for p in LoraLM().parameters())
-    bounds = [BATCH * r // world for r in range(world + 1)]
 
     def body(rank, comm):
         with zerort.torch.init_context(comm):
@@ -282,12 +292,7 @@ def test_init_context_builds_a_model_no_rank_holds_whole(stage):
         initial = engine.state_dict()  # trainable (and at stage 3 frozen) params, whole
         initial.update({n: p.detach().clone() for n, p in model.named_parameters()
                         if n not in initial})
-        mine = slice(bounds[rank], bounds[rank + 1])
-        weight = (bounds[rank + 1] - bounds[rank]) * world / BATCH
-        for step in range(STEPS):
-            tokens, targets = batch(step)
-            (weight * loss_of(model, tokens[mine], targets[mine])).backward()
-            engine.step()
+        train_steps(model, engine, rank, world)
         engine.close()
         return built, initial, trainable(model)
 
@@ -374,3 +379,67 @@ def test_gathered_below_stage3_writes_frozen_params_and_a_raising_rank_writes_no
         # Rank 0 raised, so no rank took rank 0's values: each kept its own edit (rank 1
         # would have rank 0's +1 had the writes gone ahead without rank 0).
         assert torch.allclose(change, torch.full_like(change, rank + 1.0)), rank
+
+
+def read_safetensors(path):
+    """{name: float32 tensor} of an F32 safetensors file (zero-ckpt consolidate's output)."""
+    with open(path, "rb") as file:
+        length = int.from_bytes(file.read(8), "little")
+        header = json.loads(file.read(length))
+        data = file.read()
+    header.pop("__metadata__", None)
+    result = {}
+    for name, entry in header.items():
+        begin, end = entry["data_offsets"]
+        values = torch.frombuffer(bytearray(data[begin:end]), dtype=torch.float32)
+        result[name] = values.reshape(entry["shape"])
+    return result
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_save_frozen_puts_the_frozen_base_in_checkpoints(stage, tmp_path):
+    """checkpoint.save_frozen: training is unchanged (below stage 3 the engine keeps the
+    frozen params and the model views them); the checkpoint loads the frozen base into a
+    model whose base differs, at another world size and stage; zero-ckpt consolidate
+    returns it."""
+    config = dict(CONFIG, stage=stage, checkpoint={"save_frozen": True})
+    want_trained, want_frozen = reference()
+    models = [LoraLM() for _ in range(2)]  # the rank threads share torch's generator
+
+    def train(rank, comm):
+        model = models[rank]
+        engine = zerort.torch.initialize(model, config, comm)
+        train_steps(model, engine, rank, comm.size)
+        engine.save_checkpoint(tmp_path / "ckpt")
+        engine.close()
+        return trainable(model)
+
+    for trained in run_ranks(2, train):
+        assert_close(trained, want_trained)
+
+    models = [LoraLM() for _ in range(3)]
+    for model in models:
+        with torch.no_grad():
+            for name in frozen(model):
+                model.get_parameter(name).fill_(0.5)
+
+    def load(rank, comm):
+        model = models[rank]
+        engine = zerort.torch.initialize(model, dict(config, stage=5 - stage), comm)
+        engine.load_checkpoint(tmp_path / "ckpt")
+        state = engine.state_dict()
+        engine.close()
+        return state, frozen(model)
+
+    for state, loaded in run_ranks(3, load):
+        assert_close({n: state[n] for n in want_trained}, want_trained)
+        assert_close(loaded, want_frozen)
+    tool = pathlib.Path(os.environ.get("ZERORT_LIBRARY", "")).parent.parent / "bin" / "zero-ckpt"
+    if not tool.exists():
+        pytest.skip(f"{tool} not built")
+    out = tmp_path / "model.safetensors"
+    subprocess.run([str(tool), "consolidate", str(tmp_path / "ckpt"), "--out", str(out)],
+                   check=True, capture_output=True)
+    consolidated = read_safetensors(out)
+    assert_close({n: consolidated[n] for n in want_frozen}, want_frozen)
+    assert_close({n: consolidated[n] for n in want_trained}, want_trained)

@@ -23,7 +23,8 @@ Status Verify(const std::string& dir);
 Status OutputOutsideCheckpoint(const std::string& checkpoint_dir, const std::string& out);
 
 /// Writes the full params (fp32 masters, as `dtype`: fp32 or bf16) into a safetensors file
-/// keyed by param name (frozen params are not in checkpoints, so not in the file).
+/// keyed by param name: trainable params, and frozen ones where the checkpoint saved them
+/// (checkpoint.save_frozen).
 Status Consolidate(const std::string& dir, const std::string& out, DType dtype);
 
 /// Loads the checkpoint on `world` in-process ranks and saves it again into `out` (offline

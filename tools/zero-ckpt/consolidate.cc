@@ -93,7 +93,8 @@ Status Consolidate(const std::string& dir, const std::string& out, DType dtype) 
   std::printf("%s: %zu params, %lld bytes of %s data (step %lld)%s\n", out.c_str(),
               reader->params().size() - skipped, static_cast<long long>(offset), DTypeName(dtype),
               static_cast<long long>(reader->step()),
-              skipped > 0 ? absl::StrCat("; ", skipped, " frozen params are not in checkpoints").c_str() : "");
+              skipped > 0 ? absl::StrCat("; ", skipped, " frozen params were not saved (checkpoint.save_frozen)").c_str()
+                          : "");
   return absl::OkStatus();
 }
 

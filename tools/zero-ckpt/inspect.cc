@@ -31,11 +31,11 @@ Status Inspect(const std::string& dir) {
     saved += p.saved ? p.numel : 0;
     width = std::max(width, p.name.size());
   }
-  std::printf("\nparams: %zu, %lld elements (%lld saved; frozen params are not)\n", reader->params().size(),
-              static_cast<long long>(elements), static_cast<long long>(saved));
+  std::printf("\nparams: %zu, %lld elements (%lld saved; frozen params only with checkpoint.save_frozen)\n",
+              reader->params().size(), static_cast<long long>(elements), static_cast<long long>(saved));
   for (const CheckpointReader::Param& p : reader->params()) {
     std::printf("  %-*s  [%s]  %s%s\n", static_cast<int>(width), p.name.c_str(), absl::StrJoin(p.shape, ", ").c_str(),
-                DTypeName(p.dtype), p.saved ? "" : "  (frozen: not saved)");
+                DTypeName(p.dtype), !p.saved ? "  (frozen: not saved)" : p.requires_grad ? "" : "  (frozen)");
   }
   std::printf("\nfiles:\n");
   int64_t total = 0;

@@ -89,8 +89,10 @@ class TorchEngine:
                     f"zerort.torch: {name} has dtype {param.dtype}; ZeroRT keeps float32, "
                     "bfloat16 or float16 params")
         # Stage 3 shards the frozen float params too (a LoRA model's base), with their
-        # modules' units; below it they stay the model's own.
-        frozen = self._inventory.frozen if self.stage == 3 else []
+        # modules' units; below it they stay the model's own, unless checkpoints are to hold
+        # them (checkpoint.save_frozen: the engine keeps them, the model views its copy).
+        save_frozen = bool(self.config.get("checkpoint", {}).get("save_frozen", False))
+        frozen = self._inventory.frozen if self.stage == 3 or save_frozen else []
         unit_of, module_units = {}, {}
         if self.stage == 3:
             unit_of, module_units = _stage3.assign_units(
@@ -108,13 +110,13 @@ class TorchEngine:
             self._names[pid] = name
             self._records[pid] = _params.Registered(name, param, pid, unit_of.get(param))
             self._detacher.records.append(self._records[pid])
-        self._frozen = []  # (name, param, id): stage 3's frozen params
+        self._frozen = []  # (name, param, id): the frozen params the engine keeps
         for name, param in frozen:
             pid = self._engine.register_param(name, list(param.shape) or [1],
                                               _DTYPES[param.dtype], requires_grad=False,
-                                              unit=unit_of[param])
+                                              unit=unit_of.get(param, -1))
             self._frozen.append((name, param, pid))
-            self._records[pid] = _params.Registered(name, param, pid, unit_of[param])
+            self._records[pid] = _params.Registered(name, param, pid, unit_of.get(param))
             self._detacher.records.append(self._records[pid])
         self._engine.finalize()
         for _, param, pid in self._params + self._frozen:
@@ -229,11 +231,11 @@ class TorchEngine:
         return self._engine.world_size
 
     def _bind_views(self):
-        """Stages 0-2: every trainable param's data becomes the engine's copy (a view that
+        """Stages 0-2: every registered param's data becomes the engine's copy (a view that
         keeps the engine's memory alive, _params.Detacher)."""
         owner = self._engine.memory_owner
         with torch.no_grad():
-            for _, param, pid in self._params:
+            for _, param, pid in self._params + self._frozen:
                 record = self._records[pid]
                 address = self._engine.param_data(pid)
                 param.data = _stage3.engine_view(address, record.shape, record.dtype,
@@ -544,9 +546,9 @@ class TorchEngine:
 
     def state_dict(self):
         """Full copies of every trainable param, by name, on the params' device
-        (collective at stage 3; zero-element params included, empty), and at stage 3 of
-        every frozen param it shards (the model holds none of their values between
-        uses)."""
+        (collective at stage 3; zero-element params included, empty), and of every frozen
+        param the engine keeps (stage 3 shards them, and checkpoint.save_frozen keeps them
+        at any stage)."""
         self._check_model("state_dict()")
         result = {}
         for name, param, pid in self._params + self._frozen:
