@@ -162,16 +162,30 @@ def test_lora_job_shards_its_frozen_base_and_trains_as_pytorch(world):
         check_lora_job(result, world)
 
 
-def test_without_the_declaration_the_tied_layer_is_gathered_by_nobody():
-    """The declaration is what makes the root's forward gather the embedding's unit."""
-    model = LoraLM()
-    del model.__dict__["_zerort_external_params"]
-    comm = zerort.local_group(1)[0]
-    engine = zerort.torch.initialize(model, CONFIG, comm)
-    with pytest.raises(RuntimeError):
-        loss_of(model, *batch(0)).backward()
-    engine.close()
-    comm.close()
+def test_an_undeclared_tied_layer_is_found_as_it_reads_the_embedding():
+    """Without register_external_parameter the root's forward reads the embedding's
+    released weight: it is gathered then, and around the root's forward from then on;
+    training equals PyTorch's and prefetching continues after the first step."""
+    world = 2
+    models = [LoraLM() for _ in range(world)]
+    for model in models:
+        del model.__dict__["_zerort_external_params"]
+
+    def body(rank, comm):
+        model = models[rank]
+        engine = zerort.torch.initialize(model, CONFIG, comm)
+        prefetched = []
+        train_steps(model, engine, rank, world,
+                    lambda: prefetched.append(engine.counters()["gathers_prefetched"]))
+        invalidations = engine.counters()["trace_invalidations"]
+        engine.close()
+        return trainable(model), prefetched, invalidations
+
+    want_trained, _ = reference()
+    for trained, prefetched, invalidations in run_ranks(world, body):
+        assert_close(trained, want_trained)
+        assert prefetched[-1] > prefetched[-2] > 0 and invalidations <= 1, (
+            prefetched, invalidations)
 
 
 def test_gathered_reads_full_values_and_writes_from_the_modifier_rank():

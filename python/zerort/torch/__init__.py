@@ -53,9 +53,10 @@ What happens to the model:
 - Stage 3: one unit per module (and optimizer group) that owns trainable params, and one
   for its frozen ones, gathered before its forward and again before its backward, released
   after each (_stage3.py); between uses the params' storage is freed, as FSDP does. A module
-  that uses another module's param (F.linear(h, self.embed.weight)) declares it with
-  register_external_parameter(module, param); code outside forward reads or writes full
-  values inside `with gathered(params, modifier_rank=None):` (_gathered.py).
+  that uses another module's param (F.linear(h, self.embed.weight)) gathers it too, found as
+  it reads it (_access.py) or declared with register_external_parameter(module, param); code
+  outside forward reads or writes full values inside
+  `with gathered(params, modifier_rank=None):` (_gathered.py).
 - Params on the CPU, or on one GPU (device "cuda", set from the model when the config names
   none): the engine's copies live in device memory and its work is ordered after torch's
   current stream at initialize(). Across processes use zerort.nccl_communicator(). In-process
@@ -70,7 +71,8 @@ device, the stream, rank 0's frozen state), _backward.py (which backward a dupli
 came from; errors raised as a backward ends), _checkpoint.py (client_state in checkpoints),
 _params.py (what was registered, and what happens before the engine goes), _reach.py
 (guard.on_unused = "zero" marking unreached params), _gathered.py (gathered() and
-register_external_parameter), _init_context.py (init_context: a model built sharded).
+register_external_parameter), _access.py (params read in another module's forward, found),
+_init_context.py (init_context: a model built sharded).
 
 Every failure is a zerort exception carrying the status and the library's message
 (zerort.errors): DuplicateGradientError, UnusedParametersError, DeadlineExceededError, ...

@@ -6,7 +6,9 @@ need its values elsewhere:
 - a module that reads another module's param (a tied output layer computing
   F.linear(h, self.embed.weight)): register_external_parameter(module, param) makes
   `module`'s forward and backward gather the param's unit too, as DeepSpeed's function of
-  the same name. Call it before initialize() (it is recorded on the module) or after it;
+  the same name. Call it before initialize() (it is recorded on the module) or after it.
+  Undeclared, a param read through its module in another module's forward is found as it
+  is read (_access.py), one step later than declared;
 - code outside any forward (inspecting, initialising or editing weights): the block
   `with zerort.torch.gathered(params, modifier_rank=None):` has every param's full values
   (collective: every rank enters and leaves it). With `modifier_rank` = r, rank r's values

@@ -27,12 +27,13 @@ Units the engine keeps gathered (smaller than stage3.persistence_threshold) are 
 engine's memory, as at stages 0-2, and none of this happens to them.
 
 A module may gather units it does not own (add_units): those of params it uses but another
-module owns (register_external_parameter, _gathered.py). A unit held by a running forward
-or a gathered() block (hold) is not released by a module nested inside it.
+module owns, declared (register_external_parameter, _gathered.py) or found as it reads them
+in its forward (_access.py). A unit held by a running forward or a gathered() block (hold)
+is not released by a module nested inside it.
 
 Limits: every rank must run the same modules in the same order (the gathers are
-collective); a param used outside its own module's forward (F.linear(x, self.embed.weight)
-in another module) finds its storage empty unless it is declared external.
+collective); a param read outside every forward finds its storage empty (gathered() is
+the way to read it there).
 """
 import collections
 import ctypes
@@ -40,6 +41,7 @@ import ctypes
 import torch
 
 from .. import errors
+from ._access import ForwardStack, watch
 from ._params import resize_storage, storage_bytes
 
 
@@ -141,6 +143,14 @@ class UnitGathering:
         self._module_units = {}  # module -> the list of units its hooks gather
         for sub, units in module_units.items():
             self.add_units(sub, units)
+        # Params read in another module's forward: found as they are read (_access.py).
+        self._running = ForwardStack(module)
+        self.handles += self._running.handles
+        self._unit_of_param = {id(param): unit for unit, members in self._members.items()
+                               if unit not in self._persistent for param, _ in members}
+        self._unwatch = watch(module, [param for unit, members in self._members.items()
+                                       if unit not in self._persistent
+                                       for param, _ in members], self._read_released)
         with torch.no_grad():
             for unit, members in self._members.items():
                 if unit in self._persistent:
@@ -165,6 +175,19 @@ class UnitGathering:
         self.handles.append(module.register_forward_hook(
             lambda _m, inputs, output, units=hooked: self._after_forward(
                 units, inputs, output)))
+
+    def _read_released(self, param):
+        """A sharded param was read through its module: when its unit is released and a
+        forward runs, the innermost running module gathers the unit now and around its
+        forward and backward from now on, as if declared external."""
+        unit = self._unit_of_param.get(id(param))
+        if unit is None or unit in self._gathered:
+            return
+        module = self._running.innermost()
+        if module is None:
+            return
+        self.add_units(module, [unit])
+        self.hold([unit])  # this call's forward hook ends the hold (add_units hooked it)
 
     def units_of(self, pids):
         """The sharded units of the params `pids` (sorted)."""
@@ -291,6 +314,7 @@ class UnitGathering:
         for handle in self.handles:
             handle.remove()
         del self.handles[:]
+        self._unwatch()
         self.release_all()
         with torch.no_grad():
             for unit, members in self._members.items():
