@@ -111,24 +111,41 @@ def run_rank(mode, steps, width, layers):
             "zerort_peak_bytes": memory}
 
 
+def run_configuration(script, mode, ranks, arguments):
+    """Runs `script` --rank-mode `mode` `arguments` on `ranks` fresh processes under
+    mpirun; returns each rank's report (the JSON it wrote into --out), or None after
+    printing why it failed."""
+    out = tempfile.mkdtemp(prefix="zerort-bench-")
+    command = [os.path.join(ROOT, "tests", "mpi", "run_mpi.sh"), str(ranks),
+               sys.executable, os.path.abspath(script), "--rank-mode", mode,
+               *arguments, "--out", out]
+    # ZeroRT as a user runs it: the measured reduce-scatter choice (run_mpi.sh would force
+    # the ring), and one thread for its kernels, like PyTorch here.
+    env = dict(os.environ, ZERO_MPI_REDUCE_SCATTER="auto", ZERO_CPU_THREADS="1")
+    result = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
+    reports = []
+    for name in sorted(os.listdir(out)):
+        with open(os.path.join(out, name), encoding="utf-8") as file:
+            reports.append(json.load(file))
+    if result.returncode != 0 or len(reports) != ranks:
+        print(f"{mode}: failed (exit {result.returncode})\n{result.stderr[-2000:]}")
+        return None
+    return reports
+
+
+def write_report(out, report):
+    """A rank's report into directory `out`, for run_configuration."""
+    with open(os.path.join(out, f"rank-{report['rank']}.json"), "w", encoding="utf-8") as file:
+        json.dump(report, file)
+
+
 def drive(ranks, steps, width, layers):
     rows, params = [], 0
     for mode in MODES:
-        out = tempfile.mkdtemp(prefix="zerort-bench-")
-        command = [os.path.join(ROOT, "tests", "mpi", "run_mpi.sh"), str(ranks),
-                   sys.executable, os.path.abspath(__file__), "--rank-mode", mode,
-                   "--steps", str(steps), "--width", str(width), "--layers", str(layers),
-                   "--out", out]
-        # ZeroRT as a user runs it: the measured reduce-scatter choice (run_mpi.sh would
-        # force the ring), and one thread for its kernels, like PyTorch here.
-        env = dict(os.environ, ZERO_MPI_REDUCE_SCATTER="auto", ZERO_CPU_THREADS="1")
-        result = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
-        reports = []
-        for name in sorted(os.listdir(out)):
-            with open(os.path.join(out, name), encoding="utf-8") as file:
-                reports.append(json.load(file))
-        if result.returncode != 0 or len(reports) != ranks:
-            print(f"{mode}: failed (exit {result.returncode})\n{result.stderr[-2000:]}")
+        reports = run_configuration(__file__, mode, ranks,
+                                    ["--steps", str(steps), "--width", str(width),
+                                     "--layers", str(layers)])
+        if reports is None:
             continue
         rows.append((mode, max(r["step_ms"] for r in reports),
                      max(r["peak_rss_mb"] for r in reports),
@@ -158,10 +175,7 @@ def main():
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.rank_mode:
-        report = run_rank(args.rank_mode, args.steps, args.width, args.layers)
-        with open(os.path.join(args.out, f"rank-{report['rank']}.json"), "w",
-                  encoding="utf-8") as file:
-            json.dump(report, file)
+        write_report(args.out, run_rank(args.rank_mode, args.steps, args.width, args.layers))
     else:
         drive(args.ranks, args.steps, args.width, args.layers)
 

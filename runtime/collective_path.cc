@@ -18,9 +18,14 @@ comm::WorkPtr CollectivePath::Start(const Launch& launch) {
   return visible.ok() ? launch(comm_) : comm::CompletedWork(std::move(visible));
 }
 
-Status CollectivePath::Wait(comm::WorkPtr& work, absl::string_view what) const {
+Status CollectivePath::Block(comm::Work& work, double timeout_s) {
+  if (!work.Test()) ++waits_;
+  return work.Wait(timeout_s);
+}
+
+Status CollectivePath::Wait(comm::WorkPtr& work, absl::string_view what) {
   if (work == nullptr) return absl::OkStatus();
-  Status status = work->Wait(timeout_s_);
+  Status status = Block(*work, timeout_s_);
   work.reset();
   if (status.ok()) return status;
   return Status(status.code(), absl::StrCat(what, ": ", status.message()));

@@ -30,7 +30,13 @@ class CollectivePath {
   comm::WorkPtr Start(const Launch& launch);
   /// Waits for `work` within the timeout and drops it; an error is prefixed with `what`. A
   /// null `work` is OK.
-  Status Wait(comm::WorkPtr& work, absl::string_view what) const;
+  Status Wait(comm::WorkPtr& work, absl::string_view what);
+  /// Waits for `work` within `timeout_s` (0: forever), counting a host wait when it was not
+  /// complete yet.
+  Status Block(comm::Work& work, double timeout_s);
+  /// How many times the host waited so far: for a collective not yet complete, or for the
+  /// device's queued kernels before a collective (and the device's own waits, DeviceOps).
+  int64_t host_waits() const { return waits_ + ops_.host_waits(); }
   /// Start and Wait.
   Status Run(const Launch& launch, absl::string_view what);
   /// Run without the stream wait, for collectives on host memory no kernel writes (the
@@ -48,6 +54,7 @@ class CollectivePath {
   comm::Communicator& comm_;
   DeviceOps& ops_;
   const double timeout_s_;
+  int64_t waits_ = 0;
 };
 
 }  // namespace zero::runtime

@@ -22,6 +22,7 @@ class CpuDeviceOps final : public DeviceOps {
     return absl::InvalidArgumentError("SetStream: the engine runs on device \"cpu\"; a CUDA stream needs \"device\": \"cuda\"");
   }
   Status Synchronize() override { return absl::OkStatus(); }
+  int64_t host_waits() const override { return 0; }
 
   Status Zero(void* data, int64_t bytes) override {
     if (bytes > 0) std::memset(data, 0, static_cast<size_t>(bytes));
@@ -29,6 +30,10 @@ class CpuDeviceOps final : public DeviceOps {
   }
   Status Copy(void* destination, const void* source, int64_t bytes) override {
     return base::CopyBytes(destination, source, bytes);  // the trainer's pointer may be on a GPU
+  }
+  Status CopyOnDevice(void* destination, const void* source, int64_t bytes) override {
+    if (bytes > 0) std::memcpy(destination, source, static_cast<size_t>(bytes));
+    return absl::OkStatus();
   }
   Status AddInto(void* accumulator, const void* addend, int64_t numel, DType dtype) override {
     kernels::AddIntoCpu(accumulator, addend, numel, dtype);

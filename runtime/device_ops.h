@@ -37,12 +37,18 @@ class DeviceOps {
   virtual Status SetStream(void* stream) = 0;
   /// Waits until the work queued so far is done (a no-op on the CPU).
   virtual Status Synchronize() = 0;
+  /// How many times a call so far made the host wait for the device (Synchronize, and the
+  /// calls that hand values to the host); 0 on the CPU.
+  virtual int64_t host_waits() const = 0;
 
   /// Sets `bytes` bytes at `data` to zero.
   virtual Status Zero(void* data, int64_t bytes) = 0;
   /// Copies `bytes` between any two placements (the trainer's host or device pointers and the
   /// engine's buffers); the destination holds the values when the call returns.
   virtual Status Copy(void* destination, const void* source, int64_t bytes) = 0;
+  /// Copies `bytes` between two buffers on this device, queued in order with the other
+  /// operations (the host does not wait for it).
+  virtual Status CopyOnDevice(void* destination, const void* source, int64_t bytes) = 0;
   /// accumulator[i] = round(accumulator[i] + addend[i]) in `dtype`, summed in fp32.
   virtual Status AddInto(void* accumulator, const void* addend, int64_t numel, DType dtype) = 0;
   /// accumulator[i] += float(addend[i]): an fp32 gradient and a gradient in `addend_dtype`

@@ -25,9 +25,11 @@ class CudaDeviceOps final : public DeviceOps {
     return absl::OkStatus();
   }
   Status Synchronize() override {
+    ++host_waits_;
     ZERO_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
     return absl::OkStatus();
   }
+  int64_t host_waits() const override { return host_waits_; }
 
   Status Zero(void* data, int64_t bytes) override {
     if (bytes > 0) ZERO_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(data, 0, static_cast<size_t>(bytes), stream_));
@@ -37,6 +39,13 @@ class CudaDeviceOps final : public DeviceOps {
     if (bytes <= 0) return absl::OkStatus();
     ZERO_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(destination, source, static_cast<size_t>(bytes), cudaMemcpyDefault, stream_));
     return Synchronize();  // the source may be the trainer's pageable host memory
+  }
+  Status CopyOnDevice(void* destination, const void* source, int64_t bytes) override {
+    if (bytes > 0) {
+      ZERO_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(destination, source, static_cast<size_t>(bytes),
+                                                cudaMemcpyDeviceToDevice, stream_));
+    }
+    return absl::OkStatus();
   }
   Status AddInto(void* accumulator, const void* addend, int64_t numel, DType dtype) override {
     return kernels::AddIntoCuda(accumulator, addend, numel, dtype, stream_);
@@ -115,6 +124,7 @@ class CudaDeviceOps final : public DeviceOps {
 
   base::Allocator allocator_;
   cudaStream_t stream_ = nullptr;
+  int64_t host_waits_ = 0;
   base::Buffer workspace_, results_, host_results_;
 };
 

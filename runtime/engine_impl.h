@@ -62,7 +62,11 @@ class EngineImpl final : public Engine {
   const std::string& checkpoint_user_data() const override { return user_data_; }
   StatusOr<bool> PreemptionRequested() override;
   MemoryStats GetMemoryStats() const override { return allocator_.Stats(); }
-  EngineCounters counters() const override { return counters_; }
+  EngineCounters counters() const override {
+    EngineCounters counters = counters_;
+    counters.host_waits = path_.host_waits();
+    return counters;
+  }
   int64_t steps_taken() const override { return step_; }
   int num_groups() const override { return static_cast<int>(groups_.size()); }
   StatusOr<OptimizerHyper> GroupHyper(int group) const override;
@@ -104,6 +108,9 @@ class EngineImpl final : public Engine {
   Status BucketReady(int bucket);
   // Stage 2-3: waits for reductions in flight until `bucket` can have a gradient buffer.
   Status WaitForGradBuffer(int bucket);
+  // Before a gradient is written for `id` (GradBuffer, AccumulateGrad, named by `call`): the
+  // call is valid now, the guard allows the write, and its bucket has a buffer.
+  Status PrepareGradWrite(ParamId id, const char* call);
   bool LastMicroBatch() const { return micro_batch_ + 1 == config_.gradient_accumulation_steps; }
 
   // Optimizer groups (engine_groups.cc).

@@ -57,12 +57,16 @@ Status EngineImpl::CheckGradientCall(ParamId id, const char* call) const {
 }
 
 StatusOr<void*> EngineImpl::GradBuffer(ParamId id) {
-  ZERO_RETURN_IF_ERROR(CheckGradientCall(id, "GradBuffer"));
+  ZERO_RETURN_IF_ERROR(PrepareGradWrite(id, "GradBuffer"));
+  return grads_->View(static_cast<int>(id));
+}
+
+Status EngineImpl::PrepareGradWrite(ParamId id, const char* call) {
+  ZERO_RETURN_IF_ERROR(CheckGradientCall(id, call));
   const int param = static_cast<int>(id);
   const int bucket = plan_->placement(param).bucket;
   ZERO_RETURN_IF_ERROR(guard_->CheckWritable(param, handed_[bucket] != 0));
-  ZERO_RETURN_IF_ERROR(WaitForGradBuffer(bucket));
-  return grads_->View(param);
+  return WaitForGradBuffer(bucket);
 }
 
 Status EngineImpl::WaitForGradBuffer(int bucket) {
@@ -111,7 +115,7 @@ Status EngineImpl::ParamComplete(int param) {
 
 Status EngineImpl::AccumulateGrad(ParamId id, const void* grad) {
   if (grad == nullptr) return absl::InvalidArgumentError("AccumulateGrad: grad is null");
-  ZERO_ASSIGN_OR_RETURN(void* view, GradBuffer(id));
+  ZERO_RETURN_IF_ERROR(PrepareGradWrite(id, "AccumulateGrad"));
   const int param = static_cast<int>(id);
   if (ops_->placement() == Placement::kDevice && PlacementOf(grad) != Placement::kDevice) {
     // A host gradient for a GPU engine: staged into device scratch first.
@@ -123,14 +127,9 @@ Status EngineImpl::AccumulateGrad(ParamId id, const void* grad) {
     ZERO_RETURN_IF_ERROR(ops_->Copy(grad_staging_.data(), grad, bytes));
     grad = grad_staging_.data();
   }
-  // `grad` is in the param's dtype; the gradient it is added into may be fp32 (Bucket::grad_dtype).
-  const DType dtype = specs_[param].dtype;
-  const int64_t numel = plan_->placement(param).numel;
-  if (plan_->buckets()[plan_->placement(param).bucket].grad_dtype == dtype) {
-    ZERO_RETURN_IF_ERROR(ops_->AddInto(view, grad, numel, dtype));
-  } else {
-    ZERO_RETURN_IF_ERROR(ops_->AddIntoFloat(static_cast<float*>(view), grad, numel, dtype));
-  }
+  // `grad` is in the param's dtype; the gradient it goes into may be fp32 (Bucket::grad_dtype).
+  ZERO_RETURN_IF_ERROR(grads_->Accumulate(param, grad, specs_[param].dtype));
+  counters_.grad_bytes_copied += plan_->ParamBytes(param);
   return GradReady(id);
 }
 

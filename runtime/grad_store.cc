@@ -1,6 +1,7 @@
 // The stage-0/1 full gradient buffer and the stage-2 shard with its bucket-buffer pool.
 #include "runtime/grad_store.h"
 
+#include <algorithm>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -10,16 +11,85 @@ namespace {
 
 using partition::Bucket;
 
+// Which params' gradient slots hold a value: the first gradient since a slot was reset is
+// copied into it, later ones added; before a reduction the slots nobody wrote and the gaps
+// between params (alignment, padding) are zeroed.
+class GradSlots {
+ public:
+  explicit GradSlots(const partition::PartitionPlan& plan)
+      : plan_(plan), written_(plan.params().size(), 0), by_offset_(plan.buckets().size()) {
+    for (const Bucket& b : plan.buckets()) {
+      by_offset_[b.index] = b.params;
+      std::sort(by_offset_[b.index].begin(), by_offset_[b.index].end(),
+                [&plan](int x, int y) { return plan.placement(x).offset < plan.placement(y).offset; });
+    }
+  }
+
+  void Reset(int bucket) {
+    for (int p : plan_.buckets()[bucket].params) written_[p] = 0;
+  }
+  void ResetAll() { std::fill(written_.begin(), written_.end(), 0); }
+
+  // `slot` (param's place in its bucket's gradient) ready to be added into: zeroed if unwritten.
+  Status Prepare(int param, void* slot, DeviceOps& ops) {
+    if (written_[param]) return absl::OkStatus();
+    ZERO_RETURN_IF_ERROR(ops.Zero(slot, plan_.ParamGradBytes(param)));
+    written_[param] = 1;
+    return absl::OkStatus();
+  }
+
+  // `grad` (the param's elements in `dtype`) into `slot`: copied (widened) if unwritten, else added.
+  Status Write(int param, void* slot, const void* grad, DType dtype, DeviceOps& ops) {
+    const DType grad_dtype = plan_.buckets()[plan_.placement(param).bucket].grad_dtype;
+    const int64_t numel = plan_.placement(param).numel;
+    Status status;
+    if (!written_[param]) {
+      status = grad_dtype == dtype ? ops.CopyOnDevice(slot, grad, plan_.ParamGradBytes(param))
+                                   : ops.Widen(static_cast<float*>(slot), grad, numel, dtype);
+    } else {
+      status = grad_dtype == dtype ? ops.AddInto(slot, grad, numel, dtype)
+                                   : ops.AddIntoFloat(static_cast<float*>(slot), grad, numel, dtype);
+    }
+    if (status.ok()) written_[param] = 1;
+    return status;
+  }
+
+  // Zeroes, in `bucket`'s gradient at `base`, every element outside the written slots, in as
+  // few runs as the written slots leave.
+  Status ZeroUnwritten(int bucket, char* base, DeviceOps& ops) const {
+    const Bucket& b = plan_.buckets()[bucket];
+    const int64_t element = b.grad_element_bytes();
+    int64_t run = 0;  // the first element of the run to zero
+    for (int p : by_offset_[bucket]) {
+      if (!written_[p]) continue;
+      const partition::ParamPlacement& place = plan_.placement(p);
+      if (place.offset > run) ZERO_RETURN_IF_ERROR(ops.Zero(base + run * element, (place.offset - run) * element));
+      run = place.offset + place.numel;
+    }
+    return run < b.numel ? ops.Zero(base + run * element, (b.numel - run) * element) : absl::OkStatus();
+  }
+
+ private:
+  const partition::PartitionPlan& plan_;
+  std::vector<char> written_;  // per param
+  std::vector<std::vector<int>> by_offset_;  // per bucket: its params by offset
+};
+
 // Stages 0 and 1: every trainable bucket's whole gradient (the plan's flat gradient layout).
 class FullGradStore final : public GradStore {
  public:
   FullGradStore(const partition::PartitionPlan& plan, comm::Communicator& comm, DeviceOps& ops,
                 base::Buffer buffer)
-      : plan_(plan), comm_(comm), ops_(ops), buffer_(std::move(buffer)) {}
+      : plan_(plan), comm_(comm), ops_(ops), buffer_(std::move(buffer)), slots_(plan) {}
 
   StatusOr<void*> View(int param) override {
-    const auto& place = plan_.placement(param);
-    return BucketBase(place.bucket) + plan_.ParamGradByteOffset(param);
+    void* slot = Slot(param);
+    ZERO_RETURN_IF_ERROR(slots_.Prepare(param, slot, ops_));
+    return slot;
+  }
+
+  Status Accumulate(int param, const void* grad, DType dtype) override {
+    return slots_.Write(param, Slot(param), grad, dtype, ops_);
   }
 
   StatusOr<std::pair<BucketScheduler::Launch, BucketScheduler::Finish>> Reduction(
@@ -27,6 +97,9 @@ class FullGradStore final : public GradStore {
     if (!last_micro_batch) return std::pair<BucketScheduler::Launch, BucketScheduler::Finish>{};
     const Bucket& b = plan_.buckets()[bucket];
     char* base = BucketBase(bucket);
+    ZERO_RETURN_IF_ERROR(slots_.ZeroUnwritten(bucket, base, ops_));
+    // At world size 1 the reduction, in place, changes nothing: no collective.
+    if (comm_.size() == 1) return std::pair<BucketScheduler::Launch, BucketScheduler::Finish>{};
     BucketScheduler::Launch launch;
     if (!plan_.ranks_own_shards()) {
       launch = [this, base, &b] {
@@ -48,17 +121,22 @@ class FullGradStore final : public GradStore {
 
   bool NeedsBufferWait(int) const override { return false; }
 
-  Status Zero() override { return ops_.Zero(buffer_.data(), buffer_.bytes()); }
+  Status Zero() override {
+    slots_.ResetAll();  // each slot is copied into, or zeroed, before it is read again
+    return absl::OkStatus();
+  }
 
  private:
   char* BucketBase(int bucket) {
     return buffer_.as<char>() + plan_.buckets()[bucket].grad_byte_offset;
   }
+  char* Slot(int param) { return BucketBase(plan_.placement(param).bucket) + plan_.ParamGradByteOffset(param); }
 
   const partition::PartitionPlan& plan_;
   comm::Communicator& comm_;
   DeviceOps& ops_;
   base::Buffer buffer_;
+  GradSlots slots_;
 };
 
 // Stages 2-3: the rank's shard persists; bucket gradients pass through pooled buffers.
@@ -67,31 +145,43 @@ class ShardedGradStore final : public GradStore {
   ShardedGradStore(const partition::PartitionPlan& plan, comm::Communicator& comm, DeviceOps& ops,
                    base::Buffer shard, std::vector<base::Buffer> pool)
       : plan_(plan), comm_(comm), ops_(ops), shard_(std::move(shard)), pool_(std::move(pool)),
-        holder_(plan.buckets().size(), -1), shard_is_zero_(plan.buckets().size(), true) {
+        holder_(plan.buckets().size(), -1), shard_is_zero_(plan.buckets().size(), true), slots_(plan) {
     for (int i = static_cast<int>(pool_.size()) - 1; i >= 0; --i) free_.push_back(i);
   }
 
   StatusOr<void*> View(int param) override {
-    const auto& place = plan_.placement(param);
-    ZERO_ASSIGN_OR_RETURN(char* base, BucketBuffer(place.bucket));
-    return base + plan_.ParamGradByteOffset(param);
+    ZERO_ASSIGN_OR_RETURN(char* slot, Slot(param));
+    ZERO_RETURN_IF_ERROR(slots_.Prepare(param, slot, ops_));
+    return slot;
+  }
+
+  Status Accumulate(int param, const void* grad, DType dtype) override {
+    ZERO_ASSIGN_OR_RETURN(char* slot, Slot(param));
+    return slots_.Write(param, slot, grad, dtype, ops_);
   }
 
   StatusOr<std::pair<BucketScheduler::Launch, BucketScheduler::Finish>> Reduction(
       int bucket, bool) override {
     const Bucket& b = plan_.buckets()[bucket];
-    ZERO_ASSIGN_OR_RETURN(char* base, BucketBuffer(bucket));  // a bucket nobody wrote: zeros
+    ZERO_ASSIGN_OR_RETURN(char* base, BucketBuffer(bucket));
+    ZERO_RETURN_IF_ERROR(slots_.ZeroUnwritten(bucket, base, ops_));  // a bucket nobody wrote: zeros
     // The first reduction of a bucket since Zero() writes its sum straight into the shard;
     // later micro-batches reduce in place and add their chunk, after the collective.
     const bool first = shard_is_zero_[bucket];
     shard_is_zero_[bucket] = false;
-    char* own = first ? static_cast<char*>(OwnedGrad(bucket)) : base + b.grad_shard_byte_offset(comm_.rank());
-    BucketScheduler::Launch launch = [this, base, own, &b] {
-      return comm_.ReduceScatter(base, own, b.shard_numel, b.grad_dtype, comm::ReduceOp::kSum);
-    };
-    BucketScheduler::Finish finish = [this, bucket, own, first, &b] {
-      // Queued before any later reuse of the pool buffer (which first zeroes it) on the device.
-      Status added = first ? absl::OkStatus() : ops_.AddInto(OwnedGrad(bucket), own, b.shard_numel, b.grad_dtype);
+    const bool alone = comm_.size() == 1;  // the reduction is the bucket itself: no collective
+    char* own = first && !alone ? static_cast<char*>(OwnedGrad(bucket)) : base + b.grad_shard_byte_offset(comm_.rank());
+    BucketScheduler::Launch launch;
+    if (!alone) {
+      launch = [this, base, own, &b] {
+        return comm_.ReduceScatter(base, own, b.shard_numel, b.grad_dtype, comm::ReduceOp::kSum);
+      };
+    }
+    BucketScheduler::Finish finish = [this, bucket, own, first, alone, &b] {
+      // Queued on the device before any later reuse of the pool buffer.
+      Status added = !first  ? ops_.AddInto(OwnedGrad(bucket), own, b.shard_numel, b.grad_dtype)
+                     : alone ? ops_.CopyOnDevice(OwnedGrad(bucket), own, b.grad_shard_bytes())
+                             : absl::OkStatus();
       free_.push_back(holder_[bucket]);
       holder_[bucket] = -1;
       return added;
@@ -111,7 +201,8 @@ class ShardedGradStore final : public GradStore {
   }
 
  private:
-  // The pool buffer holding `bucket` this micro-batch, taking (and zeroing) one if needed.
+  // The pool buffer holding `bucket` this micro-batch, taking one if needed (its slots then
+  // start unwritten).
   StatusOr<char*> BucketBuffer(int bucket) {
     if (holder_[bucket] < 0) {
       if (free_.empty()) {
@@ -120,10 +211,13 @@ class ShardedGradStore final : public GradStore {
       }
       holder_[bucket] = free_.back();
       free_.pop_back();
-      const Bucket& b = plan_.buckets()[bucket];
-      ZERO_RETURN_IF_ERROR(ops_.Zero(pool_[holder_[bucket]].data(), b.grad_bytes()));
+      slots_.Reset(bucket);
     }
     return pool_[holder_[bucket]].as<char>();
+  }
+  StatusOr<char*> Slot(int param) {
+    ZERO_ASSIGN_OR_RETURN(char* base, BucketBuffer(plan_.placement(param).bucket));
+    return base + plan_.ParamGradByteOffset(param);
   }
 
   const partition::PartitionPlan& plan_;
@@ -134,6 +228,7 @@ class ShardedGradStore final : public GradStore {
   std::vector<int> holder_;  // pool buffer index per bucket this micro-batch, or -1
   std::vector<int> free_;
   std::vector<bool> shard_is_zero_;  // per bucket: no reduction since Zero()
+  GradSlots slots_;
 };
 
 }  // namespace
@@ -146,8 +241,8 @@ StatusOr<std::unique_ptr<GradStore>> GradStore::Create(int stage,
   if (stage <= 1) {
     ZERO_ASSIGN_OR_RETURN(base::Buffer buffer,
                           allocator.Allocate(plan.grad_flat_bytes(), MemoryCategory::kGrads, ops.placement()));
+    ZERO_RETURN_IF_ERROR(ops.Zero(buffer.data(), buffer.bytes()));
     store.reset(new FullGradStore(plan, comm, ops, std::move(buffer)));
-    ZERO_RETURN_IF_ERROR(store->Zero());
     return store;
   }
   int64_t largest_bucket = 0;

@@ -12,6 +12,11 @@
 // Every gradient is held, reduced and handed to the optimizer in its bucket's gradient dtype
 // (partition::Bucket::grad_dtype, laid out by the plan's gradient layout), which may be wider
 // than the params' (fp32 gradients for bf16/fp16 params).
+//
+// Slots are not zeroed ahead: a param's first gradient since its slot was last reduced (or
+// since Zero) is copied into it, later ones added; just before a bucket's reduction the
+// slots nobody wrote, and the gaps between params, are zeroed. A gradient costs one copy
+// instead of a zeroing pass and an addition.
 #ifndef ZERO_RUNTIME_GRAD_STORE_H_
 #define ZERO_RUNTIME_GRAD_STORE_H_
 
@@ -41,8 +46,13 @@ class GradStore {
   virtual bool NeedsBufferWait(int bucket) const = 0;
   /// Bucket buffers in the pool (0 for a store without one).
   virtual int pool_buffers() const { return 0; }
-  /// Where this micro-batch's gradient of `param` is added (its bucket's gradient dtype).
+  /// Where this micro-batch's gradient of `param` is added (its bucket's gradient dtype),
+  /// holding what was accumulated so far (zeros at first).
   virtual StatusOr<void*> View(int param) = 0;
+  /// Adds `grad` (the param's numel elements in `dtype`, the param's dtype, on the ops'
+  /// device) into `param`'s gradient: copied (widened) when it is the first since the slot
+  /// was reset.
+  virtual Status Accumulate(int param, const void* grad, DType dtype) = 0;
   /// The collective and completion step of a trainable bucket once its gradients are ready.
   /// Stores that keep full gradients (stages 0-1) only accumulate locally until the step's
   /// last micro-batch, and return no collective before it.
@@ -51,7 +61,7 @@ class GradStore {
   /// The rank's reduced gradient for the part of `bucket` it steps (PartitionPlan::Owned), in
   /// the bucket's gradient dtype; valid after the step's reductions completed.
   virtual void* OwnedGrad(int bucket) = 0;
-  /// Zeroes every gradient for the next optimizer step.
+  /// Starts the next optimizer step's gradients (all zero).
   virtual Status Zero() = 0;
 };
 

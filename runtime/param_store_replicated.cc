@@ -31,7 +31,8 @@ class ReplicatedParams final : public ParamStore {
   Status Release(int) override { return absl::OkStatus(); }
 
   Status AfterStep(bool updated) override {
-    if (!updated || !plan_.ranks_own_shards()) return absl::OkStatus();
+    // At world size 1 the shard is the bucket: gathering it in place changes nothing.
+    if (!updated || !plan_.ranks_own_shards() || path_.comm().size() == 1) return absl::OkStatus();
     std::vector<comm::WorkPtr> works;
     for (const partition::Bucket& b : plan_.buckets()) {
       if (!b.trainable) continue;
@@ -50,6 +51,7 @@ class ReplicatedParams final : public ParamStore {
   StatusOr<uint64_t> ReplicaHash(int param) override { return hasher_.Hash(Address(param), plan_.ParamBytes(param)); }
 
   Status BroadcastFromRank0(int param) override {
+    if (path_.comm().size() == 1) return absl::OkStatus();  // rank 0's values are here
     const partition::Bucket& b = plan_.buckets()[plan_.placement(param).bucket];
     return path_.Run([&](comm::Communicator& comm) {
       return comm.Broadcast(Address(param), plan_.placement(param).numel, b.dtype, 0);

@@ -91,10 +91,7 @@ class ShardedParams final : public ParamStore {
     trace_position_ = 0;
     restarts_.clear();
     for (const Bucket& b : plan_.buckets()) {
-      if (units_[b.index].buffer.data() == nullptr) continue;
-      units_[b.index].pending = path_.Start([&](comm::Communicator& comm) {
-        return comm.AllGather(Owned(b.index), units_[b.index].buffer.data(), b.shard_numel, b.dtype, b.unit);
-      });
+      if (units_[b.index].buffer.data() != nullptr) units_[b.index].pending = StartUnitGather(b);
     }
     for (const Bucket& b : plan_.buckets()) ZERO_RETURN_IF_ERROR(FinishGather(b.index));
     return absl::OkStatus();
@@ -133,6 +130,8 @@ class ShardedParams final : public ParamStore {
   void NoteRestarts(int bucket);
   // Allocates the bucket's buffer within max_live_elems and starts its all-gather.
   Status StartGather(int bucket);
+  // The all-gather of `b`'s shards into its unit's buffer (at world size 1, a device copy).
+  comm::WorkPtr StartUnitGather(const Bucket& b);
   Status FinishGather(int bucket);
   void FreeUnit(int bucket);
   // Drops prefetched units nobody asked for yet (after their all-gathers complete).
@@ -176,11 +175,19 @@ Status ShardedParams::StartGather(int bucket) {
   }
   Unit& unit = units_[bucket];
   ZERO_ASSIGN_OR_RETURN(unit.buffer, allocator_.Allocate(b.bytes(), MemoryCategory::kGathered, ops_.placement()));
-  unit.pending = path_.Start([&](comm::Communicator& comm) {
-    return comm.AllGather(Owned(bucket), unit.buffer.data(), b.shard_numel, b.dtype, b.unit);
-  });
+  unit.pending = StartUnitGather(b);
   live_elems_ += b.numel;
   return absl::OkStatus();
+}
+
+comm::WorkPtr ShardedParams::StartUnitGather(const Bucket& b) {
+  Unit& unit = units_[b.index];
+  if (path_.comm().size() == 1) {  // the shard is the whole unit: a copy, no collective
+    return comm::CompletedWork(ops_.CopyOnDevice(unit.buffer.data(), Owned(b.index), b.bytes()));
+  }
+  return path_.Start([&](comm::Communicator& comm) {
+    return comm.AllGather(Owned(b.index), unit.buffer.data(), b.shard_numel, b.dtype, b.unit);
+  });
 }
 
 Status ShardedParams::FinishGather(int bucket) {

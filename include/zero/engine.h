@@ -91,6 +91,13 @@ struct EngineCounters {
   int64_t gathers_on_demand = 0;   ///< stage 3: Gathers that had to start their all-gather
   int64_t trace_invalidations = 0; ///< stage 3: gathers off the recorded order (prefetch paused)
   int64_t checkpoint_bytes_read = 0;  ///< bytes LoadCheckpoint read from rank files
+  /// Bytes of the trainer's gradients AccumulateGrad copied or added into the engine's
+  /// buffers (the param's dtype; a gradient written into GradBuffer directly counts none).
+  int64_t grad_bytes_copied = 0;
+  /// Times the engine made its caller's thread wait: for a collective not yet complete, or
+  /// for the device (cuda: a stream synchronisation, before a collective that is not ordered
+  /// on the stream or to hand values to the host). Each such wait drains the GPU's queue.
+  int64_t host_waits = 0;
 };
 
 class Engine {

@@ -490,20 +490,32 @@ def test_a_saved_dynamic_loss_scale_does_not_reach_an_engine_without_one(tmp_pat
     comm.close()
 
 
-def test_counters_and_memory_stats_show_prefetching_and_what_each_rank_holds():
-    """engine.counters() shows stage 3's prefetched and on-demand gathers and the reductions;
-    engine.memory_stats() what the rank holds per category."""
-    comm = zerort.local_group(1)[0]
-    model = TinyLM()
-    engine = zerort.torch.initialize(model, {"stage": 3, "optimizer": SGD,
-                                             "stage3": {"persistence_threshold": 0}}, comm)
-    for step in range(3):
-        engine.backward(loss_of(model, *batch(step)))
-        engine.step()
-    counters = engine.counters()
-    assert counters["reductions_launched"] > 0
-    assert counters["gathers_prefetched"] > 0 and counters["gathers_on_demand"] > 0
-    memory = engine.memory_stats()
-    assert memory["optimizer"][0] > 0 and memory["params"][1] >= memory["params"][0] > 0
-    engine.close()
-    comm.close()
+@pytest.mark.parametrize("world", [1, 2])
+def test_counters_and_memory_stats_show_prefetching_and_what_each_rank_holds(world):
+    """engine.counters() shows stage 3's prefetched and on-demand gathers, the reductions,
+    the gradient bytes handed over and the host waits (a rank alone runs no collective, so
+    never waits); engine.memory_stats() what the rank holds per category."""
+    models = [TinyLM() for _ in range(world)]
+    grad_bytes = sum(p.numel() * p.element_size() for p in models[0].parameters()
+                     if p.requires_grad)
+
+    def body(rank, comm):
+        model = models[rank]
+        engine = zerort.torch.initialize(model, {"stage": 3, "optimizer": SGD,
+                                                 "stage3": {"persistence_threshold": 0}},
+                                         comm)
+        for step in range(3):
+            engine.backward(loss_of(model, *batch(step)))
+            engine.step()
+        counters, memory = engine.counters(), engine.memory_stats()
+        engine.close()
+        return counters, memory
+
+    for counters, memory in run_ranks(world, body):
+        assert counters["gathers_prefetched"] > 0 and counters["gathers_on_demand"] > 0
+        assert counters["grad_bytes_copied"] == 3 * grad_bytes
+        if world == 1:
+            assert counters["reductions_launched"] == 0 and counters["host_waits"] == 0
+        else:
+            assert counters["reductions_launched"] > 0
+        assert memory["optimizer"][0] > 0 and memory["params"][1] >= memory["params"][0] > 0

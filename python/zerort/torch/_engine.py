@@ -535,8 +535,9 @@ class TorchEngine:
 
     def counters(self):
         """What the engine has done (a dict): reductions launched, stage-3 gathers prefetched
-        and on demand (prefetching works when most are prefetched), trace restarts (an eval
-        pass), checkpoint bytes read."""
+        and on demand (prefetching works when most are prefetched), trace departures
+        (trace_invalidations), checkpoint bytes read, gradient bytes copied into the
+        engine's buckets, and host waits (for a collective not yet complete, or the GPU)."""
         return self._engine.counters()
 
     def memory_stats(self):

@@ -1,0 +1,128 @@
+// The engine's counters of host waits and gradient bytes copied, and a rank alone: at world
+// size 1 every collective is an identity, so a run launches none and never waits. Through a
+// communicator whose collectives complete only when waited for, every wait is counted.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "tests/engine/run_on_ranks.h"
+#include "tests/engine/toy_trainer.h"
+#include "tests/status_matchers.h"
+#include "zero/communicator.h"
+#include "zero/engine.h"
+
+namespace zero {
+namespace {
+
+using testing::IsOk;
+using testing::ToyConfig;
+using testing::ToyOptions;
+
+// A collective that reports itself complete only once it was waited for, as a device that
+// runs queued work only when the host waits would.
+class LazyWork final : public comm::Work {
+ public:
+  explicit LazyWork(comm::WorkPtr inner) : inner_(std::move(inner)) {}
+  Status Wait(double timeout_s) override {
+    waited_ = true;
+    return inner_->Wait(timeout_s);
+  }
+  bool Test() override { return waited_ && inner_->Test(); }
+
+ private:
+  comm::WorkPtr inner_;
+  bool waited_ = false;
+};
+
+// Passes every call to `inner` and counts the collectives started; with `lazy`, each one's
+// work is a LazyWork.
+class CountingCommunicator final : public comm::Communicator {
+ public:
+  explicit CountingCommunicator(comm::Communicator& inner, bool lazy = false) : inner_(inner), lazy_(lazy) {}
+  int collectives() const { return collectives_; }
+
+  int rank() const override { return inner_.rank(); }
+  int size() const override { return inner_.size(); }
+  const char* backend() const override { return inner_.backend(); }
+  int ranks_on_this_host() const override { return inner_.ranks_on_this_host(); }
+  Status Health() const override { return inner_.Health(); }
+  comm::WorkPtr ReduceScatter(const void* send, void* recv, int64_t count, DType dtype, comm::ReduceOp op) override {
+    return Counted(inner_.ReduceScatter(send, recv, count, dtype, op));
+  }
+  comm::WorkPtr AllGather(const void* send, void* recv, int64_t count, DType dtype, int64_t tag = -1) override {
+    return Counted(inner_.AllGather(send, recv, count, dtype, tag));
+  }
+  comm::WorkPtr AllReduce(const void* send, void* recv, int64_t count, DType dtype, comm::ReduceOp op) override {
+    return Counted(inner_.AllReduce(send, recv, count, dtype, op));
+  }
+  comm::WorkPtr Broadcast(void* data, int64_t count, DType dtype, int root) override {
+    return Counted(inner_.Broadcast(data, count, dtype, root));
+  }
+  comm::WorkPtr Barrier() override {
+    return Counted(inner_.Barrier());
+  }
+
+ private:
+  comm::WorkPtr Counted(comm::WorkPtr work) {
+    ++collectives_;
+    return lazy_ ? std::make_unique<LazyWork>(std::move(work)) : std::move(work);
+  }
+
+  comm::Communicator& inner_;
+  const bool lazy_;
+  int collectives_ = 0;
+};
+
+TEST(EngineCounters, ARankAloneLaunchesNoCollectiveAndNeverWaits) {
+  ToyOptions options;
+  options.steps = 4;
+  const int64_t fc2_weight_bytes = int64_t{options.outputs} * options.hidden * 4;
+  for (int stage : {0, 1, 2, 3}) {
+    SCOPED_TRACE(::testing::Message() << "stage " << stage);
+    auto group = comm::CreateLocalGroup(1);
+    ASSERT_THAT(group, IsOk());
+    CountingCommunicator counting(*(*group)[0]);
+    Config config = ToyConfig(stage);
+    config.guard.consistency_check = true;  // its agreement is an identity too
+    auto engine = Engine::Create(config, counting);
+    ASSERT_THAT(engine, IsOk());
+    testing::ToyResult result;
+    ASSERT_THAT(testing::TrainToy(**engine, options, &result), IsOk());
+    EXPECT_EQ(counting.collectives(), 0);
+    const EngineCounters counters = (*engine)->counters();
+    EXPECT_EQ(counters.host_waits, 0);
+    EXPECT_EQ(counters.reductions_launched, 0);
+    // The toy trainer hands fc2.weight over with AccumulateGrad, the others through GradBuffer.
+    EXPECT_EQ(counters.grad_bytes_copied, options.steps * fc2_weight_bytes);
+  }
+}
+
+TEST(EngineCounters, EveryWaitForACollectiveNotYetCompleteIsCounted) {
+  ToyOptions options;
+  options.steps = 3;
+  for (int stage : {0, 1, 2, 3}) {
+    SCOPED_TRACE(::testing::Message() << "stage " << stage);
+    std::vector<int> collectives(2);
+    std::vector<EngineCounters> counters(2);
+    const std::vector<Status> statuses = testing::RunOnRanks(2, [&](int r, comm::Communicator& comm) -> Status {
+      CountingCommunicator lazy(comm, /*lazy=*/true);
+      ZERO_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(ToyConfig(stage), lazy));
+      testing::ToyResult result;
+      ZERO_RETURN_IF_ERROR(testing::TrainToy(*engine, options, &result));
+      collectives[r] = lazy.collectives();
+      counters[r] = engine->counters();
+      return absl::OkStatus();
+    });
+    ASSERT_THAT(statuses, ::testing::Each(IsOk()));
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_GT(collectives[r], 0);
+      EXPECT_EQ(counters[r].host_waits, collectives[r]) << "each collective is waited for once, and counted";
+      EXPECT_EQ(counters[r].grad_bytes_copied, options.steps * int64_t{options.outputs} * options.hidden * 4);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace zero
