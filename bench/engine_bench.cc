@@ -9,10 +9,20 @@
 // `elems` fp32 elements spread over `groups` optimizer groups, timed alternately as it is and
 // right after SetGroupHyper changed every group's lr (as a scheduler does before each step).
 // Reports both and their ratio: hyperparameters are kernel arguments, so the ratio is ~1.
+//
+// BM_GradHandOver/<params>: AccumulateGrad of `params` fp32 params of 1M elements each (64 MB
+// at 16: out of every cache) on one in-process rank at stage 1, two micro-batches per step:
+// the first micro-batch's hand-over copies each gradient into its slot, the second adds into
+// it. Reports ns per element of each, and of memcpy of the same bytes between the same kinds
+// of buffers measured in the same run (the roofline): a copy at ~1× memcpy, an add (reading
+// the slot too) slower. Before the first hand-over copied, it was a zeroing pass plus an add:
+// memset of the same bytes is measured too, so that cost is memset + the later hand-over.
 #include <benchmark/benchmark.h>
 
 #include <chrono>
+#include <cstring>
 #include <string>
+#include <vector>
 
 #include "zero/communicator.h"
 #include "zero/engine.h"
@@ -105,6 +115,60 @@ void BM_StepLrChange(benchmark::State& state) {
   state.counters["step_with_lr_change_ms"] = 1e3 * changed / n;
   state.counters["ratio"] = changed / plain;
 }
+
+void BM_GradHandOver(benchmark::State& state) {
+  const int params = static_cast<int>(state.range(0));
+  constexpr int64_t kElems = int64_t{1} << 20;
+  Config config;
+  config.stage = 1;
+  config.gradient_accumulation_steps = 2;
+  config.optimizer.type = OptimizerType::kSgd;
+  auto group = comm::CreateLocalGroup(1);
+  auto engine = Engine::Create(config, *(*group)[0]);
+  if (!engine.ok()) {
+    state.SkipWithError(std::string(engine.status().message()).c_str());
+    return;
+  }
+  for (int p = 0; p < params; ++p) (void)(*engine)->RegisterParam({"p" + std::to_string(p), {kElems}});
+  if (!(*engine)->Finalize().ok()) {
+    state.SkipWithError("finalize failed");
+    return;
+  }
+  std::vector<std::vector<float>> grads(params, std::vector<float>(kElems, 1e-3f));
+  std::vector<std::vector<float>> copies(params, std::vector<float>(kElems));
+  auto micro_batch = [&]() -> double {  // seconds of the hand-over loop
+    if (!(*engine)->BeginIteration().ok()) state.SkipWithError("BeginIteration failed");
+    const auto start = std::chrono::steady_clock::now();
+    for (int p = params - 1; p >= 0; --p) {
+      if (!(*engine)->AccumulateGrad(p, grads[p].data()).ok()) state.SkipWithError("AccumulateGrad failed");
+    }
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (!(*engine)->EndBackward().ok()) state.SkipWithError("EndBackward failed");
+    return seconds;
+  };
+  double copy = 0, add = 0, memcpy_seconds = 0, memset_seconds = 0;
+  for (auto _ : state) {
+    copy += micro_batch();
+    add += micro_batch();
+    if (!(*engine)->Step().ok()) state.SkipWithError("Step failed");
+    const auto start = std::chrono::steady_clock::now();
+    for (int p = params - 1; p >= 0; --p) std::memcpy(copies[p].data(), grads[p].data(), kElems * sizeof(float));
+    const auto copied = std::chrono::steady_clock::now();
+    memcpy_seconds += std::chrono::duration<double>(copied - start).count();
+    for (int p = params - 1; p >= 0; --p) std::memset(copies[p].data(), 0, kElems * sizeof(float));
+    memset_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - copied).count();
+    benchmark::DoNotOptimize(copies[0].data());
+  }
+  const double elems = static_cast<double>(state.iterations()) * params * kElems;
+  state.counters["first_ns_per_elem"] = 1e9 * copy / elems;
+  state.counters["later_ns_per_elem"] = 1e9 * add / elems;
+  state.counters["memcpy_ns_per_elem"] = 1e9 * memcpy_seconds / elems;
+  state.counters["memset_ns_per_elem"] = 1e9 * memset_seconds / elems;
+  state.counters["first_vs_memcpy"] = copy / memcpy_seconds;
+  state.counters["later_vs_memcpy"] = add / memcpy_seconds;
+}
+
+BENCHMARK(BM_GradHandOver)->Arg(16)->ArgName("params")->Unit(benchmark::kMillisecond);
 
 BENCHMARK(BM_StepLrChange)
     ->ArgsProduct({{1 << 22}, {1, 4}})

@@ -10,15 +10,17 @@ trained by the configuration, and a plain one that only runs forward + backward.
 times, in turn, forward + backward of the plain model and a whole training step of the
 other (forward, backward, gradient reduction, optimizer step), every timed part starting on
 all ranks together (an MPI barrier before it), so both see the same machine state. The
-ratio of the two medians is what the data parallelism and the optimizer cost on top of the
-model's own work:
+median over steps of the ratio of the two (each step's pair measured back to back, in
+alternating order) is what the data parallelism and the optimizer cost on top of the model's
+own work:
 
     ddp       DistributedDataParallel (gloo) + torch.optim.AdamW
     zerort-S  zerort.torch at stage S (0-3), MPI communicator
 
 Model: `layers` × (Linear(width, width) + Tanh) + Linear(width, 1), fp32, batch 64 per rank,
-one PyTorch thread per rank and one for ZeroRT's kernels. Per configuration: the medians over
-`steps` steps after 3 untimed ones, the slower rank's, and ZeroRT's counters per step.
+one PyTorch thread per rank and one for ZeroRT's kernels. Per configuration, over `steps`
+steps after 3 untimed ones: the medians of each part and of the per-step ratio (the slower
+rank's), and ZeroRT's counters per step.
 """
 import argparse
 import os
@@ -96,14 +98,16 @@ def run_rank(mode, steps, width, layers):
         engine.close()
     comm.close()
     return {"rank": rank, "alone_ms": 1e3 * statistics.median(alone),
-            "step_ms": 1e3 * statistics.median(whole), "counters": per_step,
+            "step_ms": 1e3 * statistics.median(whole),
+            "ratio": statistics.median(w / a for w, a in zip(whole, alone)),
+            "counters": per_step,
             "params": sum(p.numel() for p in plain.parameters())}
 
 
 def drive(args):
     print(f"{args.ranks} ranks, {args.steps} timed steps, model {args.layers} × "
           f"Linear({args.width}, {args.width}) + Linear({args.width}, 1), batch {BATCH} per rank")
-    print("| config | forward + backward ms | step ms | step / (forward + backward) |")
+    print("| config | forward + backward ms | step ms | step / (forward + backward), per step |")
     print("|---|---|---|---|")
     counters = {}
     for mode in args.modes:
@@ -114,7 +118,8 @@ def drive(args):
             continue
         alone = max(r["alone_ms"] for r in reports)
         step = max(r["step_ms"] for r in reports)
-        print(f"| {mode} | {alone:.1f} | {step:.1f} | {step / alone:.3f} |", flush=True)
+        ratio = max(r["ratio"] for r in reports)
+        print(f"| {mode} | {alone:.1f} | {step:.1f} | {ratio:.3f} |", flush=True)
         if reports[0]["counters"] is not None:
             counters[mode] = reports[0]["counters"]
     for mode, values in counters.items():
