@@ -273,7 +273,8 @@ zero_status zero_engine_counters(const zero_engine* engine, zero_engine_counters
   const zero::EngineCounters c = engine->engine->counters();
   *out = {c.reductions_launched, c.reductions_before_end_backward, c.pool_waits,
           c.gathers_prefetched,  c.gathers_on_demand,              c.trace_invalidations,
-          c.checkpoint_bytes_read, c.grad_bytes_copied,            c.host_waits};
+          c.checkpoint_bytes_read, c.grad_bytes_copied,            c.host_waits,
+          c.gather_allocations};
   return ZERO_OK;
 }
 

@@ -6,7 +6,9 @@
 //   stage 3     each rank holds only its shard of every bucket; a bucket is a unit the trainer
 //               gathers for compute and releases, prefetched along the gather order recorded
 //               over the first optimizer step (every Gather from Finalize to the first Step),
-//               within stage3.max_live_elems
+//               within stage3.max_live_elems; released units' buffers are kept for the next
+//               gathers of their size (up to stage3.prefetch_elems elements), so a steady
+//               step allocates none
 //
 // Every collective goes through the engine's CollectivePath.
 #ifndef ZERO_RUNTIME_PARAM_STORE_H_

@@ -133,7 +133,10 @@ class ShardedParams final : public ParamStore {
   // The all-gather of `b`'s shards into its unit's buffer (at world size 1, a device copy).
   comm::WorkPtr StartUnitGather(const Bucket& b);
   Status FinishGather(int bucket);
+  // Frees the bucket's gathered buffer, or keeps it among the spares (see spares_).
   void FreeUnit(int bucket);
+  // A buffer for `b`'s gathered values: a spare of its size, or a new one.
+  StatusOr<base::Buffer> TakeBuffer(const Bucket& b);
   // Drops prefetched units nobody asked for yet (after their all-gathers complete).
   Status DropPrefetched();
   void Prefetch();
@@ -149,6 +152,12 @@ class ShardedParams final : public ParamStore {
   std::vector<int64_t> shard_offset_;  // byte offset of each bucket's shard in shards_
   std::vector<Unit> units_;            // per bucket
   int64_t live_elems_ = 0, prefetched_elems_ = 0;
+  // Released units' buffers kept for later gathers of the same size, so that a steady step
+  // allocates none (no page faults, no cudaMalloc/cudaFree, which waits for the device):
+  // at most stage3.prefetch_elems elements in all, and only buffers no collective can still
+  // write into. (buffer, elements)
+  std::vector<std::pair<base::Buffer, int64_t>> spares_;
+  int64_t spare_elems_ = 0;
   Trace trace_state_ = Trace::kRecording;
   std::vector<int> trace_;  // buckets in the order a recorded step gathered them
   size_t trace_position_ = 0;
@@ -174,7 +183,7 @@ Status ShardedParams::StartGather(int bucket) {
         "; release units you are done with before gathering more, or raise stage3.max_live_elems"));
   }
   Unit& unit = units_[bucket];
-  ZERO_ASSIGN_OR_RETURN(unit.buffer, allocator_.Allocate(b.bytes(), MemoryCategory::kGathered, ops_.placement()));
+  ZERO_ASSIGN_OR_RETURN(unit.buffer, TakeBuffer(b));
   unit.pending = StartUnitGather(b);
   live_elems_ += b.numel;
   return absl::OkStatus();
@@ -195,10 +204,36 @@ Status ShardedParams::FinishGather(int bucket) {
   return path_.Wait(units_[bucket].pending, absl::StrCat("gathering unit ", plan_.buckets()[bucket].unit));
 }
 
+StatusOr<base::Buffer> ShardedParams::TakeBuffer(const Bucket& b) {
+  for (size_t i = 0; i < spares_.size(); ++i) {
+    if (spares_[i].first.bytes() != b.bytes()) continue;
+    base::Buffer buffer = std::move(spares_[i].first);
+    spare_elems_ -= spares_[i].second;
+    spares_.erase(spares_.begin() + static_cast<std::ptrdiff_t>(i));
+    return buffer;
+  }
+  StatusOr<base::Buffer> fresh = allocator_.Allocate(b.bytes(), MemoryCategory::kGathered, ops_.placement());
+  if (!fresh.ok() && !spares_.empty()) {  // out of memory: the spares go first
+    spares_.clear();
+    spare_elems_ = 0;
+    fresh = allocator_.Allocate(b.bytes(), MemoryCategory::kGathered, ops_.placement());
+  }
+  if (fresh.ok()) ++counters_.gather_allocations;
+  return fresh;
+}
+
 void ShardedParams::FreeUnit(int bucket) {
-  units_[bucket].pending.reset();  // abandons an all-gather still in flight before its buffer goes
-  units_[bucket].buffer.Reset();
-  live_elems_ -= plan_.buckets()[bucket].numel;
+  Unit& unit = units_[bucket];
+  const int64_t numel = plan_.buckets()[bucket].numel;
+  const bool settled = unit.pending == nullptr;  // no all-gather can still write into the buffer
+  unit.pending.reset();  // abandons an all-gather still in flight before its buffer goes
+  if (settled && spare_elems_ + numel <= config_.prefetch_elems) {
+    spares_.emplace_back(std::move(unit.buffer), numel);
+    spare_elems_ += numel;
+  } else {
+    unit.buffer.Reset();
+  }
+  live_elems_ -= numel;
 }
 
 Status ShardedParams::DropPrefetched() {

@@ -90,6 +90,10 @@ struct EngineCounters {
   int64_t gathers_prefetched = 0;  ///< stage 3: Gathers whose all-gather prefetch had started
   int64_t gathers_on_demand = 0;   ///< stage 3: Gathers that had to start their all-gather
   int64_t trace_invalidations = 0; ///< stage 3: gathers off the recorded order (prefetch paused)
+  /// stage 3: gathered-unit buffers allocated; a gather reuses a released unit's buffer of
+  /// its size when one is kept (up to stage3.prefetch_elems elements), so a steady step
+  /// allocates none.
+  int64_t gather_allocations = 0;
   int64_t checkpoint_bytes_read = 0;  ///< bytes LoadCheckpoint read from rank files
   /// Bytes of the trainer's gradients AccumulateGrad copied or added into the engine's
   /// buffers (the param's dtype; a gradient written into GradBuffer directly counts none).

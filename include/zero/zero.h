@@ -157,7 +157,7 @@ ZERO_API zero_status zero_memory_stats(const zero_engine* engine, struct zero_me
 typedef struct {
   int64_t reductions_launched, reductions_before_end_backward, pool_waits;
   int64_t gathers_prefetched, gathers_on_demand, trace_invalidations, checkpoint_bytes_read;
-  int64_t grad_bytes_copied, host_waits;
+  int64_t grad_bytes_copied, host_waits, gather_allocations;
 } zero_engine_counters_t;
 ZERO_API zero_status zero_engine_counters(const zero_engine* engine, zero_engine_counters_t* out);
 /** One optimizer group's hyperparameters (zero/config.h, OptimizerHyper). */

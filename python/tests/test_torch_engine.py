@@ -261,17 +261,29 @@ def test_shared_adapter_under_reentrant_checkpoint(stage):
         assert_close(trained, want)
 
 
-def test_stage3_gathers_around_each_use_and_frees_after():
+@pytest.mark.parametrize("prefetch_elems", [0, 50_000_000])
+def test_stage3_gathers_around_each_use_and_frees_after(prefetch_elems):
+    """Between uses a param has no storage. The engine keeps released units' buffers for
+    the next gathers within stage3.prefetch_elems (none when it is 0), so a steady step
+    allocates no gathered buffer."""
     comm = zerort.local_group(1)[0]
     model = TinyLM()
     engine = zerort.torch.initialize(
-        model, {"stage": 3, "optimizer": OPTIMIZER, "stage3": {"persistence_threshold": 0}},
+        model, {"stage": 3, "optimizer": OPTIMIZER,
+                "stage3": {"persistence_threshold": 0, "prefetch_elems": prefetch_elems}},
         comm)
     assert model.head.weight.storage().size() == 0  # between uses: no storage
-    loss_of(model, *batch(0)).backward()
-    engine.step()
+    allocations = []
+    for step in range(3):
+        loss_of(model, *batch(step)).backward()
+        engine.step()
+        allocations.append(engine.counters()["gather_allocations"])
     current, peak = engine.engine.memory_stats()["gathered"]
-    assert current == 0 and peak > 0
+    assert 0 <= current <= 4 * prefetch_elems and peak > 0
+    if prefetch_elems == 0:
+        assert current == 0 and allocations[2] > allocations[1]
+    else:
+        assert allocations[2] == allocations[1] > 0, allocations
     assert model.head.weight.storage().size() == 0
     full = engine.state_dict()["head.weight"]
     engine.close()  # every param gets its full value back

@@ -29,7 +29,7 @@ class EngineCounters(ctypes.Structure):
     _fields_ = [(name, ctypes.c_int64) for name in (
         "reductions_launched", "reductions_before_end_backward", "pool_waits",
         "gathers_prefetched", "gathers_on_demand", "trace_invalidations",
-        "checkpoint_bytes_read", "grad_bytes_copied", "host_waits")]
+        "checkpoint_bytes_read", "grad_bytes_copied", "host_waits", "gather_allocations")]
 
 
 class MemoryStats(ctypes.Structure):

@@ -124,5 +124,28 @@ TEST(EngineCounters, EveryWaitForACollectiveNotYetCompleteIsCounted) {
   }
 }
 
+TEST(EngineCounters, AStage3StepAfterTheFirstAllocatesNoGatheredBuffer) {
+  // Released units' buffers are reused within stage3.prefetch_elems; with 0 none is kept.
+  for (int64_t window : {int64_t{50'000'000}, int64_t{0}}) {
+    SCOPED_TRACE(::testing::Message() << "prefetch_elems " << window);
+    Config config = ToyConfig(3);
+    config.stage3.prefetch_elems = window;
+    std::vector<int64_t> allocations;
+    for (int steps : {2, 5}) {
+      ToyOptions options;
+      options.steps = steps;
+      const auto runs = testing::TrainOnLocalRanks(2, config, options);
+      if (HasFailure()) return;
+      allocations.push_back(runs[0].counters.gather_allocations);
+    }
+    EXPECT_GT(allocations[0], 0);
+    if (window > 0) {
+      EXPECT_EQ(allocations[1], allocations[0]) << "steps 3-5 allocated gathered buffers";
+    } else {
+      EXPECT_GT(allocations[1], allocations[0]);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace zero
