@@ -49,7 +49,9 @@ struct Log {
 TEST(BucketScheduler, LaunchesInBucketOrderWhateverOrderBucketsAreReadyIn) {
   Log log;
   std::vector<int> launched;
-  BucketScheduler scheduler(4, nullptr, {[&](int b) { launched.push_back(b); }});
+  BucketScheduler::Hooks hooks;
+  hooks.on_launch = [&](int b) { launched.push_back(b); };
+  BucketScheduler scheduler(4, nullptr, hooks);
   ASSERT_THAT(scheduler.MarkReady(2, log.Launch(2), log.Finish(2)), IsOk());
   ASSERT_THAT(scheduler.MarkReady(3, log.Launch(3), log.Finish(3)), IsOk());
   EXPECT_TRUE(launched.empty()) << "bucket 2 launched before buckets 0 and 1";
@@ -76,7 +78,9 @@ TEST(BucketScheduler, ABucketWithNothingToSendFinishesInItsTurn) {
 
 TEST(BucketScheduler, AFailedCollectiveNamesTheBucketAndSkipsItsFinish) {
   Log log;
-  BucketScheduler scheduler(2, nullptr, {nullptr, [](int b) { return "bucket " + std::to_string(b) + " (fc1.weight)"; }});
+  BucketScheduler::Hooks hooks;
+  hooks.describe = [](int b) { return "bucket " + std::to_string(b) + " (fc1.weight)"; };
+  BucketScheduler scheduler(2, nullptr, hooks);
   ASSERT_THAT(scheduler.MarkReady(0, log.Launch(0, absl::DeadlineExceededError("peer 2 never came")), log.Finish(0)),
               IsOk());
   EXPECT_THAT(scheduler.WaitOldest(1),
