@@ -38,6 +38,7 @@ Buffer& Buffer::operator=(Buffer&& other) noexcept {
     bytes_ = std::exchange(other.bytes_, 0);
     placement_ = other.placement_;
     category_ = other.category_;
+    zero_pages_ = std::exchange(other.zero_pages_, false);
     tracker_ = std::move(other.tracker_);
   }
   return *this;
@@ -49,13 +50,19 @@ void Buffer::Reset() {
   if (tracker_ != nullptr && tracker_->keeps_allocations()) {  // kept on purpose: see the header
     data_ = nullptr;
     bytes_ = 0;
+    zero_pages_ = false;
     tracker_.reset();
     return;
   }
-  if (data_ != nullptr) FreeRaw(data_, placement_);
+  if (zero_pages_) {
+    FreeZeroPages(data_, bytes_);
+  } else if (data_ != nullptr) {
+    FreeRaw(data_, placement_);
+  }
   if (tracker_ != nullptr && bytes_ > 0) tracker_->Remove(category_, bytes_);
   data_ = nullptr;
   bytes_ = 0;
+  zero_pages_ = false;
   tracker_.reset();
 }
 
@@ -73,6 +80,19 @@ StatusOr<Buffer> Allocator::Allocate(int64_t bytes, MemoryCategory category,
   buffer.category_ = category;
   if (bytes == 0) return buffer;
   ZERO_ASSIGN_OR_RETURN(buffer.data_, AllocateRaw(bytes, placement));
+  buffer.bytes_ = bytes;
+  buffer.tracker_ = tracker_;
+  tracker_->Add(category, bytes);
+  return buffer;
+}
+
+StatusOr<Buffer> Allocator::AllocateZeroed(int64_t bytes, MemoryCategory category, Placement placement) {
+  if (placement != Placement::kHost || bytes <= 0) return Allocate(bytes, category, placement);
+  Buffer buffer;
+  buffer.placement_ = placement;
+  buffer.category_ = category;
+  ZERO_ASSIGN_OR_RETURN(buffer.data_, AllocateZeroPages(bytes));
+  buffer.zero_pages_ = true;
   buffer.bytes_ = bytes;
   buffer.tracker_ = tracker_;
   tracker_->Add(category, bytes);

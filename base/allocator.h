@@ -53,6 +53,9 @@ class Buffer {
   int64_t bytes() const { return bytes_; }
   Placement placement() const { return placement_; }
   MemoryCategory category() const { return category_; }
+  /// Whether the memory reads as zeros without having been written (AllocateZeroed on the
+  /// host), so its owner need not zero it.
+  bool reads_as_zero() const { return zero_pages_; }
 
   /// Frees the memory now; the buffer becomes empty.
   void Reset();
@@ -63,6 +66,7 @@ class Buffer {
   int64_t bytes_ = 0;
   Placement placement_ = Placement::kHost;
   MemoryCategory category_ = MemoryCategory::kWorkspace;
+  bool zero_pages_ = false;  // from AllocateZeroPages
   std::shared_ptr<MemoryTracker> tracker_;
 };
 
@@ -77,6 +81,10 @@ class Allocator {
   /// memory is not available (naming the category and size), kUnavailable for device or
   /// pinned placements in a build without CUDA or on a machine without a GPU.
   StatusOr<Buffer> Allocate(int64_t bytes, MemoryCategory category, Placement placement);
+  /// As Allocate, for a buffer that must start at zero: on the host, fresh pages that read as
+  /// zeros and are committed only as they are written (Buffer::reads_as_zero); elsewhere an
+  /// ordinary allocation the caller zeroes.
+  StatusOr<Buffer> AllocateZeroed(int64_t bytes, MemoryCategory category, Placement placement);
 
   /// Current and peak bytes per category over every buffer this allocator (or a copy) made.
   MemoryStats Stats() const { return tracker_->Snapshot(); }

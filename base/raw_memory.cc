@@ -2,6 +2,8 @@
 // has CUDA (ZERO_HAVE_CUDA); otherwise pinned and device placements report kUnavailable.
 #include "base/raw_memory.h"
 
+#include <sys/mman.h>
+
 #include <cstdlib>
 #include <cstring>
 
@@ -70,6 +72,18 @@ void FreeRaw(void* data, Placement placement) {
       return;
 #endif
   }
+}
+
+StatusOr<void*> AllocateZeroPages(int64_t bytes) {
+  void* data = ::mmap(nullptr, static_cast<size_t>(bytes), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (data == MAP_FAILED) {
+    return absl::ResourceExhaustedError(absl::StrCat("out of host memory mapping ", bytes, " bytes"));
+  }
+  return data;
+}
+
+void FreeZeroPages(void* data, int64_t bytes) {
+  if (data != nullptr) ::munmap(data, static_cast<size_t>(bytes));
 }
 
 Status CopyBytes(void* destination, const void* source, int64_t bytes) {

@@ -18,6 +18,13 @@ StatusOr<void*> AllocateRaw(int64_t bytes, Placement placement);
 /// Frees memory from AllocateRaw with the same placement. Null is a no-op.
 void FreeRaw(void* data, Placement placement);
 
+/// Host memory of `bytes` (> 0) that reads as zeros without having been written: fresh pages
+/// from the kernel (page-aligned), each committed when first touched, so a buffer filled part
+/// by part grows the process's resident memory only as it fills.
+StatusOr<void*> AllocateZeroPages(int64_t bytes);
+/// Frees memory from AllocateZeroPages(bytes). Null is a no-op.
+void FreeZeroPages(void* data, int64_t bytes);
+
 /// Copies `bytes` between any two placements (cudaMemcpy with cudaMemcpyDefault when CUDA is
 /// built in, memcpy otherwise); synchronous.
 Status CopyBytes(void* destination, const void* source, int64_t bytes);

@@ -330,8 +330,11 @@ StatusOr<std::unique_ptr<ParamStore>> CreateShardedParams(const ParamStore::Cont
   int64_t bytes = 0;
   std::vector<int64_t> offsets = context.plan.CompactShardOffsets(/*trainable_only=*/false, &bytes);
   base::Allocator allocator = context.allocator;
-  ZERO_ASSIGN_OR_RETURN(base::Buffer shards, allocator.Allocate(bytes, MemoryCategory::kParams, context.ops.placement()));
-  ZERO_RETURN_IF_ERROR(context.ops.Zero(shards.data(), shards.bytes()));
+  // Zero pages on the host: a model handed over param by param (init_context's slices freed as
+  // their shards fill) never holds both whole.
+  ZERO_ASSIGN_OR_RETURN(base::Buffer shards,
+                        allocator.AllocateZeroed(bytes, MemoryCategory::kParams, context.ops.placement()));
+  if (!shards.reads_as_zero()) ZERO_RETURN_IF_ERROR(context.ops.Zero(shards.data(), shards.bytes()));
   auto store = std::make_unique<ShardedParams>(context, std::move(shards), std::move(offsets));
   ZERO_RETURN_IF_ERROR(store->GatherPersistentUnits());
   return std::unique_ptr<ParamStore>(std::move(store));

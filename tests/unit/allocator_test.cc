@@ -1,9 +1,13 @@
 // The accounting allocator: every byte counted under its category, peaks kept, frees and moves
-// un-count exactly once, concurrent use is safe.
+// un-count exactly once, concurrent use is safe; zeroed host buffers cost resident memory only
+// as they are written.
 #include "base/allocator.h"
 
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <fstream>
 #include <thread>
 #include <vector>
 
@@ -108,6 +112,38 @@ TEST(Allocator, ConcurrentRanksKeepExactTotals) {
   const MemoryStats stats = allocator.Stats();
   EXPECT_EQ(stats.total_current, 0);
   for (int r = 0; r < 4; ++r) EXPECT_EQ(stats.peak[r] % (8 * (r + 1)), 0);
+}
+
+// This process's resident memory now, in bytes (/proc/self/statm).
+int64_t ResidentBytes() {
+  std::ifstream statm("/proc/self/statm");
+  int64_t size = 0, resident = 0;
+  statm >> size >> resident;
+  return resident * ::sysconf(_SC_PAGESIZE);
+}
+
+TEST(Allocator, ZeroedHostBuffersReadAsZerosAndCommitPagesAsTheyAreWritten) {
+  constexpr int64_t kBytes = int64_t{64} << 20;
+  Allocator allocator;
+  const int64_t before = ResidentBytes();
+  auto buffer = allocator.AllocateZeroed(kBytes, MemoryCategory::kParams, Placement::kHost);
+  ASSERT_THAT(buffer, IsOk());
+  EXPECT_TRUE(buffer->reads_as_zero());
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(buffer->data()) % 64, 0u);
+  EXPECT_EQ(allocator.Stats().Current(MemoryCategory::kParams), kBytes);
+  EXPECT_LT(ResidentBytes() - before, kBytes / 8) << "allocating committed the pages";
+  const char* bytes = buffer->as<char>();
+  int64_t nonzero = 0;
+  for (int64_t i = 0; i < kBytes; i += 4096) nonzero += bytes[i] != 0;
+  EXPECT_EQ(nonzero, 0);
+  for (int64_t i = 0; i < kBytes / 2; i += 4096) buffer->as<char>()[i] = 1;  // half the pages
+  const int64_t grown = ResidentBytes() - before;
+  EXPECT_GT(grown, kBytes / 2 - kBytes / 8);
+  EXPECT_LT(grown, kBytes / 2 + kBytes / 8);
+  buffer->Reset();
+  EXPECT_EQ(allocator.Stats().Current(MemoryCategory::kParams), 0);
+  auto device = allocator.AllocateZeroed(1000, MemoryCategory::kParams, Placement::kDevice);
+  if (device.ok()) EXPECT_FALSE(device->reads_as_zero()) << "device memory is the caller's to zero";
 }
 
 TEST(MemoryCategory, Names) {
