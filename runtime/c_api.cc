@@ -2,6 +2,7 @@
 #include "zero/zero.h"
 
 #include <algorithm>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -267,15 +268,25 @@ zero_status zero_memory_stats(const zero_engine* engine, struct zero_memory_stat
 int zero_engine_rank(const zero_engine* engine) { return engine ? engine->engine->rank() : -1; }
 int zero_engine_world_size(const zero_engine* engine) { return engine ? engine->engine->world_size() : -1; }
 
-zero_status zero_engine_counters(const zero_engine* engine, zero_engine_counters_t* out) {
-  ZERO_C_REQUIRE(engine, "zero_engine_counters");
-  ZERO_C_REQUIRE(out, "zero_engine_counters");
+zero_status zero_engine_counters_sized(const zero_engine* engine, zero_engine_counters_t* out, size_t size) {
+  ZERO_C_REQUIRE(engine, "zero_engine_counters_sized");
+  ZERO_C_REQUIRE(out, "zero_engine_counters_sized");
+  if (size % sizeof(int64_t) != 0) {
+    return Report(absl::InvalidArgumentError(absl::StrCat(
+        "zero_engine_counters_sized: size ", size, " is not a whole number of int64_t fields")));
+  }
   const zero::EngineCounters c = engine->engine->counters();
-  *out = {c.reductions_launched, c.reductions_before_end_backward, c.pool_waits,
-          c.gathers_prefetched,  c.gathers_on_demand,              c.trace_invalidations,
-          c.checkpoint_bytes_read, c.grad_bytes_copied,            c.host_waits,
-          c.gather_allocations};
+  const zero_engine_counters_t all = {c.reductions_launched, c.reductions_before_end_backward, c.pool_waits,
+                                      c.gathers_prefetched,  c.gathers_on_demand,              c.trace_invalidations,
+                                      c.checkpoint_bytes_read, c.grad_bytes_copied,            c.host_waits,
+                                      c.gather_allocations};
+  std::memcpy(out, &all, std::min(size, sizeof all));
   return ZERO_OK;
+}
+
+zero_status zero_engine_counters(const zero_engine* engine, zero_engine_counters_t* out) {
+  constexpr size_t kFirstSevenFields = 7 * sizeof(int64_t);
+  return zero_engine_counters_sized(engine, out, kFirstSevenFields);
 }
 
 zero_status zero_num_groups(const zero_engine* engine, int* groups) {

@@ -166,6 +166,7 @@ Status EngineImpl::SaveCheckpointAs(const std::string& target, int64_t series_se
       meta.params.push_back(
           {s.name, s.shape, DTypeName(s.dtype), s.requires_grad, saved, 0, param_steps_[meta.params.size()]});
     }
+    meta.format = FormatFor(meta);
     StatusOr<std::string> text = CheckpointMetaJson(meta);
     written = text.ok() ? WriteFileDurably(partial + "/meta.json", *text) : text.status();
   }

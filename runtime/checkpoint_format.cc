@@ -108,6 +108,9 @@ Status ReadParams(const nlohmann::json& json, const std::string& path, Checkpoin
     if (entry.contains("saved")) {
       ZERO_RETURN_IF_ERROR(Field(entry, "saved", path, field + ".saved", &param.saved));
       if (param.requires_grad && !param.saved) return FieldError(path, field + ".saved", "true for a trainable param");
+      if (!param.requires_grad && param.saved && meta->format < kCheckpointFormatWithFrozen) {
+        return FieldError(path, field + ".saved", "false for a frozen param below format 5");
+      }
     }
     param.steps = meta->step;
     if (entry.contains("steps")) {
@@ -260,9 +263,9 @@ StatusOr<CheckpointMeta> ReadCheckpointMeta(const std::string& dir) {
   }
   CheckpointMeta meta;
   ZERO_RETURN_IF_ERROR(Field(json, "format", path, "format", &meta.format));
-  if (meta.format < 1 || meta.format > kCheckpointFormat) {
+  if (meta.format < 1 || meta.format > kCheckpointFormatWithFrozen) {
     return absl::InvalidArgumentError(absl::StrCat("checkpoint: ", path, " has format ", meta.format,
-                                                   "; this ZeroRT reads formats 1 to ", kCheckpointFormat));
+                                                   "; this ZeroRT reads formats 1 to ", kCheckpointFormatWithFrozen));
   }
   ZERO_RETURN_IF_ERROR(Field(json, "world", path, "world", &meta.world));
   if (meta.world < 1 || meta.world > kMaxCheckpointWorld) {
@@ -313,6 +316,13 @@ StatusOr<CheckpointMeta> ReadCheckpointMeta(const std::string& dir) {
   // Required from format 4; checked in any file that has one (a format changed to 3 too).
   if (meta.format >= 4 || json.contains("checksum")) ZERO_RETURN_IF_ERROR(CheckMetaChecksum(path, &json));
   return meta;
+}
+
+int FormatFor(const CheckpointMeta& meta) {
+  for (const CheckpointMeta::Param& p : meta.params) {
+    if (p.saved && !p.requires_grad) return kCheckpointFormatWithFrozen;
+  }
+  return kCheckpointFormat;
 }
 
 StatusOr<std::string> CheckpointMetaJson(const CheckpointMeta& meta) {

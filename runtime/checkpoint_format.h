@@ -14,7 +14,8 @@
 //       uint64 XXH3-64 of everything before it (the header),
 //       then the records' payloads back to back, each at its offset: `numel` fp32 weights of
 //       elements [begin, begin + numel) of the param, then `numel` values of each moment (a
-//       frozen param's record, written under checkpoint.save_frozen, holds the weights alone).
+//       frozen param's record, written under checkpoint.save_frozen into a checkpoint of
+//       format 5, holds the weights alone).
 //   Format 2 ("ZRTCKPT2": records {int32 param, int64 begin, int64 numel, payload} in line,
 //   then the record count and the XXH3-64 of the whole file) and format 1 ("ZRTCKPT1", the
 //   count after the magic, no checksum) still load; their index is built by a scan.
@@ -37,6 +38,10 @@ namespace zero::runtime {
 /// (its "checksum" field: the XXH3-64, in hex, of the JSON of every other field), required
 /// from format 4 on, so that no damaged byte of meta.json loads.
 inline constexpr int kCheckpointFormat = 4;
+/// Format 5: format 4 with frozen params saved (checkpoint.save_frozen: "saved" params that
+/// are not trainable, whose records hold weights alone). Written only by such saves, so that
+/// a reader of formats up to 4 refuses it as too new instead of misreading those records.
+inline constexpr int kCheckpointFormatWithFrozen = 5;
 
 /// meta.json.
 struct CheckpointMeta {
@@ -71,6 +76,10 @@ struct CheckpointMeta {
   std::vector<OptimizerHyper> groups;
   std::vector<Param> params;
 };
+
+/// The format a checkpoint of `meta`'s params is written in: kCheckpointFormatWithFrozen when
+/// it saves a frozen param, else kCheckpointFormat.
+int FormatFor(const CheckpointMeta& meta);
 
 /// Reads DIR/meta.json, checks its checksum (kDataLoss; format 4 on) and every field's type and
 /// range (step ≥ 0, the loss scale finite, > 0 and ≤ 2^64, ...): kInvalidArgument names the

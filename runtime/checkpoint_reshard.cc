@@ -174,7 +174,7 @@ Status ReshardCheckpoint(const std::string& target, int world, const std::string
     }
     ZERO_RETURN_IF_ERROR(writer->Close());
   }
-  meta.format = runtime::kCheckpointFormat;
+  meta.format = runtime::FormatFor(meta);
   meta.world = world;
   meta.stage = 1;
   ZERO_ASSIGN_OR_RETURN(const std::string text, runtime::CheckpointMetaJson(meta));

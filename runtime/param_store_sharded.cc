@@ -133,8 +133,9 @@ class ShardedParams final : public ParamStore {
   // The all-gather of `b`'s shards into its unit's buffer (at world size 1, a device copy).
   comm::WorkPtr StartUnitGather(const Bucket& b);
   Status FinishGather(int bucket);
-  // Frees the bucket's gathered buffer, or keeps it among the spares (see spares_).
-  void FreeUnit(int bucket);
+  // Frees the bucket's gathered buffer, or keeps it among the spares (see spares_) unless
+  // its all-gather `failed` (MPI may still write into it).
+  void FreeUnit(int bucket, bool failed = false);
   // A buffer for `b`'s gathered values: a spare of its size, or a new one.
   StatusOr<base::Buffer> TakeBuffer(const Bucket& b);
   // Drops prefetched units nobody asked for yet (after their all-gathers complete).
@@ -153,8 +154,9 @@ class ShardedParams final : public ParamStore {
   std::vector<Unit> units_;            // per bucket
   int64_t live_elems_ = 0, prefetched_elems_ = 0;
   // Released units' buffers kept for later gathers of the same size, so that a steady step
-  // allocates none (no page faults, no cudaMalloc/cudaFree, which waits for the device):
-  // at most stage3.prefetch_elems elements in all, and only buffers no collective can still
+  // allocates none (no page faults, no cudaMalloc/cudaFree, which waits for the device): at
+  // most stage3.prefetch_elems elements, within stage3.max_live_elems with the units gathered
+  // (a gather that needs the room frees them first), and only buffers no collective can still
   // write into. (buffer, elements)
   std::vector<std::pair<base::Buffer, int64_t>> spares_;
   int64_t spare_elems_ = 0;
@@ -212,6 +214,11 @@ StatusOr<base::Buffer> ShardedParams::TakeBuffer(const Bucket& b) {
     spares_.erase(spares_.begin() + static_cast<std::ptrdiff_t>(i));
     return buffer;
   }
+  // A new buffer: first the spares that would take the gathered elements past max_live_elems.
+  while (!spares_.empty() && live_elems_ + spare_elems_ + b.numel > config_.max_live_elems) {
+    spare_elems_ -= spares_.back().second;
+    spares_.pop_back();
+  }
   StatusOr<base::Buffer> fresh = allocator_.Allocate(b.bytes(), MemoryCategory::kGathered, ops_.placement());
   if (!fresh.ok() && !spares_.empty()) {  // out of memory: the spares go first
     spares_.clear();
@@ -222,18 +229,20 @@ StatusOr<base::Buffer> ShardedParams::TakeBuffer(const Bucket& b) {
   return fresh;
 }
 
-void ShardedParams::FreeUnit(int bucket) {
+void ShardedParams::FreeUnit(int bucket, bool failed) {
   Unit& unit = units_[bucket];
   const int64_t numel = plan_.buckets()[bucket].numel;
-  const bool settled = unit.pending == nullptr;  // no all-gather can still write into the buffer
+  // Whether no all-gather can still write into the buffer.
+  const bool settled = unit.pending == nullptr && !failed;
   unit.pending.reset();  // abandons an all-gather still in flight before its buffer goes
-  if (settled && spare_elems_ + numel <= config_.prefetch_elems) {
+  live_elems_ -= numel;
+  if (settled && spare_elems_ + numel <= config_.prefetch_elems &&
+      live_elems_ + spare_elems_ + numel <= config_.max_live_elems) {
     spares_.emplace_back(std::move(unit.buffer), numel);
     spare_elems_ += numel;
   } else {
     unit.buffer.Reset();
   }
-  live_elems_ -= numel;
 }
 
 Status ShardedParams::DropPrefetched() {
@@ -305,7 +314,7 @@ Status ShardedParams::Gather(int unit) {
   }
   Status gathered = FinishGather(bucket);
   if (!gathered.ok()) {
-    if (u.holders == 0) FreeUnit(bucket);  // never handed out as if it held the values
+    if (u.holders == 0) FreeUnit(bucket, /*failed=*/true);  // never handed out as if it held the values
     return gathered;
   }
   ++u.holders;

@@ -99,8 +99,10 @@ struct EngineCounters {
   /// buffers (the param's dtype; a gradient written into GradBuffer directly counts none).
   int64_t grad_bytes_copied = 0;
   /// Times the engine made its caller's thread wait: for a collective not yet complete, or
-  /// for the device (cuda: a stream synchronisation, before a collective that is not ordered
-  /// on the stream or to hand values to the host). Each such wait drains the GPU's queue.
+  /// for the device (cuda: every stream synchronisation: before a collective that is not
+  /// ordered on the stream, to hand values to the host, and in copies between the host and
+  /// the device such as SetParam, GetParam and checkpoints). Each such wait drains the GPU's
+  /// queue. 0 on the CPU for a rank alone, which runs no collective.
   int64_t host_waits = 0;
 };
 
@@ -150,10 +152,14 @@ class Engine {
   /// carries its unit as the collective's tag, so ranks gathering different units fail
   /// (kInvalidArgument naming both). Never holds more than stage3.max_live_elems
   /// gathered elements: prefetched units are dropped first, then kResourceExhausted.
+  /// Gathered units, prefetched units and the buffers Release keeps count against the limit.
   /// A no-op at stages 0-2 and for persistent units (smaller than persistence_threshold, or
   /// params registered without a unit), which stay gathered.
   virtual Status Gather(int unit) = 0;
-  /// Stage 3: the trainer is done with `unit` for now; its buffer is freed.
+  /// Stage 3: the trainer is done with `unit` for now; its buffer is freed, or kept for a
+  /// later gather of its size (up to stage3.prefetch_elems elements of such buffers, within
+  /// stage3.max_live_elems), so a steady step allocates none. The trainer's reads of its
+  /// ParamData views must be done by then (cuda: queued on the engine's stream, SetStream).
   virtual Status Release(int unit) = 0;
 
   /// Starts a micro-batch.

@@ -17,6 +17,7 @@
 #ifndef ZERO_ZERO_H_
 #define ZERO_ZERO_H_
 
+#include <stddef.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -153,12 +154,21 @@ ZERO_API zero_status zero_set_checkpoint_user_data(zero_engine* engine, const ch
  *  until the next zero_load_checkpoint or zero_engine_destroy. */
 ZERO_API zero_status zero_checkpoint_user_data(const zero_engine* engine, const char** data);
 ZERO_API zero_status zero_memory_stats(const zero_engine* engine, struct zero_memory_stats* out);
-/** What the engine has done so far (zero/engine.h, EngineCounters). */
+/** What the engine has done so far (zero/engine.h, EngineCounters). Fields are only ever added
+ *  at the end. */
 typedef struct {
   int64_t reductions_launched, reductions_before_end_backward, pool_waits;
   int64_t gathers_prefetched, gathers_on_demand, trace_invalidations, checkpoint_bytes_read;
   int64_t grad_bytes_copied, host_waits, gather_allocations;
 } zero_engine_counters_t;
+/** Fills the first `size` bytes of `*out` (whole fields): pass sizeof(zero_engine_counters_t),
+ *  so that a program built against an older header, whose struct is shorter, gets the fields
+ *  it knows and nothing is written past them. kInvalidArgument when `size` is not a whole
+ *  number of fields. */
+ZERO_API zero_status zero_engine_counters_sized(const zero_engine* engine, zero_engine_counters_t* out,
+                                                size_t size);
+/** The first seven fields only (the struct of programs built before grad_bytes_copied was
+ *  added): use zero_engine_counters_sized for the others. */
 ZERO_API zero_status zero_engine_counters(const zero_engine* engine, zero_engine_counters_t* out);
 /** One optimizer group's hyperparameters (zero/config.h, OptimizerHyper). */
 typedef struct {

@@ -457,3 +457,47 @@ def test_save_frozen_puts_the_frozen_base_in_checkpoints(stage, tmp_path):
     consolidated = read_safetensors(out)
     assert_close({n: consolidated[n] for n in want_frozen}, want_frozen)
     assert_close({n: consolidated[n] for n in want_trained}, want_trained)
+
+
+class Raising(nn.Module):
+    """Raises inside its forward when `fail` is set."""
+
+    def __init__(self):
+        super().__init__()
+        self.fail = False
+
+    def forward(self, x):
+        if self.fail:
+            raise ValueError("a forward that raises")
+        return x
+
+
+def test_a_forward_that_raised_leaves_no_module_gathering_what_is_read_later():
+    """A read of a released param right after a forward raised is outside every forward: no
+    module takes its unit on, and training goes on."""
+    comm = zerort.local_group(1)[0]
+    model = LoraLM()
+    model.blocks[0].raising = Raising()
+    inner = model.blocks[0].forward
+    model.blocks[0].forward = lambda x: inner(model.blocks[0].raising(x))
+    engine = zerort.torch.initialize(model, CONFIG, comm)
+    loss_of(model, *batch(0)).backward()
+    engine.step()
+    hooked = {m: list(u) for m, u in engine._units._module_units.items()}
+    model.blocks[0].raising.fail = True
+    with pytest.raises(ValueError):
+        loss_of(model, *batch(1))
+    model.blocks[0].raising.fail = False
+    weight = model.blocks[1].base.weight  # released: read outside every forward
+    assert storage_bytes_of(weight) == 0
+    assert {m: list(u) for m, u in engine._units._module_units.items()} == hooked
+    loss_of(model, *batch(1)).backward()
+    engine.step()
+    engine.close()
+    comm.close()
+
+
+def storage_bytes_of(tensor):
+    storage = (tensor.untyped_storage() if hasattr(tensor, "untyped_storage")
+               else tensor.storage())
+    return storage.nbytes()

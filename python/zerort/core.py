@@ -416,8 +416,9 @@ class Engine:
         end_backward), buffer-pool waits, stage-3 gathers prefetched and on demand, trace
         restarts, checkpoint bytes read; a dict of ints."""
         counters = EngineCounters()
-        _check(library().zero_engine_counters(self._handle, ctypes.byref(counters)),
-               "zero_engine_counters")
+        _check(library().zero_engine_counters_sized(self._handle, ctypes.byref(counters),
+                                                    ctypes.sizeof(counters)),
+               "zero_engine_counters_sized")
         return {name: getattr(counters, name) for name, _ in EngineCounters._fields_}
 
     @property

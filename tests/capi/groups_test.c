@@ -1,5 +1,5 @@
-/* The C ABI's optimizer groups, learning rates, schedule position, config normalisation and
- * metric all-reduce, as a C trainer calls them. One in-process rank; plain SGD, so that each
+/* The C ABI's optimizer groups, learning rates, schedule position, config normalisation,
+ * metric all-reduce and counters, as a C trainer calls them. One in-process rank; plain SGD, so that each
  * step moves a param by exactly -lr * gradient and shows the lr its group stepped with.
  * Exits 0 when every check holds, 1 naming the first that does not. */
 #include <math.h>
@@ -123,6 +123,20 @@ int main(void) {
         "unsupported DeepSpeed keys accepted");
   CHECK(strstr(zero_last_error(), "offload_optimizer") != NULL && strstr(zero_last_error(), "amp") != NULL,
         "message: %s", zero_last_error());
+
+  /* Counters: the sized call fills what the caller's struct holds and nothing past it; the
+   * original call, as programs built against the seven-field struct use it, the first seven. */
+  zero_engine_counters_t counters;
+  memset(&counters, 0x7f, sizeof counters);
+  CHECK_OK(zero_engine_counters_sized(engine, &counters, sizeof counters));
+  CHECK(counters.grad_bytes_copied == 5 * 2 * kNumel * 4, "grad_bytes_copied %lld after 5 steps",
+        (long long)counters.grad_bytes_copied);
+  CHECK(counters.host_waits == 0 && counters.gather_allocations == 0, "a rank alone at stage 2 waited");
+  memset(&counters, 0x7f, sizeof counters);
+  CHECK_OK(zero_engine_counters(engine, &counters));
+  CHECK(counters.checkpoint_bytes_read == 0, "seventh field %lld", (long long)counters.checkpoint_bytes_read);
+  CHECK(counters.grad_bytes_copied == 0x7f7f7f7f7f7f7f7fLL, "zero_engine_counters wrote past the seventh field");
+  CHECK(zero_engine_counters_sized(engine, &counters, 5) == ZERO_INVALID_ARGUMENT, "a size of 5 bytes accepted");
 
   zero_engine_destroy(engine);
   zero_comm_destroy(comm);

@@ -156,6 +156,7 @@ TEST_F(CheckpointFrozen, WithoutTheOptionTheyStayOutAndLoadingLeavesThem) {
   }
   StatusOr<std::unique_ptr<CheckpointReader>> reader = CheckpointReader::Open(dir_);
   ASSERT_THAT(reader.status(), IsOk());
+  EXPECT_EQ((*reader)->format(), 4);
   EXPECT_FALSE((*reader)->params()[0].saved);
   std::vector<float> out(37 * 13);
   EXPECT_THAT((*reader)->ReadParam(0, out.data()),
@@ -168,6 +169,7 @@ TEST_F(CheckpointFrozen, TheReaderAndReshardingGiveThemBack) {
   StatusOr<std::unique_ptr<CheckpointReader>> reader = CheckpointReader::Open(dir_);
   ASSERT_THAT(reader.status(), IsOk());
   ASSERT_THAT((*reader)->Verify(), IsOk());
+  EXPECT_EQ((*reader)->format(), 5) << "readers of formats up to 4 must refuse weights-only records";
   const CheckpointReader::Param& bias = (*reader)->params()[1];
   EXPECT_TRUE(bias.saved);
   EXPECT_FALSE(bias.requires_grad);

@@ -5,42 +5,35 @@ F.linear(h, self.embed.weight)) would find that param's storage empty: its unit 
 only around its own module. Reading a param through its module (`self.embed.weight`) goes
 through the module's `_parameters` dict, so each module owning a sharded param gets a dict
 that notices a read of a released param while some module's forward runs: the innermost
-running module is then told (UnitGathering.found_external), which gathers the unit at once and
+running module is then told (UnitGathering._read_released), which gathers the unit at once and
 around that module's forward and backward from then on, as register_external_parameter would
 (DeepSpeed does the same with its ZeROOrderedDict). A read outside every forward (user code
 between steps) is left alone: use zerort.torch.gathered() there.
 
-The running modules are tracked by a forward pre-hook and a forward hook on every module of
-the model (a forward that raises leaves its entry; the model's own forward starts afresh).
+The innermost running module is found from the interpreter's frames (the innermost call of
+nn.Module's call machinery in progress), only when a released param is read: no hooks per
+module, and a forward that raised leaves nothing behind.
 """
 import collections
+import sys
+
+import torch
+
+# The code of nn.Module's call: a frame running it is a module call in progress.
+_MODULE_CALL = torch.nn.Module._call_impl.__code__
 
 
-class ForwardStack:
-    """The modules of `model` whose forward is running now, innermost last."""
-
-    def __init__(self, model):
-        self.running = []
-        self.handles = []
-        for module in model.modules():
-            self.handles.append(module.register_forward_pre_hook(
-                lambda m, _i, root=module is model: self._enter(m, root)))
-            self.handles.append(module.register_forward_hook(
-                lambda m, _i, _o: self._leave(m)))
-
-    def _enter(self, module, root):
-        if root:
-            del self.running[:]
-        self.running.append(module)
-
-    def _leave(self, module):
-        while self.running:
-            if self.running.pop() is module:
-                break
-
-    def innermost(self):
-        """The innermost module running its forward, or None outside every forward."""
-        return self.running[-1] if self.running else None
+def innermost_running_module():
+    """The innermost module whose call is in progress on this thread, or None outside
+    every module call."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code is _MODULE_CALL:
+            module = frame.f_locals.get("self")
+            if isinstance(module, torch.nn.Module):
+                return module
+        frame = frame.f_back
+    return None
 
 
 class _WatchedParameters(collections.OrderedDict):
@@ -57,9 +50,24 @@ class _WatchedParameters(collections.OrderedDict):
         return param
 
 
+class _Unwatch:
+    """Undoes watch(): remove() gives each module back a plain `_parameters` dict."""
+
+    def __init__(self, swapped):
+        self._swapped = swapped
+
+    def remove(self):
+        for module, kind in self._swapped:
+            current = module.__dict__.get("_parameters")
+            if isinstance(current, _WatchedParameters):
+                module.__dict__["_parameters"] = kind(current)
+        del self._swapped[:]
+
+
 def watch(model, params, callback):
     """Makes every module of `model` that owns one of `params` report their reads through
-    the module (module.name) to `callback(param)`. Returns a function that undoes it."""
+    the module (module.name) to `callback(param)`. Returns a handle whose remove() undoes
+    it (as the hooks' handles)."""
     watched = {id(p): callback for p in params}
     swapped = []
     for module in model.modules():
@@ -71,9 +79,4 @@ def watch(model, params, callback):
         swapped.append((module, type(own)))
         module.__dict__["_parameters"] = replacement
 
-    def undo():
-        for module, kind in swapped:
-            current = module.__dict__.get("_parameters")
-            if isinstance(current, _WatchedParameters):
-                module.__dict__["_parameters"] = kind(current)
-    return undo
+    return _Unwatch(swapped)

@@ -459,7 +459,8 @@ class TorchEngine:
 
     def _pid_of(self, param, what, module_params=False):
         """The engine id of `param`; with `module_params`, None for a param of the model
-        the engine does not drive (frozen below stage 3, zero-element, not float)."""
+        the engine does not drive (frozen below stage 3 without checkpoint.save_frozen,
+        zero-element, not float)."""
         for _, registered, pid in self._params + self._frozen:
             if registered is param:
                 return pid
@@ -468,7 +469,8 @@ class TorchEngine:
         raise errors.InvalidArgumentError(
             f"zerort.torch: {what}: a param of shape {tuple(param.shape)} that this engine "
             "does not drive (not a param of the model given to initialize(), or one with no "
-            "elements, or a frozen one below stage 3)", errors.InvalidArgumentError.status)
+            "elements, or a frozen one below stage 3 without checkpoint.save_frozen)",
+            errors.InvalidArgumentError.status)
 
     def register_external_parameter(self, module, param):
         """Makes `module`'s forward and backward gather `param`'s stage-3 unit too: a param

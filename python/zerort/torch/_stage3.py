@@ -41,7 +41,7 @@ import ctypes
 import torch
 
 from .. import errors
-from ._access import ForwardStack, watch
+from ._access import innermost_running_module, watch
 from ._params import resize_storage, storage_bytes
 
 
@@ -144,13 +144,12 @@ class UnitGathering:
         for sub, units in module_units.items():
             self.add_units(sub, units)
         # Params read in another module's forward: found as they are read (_access.py).
-        self._running = ForwardStack(module)
-        self.handles += self._running.handles
         self._unit_of_param = {id(param): unit for unit, members in self._members.items()
                                if unit not in self._persistent for param, _ in members}
-        self._unwatch = watch(module, [param for unit, members in self._members.items()
-                                       if unit not in self._persistent
-                                       for param, _ in members], self._read_released)
+        # (a handle: the engine's close, or its communicator's, removes it with the hooks)
+        self.handles.append(watch(module, [param for unit, members in self._members.items()
+                                           if unit not in self._persistent
+                                           for param, _ in members], self._read_released))
         with torch.no_grad():
             for unit, members in self._members.items():
                 if unit in self._persistent:
@@ -181,9 +180,9 @@ class UnitGathering:
         forward runs, the innermost running module gathers the unit now and around its
         forward and backward from now on, as if declared external."""
         unit = self._unit_of_param.get(id(param))
-        if unit is None or unit in self._gathered:
+        if unit is None or unit in self._gathered or self._engine.closed:
             return
-        module = self._running.innermost()
+        module = innermost_running_module()
         if module is None:
             return
         self.add_units(module, [unit])
@@ -314,7 +313,6 @@ class UnitGathering:
         for handle in self.handles:
             handle.remove()
         del self.handles[:]
-        self._unwatch()
         self.release_all()
         with torch.no_grad():
             for unit, members in self._members.items():
