@@ -158,6 +158,29 @@ class Inventory:
                 self.trainable.append((name, param))
         self._frozen = {id(p): weakref.ref(p) for p in module.parameters()
                         if not p.requires_grad}
+        self._layout = self._layout_of(module)
+
+    @staticmethod
+    def _layout_of(module):
+        """Which params and submodules each module holds now (by identity) and which params
+        are trainable: when it is unchanged, no trainable param can be new to the engine."""
+        return [(sub, tuple(map(id, sub._parameters.values())),
+                 tuple(map(id, sub._modules.values())),
+                 tuple(p is not None and p.requires_grad for p in sub._parameters.values()))
+                for sub in module.modules()]
+
+    def _layout_unchanged(self, module):
+        """Whether `module` holds the params and submodules it held at initialize(), each
+        as trainable as then (a walk of the modules seen then: cheaper than naming every
+        param)."""
+        if not self._layout or self._layout[0][0] is not module:
+            return False
+        for sub, params, children, trainable in self._layout:
+            values = sub._parameters.values()
+            if (tuple(map(id, values)) != params or tuple(map(id, sub._modules.values())) != children
+                    or tuple(p is not None and p.requires_grad for p in values) != trainable):
+                return False
+        return True
 
     def check(self, module, params, is_gathered, what):
         """Raises FailedPreconditionError naming the first param that changed since
@@ -178,6 +201,8 @@ class Inventory:
             param = record.param
             if param is not None:
                 record.check(param, what)
+        if self._layout_unchanged(module):
+            return
         for name, param in module.named_parameters():
             if not param.requires_grad or id(param) in self.tracked:
                 continue
