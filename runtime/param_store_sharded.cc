@@ -63,7 +63,11 @@ class ShardedParams final : public ParamStore {
     const int bucket = plan_.placement(param).bucket;
     const bool held = units_[bucket].buffer.data() != nullptr;
     if (!held) ZERO_RETURN_IF_ERROR(StartGather(bucket));
-    ZERO_RETURN_IF_ERROR(FinishGather(bucket));
+    const Status gathered = FinishGather(bucket);
+    if (!gathered.ok()) {
+      if (!held) FreeUnit(bucket, /*failed=*/true);
+      return gathered;
+    }
     const Status copied =
         ops_.Copy(out, units_[bucket].buffer.as<char>() + plan_.ParamByteOffset(param), plan_.ParamBytes(param));
     if (!held) FreeUnit(bucket);
@@ -208,7 +212,7 @@ Status ShardedParams::FinishGather(int bucket) {
 
 StatusOr<base::Buffer> ShardedParams::TakeBuffer(const Bucket& b) {
   for (size_t i = 0; i < spares_.size(); ++i) {
-    if (spares_[i].first.bytes() != b.bytes()) continue;
+    if (spares_[i].first.bytes() != b.bytes() || spares_[i].second != b.numel) continue;
     base::Buffer buffer = std::move(spares_[i].first);
     spare_elems_ -= spares_[i].second;
     spares_.erase(spares_.begin() + static_cast<std::ptrdiff_t>(i));
@@ -232,8 +236,9 @@ StatusOr<base::Buffer> ShardedParams::TakeBuffer(const Bucket& b) {
 void ShardedParams::FreeUnit(int bucket, bool failed) {
   Unit& unit = units_[bucket];
   const int64_t numel = plan_.buckets()[bucket].numel;
-  // Whether no all-gather can still write into the buffer.
-  const bool settled = unit.pending == nullptr && !failed;
+  // Whether no all-gather can still write into the buffer (after any failure the group is
+  // broken, and a buffer of it is never reused).
+  const bool settled = unit.pending == nullptr && !failed && path_.comm().Health().ok();
   unit.pending.reset();  // abandons an all-gather still in flight before its buffer goes
   live_elems_ -= numel;
   if (settled && spare_elems_ + numel <= config_.prefetch_elems &&
@@ -249,9 +254,10 @@ Status ShardedParams::DropPrefetched() {
   for (const Bucket& b : plan_.buckets()) {
     Unit& unit = units_[b.index];
     if (unit.persistent || unit.holders > 0 || unit.buffer.data() == nullptr) continue;
-    ZERO_RETURN_IF_ERROR(FinishGather(b.index));  // MPI may still be writing into it
-    FreeUnit(b.index);
+    const Status gathered = FinishGather(b.index);  // MPI may still be writing into it
+    FreeUnit(b.index, /*failed=*/!gathered.ok());
     prefetched_elems_ -= b.numel;
+    ZERO_RETURN_IF_ERROR(gathered);
   }
   return absl::OkStatus();
 }

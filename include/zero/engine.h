@@ -152,7 +152,8 @@ class Engine {
   /// carries its unit as the collective's tag, so ranks gathering different units fail
   /// (kInvalidArgument naming both). Never holds more than stage3.max_live_elems
   /// gathered elements: prefetched units are dropped first, then kResourceExhausted.
-  /// Gathered units, prefetched units and the buffers Release keeps count against the limit.
+  /// Gathered and prefetched units count against the limit; buffers Release kept are freed to
+  /// make room.
   /// A no-op at stages 0-2 and for persistent units (smaller than persistence_threshold, or
   /// params registered without a unit), which stay gathered.
   virtual Status Gather(int unit) = 0;

@@ -168,7 +168,7 @@ typedef struct {
 ZERO_API zero_status zero_engine_counters_sized(const zero_engine* engine, zero_engine_counters_t* out,
                                                 size_t size);
 /** The first seven fields only (the struct of programs built before grad_bytes_copied was
- *  added): use zero_engine_counters_sized for the others. */
+ *  added); the others are left as they were: use zero_engine_counters_sized. */
 ZERO_API zero_status zero_engine_counters(const zero_engine* engine, zero_engine_counters_t* out);
 /** One optimizer group's hyperparameters (zero/config.h, OptimizerHyper). */
 typedef struct {

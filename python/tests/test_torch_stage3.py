@@ -501,3 +501,63 @@ def storage_bytes_of(tensor):
     storage = (tensor.untyped_storage() if hasattr(tensor, "untyped_storage")
                else tensor.storage())
     return storage.nbytes()
+
+
+class ReadingHead(nn.Module):
+    """Owns no params: reads another module's weight, so PyTorch calls it without hooks."""
+
+    def __init__(self, source):
+        super().__init__()
+        self.source = [source]  # not a submodule
+
+    def forward(self, x):
+        return F.linear(x, self.source[0].weight)
+
+
+class HeadModel(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(3)
+        self.embed = nn.Embedding(VOCAB, DIM)
+        self.body = nn.Linear(DIM, DIM)
+        self.head = ReadingHead(self.embed)
+
+    def forward(self, tokens):
+        return self.head(torch.tanh(self.body(self.embed(tokens))))
+
+
+@pytest.mark.parametrize("eval_first", [True, False])
+def test_a_read_in_a_module_called_without_hooks_trains_and_an_eval_pass_releases_it(
+        eval_first):
+    """The module reading the embedding has no hooks, so PyTorch runs none of the hooks the
+    read adds during that call: after a first forward without autograd (an eval pass) the
+    unit is released when the model's forward ends; a first read in a training forward
+    keeps it through that step's backward. Training equals PyTorch's either way."""
+    def train(use_engine):
+        model = HeadModel()
+        comm = zerort.local_group(1)[0] if use_engine else None
+        config = {"stage": 3, "optimizer": SGD, "stage3": {"persistence_threshold": 0}}
+        engine = zerort.torch.initialize(model, config, comm) if use_engine else None
+        optimizer = None if use_engine else torch.optim.SGD(
+            model.parameters(), lr=SGD["lr"], momentum=SGD["momentum"])
+        released_after_eval = None
+        if use_engine and eval_first:  # the first read is in an eval pass
+            with torch.no_grad():
+                model(batch(9)[0])
+            units = engine._units
+            released_after_eval = not units.is_gathered(units.units_of(
+                [pid for name, _, pid in engine._params if name == "embed.weight"])[0])
+        for step in range(STEPS):
+            if optimizer is not None:
+                optimizer.zero_grad()
+            loss_of(model, *batch(step)).backward()
+            (engine or optimizer).step()
+        if use_engine:
+            engine.close()
+            comm.close()
+        return trainable(model), released_after_eval
+
+    got, released = train(True)
+    want, _ = train(False)
+    assert_close(got, want)
+    assert released or not eval_first

@@ -23,17 +23,29 @@ import torch
 _MODULE_CALL = torch.nn.Module._call_impl.__code__
 
 
-def innermost_running_module():
-    """The innermost module whose call is in progress on this thread, or None outside
-    every module call."""
+def innermost_running_module(accept):
+    """The innermost module whose call is in progress on this thread and for which
+    `accept(module)` holds (a module of the engine's model), or None outside every such
+    call. (A module run through torch.compile is not seen.)"""
     frame = sys._getframe(1)
     while frame is not None:
         if frame.f_code is _MODULE_CALL:
             module = frame.f_locals.get("self")
-            if isinstance(module, torch.nn.Module):
+            if isinstance(module, torch.nn.Module) and accept(module):
                 return module
         frame = frame.f_back
     return None
+
+
+def runs_forward_hooks(module):
+    """Whether PyTorch's call of `module` runs its forward hooks: it skips them all when the
+    module and the process have no hooks of any kind (checked as PyTorch 1.13 and 2.x do)."""
+    from torch.nn.modules import module as torch_module  # pylint: disable=import-outside-toplevel
+    own = ("_backward_hooks", "_backward_pre_hooks", "_forward_hooks", "_forward_pre_hooks")
+    process = ("_global_backward_pre_hooks", "_global_backward_hooks", "_global_forward_hooks",
+               "_global_forward_pre_hooks")
+    return (any(getattr(module, name, None) for name in own)
+            or any(getattr(torch_module, name, None) for name in process))
 
 
 class _WatchedParameters(collections.OrderedDict):

@@ -180,6 +180,8 @@ class TorchEngine:
             self._in_micro_batch = True
 
     def _hook_outputs(self, output):
+        if self._units is not None:
+            self._units.model_forward_ended()
         if not torch.is_grad_enabled():
             return
         tensors = [t for t in _stage3.tensors_in(output) if t.requires_grad]

@@ -37,11 +37,12 @@ the way to read it there).
 """
 import collections
 import ctypes
+import weakref
 
 import torch
 
 from .. import errors
-from ._access import innermost_running_module, watch
+from ._access import innermost_running_module, runs_forward_hooks, watch
 from ._params import resize_storage, storage_bytes
 
 
@@ -144,6 +145,8 @@ class UnitGathering:
         for sub, units in module_units.items():
             self.add_units(sub, units)
         # Params read in another module's forward: found as they are read (_access.py).
+        self._model_modules = weakref.WeakSet(module.modules())
+        self._unhold_after_forward = []  # units held for a read in a call without hooks
         self._unit_of_param = {id(param): unit for unit, members in self._members.items()
                                if unit not in self._persistent for param, _ in members}
         # (a handle: the engine's close, or its communicator's, removes it with the hooks)
@@ -182,11 +185,23 @@ class UnitGathering:
         unit = self._unit_of_param.get(id(param))
         if unit is None or unit in self._gathered or self._engine.closed:
             return
-        module = innermost_running_module()
+        module = innermost_running_module(lambda m: m in self._model_modules)
         if module is None:
             return
+        hooked = runs_forward_hooks(module)  # before add_units adds some
         self.add_units(module, [unit])
-        self.hold([unit])  # this call's forward hook ends the hold (add_units hooked it)
+        self.hold([unit])
+        # This call's forward hook ends the hold (add_units hooked it). A module PyTorch
+        # called without hooks runs none: the hold lasts until the step (this step's backward
+        # may need the unit), or, without autograd, until the model's forward ends.
+        if not hooked and not torch.is_grad_enabled():
+            self._unhold_after_forward.append(unit)
+
+    def model_forward_ended(self):
+        """The model's own forward returned: ends the holds of reads in calls without hooks
+        made without autograd."""
+        units, self._unhold_after_forward = self._unhold_after_forward, []
+        self.unhold(units)
 
     def units_of(self, pids):
         """The sharded units of the params `pids` (sorted)."""
