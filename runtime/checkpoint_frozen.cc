@@ -6,8 +6,6 @@
 //            it holds (the ranks together write each element once); stage 0: rank 0 all
 //   loading  stage 3: each rank its shard; stages 0-2: every rank the whole param, since each
 //            keeps a whole replica and a step gathers trainable buckets only
-#include <cstring>
-
 #include "kernels/cpu/elementwise.h"
 #include "runtime/engine_impl.h"
 

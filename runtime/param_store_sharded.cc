@@ -163,7 +163,11 @@ class ShardedParams final : public ParamStore {
   // (a gather that needs the room frees them first), and only buffers no collective can still
   // write into. (buffer, elements)
   std::vector<std::pair<base::Buffer, int64_t>> spares_;
-  int64_t spare_elems_ = 0;
+  int64_t SpareElems() const {
+    int64_t elems = 0;
+    for (const auto& spare : spares_) elems += spare.second;
+    return elems;
+  }
   Trace trace_state_ = Trace::kRecording;
   std::vector<int> trace_;  // buckets in the order a recorded step gathered them
   size_t trace_position_ = 0;
@@ -214,19 +218,14 @@ StatusOr<base::Buffer> ShardedParams::TakeBuffer(const Bucket& b) {
   for (size_t i = 0; i < spares_.size(); ++i) {
     if (spares_[i].first.bytes() != b.bytes() || spares_[i].second != b.numel) continue;
     base::Buffer buffer = std::move(spares_[i].first);
-    spare_elems_ -= spares_[i].second;
     spares_.erase(spares_.begin() + static_cast<std::ptrdiff_t>(i));
     return buffer;
   }
   // A new buffer: first the spares that would take the gathered elements past max_live_elems.
-  while (!spares_.empty() && live_elems_ + spare_elems_ + b.numel > config_.max_live_elems) {
-    spare_elems_ -= spares_.back().second;
-    spares_.pop_back();
-  }
+  while (!spares_.empty() && live_elems_ + SpareElems() + b.numel > config_.max_live_elems) spares_.pop_back();
   StatusOr<base::Buffer> fresh = allocator_.Allocate(b.bytes(), MemoryCategory::kGathered, ops_.placement());
   if (!fresh.ok() && !spares_.empty()) {  // out of memory: the spares go first
     spares_.clear();
-    spare_elems_ = 0;
     fresh = allocator_.Allocate(b.bytes(), MemoryCategory::kGathered, ops_.placement());
   }
   if (fresh.ok()) ++counters_.gather_allocations;
@@ -241,10 +240,9 @@ void ShardedParams::FreeUnit(int bucket, bool failed) {
   const bool settled = unit.pending == nullptr && !failed && path_.comm().Health().ok();
   unit.pending.reset();  // abandons an all-gather still in flight before its buffer goes
   live_elems_ -= numel;
-  if (settled && spare_elems_ + numel <= config_.prefetch_elems &&
-      live_elems_ + spare_elems_ + numel <= config_.max_live_elems) {
+  const int64_t spare = SpareElems();
+  if (settled && spare + numel <= config_.prefetch_elems && live_elems_ + spare + numel <= config_.max_live_elems) {
     spares_.emplace_back(std::move(unit.buffer), numel);
-    spare_elems_ += numel;
   } else {
     unit.buffer.Reset();
   }

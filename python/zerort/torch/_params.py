@@ -161,26 +161,24 @@ class Inventory:
         self._layout = self._layout_of(module)
 
     @staticmethod
-    def _layout_of(module):
-        """Which params and submodules each module holds now (by identity) and which params
-        are trainable: when it is unchanged, no trainable param can be new to the engine."""
-        return [(sub, tuple(map(id, sub._parameters.values())),
-                 tuple(map(id, sub._modules.values())),
-                 tuple(p is not None and p.requires_grad for p in sub._parameters.values()))
-                for sub in module.modules()]
+    def _holdings(sub):
+        """What module `sub` holds now: its params and submodules (by identity) and which
+        of its params are trainable."""
+        params = sub._parameters.values()
+        return (tuple(map(id, params)), tuple(map(id, sub._modules.values())),
+                tuple(p is not None and p.requires_grad for p in params))
+
+    @classmethod
+    def _layout_of(cls, module):
+        """Each module of `module` with its holdings: while they are unchanged, no trainable
+        param can be new to the engine."""
+        return [(sub, cls._holdings(sub)) for sub in module.modules()]
 
     def _layout_unchanged(self, module):
-        """Whether `module` holds the params and submodules it held at initialize(), each
-        as trainable as then (a walk of the modules seen then: cheaper than naming every
-        param)."""
-        if not self._layout or self._layout[0][0] is not module:
-            return False
-        for sub, params, children, trainable in self._layout:
-            values = sub._parameters.values()
-            if (tuple(map(id, values)) != params or tuple(map(id, sub._modules.values())) != children
-                    or tuple(p is not None and p.requires_grad for p in values) != trainable):
-                return False
-        return True
+        """Whether every module seen at initialize() holds what it held then (a walk of
+        those modules: cheaper than naming every param)."""
+        return (bool(self._layout) and self._layout[0][0] is module
+                and all(self._holdings(sub) == held for sub, held in self._layout))
 
     def check(self, module, params, is_gathered, what):
         """Raises FailedPreconditionError naming the first param that changed since

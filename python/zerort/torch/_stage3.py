@@ -147,12 +147,11 @@ class UnitGathering:
         # Params read in another module's forward: found as they are read (_access.py).
         self._model_modules = weakref.WeakSet(module.modules())
         self._unhold_after_forward = []  # units held for a read in a call without hooks
-        self._unit_of_param = {id(param): unit for unit, members in self._members.items()
-                               if unit not in self._persistent for param, _ in members}
+        sharded = [(param, unit) for unit, members in self._members.items()
+                   if unit not in self._persistent for param, _ in members]
+        self._unit_of_param = {id(param): unit for param, unit in sharded}
         # (a handle: the engine's close, or its communicator's, removes it with the hooks)
-        self.handles.append(watch(module, [param for unit, members in self._members.items()
-                                           if unit not in self._persistent
-                                           for param, _ in members], self._read_released))
+        self.handles.append(watch(module, [param for param, _ in sharded], self._read_released))
         with torch.no_grad():
             for unit, members in self._members.items():
                 if unit in self._persistent:
