@@ -52,6 +52,14 @@ inline bool Skipped(const StepCommon& common) {
   return common.skip != nullptr && *common.skip != 0;
 }
 
+/// `hyper` with its grad_scale read from common.grad_scale_at where that is set: what the CPU
+/// launchers run with (the pointer is host memory there).
+template <typename Hyper>
+Hyper WithHostGradScale(Hyper hyper) {
+  if (hyper.common.grad_scale_at != nullptr) hyper.common.grad_scale = *hyper.common.grad_scale_at;
+  return hyper;
+}
+
 }  // namespace zero::kernels
 
 #endif  // ZERO_KERNELS_LAUNCH_CHECKS_H_

@@ -37,6 +37,10 @@ struct StepCommon {
   float grad_scale = 1.0f;
   /// When non-null and *skip != 0, the step modifies nothing (overflow detected).
   const int32_t* skip = nullptr;
+  /// When non-null, the gradient scale is read from here as the kernel runs (device memory for
+  /// the CUDA kernels, host memory for the CPU ones) instead of `grad_scale`: a clip
+  /// coefficient decided on the device reaches the step without a round trip to the host.
+  const float* grad_scale_at = nullptr;
 };
 
 /// Adam and AdamW exactly as PyTorch defines them: bias-corrected moments, eps added after the

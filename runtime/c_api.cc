@@ -195,6 +195,15 @@ zero_status zero_step(zero_engine* engine, zero_step_info* info) {
   return ZERO_OK;
 }
 
+zero_status zero_last_grad_norm(zero_engine* engine, float* norm) {
+  ZERO_C_REQUIRE(engine, "zero_last_grad_norm");
+  ZERO_C_REQUIRE(norm, "zero_last_grad_norm");
+  auto value = engine->engine->LastGradNorm();
+  if (!value.ok()) return Report(value.status());
+  *norm = *value;
+  return ZERO_OK;
+}
+
 zero_status zero_set_stream(zero_engine* engine, void* cuda_stream) {
   ZERO_C_REQUIRE(engine, "zero_set_stream");
   return Report(engine->engine->SetStream(cuda_stream));

@@ -6,7 +6,7 @@
 namespace zero::runtime {
 
 bool CollectivePath::NeedsStreamWait() const {
-  return ops_.placement() == Placement::kDevice && !comm_.ordered_after_stream();
+  return ops_.asynchronous() && !comm_.ordered_after_stream();
 }
 
 Status CollectivePath::MakeStreamWorkVisible() {

@@ -554,7 +554,8 @@ StatusOr<Config> Config::FromJson(std::string_view text) {
       {"optimizer", section(optimizer)}, {"precision", section(precision)}, {"buckets", section(buckets)},
       {"stage3", section(stage3)},
       {"gradient_accumulation_steps", Number(&c.gradient_accumulation_steps, kAccumulation)},
-      {"clip_grad_norm", Number(&c.clip_grad_norm, kClip)}, {"loss_scale", section(loss_scale)},
+      {"clip_grad_norm", Number(&c.clip_grad_norm, kClip)}, {"sync_grad_norm", Bool(&c.sync_grad_norm)},
+      {"loss_scale", section(loss_scale)},
       {"guard", section(guard)}, {"checkpoint", section(checkpoint)}, {"scheduler", section(scheduler)},
       {"batch", section(batch)}};
   const std::string root;

@@ -7,6 +7,7 @@
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/norms.h"
 #include "kernels/cpu/optimizers.h"
+#include "kernels/step_decision.h"
 #include "base/raw_memory.h"
 
 namespace zero::runtime {
@@ -22,6 +23,7 @@ class CpuDeviceOps final : public DeviceOps {
     return absl::InvalidArgumentError("SetStream: the engine runs on device \"cpu\"; a CUDA stream needs \"device\": \"cuda\"");
   }
   Status Synchronize() override { return absl::OkStatus(); }
+  bool asynchronous() const override { return false; }
   int64_t host_waits() const override { return 0; }
 
   Status Zero(void* data, int64_t bytes) override {
@@ -83,6 +85,23 @@ class CpuDeviceOps final : public DeviceOps {
     }
     bytes = static_cast<size_t>(workspace_.bytes());
     return kernels::SquaredNormsCpu(workspace_.data(), &bytes, spans, dtype, per_span, total, exec_);
+  }
+  Status SquaredNormOnDevice(absl::Span<const NormBatch> batches, float* sq_norm) override {
+    double sum = 0.0;
+    for (const NormBatch& batch : batches) {
+      kernels::NormResult part;
+      ZERO_RETURN_IF_ERROR(SquaredNorms(batch.spans, batch.dtype, {}, &part));
+      sum += part.sq_norm;
+    }
+    *sq_norm = static_cast<float>(sum);
+    return absl::OkStatus();
+  }
+  Status DecideClip(const float* sq_norm, double divisor, float max_norm, float* grad_norm,
+                    float* grad_scale) override {
+    const kernels::ClipDecision decision = kernels::DecideClip(*sq_norm, divisor, max_norm);
+    *grad_norm = decision.grad_norm;
+    *grad_scale = decision.grad_scale;
+    return absl::OkStatus();
   }
 
  private:

@@ -7,6 +7,10 @@
 //         (the trainer's, from Engine::SetStream, or the legacy default stream); calls that
 //         hand values to the host (Copy, SquaredNorms) wait for that stream, never the device
 //
+// Values the engine needs on the device only (the step's norm and clip coefficient) stay
+// there: SquaredNormOnDevice and DecideClip write device memory, which the optimizer kernels
+// read (StepCommon::grad_scale_at), so a step needs no wait by the host.
+//
 // Every buffer the engine owns comes from the accounting allocator in placement().
 #ifndef ZERO_RUNTIME_DEVICE_OPS_H_
 #define ZERO_RUNTIME_DEVICE_OPS_H_
@@ -21,6 +25,12 @@
 #include "zero/status.h"
 
 namespace zero::runtime {
+
+/// Gradient spans of one dtype, for a norm over several dtypes.
+struct NormBatch {
+  absl::Span<const kernels::ConstSpan> spans;
+  DType dtype = DType::kFP32;
+};
 
 class DeviceOps {
  public:
@@ -37,6 +47,9 @@ class DeviceOps {
   virtual Status SetStream(void* stream) = 0;
   /// Waits until the work queued so far is done (a no-op on the CPU).
   virtual Status Synchronize() = 0;
+  /// True when calls queue work that runs later (cuda): a value the ops write is on the host
+  /// only after a Copy. False when every call completes before it returns (cpu).
+  virtual bool asynchronous() const = 0;
   /// How many times a call so far made the host wait for the device (Synchronize, and the
   /// calls that hand values to the host); 0 on the CPU.
   virtual int64_t host_waits() const = 0;
@@ -79,6 +92,14 @@ class DeviceOps {
   /// Scratch memory comes from the allocator (category workspace) and is kept for later calls.
   virtual Status SquaredNorms(absl::Span<const kernels::ConstSpan> spans, DType dtype,
                               absl::Span<double> per_span, kernels::NormResult* total) = 0;
+  /// The sum of squares of every batch's spans, each batch summed as SquaredNorms does, the
+  /// batches in float64 in order, rounded once into `*sq_norm` (memory of this device; not
+  /// finite when an element is Inf/NaN). Left where it is: the host does not wait.
+  virtual Status SquaredNormOnDevice(absl::Span<const NormBatch> batches, float* sq_norm) = 0;
+  /// kernels::DecideClip(*sq_norm, divisor, max_norm) into *grad_norm and *grad_scale, taken
+  /// on this device (all three pointers are its memory); the host does not wait.
+  virtual Status DecideClip(const float* sq_norm, double divisor, float max_norm, float* grad_norm,
+                            float* grad_scale) = 0;
 };
 
 /// The "cuda" operations (device_ops_cuda.cc); kUnavailable in a build without CUDA or on a

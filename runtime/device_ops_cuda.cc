@@ -2,6 +2,7 @@
 // stream. Calls that hand values to the host wait for that stream only.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -9,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/casts_cuda.h"
 #include "kernels/cuda/optimizers_cuda.h"
+#include "kernels/cuda/step_scalars_cuda.h"
 #include "runtime/device_ops.h"
 
 namespace zero::runtime {
@@ -29,6 +31,7 @@ class CudaDeviceOps final : public DeviceOps {
     ZERO_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
     return absl::OkStatus();
   }
+  bool asynchronous() const override { return true; }
   int64_t host_waits() const override { return host_waits_; }
 
   Status Zero(void* data, int64_t bytes) override {
@@ -112,6 +115,31 @@ class CudaDeviceOps final : public DeviceOps {
     return absl::OkStatus();
   }
 
+  // Each batch's total into its own device double (norm_totals_), then their sum, rounded once.
+  Status SquaredNormOnDevice(absl::Span<const NormBatch> batches, float* sq_norm) override {
+    size_t most = 0;
+    for (const NormBatch& batch : batches) {
+      size_t bytes = 0;
+      ZERO_RETURN_IF_ERROR(kernels::SquaredNormsCuda(nullptr, &bytes, batch.spans, batch.dtype, nullptr, nullptr,
+                                                     nullptr, stream_));
+      most = std::max(most, bytes);
+    }
+    ZERO_RETURN_IF_ERROR(Reserve(&workspace_, static_cast<int64_t>(most), Placement::kDevice));
+    ZERO_RETURN_IF_ERROR(Reserve(&norm_totals_, static_cast<int64_t>(std::max<size_t>(batches.size(), 1) * sizeof(double)),
+                                 Placement::kDevice));
+    double* totals = norm_totals_.as<double>();
+    for (size_t k = 0; k < batches.size(); ++k) {  // in stream order: one workspace serves all
+      size_t bytes = static_cast<size_t>(workspace_.bytes());
+      ZERO_RETURN_IF_ERROR(kernels::SquaredNormsCuda(workspace_.data(), &bytes, batches[k].spans, batches[k].dtype,
+                                                     nullptr, totals + k, nullptr, stream_));
+    }
+    return kernels::SumToFloatCuda(totals, static_cast<int>(batches.size()), sq_norm, stream_);
+  }
+  Status DecideClip(const float* sq_norm, double divisor, float max_norm, float* grad_norm,
+                    float* grad_scale) override {
+    return kernels::DecideClipCuda(sq_norm, divisor, max_norm, grad_norm, grad_scale, stream_);
+  }
+
  private:
   // Grows `buffer` to at least `bytes` (it is scratch: old contents are dropped).
   Status Reserve(base::Buffer* buffer, int64_t bytes, Placement placement) {
@@ -125,7 +153,7 @@ class CudaDeviceOps final : public DeviceOps {
   base::Allocator allocator_;
   cudaStream_t stream_ = nullptr;
   int64_t host_waits_ = 0;
-  base::Buffer workspace_, results_, host_results_;
+  base::Buffer workspace_, results_, host_results_, norm_totals_;
 };
 
 }  // namespace

@@ -37,6 +37,13 @@ Status CheckBatchSizes(const Config& config, int world) {
 
 StatusOr<std::unique_ptr<Engine>> Engine::Create(const Config& config,
                                                  comm::Communicator& communicator) {
+  return runtime::CreateEngine(config, communicator, runtime::DeviceOps::Create);
+}
+
+namespace runtime {
+
+StatusOr<std::unique_ptr<Engine>> CreateEngine(const Config& config, comm::Communicator& communicator,
+                                               const OpsFactory& make_ops) {
   ZERO_RETURN_IF_ERROR(config.Validate());
   if (!config.precision.master_weights) {
     return absl::UnimplementedError("precision.master_weights = false is not implemented");
@@ -60,12 +67,9 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const Config& config,
                             << " thread(s) per rank, " << communicator.ranks_on_this_host()
                             << " rank(s) on this host (ZERO_CPU_THREADS sets the count)";
   }
-  ZERO_ASSIGN_OR_RETURN(std::unique_ptr<runtime::DeviceOps> ops,
-                        runtime::DeviceOps::Create(config.device, exec, allocator));
-  return std::unique_ptr<Engine>(new runtime::EngineImpl(config, communicator, logger, allocator, std::move(ops)));
+  ZERO_ASSIGN_OR_RETURN(std::unique_ptr<DeviceOps> ops, make_ops(config.device, exec, allocator));
+  return std::unique_ptr<Engine>(new EngineImpl(config, communicator, logger, allocator, std::move(ops)));
 }
-
-namespace runtime {
 
 EngineImpl::EngineImpl(const Config& config, comm::Communicator& comm, base::Logger logger,
                        base::Allocator allocator, std::unique_ptr<DeviceOps> ops)
@@ -217,6 +221,8 @@ Status EngineImpl::Finalize() {
   }
   ZERO_ASSIGN_OR_RETURN(optimizer_, OptimizerState::Create(config_, *plan_, comm_.rank(), owned_params, *grads_,
                                                            allocator_, *ops_, std::move(sum_over_ranks)));
+  ZERO_ASSIGN_OR_RETURN(step_scalars_, allocator_.Allocate(kStepScalars * sizeof(float), MemoryCategory::kWorkspace,
+                                                           ops_->placement()));
   pending_.assign(num_buckets, 0);
   handed_.assign(num_buckets, 0);
   param_steps_.assign(specs_.size(), 0);

@@ -5,6 +5,7 @@
 #ifndef ZERO_RUNTIME_ENGINE_IMPL_H_
 #define ZERO_RUNTIME_ENGINE_IMPL_H_
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -29,6 +30,13 @@
 #include "zero/engine.h"
 
 namespace zero::runtime {
+
+/// Makes the engine's DeviceOps for its config's device (DeviceOps::Create).
+using OpsFactory = std::function<StatusOr<std::unique_ptr<DeviceOps>>(Device, const kernels::CpuExec&, base::Allocator)>;
+
+/// Engine::Create with the DeviceOps `make_ops` gives: tests run the engine on a device model.
+StatusOr<std::unique_ptr<Engine>> CreateEngine(const Config& config, comm::Communicator& communicator,
+                                               const OpsFactory& make_ops);
 
 class EngineImpl final : public Engine {
  public:
@@ -55,6 +63,7 @@ class EngineImpl final : public Engine {
   Status AccumulateGrad(ParamId id, const void* grad) override;
   Status EndBackward() override;
   StatusOr<StepInfo> Step() override;
+  StatusOr<float> LastGradNorm() override;
   Status SaveCheckpoint(const std::string& dir) override;
   Status SaveCheckpoint(const std::string& root, const std::string& tag) override;
   Status LoadCheckpoint(const std::string& dir) override;
@@ -80,6 +89,10 @@ class EngineImpl final : public Engine {
  private:
   // ZERO_DEBUG=DETAIL logs arrivals and launches of this many first micro-batches.
   static constexpr int64_t kDetailedIterations = 3;
+
+  // The floats of step_scalars_: the squared norm (this rank's, then summed over ranks), the
+  // global gradient norm, and the scale the optimizer kernels multiply gradients by.
+  enum StepScalar { kSqNorm, kGradNorm, kGradScale, kStepScalars };
 
   enum class Phase {
     kRegistering,  // before Finalize
@@ -208,6 +221,10 @@ class EngineImpl final : public Engine {
   std::vector<int> pending_;   // per bucket: params not yet complete this micro-batch
   std::vector<char> handed_;   // per bucket: reduction handed to the scheduler this micro-batch
   base::Buffer grad_staging_;  // device "cuda": host gradients given to AccumulateGrad
+  // The step's scalars on the engine's device (StepScalar): decided there, read by the kernels.
+  base::Buffer step_scalars_;
+  std::optional<float> last_grad_norm_;  // the last Step's norm, once on the host
+  bool grad_norm_on_device_ = false;     // the last Step left its norm in step_scalars_ only
   Status diverged_;  // set once guard.consistency_check found ranks apart; later checks fail fast
   bool replicas_synced_ = false;   // SyncReplicas ran
   std::string user_data_;  // trainer state saved in and loaded from checkpoints

@@ -1,6 +1,8 @@
 // Step(): overflow check and global norm, loss scaling, clipping, the fused optimizer step on
-// the rank's owned ranges, then the params store brings every rank's view up to date.
+// the rank's owned ranges, then the params store brings every rank's view up to date; and
+// LastGradNorm(), the norm a step left on the device.
 #include <cmath>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "runtime/engine_impl.h"
@@ -16,16 +18,38 @@ StatusOr<StepInfo> EngineImpl::Step() {
         " micro-batches are done (gradient_accumulation_steps); finish them with "
         "BeginIteration … EndBackward first"));
   }
-  // The overflow flag and the norm in one read-only pass over the rank's shard, summed over
-  // ranks (an Inf/NaN anywhere makes the sum non-finite everywhere).
-  ZERO_ASSIGN_OR_RETURN(kernels::NormResult local, optimizer_->GradNorm());
-  float sq_norm = static_cast<float>(local.sq_norm);
-  ZERO_RETURN_IF_ERROR(host_.AllReduce(&sq_norm, 1, comm::ReduceOp::kSum));
-  const bool overflow = !std::isfinite(sq_norm);
-  const float loss_scale = loss_scaler_.scale();
-  const double divisor = static_cast<double>(comm_.size()) * loss_scale;
+  // The norm in one read-only pass over the rank's shard, summed over ranks (an Inf/NaN
+  // anywhere makes the sum non-finite everywhere), and the clip decision: all on the engine's
+  // device, where the optimizer kernels read the gradient scale.
+  float* scalars = step_scalars_.as<float>();
+  ZERO_RETURN_IF_ERROR(optimizer_->GradSquaredNorm(scalars + kSqNorm));
+  if (comm_.size() > 1) {
+    ZERO_RETURN_IF_ERROR(path_.Run(
+        [&](comm::Communicator& c) {
+          return c.AllReduce(scalars + kSqNorm, scalars + kSqNorm, 1, DType::kFP32, comm::ReduceOp::kSum);
+        },
+        "Step: the global gradient norm"));
+  }
+  const double divisor = static_cast<double>(comm_.size()) * loss_scaler_.scale();
+  ZERO_RETURN_IF_ERROR(ops_->DecideClip(scalars + kSqNorm, divisor, config_.clip_grad_norm, scalars + kGradNorm,
+                                        scalars + kGradScale));
+  // The host reads the scalars only where it needs them: the loss scaler's overflow flag, or
+  // StepInfo::grad_norm under sync_grad_norm (free where the ops are synchronous).
+  const bool read_on_host =
+      !ops_->asynchronous() || config_.sync_grad_norm || loss_scaler_.skips_on_overflow();
+  bool overflow = false;
   StepInfo info;
-  info.grad_norm = static_cast<float>(std::sqrt(static_cast<double>(sq_norm)) / divisor);
+  last_grad_norm_.reset();
+  grad_norm_on_device_ = !read_on_host;
+  if (read_on_host) {
+    float host[kStepScalars];
+    ZERO_RETURN_IF_ERROR(ops_->Copy(host, scalars, sizeof host));
+    overflow = !std::isfinite(host[kSqNorm]);
+    last_grad_norm_ = host[kGradNorm];
+    info.grad_norm = host[kGradNorm];
+  } else {
+    info.grad_norm = std::numeric_limits<float>::quiet_NaN();
+  }
 
   // The step counts as taken from the moment it starts changing params or gradients: a local
   // failure before leaves the engine as it was, and one after refuses a retry that would apply
@@ -41,10 +65,6 @@ StatusOr<StepInfo> EngineImpl::Step() {
     info.loss_scale = loss_scaler_.scale();
     ZERO_LOG(logger_, kInfo) << "step skipped: Inf/NaN gradient; loss scale now " << info.loss_scale;
     return info;
-  }
-  double clip = 1.0;
-  if (config_.clip_grad_norm > 0 && info.grad_norm > config_.clip_grad_norm) {
-    clip = config_.clip_grad_norm / (info.grad_norm + 1e-6);
   }
   // guard.on_unused = "zero": a param no rank used since the last step is left untouched.
   std::vector<std::pair<int, std::vector<OptimizerState::OwnedPart>>> untouched;
@@ -73,7 +93,7 @@ StatusOr<StepInfo> EngineImpl::Step() {
       ++param_steps_[p];
     }
   }
-  ZERO_RETURN_IF_ERROR(optimizer_->Step(groups_, param_steps_, static_cast<float>(clip / divisor)));
+  ZERO_RETURN_IF_ERROR(optimizer_->Step(groups_, param_steps_, scalars + kGradScale));
   ApplySchedule();  // the lr of the next step (the schedule advanced with step_)
   for (const auto& [param, parts] : untouched) ZERO_RETURN_IF_ERROR(optimizer_->WriteOwned(param, parts));
   ZERO_RETURN_IF_ERROR(params_->AfterStep(/*updated=*/true));
@@ -82,6 +102,22 @@ StatusOr<StepInfo> EngineImpl::Step() {
   info.step = step_;
   info.loss_scale = loss_scaler_.scale();
   return info;
+}
+
+}  // namespace zero::runtime
+
+namespace zero::runtime {
+
+StatusOr<float> EngineImpl::LastGradNorm() {
+  if (!last_grad_norm_.has_value() && !grad_norm_on_device_) {
+    return absl::FailedPreconditionError("LastGradNorm: no Step has run yet");
+  }
+  if (!last_grad_norm_.has_value()) {
+    float norm = 0.0f;
+    ZERO_RETURN_IF_ERROR(ops_->Copy(&norm, step_scalars_.as<float>() + kGradNorm, sizeof norm));
+    last_grad_norm_ = norm;
+  }
+  return *last_grad_norm_;
 }
 
 }  // namespace zero::runtime

@@ -12,7 +12,7 @@ namespace {
 
 // The kernel arguments Adam, AdamW and LAMB share, from a group's hyperparameters.
 template <typename Hyper>
-Hyper AdamFamilyHyper(const OptimizerHyper& o, int64_t step, float grad_scale) {
+Hyper AdamFamilyHyper(const OptimizerHyper& o, int64_t step, const float* grad_scale) {
   Hyper h;
   h.lr = o.lr;
   h.beta1 = o.beta1;
@@ -20,7 +20,7 @@ Hyper AdamFamilyHyper(const OptimizerHyper& o, int64_t step, float grad_scale) {
   h.eps = o.eps;
   h.weight_decay = o.weight_decay;
   h.step = step;
-  h.common.grad_scale = grad_scale;
+  h.common.grad_scale_at = grad_scale;
   return h;
 }
 
@@ -189,18 +189,13 @@ Status OptimizerState::WriteOwned(int param, const std::vector<OwnedPart>& parts
   return RoundModelCopy(param);
 }
 
-StatusOr<kernels::NormResult> OptimizerState::GradNorm() {
-  kernels::NormResult total;
-  for (const Batch& batch : batches_) {
-    kernels::NormResult part;
-    ZERO_RETURN_IF_ERROR(ops_.SquaredNorms(batch.norm_spans, batch.types.grad, {}, &part));
-    total.sq_norm += part.sq_norm;
-    total.nonfinite |= part.nonfinite;
-  }
-  return total;
+Status OptimizerState::GradSquaredNorm(float* sq_norm) {
+  std::vector<NormBatch> batches;
+  for (const Batch& batch : batches_) batches.push_back({batch.norm_spans, batch.types.grad});
+  return ops_.SquaredNormOnDevice(batches, sq_norm);
 }
 
-Status OptimizerState::Launch(const OptimizerHyper& o, int64_t step, float grad_scale,
+Status OptimizerState::Launch(const OptimizerHyper& o, int64_t step, const float* grad_scale,
                               kernels::SegmentTypes types, const std::vector<kernels::Segment>& segments) {
   switch (config_.optimizer.type) {
     case OptimizerType::kAdam:
@@ -217,7 +212,7 @@ Status OptimizerState::Launch(const OptimizerHyper& o, int64_t step, float grad_
       h.weight_decay = o.weight_decay;
       h.nesterov = o.nesterov;
       h.step = step;
-      h.common.grad_scale = grad_scale;
+      h.common.grad_scale_at = grad_scale;
       return ops_.SgdStep(h, types, segments);
     }
     case OptimizerType::kLion: {
@@ -226,7 +221,7 @@ Status OptimizerState::Launch(const OptimizerHyper& o, int64_t step, float grad_
       h.beta1 = o.beta1;
       h.beta2 = o.beta2;
       h.weight_decay = o.weight_decay;
-      h.common.grad_scale = grad_scale;
+      h.common.grad_scale_at = grad_scale;
       return ops_.LionStep(h, types, segments);
     }
     case OptimizerType::kLamb:
@@ -245,7 +240,7 @@ int64_t KernelStep(const std::vector<int64_t>& param_steps, int param) {
 }  // namespace
 
 Status OptimizerState::Step(const std::vector<OptimizerHyper>& groups, const std::vector<int64_t>& param_steps,
-                            float grad_scale) {
+                            const float* grad_scale) {
   if (config_.optimizer.type == OptimizerType::kLamb) return LambStep(groups, param_steps, grad_scale);
   for (const Batch& batch : batches_) {
     const OptimizerHyper& hyper = groups[batch.group];
@@ -300,7 +295,7 @@ Status OptimizerState::BuildLambBatches() {
 }
 
 Status OptimizerState::LambStep(const std::vector<OptimizerHyper>& groups, const std::vector<int64_t>& param_steps,
-                                float grad_scale) {
+                                const float* grad_scale) {
   auto hyper_of = [&](const LambBatch& batch, int64_t step) {
     return AdamFamilyHyper<kernels::LambHyper>(groups[batch.group], step, grad_scale);
   };

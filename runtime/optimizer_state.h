@@ -44,17 +44,19 @@ class OptimizerState {
 
   /// Copies the params' current values of `param`'s owned part into the fp32 master.
   Status RefreshMaster(int param);
-  /// Sum of squares (float64) of the rank's shard of the gradients (sum over ranks for the
-  /// global value), and whether any element is Inf/NaN.
-  StatusOr<kernels::NormResult> GradNorm();
-  /// One optimizer step over the owned ranges, gradients multiplied by grad_scale: each
+  /// Sum of squares of the rank's shard of the gradients (sum over ranks for the global value)
+  /// into `*sq_norm`, on the ops' device (DeviceOps::SquaredNormOnDevice): not finite when an
+  /// element is Inf/NaN.
+  Status GradSquaredNorm(float* sq_norm);
+  /// One optimizer step over the owned ranges, gradients multiplied by *grad_scale (memory of
+  /// the ops' device, read as the kernels run: StepCommon::grad_scale_at): each
   /// optimizer group with its hyperparameters `groups[g]`, each param with its own step count
   /// `param_steps[p]` (this step included; a count of 0 steps as 1, for a param put back after
   /// the step). A group's params that agree on the count take one launch over the group's
   /// long segments; once guard.on_unused = "zero" has left a param untouched the counts differ
   /// for good, and the group takes one launch per distinct count over per-param segments.
   Status Step(const std::vector<OptimizerHyper>& groups, const std::vector<int64_t>& param_steps,
-              float grad_scale);
+              const float* grad_scale);
   /// A host copy of one part of a param this rank owns, in param coordinates: `numel` fp32
   /// weights followed by `numel` values of each moment buffer (state_count() of them).
   struct OwnedPart {
@@ -124,10 +126,10 @@ class OptimizerState {
   void CutPerParam(const OwnedRange& r, const kernels::Segment& whole, Fn fn) const;
   Status BuildLambBatches();
   // One launch of the group's optimizer over `segments`, all at step count `step`.
-  Status Launch(const OptimizerHyper& hyper, int64_t step, float grad_scale, kernels::SegmentTypes types,
+  Status Launch(const OptimizerHyper& hyper, int64_t step, const float* grad_scale, kernels::SegmentTypes types,
                 const std::vector<kernels::Segment>& segments);
   Status LambStep(const std::vector<OptimizerHyper>& groups, const std::vector<int64_t>& param_steps,
-                  float grad_scale);
+                  const float* grad_scale);
 
   // Rewrites the bf16/fp16 model copy of `param`'s owned part from the fp32 master.
   Status RoundModelCopy(int param);

@@ -11,7 +11,7 @@
 //                 "last_bucket_elems": 1000000, "overlap": true, "pool_buffers": 4},
 //     "stage3": {"prefetch_elems": 50000000, "max_live_elems": 1000000000,
 //                "persistence_threshold": 100000},
-//     "gradient_accumulation_steps": 1, "clip_grad_norm": 0.0,
+//     "gradient_accumulation_steps": 1, "clip_grad_norm": 0.0, "sync_grad_norm": true,
 //     "loss_scale": {"mode": "none", "initial_power": 16, "window": 1000, "hysteresis": 2,
 //                    "min": 1.0},
 //     "guard": {"on_duplicate": "error", "on_unused": "error", "consistency_check": false,
@@ -204,6 +204,12 @@ struct Config {
   Stage3Config stage3;
   int gradient_accumulation_steps = 1;  ///< ≥ 1
   float clip_grad_norm = 0.0f;  ///< ≥ 0 and finite; 0: no clipping
+  /// Whether Step() brings the global gradient norm to the host for StepInfo::grad_norm. On
+  /// device "cuda" that is the one wait for the GPU in a steady step (the norm and clipping
+  /// are decided on the device either way); false leaves StepInfo::grad_norm NaN and
+  /// Engine::LastGradNorm() reads it when asked. Dynamic loss scaling reads the overflow flag
+  /// on the host regardless. No effect on device "cpu", where the norm is on the host anyway.
+  bool sync_grad_norm = true;
   LossScaleConfig loss_scale;
   GuardConfig guard;
   CheckpointConfig checkpoint;

@@ -78,7 +78,9 @@ struct ParamSpec {
 struct StepInfo {
   int64_t step = 0;         ///< optimizer steps taken so far (skipped ones not counted)
   bool skipped = false;     ///< an Inf/NaN gradient was found on some rank: nothing changed
-  float grad_norm = 0.0f;   ///< global L2 norm of the averaged, unscaled gradient (before clipping)
+  /// global L2 norm of the averaged, unscaled gradient (before clipping); NaN when Step left
+  /// it on the device (Config::sync_grad_norm false): Engine::LastGradNorm() reads it
+  float grad_norm = 0.0f;
   float loss_scale = 1.0f;  ///< the loss scale to multiply the next loss by
 };
 
@@ -189,6 +191,10 @@ class Engine {
   virtual Status EndBackward() = 0;
   /// Unscales, checks for overflow, clips, steps the rank's shard and gathers the params.
   virtual StatusOr<StepInfo> Step() = 0;
+  /// The global gradient norm of the last Step (StepInfo::grad_norm), read from the device
+  /// when Step left it there (Config::sync_grad_norm false: one wait for the device, then
+  /// kept). kFailedPrecondition before the first Step.
+  virtual StatusOr<float> LastGradNorm() = 0;
 
   /// Writes a checkpoint into directory `dir`: every rank its own shard of the fp32 weights
   /// and optimizer moments (`rank-R-of-N.bin`, an index of its records first, each record

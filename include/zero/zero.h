@@ -55,7 +55,8 @@ typedef enum {
 typedef struct {
   int64_t step;      /* optimizer steps taken so far */
   int skipped;       /* 1: an Inf/NaN gradient was found, nothing changed */
-  float grad_norm;   /* global L2 norm of the averaged, unscaled gradient */
+  float grad_norm;   /* global L2 norm of the averaged, unscaled gradient; NaN when the step
+                        left it on the device ("sync_grad_norm": false): zero_last_grad_norm */
   float loss_scale;  /* multiply the next loss by this */
 } zero_step_info;
 
@@ -134,6 +135,9 @@ ZERO_API zero_status zero_accumulate_grad(zero_engine* engine, int64_t id, const
 ZERO_API zero_status zero_begin_iteration(zero_engine* engine);
 ZERO_API zero_status zero_end_backward(zero_engine* engine);
 ZERO_API zero_status zero_step(zero_engine* engine, zero_step_info* info);
+/** The last step's global gradient norm, read from the device when the step left it there
+ *  ("sync_grad_norm": false; one wait for the device). ZERO_FAILED_PRECONDITION before a step. */
+ZERO_API zero_status zero_last_grad_norm(zero_engine* engine, float* norm);
 /** Stage 3: gather a unit's params for compute / release them (no-ops at stages 0-2). */
 ZERO_API zero_status zero_gather(zero_engine* engine, int unit);
 ZERO_API zero_status zero_release(zero_engine* engine, int unit);

@@ -16,7 +16,7 @@ Status AdamStepCpu(const AdamHyper& h, SegmentTypes types, absl::Span<const Segm
   ZERO_RETURN_IF_ERROR(CheckAdam("AdamStepCpu", h, types, segments));
   if (Skipped(h.common)) return absl::OkStatus();
 
-  const AdamCoeffs c = MakeAdamCoeffs(h);
+  const AdamCoeffs c = MakeAdamCoeffs(WithHostGradScale(h));
   ZERO_ISA_DISPATCH(exec.isa, AdamLoop, c, types, segments.data(),
                     static_cast<int64_t>(segments.size()), exec.threads);
   return absl::OkStatus();
@@ -28,7 +28,7 @@ Status SgdStepCpu(const SgdHyper& h, SegmentTypes types, absl::Span<const Segmen
   ZERO_RETURN_IF_ERROR(CheckSgd("SgdStepCpu", h, types, segments));
   if (Skipped(h.common)) return absl::OkStatus();
 
-  const SgdCoeffs c = MakeSgdCoeffs(h);
+  const SgdCoeffs c = MakeSgdCoeffs(WithHostGradScale(h));
   ZERO_ISA_DISPATCH(exec.isa, SgdLoop, c, types, segments.data(),
                     static_cast<int64_t>(segments.size()), exec.threads);
   return absl::OkStatus();
@@ -40,7 +40,7 @@ Status LionStepCpu(const LionHyper& h, SegmentTypes types, absl::Span<const Segm
   ZERO_RETURN_IF_ERROR(CheckLion("LionStepCpu", h, types, segments));
   if (Skipped(h.common)) return absl::OkStatus();
 
-  const LionCoeffs c = MakeLionCoeffs(h);
+  const LionCoeffs c = MakeLionCoeffs(WithHostGradScale(h));
   ZERO_ISA_DISPATCH(exec.isa, LionLoop, c, types, segments.data(),
                     static_cast<int64_t>(segments.size()), exec.threads);
   return absl::OkStatus();
@@ -51,7 +51,7 @@ Status LambUpdateCpu(const LambHyper& h, SegmentTypes types, absl::Span<const Se
   ZERO_RETURN_IF_ERROR(CheckExec(exec));
   ZERO_RETURN_IF_ERROR(CheckLambUpdate("LambUpdateCpu", h, types, segments, updates));
   if (Skipped(h.common)) return absl::OkStatus();
-  ZERO_ISA_DISPATCH(exec.isa, LambUpdateLoop, MakeLambCoeffs(h), types, segments.data(), updates.data(),
+  ZERO_ISA_DISPATCH(exec.isa, LambUpdateLoop, MakeLambCoeffs(WithHostGradScale(h)), types, segments.data(), updates.data(),
                     static_cast<int64_t>(segments.size()), exec.threads);
   return absl::OkStatus();
 }

@@ -13,7 +13,11 @@ namespace {
 
 __device__ inline bool Skipped(const int32_t* skip) { return skip != nullptr && *skip != 0; }
 
+// Each op below takes the gradient scale read from device memory (StepCommon::grad_scale_at)
+// through SetGradScale; LAMB's second pass reads no gradient.
+
 struct AdamOp {
+  __device__ void SetGradScale(float scale) { c.grad_scale = scale; }
   static constexpr bool kReadsAux = false, kWritesAux = false, kWritesWeights = true;
   AdamCoeffs c;
   __device__ void operator()(Element& e, float) const {
@@ -28,6 +32,7 @@ struct AdamOp {
 };
 
 struct SgdOp {
+  __device__ void SetGradScale(float scale) { c.grad_scale = scale; }
   static constexpr bool kReadsAux = false, kWritesAux = false, kWritesWeights = true;
   SgdCoeffs c;
   __device__ void operator()(Element& e, float) const {
@@ -41,6 +46,7 @@ struct SgdOp {
 };
 
 struct LionOp {
+  __device__ void SetGradScale(float scale) { c.grad_scale = scale; }
   static constexpr bool kReadsAux = false, kWritesAux = false, kWritesWeights = true;
   LionCoeffs c;
   __device__ void operator()(Element& e, float) const {
@@ -54,6 +60,7 @@ struct LionOp {
 
 // LAMB pass 1: the moments and the update direction u = m̂/(sqrt(v̂)+eps) + wd·p into aux.
 struct LambUpdateOp {
+  __device__ void SetGradScale(float scale) { c.grad_scale = scale; }
   static constexpr bool kReadsAux = false, kWritesAux = true, kWritesWeights = false;
   LambCoeffs c;
   __device__ void operator()(Element& e, float) const {
@@ -69,22 +76,25 @@ struct LambUpdateOp {
 struct LambApplyOp {
   static constexpr bool kReadsAux = true, kWritesAux = false, kWritesWeights = true;
   float lr;
+  __device__ void SetGradScale(float) {}
   __device__ void operator()(Element& e, float trust_ratio) const { e.w = fmaf(e.aux, -lr * trust_ratio, e.w); }
 };
 
 template <typename P, typename G, typename Op>
-__global__ void __launch_bounds__(kThreads) ApplyKernel(LaunchTable t, Op op, const int32_t* skip) {
+__global__ void __launch_bounds__(kThreads) ApplyKernel(LaunchTable t, Op op, const int32_t* skip,
+                                                        const float* grad_scale_at) {
   if (Skipped(skip)) return;
+  if (grad_scale_at != nullptr) op.SetGradScale(*grad_scale_at);
   ApplyToChunk<P, G>(t, op);
 }
 
 // Launches `op` over every segment: the body of every launcher below.
 template <typename Op>
 Status Launch(SegmentTypes types, absl::Span<const Segment> segments, absl::Span<float* const> aux,
-              absl::Span<const float> scalars, const Op& op, const int32_t* skip, CudaStream stream) {
+              absl::Span<const float> scalars, const Op& op, const StepCommon& common, CudaStream stream) {
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   return LaunchOverSegments(types, segments, aux, scalars, [&](auto p, auto g, const LaunchTable& t, int blocks) {
-    ApplyKernel<decltype(p), decltype(g), Op><<<blocks, kThreads, 0, s>>>(t, op, skip);
+    ApplyKernel<decltype(p), decltype(g), Op><<<blocks, kThreads, 0, s>>>(t, op, common.skip, common.grad_scale_at);
   });
 }
 
@@ -93,17 +103,17 @@ Status Launch(SegmentTypes types, absl::Span<const Segment> segments, absl::Span
 
 Status AdamStepCuda(const AdamHyper& h, SegmentTypes types, absl::Span<const Segment> segments, CudaStream stream) {
   ZERO_RETURN_IF_ERROR(CheckAdam("AdamStepCuda", h, types, segments));
-  return cuda::Launch(types, segments, {}, {}, cuda::AdamOp{MakeAdamCoeffs(h)}, h.common.skip, stream);
+  return cuda::Launch(types, segments, {}, {}, cuda::AdamOp{MakeAdamCoeffs(h)}, h.common, stream);
 }
 
 Status SgdStepCuda(const SgdHyper& h, SegmentTypes types, absl::Span<const Segment> segments, CudaStream stream) {
   ZERO_RETURN_IF_ERROR(CheckSgd("SgdStepCuda", h, types, segments));
-  return cuda::Launch(types, segments, {}, {}, cuda::SgdOp{MakeSgdCoeffs(h)}, h.common.skip, stream);
+  return cuda::Launch(types, segments, {}, {}, cuda::SgdOp{MakeSgdCoeffs(h)}, h.common, stream);
 }
 
 Status LionStepCuda(const LionHyper& h, SegmentTypes types, absl::Span<const Segment> segments, CudaStream stream) {
   ZERO_RETURN_IF_ERROR(CheckLion("LionStepCuda", h, types, segments));
-  return cuda::Launch(types, segments, {}, {}, cuda::LionOp{MakeLionCoeffs(h)}, h.common.skip, stream);
+  return cuda::Launch(types, segments, {}, {}, cuda::LionOp{MakeLionCoeffs(h)}, h.common, stream);
 }
 
 Status LambUpdateCuda(const LambHyper& h, SegmentTypes types, absl::Span<const Segment> segments,
@@ -112,7 +122,7 @@ Status LambUpdateCuda(const LambHyper& h, SegmentTypes types, absl::Span<const S
   std::vector<Segment> reads(segments.begin(), segments.end());
   for (Segment& s : reads) s.model_param = nullptr;  // pass 1 writes no weights
   return cuda::Launch({DType::kFP32, types.grad}, reads, updates, {}, cuda::LambUpdateOp{MakeLambCoeffs(h)},
-                      h.common.skip, stream);
+                      h.common, stream);
 }
 
 Status LambApplyCuda(const LambHyper& h, DType param_type, absl::Span<const Segment> segments,
@@ -125,7 +135,7 @@ Status LambApplyCuda(const LambHyper& h, DType param_type, absl::Span<const Segm
   std::vector<float*> aux;
   for (const float* u : updates) aux.push_back(const_cast<float*>(u));
   return cuda::Launch({param_type, DType::kFP32}, weights, aux, trust_ratios, cuda::LambApplyOp{h.lr},
-                      h.common.skip, stream);
+                      h.common, stream);
 }
 
 }  // namespace zero::kernels

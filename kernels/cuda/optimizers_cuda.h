@@ -23,7 +23,8 @@ namespace zero::kernels {
 using CudaStream = void*;
 
 /// Adam / AdamW on device segments (pointers in device memory). `hyper.common.skip` may point to
-/// a device int32 flag: when non-zero the kernels modify nothing.
+/// a device int32 flag: when non-zero the kernels modify nothing; `hyper.common.grad_scale_at`
+/// to a device float the kernels read the gradient scale from.
 Status AdamStepCuda(const AdamHyper& hyper, SegmentTypes types, absl::Span<const Segment> segments,
                     CudaStream stream);
 /// SGD with momentum/dampening/Nesterov on device segments.

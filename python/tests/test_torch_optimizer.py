@@ -419,3 +419,47 @@ def test_global_grad_norm_is_the_whole_batchs():
 
     for norm in run_ranks(2, body):
         assert norm == pytest.approx(norms[0], rel=1e-5)
+
+
+def test_step_info_reads_a_norm_left_on_the_gpu_once_and_only_for_its_step():
+    """engine.step()'s info is a mapping; a norm the step left on the device (NaN from the
+    engine) is read on first access and kept; after a later step it is an error, never the
+    later step's norm."""
+    from zerort.torch import _step_info
+    reads = []
+    current = [1]
+
+    def read():
+        reads.append(current[0])
+        return 2.5
+
+    info = _step_info.StepInfo({"step": 1, "skipped": False, "grad_norm": float("nan"),
+                                "loss_scale": 1.0}, 1, read, lambda: current[0])
+    assert "<on the GPU>" in repr(info)
+    assert sorted(info) == ["grad_norm", "loss_scale", "skipped", "step"]
+    assert info["grad_norm"] == 2.5 and info["grad_norm"] == 2.5
+    assert reads == [1]
+    assert dict(info)["grad_norm"] == 2.5
+    late = _step_info.StepInfo({"step": 2, "skipped": False, "grad_norm": float("nan"),
+                                "loss_scale": 1.0}, 2, read, lambda: current[0])
+    current[0] = 3
+    with pytest.raises(zerort.errors.FailedPreconditionError, match="sync_grad_norm"):
+        late["grad_norm"]
+    on_host = _step_info.StepInfo({"step": 1, "skipped": False, "grad_norm": 0.5,
+                                   "loss_scale": 1.0}, 1, read, lambda: current[0])
+    assert on_host["grad_norm"] == 0.5 and reads == [1]
+
+
+def test_the_engines_last_grad_norm_is_the_steps():
+    """zerort.torch leaves sync_grad_norm off; on the CPU the norm is on the host anyway, and
+    the engine's last_grad_norm() agrees with the step's info."""
+    model = TinyLM()
+    engine = zerort.torch.initialize(model, config_for(2), zerort.local_group(1)[0])
+    assert engine.config["sync_grad_norm"] is False
+    tokens, targets = batch(0)
+    loss_of(model, tokens, targets).backward()
+    info = engine.step()
+    assert math.isfinite(info["grad_norm"]) and info["grad_norm"] > 0
+    assert engine._engine.last_grad_norm() == info["grad_norm"]
+    assert engine.get_global_grad_norm() == info["grad_norm"]
+    engine.close()

@@ -462,6 +462,14 @@ class Engine:
         """Sets group `group`'s learning rate for the following steps (between steps)."""
         _check(library().zero_set_lr(self._handle, group, lr), f"zero_set_lr (group {group})")
 
+    def last_grad_norm(self):
+        """The last step's global gradient norm; read from the GPU when the step left it
+        there ("sync_grad_norm": false), which waits for the GPU once."""
+        value = ctypes.c_float()
+        _check(library().zero_last_grad_norm(self._handle, ctypes.byref(value)),
+               "zero_last_grad_norm")
+        return value.value
+
     @property
     def loss_scale(self):
         """The loss scale to multiply the next loss by (1 without loss scaling; after

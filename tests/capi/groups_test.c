@@ -1,5 +1,5 @@
 /* The C ABI's optimizer groups, learning rates, schedule position, config normalisation,
- * metric all-reduce and counters, as a C trainer calls them. One in-process rank; plain SGD, so that each
+ * metric all-reduce, counters and the last step's norm, as a C trainer calls them. One in-process rank; plain SGD, so that each
  * step moves a param by exactly -lr * gradient and shows the lr its group stepped with.
  * Exits 0 when every check holds, 1 naming the first that does not. */
 #include <math.h>
@@ -34,6 +34,11 @@ static void StepAndMeasure(zero_engine* engine, float moved[2]) {
   CHECK_OK(zero_end_backward(engine));
   zero_step_info info;
   CHECK_OK(zero_step(engine, &info));
+  /* Each gradient is 1 everywhere on one rank: the norm is sqrt(2 * kNumel). */
+  float norm = -1.0f;
+  CHECK_OK(zero_last_grad_norm(engine, &norm));
+  CHECK(norm == info.grad_norm && fabsf(norm - sqrtf(2.0f * kNumel)) < 1e-5f,
+        "zero_last_grad_norm gave %g, the step's info %g", norm, info.grad_norm);
   for (int p = 0; p < 2; ++p) {
     CHECK_OK(zero_get_param(engine, p, after[p]));
     moved[p] = before[p][kNumel - 1] - after[p][kNumel - 1];
@@ -57,6 +62,8 @@ int main(void) {
   CHECK_OK(zero_register_param(engine, "w", shape, 1, ZERO_FP32, 1, 0, -1, &id));
   CHECK_OK(zero_register_param(engine, "b", shape, 1, ZERO_FP32, 1, 1, -1, &id));
   CHECK_OK(zero_finalize(engine));
+  float no_norm = 0.0f;
+  CHECK(zero_last_grad_norm(engine, &no_norm) == ZERO_FAILED_PRECONDITION, "a norm before the first step");
   float values[kNumel];
   for (int i = 0; i < kNumel; ++i) values[i] = 1.0f + 0.01f * (float)i;
   CHECK_OK(zero_set_param(engine, 0, values));

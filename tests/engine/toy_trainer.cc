@@ -121,6 +121,9 @@ StatusOr<std::vector<char>> ReadView(const void* view, size_t bytes) {
   return out;
 }
 
+// The caller's device work (ToyOptions::device_work), if any.
+Status DeviceWork(const ToyOptions& o) { return o.device_work ? o.device_work() : absl::OkStatus(); }
+
 }  // namespace
 
 Config ToyConfig(int stage) {
@@ -178,6 +181,7 @@ Status TrainToy(Engine& engine, const ToyOptions& o, ToyResult* result) {
           continue;
         }
         ZERO_ASSIGN_OR_RETURN(void* view, engine.ParamData(ids[p]));
+        ZERO_RETURN_IF_ERROR(DeviceWork(o));
         ZERO_ASSIGN_OR_RETURN(std::vector<char> values, ReadView(view, numel[p] * DTypeSize(o.dtype)));
         for (int64_t i = 0; i < numel[p]; ++i) (*parts[p])[i] = Decode(values.data(), i, o.dtype);
         if (unit == 0) last_unit0[p] = *parts[p];
@@ -204,10 +208,12 @@ Status TrainToy(Engine& engine, const ToyOptions& o, ToyResult* result) {
           std::vector<char> encoded(numel[p] * DTypeSize(o.dtype));
           for (int64_t i = 0; i < numel[p]; ++i) Encode(encoded.data(), i, o.dtype, (*gparts[p])[i]);
           ZERO_RETURN_IF_ERROR(engine.AccumulateGrad(ids[p], encoded.data()));
+          ZERO_RETURN_IF_ERROR(DeviceWork(o));  // before `encoded` is freed
           ZERO_RETURN_IF_ERROR(engine.Release(p / 2));
           continue;
         }
         ZERO_ASSIGN_OR_RETURN(void* view, engine.GradBuffer(ids[p]));
+        ZERO_RETURN_IF_ERROR(DeviceWork(o));
         ZERO_ASSIGN_OR_RETURN(std::vector<char> grad, ReadView(view, numel[p] * DTypeSize(o.dtype)));
         for (int64_t i = 0; i < numel[p]; ++i) {
           Encode(grad.data(), i, o.dtype, Decode(grad.data(), i, o.dtype) + (*gparts[p])[i]);

@@ -5,6 +5,7 @@
 #ifndef ZERO_TESTS_ENGINE_TOY_TRAINER_H_
 #define ZERO_TESTS_ENGINE_TOY_TRAINER_H_
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,11 @@ struct ToyOptions {
   int save_after = -1;
   DType dtype = DType::kFP32;  ///< params and gradients
   uint64_t seed = 7;
+  /// When set, called where the trainer's own work meets the engine's device work: before it
+  /// reads a param or gradient view, and after it hands a gradient over (before that buffer
+  /// is reused). A device model runs its queue there, as one stream orders a GPU trainer's
+  /// kernels after the engine's.
+  std::function<Status()> device_work;
 };
 
 struct ToyResult {

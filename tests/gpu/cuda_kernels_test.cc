@@ -9,6 +9,8 @@
 #include <cstring>
 
 #include "kernels/cuda/optimizers_cuda.h"
+#include "kernels/cuda/step_scalars_cuda.h"
+#include "kernels/step_decision.h"
 #include "tests/gpu/device_test_util.h"
 #include "tests/status_matchers.h"
 #include "tests/unit/kernel_test_util.h"
@@ -91,6 +93,42 @@ TEST(CudaKernels, SgdMatchesFloat64ReferenceAndSkipFlagStopsEverything) {
     ASSERT_NEAR(got.state0[i], buf, 2e-6 * std::fabs(buf) + 5e-8) << i;
   }
   cudaFree(skip);
+}
+
+// The gradient scale read on the device (StepCommon::grad_scale_at) gives the bits of the same
+// scale passed by value, and the clip decision taken on the device those of the host's.
+TEST(CudaKernels, GradScaleAtAndTheClipDecisionOnTheDeviceMatchTheHost) {
+  if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";
+  const SegmentTypes types{DType::kBF16, DType::kFP32};
+  std::mt19937_64 rng(13);
+  const SegmentStorage init(100003, types, rng);
+  // scalars: [sq_norm, grad_norm, grad_scale]
+  float* scalars = nullptr;
+  ASSERT_EQ(cudaMalloc(&scalars, 3 * sizeof(float)), cudaSuccess);
+  const float sq_norm = 12345.678f;
+  ASSERT_EQ(cudaMemcpy(scalars, &sq_norm, sizeof sq_norm, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_THAT(DecideClipCuda(scalars, 3.0, 1.5f, scalars + 1, scalars + 2, nullptr), IsOk());
+  float got[3];
+  ASSERT_EQ(cudaMemcpy(got, scalars, sizeof got, cudaMemcpyDeviceToHost), cudaSuccess);
+  const ClipDecision host = DecideClip(sq_norm, 3.0, 1.5f);
+  EXPECT_EQ(got[1], host.grad_norm);
+  EXPECT_EQ(got[2], host.grad_scale);
+  auto run = [&](bool from_device) {
+    SegmentStorage storage = init;
+    DeviceSegment device(storage);
+    AdamHyper h;
+    h.common.grad_scale = from_device ? 7.0f : host.grad_scale;
+    h.common.grad_scale_at = from_device ? scalars + 2 : nullptr;
+    EXPECT_THAT(AdamStepCuda(h, types, {device.View(init.master.size())}, nullptr), IsOk());
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    device.Download(storage);
+    return storage;
+  };
+  const SegmentStorage by_value = run(false), from_device = run(true);
+  EXPECT_EQ(from_device.master, by_value.master);
+  EXPECT_EQ(from_device.state1, by_value.state1);
+  EXPECT_NE(from_device.master, init.master);
+  cudaFree(scalars);
 }
 
 TEST(CudaKernels, SquaredNormIsExactEnoughAndDeterministic) {

@@ -103,6 +103,7 @@ INSTANTIATE_TEST_SUITE_P(
         Rejected{R"({"optimizer": {"dampening": -1}})", "optimizer.dampening", "-1"},
         Rejected{R"({"clip_grad_norm": -1})", "clip_grad_norm", "-1"},
         Rejected{R"({"clip_grad_norm": 1e39})", "clip_grad_norm", "1e39"},
+        Rejected{R"({"sync_grad_norm": 0})", "sync_grad_norm", "0"},
         Rejected{R"({"gradient_accumulation_steps": 0})", "gradient_accumulation_steps", "0"},
         Rejected{R"({"loss_scale": {"min": 0}})", "loss_scale.min", "0"},
         Rejected{R"({"loss_scale": {"min": 1e20}})", "loss_scale.min", "1e20"},
@@ -291,6 +292,10 @@ TEST(ConfigJson, RoundTripAndErrorsNameTheKey) {
   EXPECT_EQ(config->optimizer.type, OptimizerType::kSgd);
   EXPECT_FLOAT_EQ(config->optimizer.momentum, 0.9f);
   EXPECT_EQ(config->buckets.reduce_bucket_elems, 1000);
+  EXPECT_TRUE(config->sync_grad_norm);
+  auto lazy = Config::FromJson(R"({"sync_grad_norm": false})");
+  ASSERT_THAT(lazy, IsOk());
+  EXPECT_FALSE(lazy->sync_grad_norm);
   auto unknown = Config::FromJson(R"({"buckets": {"reduce_bucket_size": 5}})");
   EXPECT_NE(unknown.status().message().find("buckets.reduce_bucket_size"), std::string::npos) << unknown.status();
   auto range = Config::FromJson(R"({"stage": 5})");

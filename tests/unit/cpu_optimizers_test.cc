@@ -265,6 +265,47 @@ TEST(CpuOptimizers, SkipFlagModifiesNothing) {
   }
 }
 
+// A gradient scale read from memory (StepCommon::grad_scale_at) gives the bits of the same
+// scale passed by value, and wins over the value, for every optimizer.
+TEST(CpuOptimizers, GradScaleAtIsReadInsteadOfGradScale) {
+  const float scale = 0.37f;
+  for (SegmentTypes types : AllTypeCombinations()) {
+    std::mt19937_64 rng(11);
+    const SegmentStorage init(1001, types, rng);
+    auto run = [&](bool from_memory) {
+      SegmentStorage storage = init;
+      const std::vector<Segment> segments = {storage.View()};
+      std::vector<float> update(1001, 0.0f);
+      std::vector<float*> updates = {update.data()};
+      StepCommon common;
+      common.grad_scale = from_memory ? 5.0f : scale;  // ignored when grad_scale_at is set
+      common.grad_scale_at = from_memory ? &scale : nullptr;
+      AdamHyper adam;
+      adam.common = common;
+      SgdHyper sgd;
+      sgd.momentum = 0.9f;
+      sgd.common = common;
+      LionHyper lion;
+      lion.common = common;
+      LambHyper lamb;
+      lamb.common = common;
+      EXPECT_THAT(AdamStepCpu(adam, types, segments, {}), IsOk());
+      EXPECT_THAT(SgdStepCpu(sgd, types, segments, {}), IsOk());
+      EXPECT_THAT(LionStepCpu(lion, types, segments, {}), IsOk());
+      EXPECT_THAT(LambUpdateCpu(lamb, types, segments, updates, {}), IsOk());
+      return std::make_pair(storage, update);
+    };
+    const auto by_value = run(false);
+    const auto from_memory = run(true);
+    SCOPED_TRACE(::testing::Message() << DTypeName(types.param) << " params, " << DTypeName(types.grad) << " grads");
+    EXPECT_EQ(from_memory.first.master, by_value.first.master);
+    EXPECT_EQ(from_memory.first.state0, by_value.first.state0);
+    EXPECT_EQ(from_memory.first.state1, by_value.first.state1);
+    EXPECT_EQ(from_memory.second, by_value.second);
+    EXPECT_NE(from_memory.first.master, init.master);
+  }
+}
+
 // Chunk boundaries depend only on sizes, so any thread count gives the same bits.
 TEST(CpuOptimizers, BitIdenticalAcrossThreadCounts) {
   const AdamHyper h = TestAdam(true);

@@ -6,7 +6,7 @@ import torch
 
 from .. import core, errors
 from . import (_backward, _checkpoint, _config, _device, _gathered, _init_context, _params,
-               _reach, _stage3)
+               _reach, _stage3, _step_info)
 from ._optimizer import ZeroOptimizer
 from ._schedulers import EngineLRScheduler
 
@@ -53,10 +53,13 @@ class TorchEngine:
             self.config.get("gradient_accumulation_steps", 1))
         self.loss_scale = _config.initial_loss_scale(self.config)
         self.global_steps = 0  # optimizer steps, skipped ones included (as DeepSpeed's)
-        self._grad_norm = None
         self._last_info = None
+        self._engine_steps = 0
         self.config = _config.with_param_groups(self.config, groups.overrides)
         self.config["device"] = device.type
+        # The norm stays on the GPU after a step unless the config asks for it every step
+        # (engine.step()'s info and get_global_grad_norm() read it when asked).
+        self.config.setdefault("sync_grad_norm", False)
         self._comm = comm
         guard = self.config.get("guard", {})
         self._timeout = float(guard.get("timeout_s", 600.0))
@@ -388,10 +391,12 @@ class TorchEngine:
         engine's lrs back (engine.optimizer.step calls it)."""
         self.optimizer.push()
         info = self._engine.step()
-        self._last_info = info
         self.loss_scale = info["loss_scale"]
-        self._grad_norm = info["grad_norm"]
         self.global_steps += 1
+        self._engine_steps += 1  # never reset (global_steps is a checkpoint's after a load)
+        info = _step_info.StepInfo(info, self._engine_steps, self._engine.last_grad_norm,
+                                   lambda: self._engine_steps)
+        self._last_info = info
         self.optimizer.pull()
         return info
 
@@ -405,8 +410,9 @@ class TorchEngine:
 
     def get_global_grad_norm(self):
         """The global gradient norm of the last optimizer step (over every rank, before
-        clipping; None before the first step)."""
-        return self._grad_norm
+        clipping; None before the first step). On a GPU the first call after a step waits
+        for the GPU to read it (see "sync_grad_norm")."""
+        return None if self._last_info is None else self._last_info["grad_norm"]
 
     def all_reduce(self, tensor, op="sum"):
         """Reduces `tensor` over every rank of the engine's communicator, in place, and

@@ -1,0 +1,131 @@
+// DeferredDeviceOps: every asynchronous call becomes a closure over copies of its arguments.
+#include "tests/engine/deferred_device.h"
+
+#include <utility>
+
+namespace zero::testing {
+
+Status DeferredDeviceOps::Queue(std::function<Status()> work) {
+  if (!failed_.ok()) return failed_;
+  queue_.push_back(std::move(work));
+  return absl::OkStatus();
+}
+
+Status DeferredDeviceOps::RunTrainerWork() {
+  std::vector<std::function<Status()>> work;
+  work.swap(queue_);
+  for (auto& call : work) {
+    if (failed_.ok()) failed_ = call();
+  }
+  return failed_;
+}
+
+Status DeferredDeviceOps::Wait() {
+  ++host_waits_;
+  return RunTrainerWork();
+}
+
+Status DeferredDeviceOps::Synchronize() { return Wait(); }
+
+Status DeferredDeviceOps::Zero(void* data, int64_t bytes) {
+  return Queue([=] { return cpu_->Zero(data, bytes); });
+}
+
+Status DeferredDeviceOps::Copy(void* destination, const void* source, int64_t bytes) {
+  ZERO_RETURN_IF_ERROR(Wait());  // the destination holds the values on return
+  return cpu_->Copy(destination, source, bytes);
+}
+
+Status DeferredDeviceOps::CopyOnDevice(void* destination, const void* source, int64_t bytes) {
+  return Queue([=] { return cpu_->CopyOnDevice(destination, source, bytes); });
+}
+
+Status DeferredDeviceOps::AddInto(void* accumulator, const void* addend, int64_t numel, DType dtype) {
+  return Queue([=] { return cpu_->AddInto(accumulator, addend, numel, dtype); });
+}
+
+Status DeferredDeviceOps::AddIntoFloat(float* accumulator, const void* addend, int64_t numel, DType addend_dtype) {
+  return Queue([=] { return cpu_->AddIntoFloat(accumulator, addend, numel, addend_dtype); });
+}
+
+Status DeferredDeviceOps::Widen(float* out, const void* in, int64_t numel, DType dtype) {
+  return Queue([=] { return cpu_->Widen(out, in, numel, dtype); });
+}
+
+Status DeferredDeviceOps::Narrow(void* out, const float* in, int64_t numel, DType dtype) {
+  return Queue([=] { return cpu_->Narrow(out, in, numel, dtype); });
+}
+
+Status DeferredDeviceOps::AdamStep(const kernels::AdamHyper& hyper, kernels::SegmentTypes types,
+                                   absl::Span<const kernels::Segment> segments) {
+  std::vector<kernels::Segment> copy(segments.begin(), segments.end());
+  return Queue([=] { return cpu_->AdamStep(hyper, types, copy); });
+}
+
+Status DeferredDeviceOps::SgdStep(const kernels::SgdHyper& hyper, kernels::SegmentTypes types,
+                                  absl::Span<const kernels::Segment> segments) {
+  std::vector<kernels::Segment> copy(segments.begin(), segments.end());
+  return Queue([=] { return cpu_->SgdStep(hyper, types, copy); });
+}
+
+Status DeferredDeviceOps::LionStep(const kernels::LionHyper& hyper, kernels::SegmentTypes types,
+                                   absl::Span<const kernels::Segment> segments) {
+  std::vector<kernels::Segment> copy(segments.begin(), segments.end());
+  return Queue([=] { return cpu_->LionStep(hyper, types, copy); });
+}
+
+Status DeferredDeviceOps::LambUpdate(const kernels::LambHyper& hyper, kernels::SegmentTypes types,
+                                     absl::Span<const kernels::Segment> segments,
+                                     absl::Span<float* const> updates) {
+  std::vector<kernels::Segment> segments_copy(segments.begin(), segments.end());
+  std::vector<float*> updates_copy(updates.begin(), updates.end());
+  return Queue([=] { return cpu_->LambUpdate(hyper, types, segments_copy, updates_copy); });
+}
+
+Status DeferredDeviceOps::LambApply(const kernels::LambHyper& hyper, DType param_type,
+                                    absl::Span<const kernels::Segment> segments,
+                                    absl::Span<const float* const> updates, absl::Span<const float> trust_ratios) {
+  std::vector<kernels::Segment> segments_copy(segments.begin(), segments.end());
+  std::vector<const float*> updates_copy(updates.begin(), updates.end());
+  std::vector<float> ratios(trust_ratios.begin(), trust_ratios.end());
+  return Queue([=] { return cpu_->LambApply(hyper, param_type, segments_copy, updates_copy, ratios); });
+}
+
+Status DeferredDeviceOps::SquaredNorms(absl::Span<const kernels::ConstSpan> spans, DType dtype,
+                                       absl::Span<double> per_span, kernels::NormResult* total) {
+  ZERO_RETURN_IF_ERROR(Wait());  // the values are delivered to the host
+  return cpu_->SquaredNorms(spans, dtype, per_span, total);
+}
+
+Status DeferredDeviceOps::SquaredNormOnDevice(absl::Span<const runtime::NormBatch> batches, float* sq_norm) {
+  // The batches' spans are the caller's: copied, with the batches pointing into the copies.
+  auto spans = std::make_shared<std::vector<std::vector<kernels::ConstSpan>>>();
+  std::vector<DType> dtypes;
+  for (const runtime::NormBatch& batch : batches) {
+    spans->emplace_back(batch.spans.begin(), batch.spans.end());
+    dtypes.push_back(batch.dtype);
+  }
+  return Queue([this, spans, dtypes, sq_norm] {
+    std::vector<runtime::NormBatch> copies;
+    for (size_t k = 0; k < spans->size(); ++k) copies.push_back({(*spans)[k], dtypes[k]});
+    return cpu_->SquaredNormOnDevice(copies, sq_norm);
+  });
+}
+
+Status DeferredDeviceOps::DecideClip(const float* sq_norm, double divisor, float max_norm, float* grad_norm,
+                                     float* grad_scale) {
+  return Queue([=] { return cpu_->DecideClip(sq_norm, divisor, max_norm, grad_norm, grad_scale); });
+}
+
+runtime::OpsFactory DeferredDeviceFactory(DeferredDeviceOps** made) {
+  return [made](Device, const kernels::CpuExec& exec,
+                base::Allocator allocator) -> StatusOr<std::unique_ptr<runtime::DeviceOps>> {
+    ZERO_ASSIGN_OR_RETURN(std::unique_ptr<runtime::DeviceOps> cpu,
+                          runtime::DeviceOps::Create(Device::kCpu, exec, allocator));
+    auto ops = std::make_unique<DeferredDeviceOps>(std::move(cpu));
+    *made = ops.get();
+    return std::unique_ptr<runtime::DeviceOps>(std::move(ops));
+  };
+}
+
+}  // namespace zero::testing
