@@ -177,6 +177,11 @@ zero_status zero_accumulate_grad(zero_engine* engine, int64_t id, const void* gr
   return Report(engine->engine->AccumulateGrad(id, grad));
 }
 
+zero_status zero_accumulate_device_grad(zero_engine* engine, int64_t id, const void* grad) {
+  ZERO_C_REQUIRE(engine, "zero_accumulate_device_grad");
+  return Report(engine->engine->AccumulateGrad(id, grad, zero::Placement::kDevice));
+}
+
 zero_status zero_begin_iteration(zero_engine* engine) {
   ZERO_C_REQUIRE(engine, "zero_begin_iteration");
   return Report(engine->engine->BeginIteration());

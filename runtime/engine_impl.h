@@ -61,6 +61,7 @@ class EngineImpl final : public Engine {
   Status GradReady(ParamId id) override;
   Status GradAbsent(ParamId id) override;
   Status AccumulateGrad(ParamId id, const void* grad) override;
+  Status AccumulateGrad(ParamId id, const void* grad, Placement placement) override;
   Status EndBackward() override;
   StatusOr<StepInfo> Step() override;
   StatusOr<float> LastGradNorm() override;

@@ -114,10 +114,20 @@ Status EngineImpl::ParamComplete(int param) {
 }
 
 Status EngineImpl::AccumulateGrad(ParamId id, const void* grad) {
+  const bool on_gpu = ops_->placement() == Placement::kDevice;
+  return AccumulateGrad(id, grad, on_gpu ? PlacementOf(grad) : Placement::kHost);
+}
+
+Status EngineImpl::AccumulateGrad(ParamId id, const void* grad, Placement placement) {
   if (grad == nullptr) return absl::InvalidArgumentError("AccumulateGrad: grad is null");
+  if (placement == Placement::kDevice && ops_->placement() != Placement::kDevice) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "AccumulateGrad: a device gradient for param ", id, " on an engine of device \"",
+        DeviceName(config_.device), "\"; hand it over in host memory"));
+  }
   ZERO_RETURN_IF_ERROR(PrepareGradWrite(id, "AccumulateGrad"));
   const int param = static_cast<int>(id);
-  if (ops_->placement() == Placement::kDevice && PlacementOf(grad) != Placement::kDevice) {
+  if (ops_->placement() == Placement::kDevice && placement != Placement::kDevice) {
     // A host gradient for a GPU engine: staged into device scratch first.
     const int64_t bytes = plan_->ParamBytes(param);
     if (grad_staging_.bytes() < bytes) {

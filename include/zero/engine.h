@@ -187,6 +187,11 @@ class Engine {
   /// "cuda") into the gradient and marks it ready. A bf16/fp16 gradient added into an fp32
   /// gradient (precision.grad fp32) is widened on the way and summed in fp32.
   virtual Status AccumulateGrad(ParamId id, const void* grad) = 0;
+  /// AccumulateGrad for a caller that knows where `grad` lives: kDevice for memory of the
+  /// engine's CUDA device (a CUDA tensor's data), kHost or kPinnedHost for host memory. The
+  /// two-argument form asks the CUDA driver on a "cuda" engine (cudaPointerGetAttributes, per
+  /// call); this one does not. kDevice on a "cpu" engine is kInvalidArgument.
+  virtual Status AccumulateGrad(ParamId id, const void* grad, Placement placement) = 0;
   /// Ends the micro-batch's backward: launches what is left, waits for the reductions.
   virtual Status EndBackward() = 0;
   /// Unscales, checks for overflow, clips, steps the rank's shard and gathers the params.

@@ -132,6 +132,9 @@ ZERO_API zero_status zero_grad_absent(zero_engine* engine, int64_t id);
 /** Adds a full gradient (host, the param's dtype; widened into an fp32 gradient) and marks the
  *  param ready. */
 ZERO_API zero_status zero_accumulate_grad(zero_engine* engine, int64_t id, const void* grad);
+/** zero_accumulate_grad for a gradient in the device memory of a "cuda" engine (a CUDA tensor's
+ *  data), without asking the driver where `grad` points (one call less per gradient). */
+ZERO_API zero_status zero_accumulate_device_grad(zero_engine* engine, int64_t id, const void* grad);
 ZERO_API zero_status zero_begin_iteration(zero_engine* engine);
 ZERO_API zero_status zero_end_backward(zero_engine* engine);
 ZERO_API zero_status zero_step(zero_engine* engine, zero_step_info* info);

@@ -66,6 +66,8 @@ _PROTOTYPES = {
                         ctypes.c_int),
     "zero_accumulate_grad": ([ctypes.c_void_p, ctypes.c_int64,
                               ctypes.c_void_p], ctypes.c_int),
+    "zero_accumulate_device_grad": ([ctypes.c_void_p, ctypes.c_int64,
+                                     ctypes.c_void_p], ctypes.c_int),
     "zero_grad_ready": ([ctypes.c_void_p, ctypes.c_int64], ctypes.c_int),
     "zero_grad_absent": ([ctypes.c_void_p, ctypes.c_int64], ctypes.c_int),
     "zero_engine_counters_sized": ([ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t],

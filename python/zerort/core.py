@@ -336,11 +336,16 @@ class Engine:
         is left untouched by it, its step count included)."""
         _check(library().zero_grad_absent(self._handle, pid), "zero_grad_absent")
 
-    def accumulate_grad(self, pid, address):
+    def accumulate_grad(self, pid, address, on_device=False):
         """Adds a gradient (the param's dtype, at `address`: host memory, or device memory
-        on device "cuda", written on the engine's stream) and marks it ready."""
-        _check(library().zero_accumulate_grad(self._handle, pid, address),
-               "zero_accumulate_grad")
+        on device "cuda", written on the engine's stream) and marks it ready. `on_device`
+        says the address is the engine's device memory, which spares the pointer query."""
+        if on_device:
+            _check(library().zero_accumulate_device_grad(self._handle, pid, address),
+                   "zero_accumulate_device_grad")
+        else:
+            _check(library().zero_accumulate_grad(self._handle, pid, address),
+                   "zero_accumulate_grad")
 
     def begin_iteration(self):
         """Starts a micro-batch."""

@@ -1,5 +1,5 @@
 // Step on in-process ranks: an overflow on one rank skips the step everywhere and halves the
-// loss scale; clipping bounds the norm.
+// loss scale; clipping bounds the norm; a gradient's placement, when given, is taken as said.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -55,6 +55,30 @@ TEST(EngineStep, LossScalingSkipsOverflowAndClippingBoundsTheNorm) {
       ASSERT_THAT((*engine)->GetParam(id, after.data()), IsOk());
       EXPECT_NE(after, init);
   });
+}
+
+// A caller that says where its gradient lives skips the pointer query; a device gradient for a
+// CPU engine is refused and nothing arrives, so the same param can still be handed over.
+TEST(EngineStep, AGradientWhosePlacementIsGivenIsTakenAsSaid) {
+  auto group = comm::CreateLocalGroup(1);
+  ASSERT_THAT(group, IsOk());
+  auto engine = Engine::Create(ToyConfig(2), *(*group)[0]);
+  ASSERT_THAT(engine, IsOk());
+  const ParamId id = *(*engine)->RegisterParam({"w", {10}});
+  ASSERT_THAT((*engine)->Finalize(), IsOk());
+  std::vector<float> init(10, 1.0f), grad(10, 2.0f), after(10);
+  ASSERT_THAT((*engine)->SetParam(id, init.data()), IsOk());
+  ASSERT_THAT((*engine)->BeginIteration(), IsOk());
+  const Status refused = (*engine)->AccumulateGrad(id, grad.data(), Placement::kDevice);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.message().find("device gradient for param 0"), std::string::npos) << refused;
+  ASSERT_THAT((*engine)->AccumulateGrad(id, grad.data(), Placement::kHost), IsOk());
+  ASSERT_THAT((*engine)->EndBackward(), IsOk());
+  auto info = (*engine)->Step();
+  ASSERT_THAT(info, IsOk());
+  EXPECT_NEAR(info->grad_norm, std::sqrt(40.0f), 1e-5);
+  ASSERT_THAT((*engine)->GetParam(id, after.data()), IsOk());
+  EXPECT_NE(after, init);
 }
 
 }  // namespace

@@ -43,7 +43,8 @@ What happens to the model:
   (param.detach() taken before) keeps that memory alive, never reads freed memory.
 - A hook after each param's gradient accumulation (`register_post_accumulate_grad_hook` on
   PyTorch >= 2.1, a post hook on the param's AccumulateGrad node before) hands the gradient to
-  the engine (`zero_accumulate_grad`: one copy into the bucket) and sets `.grad` to None, so
+  the engine (`zero_accumulate_grad`, `zero_accumulate_device_grad` for a CUDA gradient: one
+  copy into the bucket) and sets `.grad` to None, so
   buckets reduce while the rest of backward runs (and torch.nn.utils.clip_grad_norm_ sees no
   gradient: clipping is the config's clip_grad_norm / DeepSpeed's gradient_clipping). A
   gradient the engine refused (a DuplicateGradientError, a KeyboardInterrupt inside the

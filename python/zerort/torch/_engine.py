@@ -326,7 +326,7 @@ class TorchEngine:
                 grad.record_stream(self._stream)
         pid = record.pid
         try:
-            self._engine.accumulate_grad(pid, grad.data_ptr())
+            self._engine.accumulate_grad(pid, grad.data_ptr(), grad.is_cuda)
         except errors.DuplicateGradientError:
             first = self._passes.first_pass(pid)
             if first is not None and first < self._passes.current:
