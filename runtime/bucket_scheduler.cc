@@ -54,10 +54,14 @@ Status BucketScheduler::WaitOldest(double timeout_s) {
   if (in_flight_.empty()) return absl::FailedPreconditionError("no bucket collective in flight");
   Flight flight = std::move(in_flight_.front());
   in_flight_.pop_front();
-  Status status = path_ != nullptr ? path_->Block(*flight.work, timeout_s) : flight.work->Wait(timeout_s);
-  if (!status.ok()) {
-    const std::string what = hooks_.describe ? hooks_.describe(flight.bucket) : absl::StrCat("bucket ", flight.bucket);
-    return Status(status.code(), absl::StrCat(what, ": ", status.message()));
+  auto what = [describe = hooks_.describe, bucket = flight.bucket] {
+    return describe ? describe(bucket) : absl::StrCat("bucket ", bucket);
+  };
+  if (path_ != nullptr) {
+    ZERO_RETURN_IF_ERROR(path_->WaitOnStream(flight.work, what));
+  } else {
+    const Status status = flight.work->Wait(timeout_s);
+    if (!status.ok()) return Status(status.code(), absl::StrCat(what(), ": ", status.message()));
   }
   return flight.finish ? flight.finish() : absl::OkStatus();
 }

@@ -1,7 +1,8 @@
 // (Internal to runtime: the engine's policy for its bucket collectives.)
 // Launches bucket collectives strictly in bucket order, as soon as each bucket and every
 // earlier one is ready, so ranks whose gradients arrive in different orders still issue
-// identical collective sequences; then waits for them and runs each bucket's completion step.
+// identical collective sequences; then waits for them (on the stream where the path can) and
+// runs each bucket's completion step, queued after the collective.
 // Every launch first passes the engine's check (guard.consistency_check) and then goes
 // through the CollectivePath (the stream wait).
 #ifndef ZERO_RUNTIME_BUCKET_SCHEDULER_H_
@@ -46,7 +47,9 @@ class BucketScheduler {
   /// kFailedPrecondition if `b` was already marked this round.
   Status MarkReady(int bucket, Launch launch, Finish finish);
   /// Waits for the oldest collective in flight and runs its Finish. kFailedPrecondition if
-  /// nothing is in flight. `timeout_s` > 0 bounds the wait (kDeadlineExceeded names the bucket).
+  /// nothing is in flight. Through the path the engine's stream waits where it can
+  /// (CollectivePath::WaitOnStream, bounded by the path's timeout), else the host; without a
+  /// path the host waits, `timeout_s` > 0 bounding it. Errors name the bucket.
   Status WaitOldest(double timeout_s);
   /// Waits for everything in flight. Buckets not yet launched stay pending.
   Status WaitAll(double timeout_s);

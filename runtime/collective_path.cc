@@ -1,4 +1,5 @@
-// The stream wait before a collective, and bounded waits that name what they waited for.
+// The stream wait before a collective, bounded waits that name what they waited for, and the
+// works the stream waits for instead of the host.
 #include "runtime/collective_path.h"
 
 #include "absl/strings/str_cat.h"
@@ -13,9 +14,53 @@ Status CollectivePath::MakeStreamWorkVisible() {
   return NeedsStreamWait() ? ops_.Synchronize() : absl::OkStatus();
 }
 
+bool CollectivePath::StreamCanWait() const { return ops_.asynchronous() && comm_.ordered_after_stream(); }
+
 comm::WorkPtr CollectivePath::Start(const Launch& launch) {
-  Status visible = MakeStreamWorkVisible();
-  return visible.ok() ? launch(comm_) : comm::CompletedWork(std::move(visible));
+  Status ready = Reap();
+  if (ready.ok()) ready = MakeStreamWorkVisible();
+  return ready.ok() ? launch(comm_) : comm::CompletedWork(std::move(ready));
+}
+
+Status CollectivePath::WaitOnStream(comm::WorkPtr& work, const Describe& what) {
+  if (work == nullptr) return absl::OkStatus();
+  if (!StreamCanWait()) return Wait(work, what());
+  Status ordered = work->WaitOnStream(ops_.stream(), timeout_s_);
+  if (!ordered.ok()) {
+    work.reset();
+    return Status(ordered.code(), absl::StrCat(what(), ": ", ordered.message()));
+  }
+  kept_.push_back({std::move(work), what, std::chrono::steady_clock::now()});
+  return Reap();
+}
+
+Status CollectivePath::Reap() {
+  Status first;
+  const auto now = std::chrono::steady_clock::now();
+  for (auto it = kept_.begin(); it != kept_.end();) {
+    const std::chrono::duration<double> kept_for = now - it->since;
+    const bool overdue = timeout_s_ > 0 && kept_for.count() > timeout_s_;
+    if (!it->work->Test() && !overdue) {
+      ++it;
+      continue;
+    }
+    // Complete: its outcome, at once. Overdue: a wait that times out at once, breaking the group.
+    const Status status = it->work->Wait(overdue ? 1e-9 : comm::kNoTimeout);
+    if (!status.ok() && first.ok()) first = Status(status.code(), absl::StrCat(it->what(), ": ", status.message()));
+    it = kept_.erase(it);
+  }
+  return first;
+}
+
+Status CollectivePath::Drain() {
+  Status first;
+  while (!kept_.empty()) {
+    Kept kept = std::move(kept_.front());
+    kept_.pop_front();
+    const Status status = Block(*kept.work, timeout_s_);
+    if (!status.ok() && first.ok()) first = Status(status.code(), absl::StrCat(kept.what(), ": ", status.message()));
+  }
+  return first;
 }
 
 Status CollectivePath::Block(comm::Work& work, double timeout_s) {

@@ -4,11 +4,16 @@
 // On a GPU with a communicator that does not order itself after the engine's stream (local,
 // MPI), the kernels queued on that stream finish first, so a collective never reads a buffer a
 // kernel is still writing; every wait is bounded by guard.timeout_s and its error says what
-// was being done.
+// was being done. With one that does (NCCL), nothing waits on the host: the stream waits for
+// each collective (WaitOnStream), and the collective's Work is kept until it completes; its
+// timeout and errors are the communicator's watchdog's, and Reap's.
 #ifndef ZERO_RUNTIME_COLLECTIVE_PATH_H_
 #define ZERO_RUNTIME_COLLECTIVE_PATH_H_
 
+#include <chrono>
+#include <deque>
 #include <functional>
+#include <string>
 
 #include "absl/strings/string_view.h"
 #include "runtime/device_ops.h"
@@ -20,14 +25,30 @@ class CollectivePath {
  public:
   /// Starts one collective on the communicator (e.g. `[&](Communicator& c) { return c.AllGather(...); }`).
   using Launch = std::function<comm::WorkPtr(comm::Communicator&)>;
+  /// What a collective is, for its error message (called only on an error).
+  using Describe = std::function<std::string()>;
 
   /// Waits are bounded by `timeout_s` (0: forever).
   CollectivePath(comm::Communicator& comm, DeviceOps& ops, double timeout_s)
       : comm_(comm), ops_(ops), timeout_s_(timeout_s) {}
 
   /// Makes the engine's queued kernels visible to the communicator where it needs that (see
-  /// the file comment), then starts `launch`. A failed stream wait becomes the work's error.
+  /// the file comment), then starts `launch`. A failed stream wait, or an error Reap found,
+  /// becomes the work's error.
   comm::WorkPtr Start(const Launch& launch);
+  /// Where the communicator orders itself after the stream and the device queues work (nccl
+  /// on "cuda"): the engine's stream waits for `work` and the host does not; the work is kept
+  /// until it completes. Elsewhere, Wait. `work` is null afterwards; an error is prefixed with
+  /// what(). A null `work` is OK.
+  Status WaitOnStream(comm::WorkPtr& work, const Describe& what);
+  /// Drops the kept works that completed. The first error among them (prefixed with its
+  /// what()), or kDeadlineExceeded for one kept longer than the timeout (which breaks the
+  /// group). Never blocks.
+  Status Reap();
+  /// Waits on the host for every kept work, within the timeout each; the first error.
+  Status Drain();
+  /// Works kept by WaitOnStream, not yet reaped.
+  int kept() const { return static_cast<int>(kept_.size()); }
   /// Waits for `work` within the timeout and drops it; an error is prefixed with `what`. A
   /// null `work` is OK.
   Status Wait(comm::WorkPtr& work, absl::string_view what);
@@ -49,12 +70,19 @@ class CollectivePath {
   double timeout_s() const { return timeout_s_; }
 
  private:
+  struct Kept {
+    comm::WorkPtr work;
+    Describe what;
+    std::chrono::steady_clock::time_point since;
+  };
   bool NeedsStreamWait() const;
+  bool StreamCanWait() const;
 
   comm::Communicator& comm_;
   DeviceOps& ops_;
   const double timeout_s_;
   int64_t waits_ = 0;
+  std::deque<Kept> kept_;
 };
 
 }  // namespace zero::runtime

@@ -22,6 +22,7 @@ class CpuDeviceOps final : public DeviceOps {
     if (stream == nullptr) return absl::OkStatus();
     return absl::InvalidArgumentError("SetStream: the engine runs on device \"cpu\"; a CUDA stream needs \"device\": \"cuda\"");
   }
+  void* stream() const override { return nullptr; }
   Status Synchronize() override { return absl::OkStatus(); }
   bool asynchronous() const override { return false; }
   int64_t host_waits() const override { return 0; }

@@ -45,6 +45,9 @@ class DeviceOps {
   /// The cudaStream_t later work is queued on (cuda); kInvalidArgument for a non-null stream
   /// on the CPU.
   virtual Status SetStream(void* stream) = 0;
+  /// The stream work is queued on (a cudaStream_t; null on the CPU and for the legacy default
+  /// stream).
+  virtual void* stream() const = 0;
   /// Waits until the work queued so far is done (a no-op on the CPU).
   virtual Status Synchronize() = 0;
   /// True when calls queue work that runs later (cuda): a value the ops write is on the host

@@ -26,6 +26,7 @@ class CudaDeviceOps final : public DeviceOps {
     stream_ = static_cast<cudaStream_t>(stream);
     return absl::OkStatus();
   }
+  void* stream() const override { return stream_; }
   Status Synchronize() override {
     ++host_waits_;
     ZERO_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));

@@ -89,6 +89,12 @@ EngineImpl::~EngineImpl() {
       ZERO_LOG(logger_, kWarn) << "destroying the engine: " << drained.message();
     }
   }
+  if (comm_.Health().ok() && path_.kept() > 0) {  // collectives only the stream waited for
+    const Status drained = path_.Drain();
+    if (!drained.ok()) {
+      ZERO_LOG(logger_, kWarn) << "destroying the engine: " << drained.message();
+    }
+  }
   // Whatever is still in flight is abandoned now, before any buffer is freed.
   scheduler_.reset();
   params_.reset();

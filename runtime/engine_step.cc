@@ -24,11 +24,10 @@ StatusOr<StepInfo> EngineImpl::Step() {
   float* scalars = step_scalars_.as<float>();
   ZERO_RETURN_IF_ERROR(optimizer_->GradSquaredNorm(scalars + kSqNorm));
   if (comm_.size() > 1) {
-    ZERO_RETURN_IF_ERROR(path_.Run(
-        [&](comm::Communicator& c) {
-          return c.AllReduce(scalars + kSqNorm, scalars + kSqNorm, 1, DType::kFP32, comm::ReduceOp::kSum);
-        },
-        "Step: the global gradient norm"));
+    comm::WorkPtr sum = path_.Start([&](comm::Communicator& c) {
+      return c.AllReduce(scalars + kSqNorm, scalars + kSqNorm, 1, DType::kFP32, comm::ReduceOp::kSum);
+    });
+    ZERO_RETURN_IF_ERROR(path_.WaitOnStream(sum, [] { return std::string("Step: the global gradient norm"); }));
   }
   const double divisor = static_cast<double>(comm_.size()) * loss_scaler_.scale();
   ZERO_RETURN_IF_ERROR(ops_->DecideClip(scalars + kSqNorm, divisor, config_.clip_grad_norm, scalars + kGradNorm,

@@ -42,7 +42,9 @@ class ReplicatedParams final : public ParamStore {
         return comm.AllGather(own, base, b.shard_numel, b.dtype);
       }));
     }
-    for (comm::WorkPtr& work : works) ZERO_RETURN_IF_ERROR(path_.Wait(work, "gathering updated params"));
+    for (comm::WorkPtr& work : works) {
+      ZERO_RETURN_IF_ERROR(path_.WaitOnStream(work, [] { return std::string("gathering updated params"); }));
+    }
     return absl::OkStatus();
   }
 

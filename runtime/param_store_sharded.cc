@@ -211,7 +211,8 @@ comm::WorkPtr ShardedParams::StartUnitGather(const Bucket& b) {
 
 Status ShardedParams::FinishGather(int bucket) {
   if (units_[bucket].pending == nullptr) return absl::OkStatus();  // no message built for nothing
-  return path_.Wait(units_[bucket].pending, absl::StrCat("gathering unit ", plan_.buckets()[bucket].unit));
+  const int unit = plan_.buckets()[bucket].unit;
+  return path_.WaitOnStream(units_[bucket].pending, [unit] { return absl::StrCat("gathering unit ", unit); });
 }
 
 StatusOr<base::Buffer> ShardedParams::TakeBuffer(const Bucket& b) {

@@ -1,4 +1,5 @@
-// NCCL communicator on a dedicated stream, ordered after the trainer's stream with events.
+// NCCL communicator on a dedicated stream, ordered after the trainer's stream with events; a
+// stream can wait for a collective's done event (Work::WaitOnStream), watched by the watchdog.
 // A failed or timed-out collective breaks the group: the communicator is aborted at once
 // (ncclCommAbort ends its kernels, so no buffer is touched afterwards) and every later call
 // fails with the first error.
@@ -13,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_converters.h"
 #include "comm/group_health.h"
+#include "comm/nccl/nccl_watchdog.h"
 #include "zero/device.h"
 
 namespace zero::comm {
@@ -35,22 +37,30 @@ ncclRedOp_t NcclOp(ReduceOp op) { return op == ReduceOp::kSum ? ncclSum : ncclMa
 struct NcclGroup {
   ncclComm_t comm = nullptr;
   GroupHealth health;
+  // Watches the collectives streams wait for; stopped before the communicator is destroyed.
+  std::unique_ptr<NcclWatchdog> watchdog;
   // Breaks the group with `cause`; the call that breaks it aborts the NCCL communicator.
   void Break(const Status& cause) {
     if (health.Break(cause)) ncclCommAbort(comm);
+  }
+  // NCCL's asynchronous error, as a Status.
+  Status AsyncError() const {
+    ncclResult_t async = ncclSuccess;
+    ZERO_NCCL_RETURN_IF_ERROR(ncclCommGetAsyncError(comm, &async));
+    ZERO_NCCL_RETURN_IF_ERROR(async);
+    return absl::OkStatus();
   }
 };
 
 class NcclWork final : public Work {
  public:
-  NcclWork(std::shared_ptr<NcclGroup> group, cudaEvent_t done, std::string what)
-      : group_(std::move(group)), done_(done), what_(std::move(what)) {}
+  NcclWork(std::shared_ptr<NcclGroup> group, std::shared_ptr<DoneEvent> done)
+      : group_(std::move(group)), done_(std::move(done)) {}
   ~NcclWork() override {
-    if (group_->health.Get().ok() && cudaEventQuery(done_) == cudaErrorNotReady) {
+    if (group_->health.Get().ok() && cudaEventQuery(done_->event) == cudaErrorNotReady) {
       group_->Break(absl::CancelledError(absl::StrCat(
-          what_, " was abandoned: its Work was destroyed before the collective completed")));
+          done_->what, " was abandoned: its Work was destroyed before the collective completed")));
     }
-    cudaEventDestroy(done_);
   }
 
   Status Wait(double timeout_s) override {
@@ -59,56 +69,61 @@ class NcclWork final : public Work {
     return status;
   }
 
-  bool Test() override { return !group_->health.Get().ok() || cudaEventQuery(done_) != cudaErrorNotReady; }
+  bool Test() override { return !group_->health.Get().ok() || cudaEventQuery(done_->event) != cudaErrorNotReady; }
+
+  Status WaitOnStream(void* stream, double timeout_s) override {
+    if (!group_->health.Get().ok()) return group_->health.BrokenError(done_->what.c_str());
+    ZERO_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), done_->event, 0));
+    if (timeout_s > 0 && group_->watchdog != nullptr) group_->watchdog->Watch(done_, timeout_s);
+    return absl::OkStatus();
+  }
 
  private:
   Status Poll(double timeout_s) const {
     const auto start = std::chrono::steady_clock::now();
     while (true) {
-      if (!group_->health.Get().ok()) return group_->health.BrokenError(what_.c_str());
-      const cudaError_t state = cudaEventQuery(done_);
-      if (state == cudaSuccess) return AsyncError();
+      if (!group_->health.Get().ok()) return group_->health.BrokenError(done_->what.c_str());
+      const cudaError_t state = cudaEventQuery(done_->event);
+      if (state == cudaSuccess) return group_->AsyncError();
       if (state != cudaErrorNotReady) {
         return internal::CudaError(state, cudaGetErrorName(state), cudaGetErrorString(state),
                                    "cudaEventQuery(done)", __FILE__, __LINE__);
       }
-      ZERO_RETURN_IF_ERROR(AsyncError());
+      ZERO_RETURN_IF_ERROR(group_->AsyncError());
       const std::chrono::duration<double> waited = std::chrono::steady_clock::now() - start;
       if (timeout_s > 0 && waited.count() > timeout_s) {
         return absl::DeadlineExceededError(absl::StrCat(
-            what_, " did not complete within ", timeout_s, " s: a peer rank never joined it"));
+            done_->what, " did not complete within ", timeout_s, " s: a peer rank never joined it"));
       }
       std::this_thread::sleep_for(std::chrono::microseconds(20));
     }
   }
 
-  Status AsyncError() const {
-    ncclResult_t async = ncclSuccess;
-    ZERO_NCCL_RETURN_IF_ERROR(ncclCommGetAsyncError(group_->comm, &async));
-    ZERO_NCCL_RETURN_IF_ERROR(async);
-    return absl::OkStatus();
-  }
-
   std::shared_ptr<NcclGroup> group_;
-  cudaEvent_t done_;
-  std::string what_;
+  std::shared_ptr<DoneEvent> done_;
 };
 
 class NcclCommunicator final : public Communicator {
  public:
-  NcclCommunicator(ncclComm_t comm, int rank, int size, int ranks_on_this_host, cudaStream_t caller,
-                   cudaStream_t own, float* scratch)
-      : group_(std::make_shared<NcclGroup>()), comm_(comm), rank_(rank), size_(size),
-        ranks_on_this_host_(ranks_on_this_host), caller_(caller), own_(own), scratch_(scratch) {
+  NcclCommunicator(ncclComm_t comm, int rank, int size, int ranks_on_this_host, int device, cudaStream_t caller,
+                   cudaStream_t own, cudaEvent_t ready, float* scratch)
+      : group_(std::make_shared<NcclGroup>()), events_(std::make_shared<EventPool>()), comm_(comm), rank_(rank),
+        size_(size), ranks_on_this_host_(ranks_on_this_host), caller_(caller), own_(own), ready_(ready),
+        scratch_(scratch) {
     group_->comm = comm;
+    NcclGroup* group = group_.get();  // the watchdog lives inside it
+    group_->watchdog = std::make_unique<NcclWatchdog>(
+        device, [group](const Status& cause) { group->Break(cause); }, [group] { return group->AsyncError(); });
   }
 
   ~NcclCommunicator() override {
+    group_->watchdog.reset();  // stopped before the NCCL communicator can go
     if (group_->health.Get().ok()) {
       cudaStreamSynchronize(own_);
       ncclCommDestroy(comm_);
     }  // else ncclCommAbort already ended its kernels and freed it
     cudaStreamDestroy(own_);
+    cudaEventDestroy(ready_);
     cudaFree(scratch_);
   }
 
@@ -157,10 +172,10 @@ class NcclCommunicator final : public Communicator {
       group_->Break(done.status());
       return CompletedWork(done.status());
     }
-    return std::make_unique<NcclWork>(group_, *done,
-                                      absl::StrCat("NCCL ", s.ToString(), " (collective #",
-                                                   next_sequence_++, ") on rank ", rank_, " of ",
-                                                   size_));
+    return std::make_unique<NcclWork>(
+        group_, std::make_shared<DoneEvent>(events_, *done,
+                                            absl::StrCat("NCCL ", s.ToString(), " (collective #", next_sequence_++,
+                                                         ") on rank ", rank_, " of ", size_)));
   }
 
   template <typename Launch>
@@ -172,21 +187,25 @@ class NcclCommunicator final : public Communicator {
       return absl::InvalidArgumentError(
           absl::StrCat(s.ToString(), ": the nccl communicator needs CUDA device buffers"));
     }
-    cudaEvent_t ready = nullptr, done = nullptr;
-    ZERO_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
-    ZERO_CUDA_RETURN_IF_ERROR(cudaEventRecord(ready, caller_));
-    ZERO_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(own_, ready, 0));
-    ZERO_CUDA_RETURN_IF_ERROR(cudaEventDestroy(ready));
+    // One ready event serves every collective: a stream wait takes the event as last recorded.
+    ZERO_CUDA_RETURN_IF_ERROR(cudaEventRecord(ready_, caller_));
+    ZERO_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(own_, ready_, 0));
     ZERO_NCCL_RETURN_IF_ERROR(launch());
-    ZERO_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
-    ZERO_CUDA_RETURN_IF_ERROR(cudaEventRecord(done, own_));
+    ZERO_ASSIGN_OR_RETURN(cudaEvent_t done, events_->Take());
+    const cudaError_t recorded = cudaEventRecord(done, own_);
+    if (recorded != cudaSuccess) {
+      events_->Give(done);
+      ZERO_CUDA_RETURN_IF_ERROR(recorded);
+    }
     return done;
   }
 
   std::shared_ptr<NcclGroup> group_;
+  std::shared_ptr<EventPool> events_;  // done events; outlive the works that hold them
   ncclComm_t comm_;
   const int rank_, size_, ranks_on_this_host_;
   cudaStream_t caller_, own_;
+  cudaEvent_t ready_;  // recorded on the caller's stream before each collective
   float* scratch_;
   int64_t next_sequence_ = 0;
 };
@@ -207,12 +226,16 @@ StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(Communicator& boo
   ncclComm_t comm = nullptr;
   ZERO_NCCL_RETURN_IF_ERROR(ncclCommInitRank(&comm, bootstrap.size(), id, bootstrap.rank()));
   cudaStream_t own = nullptr;
+  cudaEvent_t ready = nullptr;
   float* scratch = nullptr;
+  int device = 0;
+  ZERO_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
   ZERO_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&own, cudaStreamNonBlocking));
+  ZERO_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
   ZERO_CUDA_RETURN_IF_ERROR(cudaMalloc(&scratch, sizeof(float)));
   return std::unique_ptr<Communicator>(new NcclCommunicator(
-      comm, bootstrap.rank(), bootstrap.size(), bootstrap.ranks_on_this_host(),
-      static_cast<cudaStream_t>(options.stream), own, scratch));
+      comm, bootstrap.rank(), bootstrap.size(), bootstrap.ranks_on_this_host(), device,
+      static_cast<cudaStream_t>(options.stream), own, ready, scratch));
 }
 
 }  // namespace zero::comm

@@ -85,6 +85,17 @@ class Work {
   virtual Status Wait(double timeout_s = kNoTimeout) = 0;
   /// True once the collective has completed (successfully or not); never blocks.
   virtual bool Test() = 0;
+  /// Makes the work queued on `stream` (a cudaStream_t) after this call run after the
+  /// collective, without blocking the host. The Work must still be kept until Test() is true
+  /// (or waited for): destroying it earlier abandons the collective. With timeout_s > 0 the
+  /// backend watches it: one not complete within timeout_s breaks the group (and ends its
+  /// kernels, so nothing waits for it forever), as do asynchronous errors. kUnimplemented
+  /// where the backend cannot order a stream (local, mpi): the caller waits instead.
+  virtual Status WaitOnStream(void* stream, double timeout_s) {
+    (void)stream;
+    (void)timeout_s;
+    return absl::UnimplementedError("this communicator cannot order a stream after a collective");
+  }
 };
 
 using WorkPtr = std::unique_ptr<Work>;
@@ -101,8 +112,9 @@ class Communicator {
   /// True when collectives take CUDA device buffers only (nccl); host values must be staged.
   virtual bool device_buffers_only() const { return false; }
   /// True when a collective on device buffers starts after the work queued on the trainer's
-  /// stream before the call (nccl orders its stream after it); otherwise the caller finishes
-  /// that work first.
+  /// stream before the call (nccl orders its stream after it), and the stream can wait for it
+  /// in turn (Work::WaitOnStream); otherwise the caller finishes that work first and waits on
+  /// the host.
   virtual bool ordered_after_stream() const { return false; }
   /// How many ranks of this group run on this machine, this one included. They share its
   /// cores, so the engine sizes its CPU kernels' thread teams by it (cpu_exec.h). local: size();

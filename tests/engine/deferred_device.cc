@@ -117,6 +117,69 @@ Status DeferredDeviceOps::DecideClip(const float* sq_norm, double divisor, float
   return Queue([=] { return cpu_->DecideClip(sq_norm, divisor, max_norm, grad_norm, grad_scale); });
 }
 
+namespace {
+
+// The collective a StreamOrderedCommunicator queued: started once the queue reached it.
+struct Queued {
+  comm::WorkPtr inner;
+};
+
+class StreamWork final : public comm::Work {
+ public:
+  StreamWork(std::shared_ptr<Queued> queued, DeferredDeviceOps& ops) : queued_(std::move(queued)), ops_(ops) {}
+
+  Status Wait(double timeout_s) override {
+    ZERO_RETURN_IF_ERROR(ops_.RunTrainerWork());  // the host wait itself is the caller's to count
+    if (queued_->inner == nullptr) return absl::InternalError("a queued collective did not start");
+    return queued_->inner->Wait(timeout_s);
+  }
+  bool Test() override { return queued_->inner != nullptr && queued_->inner->Test(); }
+  Status WaitOnStream(void*, double timeout_s) override {
+    return ops_.Queue([queued = queued_, timeout_s] { return queued->inner->Wait(timeout_s); });
+  }
+
+ private:
+  std::shared_ptr<Queued> queued_;
+  DeferredDeviceOps& ops_;
+};
+
+}  // namespace
+
+comm::WorkPtr StreamOrderedCommunicator::OnStream(std::function<comm::WorkPtr(comm::Communicator&)> launch) {
+  DeferredDeviceOps* ops = *ops_;
+  if (ops == nullptr) return comm::CompletedWork(absl::FailedPreconditionError("no device model yet"));
+  auto queued = std::make_shared<Queued>();
+  const Status status = ops->Queue([this, queued, launch = std::move(launch)] {
+    queued->inner = launch(inner_);
+    return absl::OkStatus();
+  });
+  if (!status.ok()) return comm::CompletedWork(status);
+  return std::make_unique<StreamWork>(queued, *ops);
+}
+
+comm::WorkPtr StreamOrderedCommunicator::ReduceScatter(const void* send, void* recv, int64_t count, DType dtype,
+                                                       comm::ReduceOp op) {
+  return OnStream([=](comm::Communicator& c) { return c.ReduceScatter(send, recv, count, dtype, op); });
+}
+
+comm::WorkPtr StreamOrderedCommunicator::AllGather(const void* send, void* recv, int64_t count, DType dtype,
+                                                   int64_t tag) {
+  return OnStream([=](comm::Communicator& c) { return c.AllGather(send, recv, count, dtype, tag); });
+}
+
+comm::WorkPtr StreamOrderedCommunicator::AllReduce(const void* send, void* recv, int64_t count, DType dtype,
+                                                   comm::ReduceOp op) {
+  return OnStream([=](comm::Communicator& c) { return c.AllReduce(send, recv, count, dtype, op); });
+}
+
+comm::WorkPtr StreamOrderedCommunicator::Broadcast(void* data, int64_t count, DType dtype, int root) {
+  return OnStream([=](comm::Communicator& c) { return c.Broadcast(data, count, dtype, root); });
+}
+
+comm::WorkPtr StreamOrderedCommunicator::Barrier() {
+  return OnStream([](comm::Communicator& c) { return c.Barrier(); });
+}
+
 runtime::OpsFactory DeferredDeviceFactory(DeferredDeviceOps** made) {
   return [made](Device, const kernels::CpuExec& exec,
                 base::Allocator allocator) -> StatusOr<std::unique_ptr<runtime::DeviceOps>> {

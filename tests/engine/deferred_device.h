@@ -13,6 +13,7 @@
 
 #include "runtime/device_ops.h"
 #include "runtime/engine_impl.h"
+#include "zero/communicator.h"
 
 namespace zero::testing {
 
@@ -23,11 +24,15 @@ class DeferredDeviceOps final : public runtime::DeviceOps {
   /// Runs the queued work without counting a host wait: what the trainer's own kernels,
   /// queued after the engine's on one stream, would see. The first error of queued work.
   Status RunTrainerWork();
+  /// Queues `work` (its arguments captured by value) after everything queued so far; it runs
+  /// at the next wait. For the stream-ordered communicator.
+  Status Queue(std::function<Status()> work);
   /// Calls queued so far and not yet run.
   size_t queued() const { return queue_.size(); }
 
   Placement placement() const override { return Placement::kHost; }
   Status SetStream(void* stream) override { return cpu_->SetStream(stream); }
+  void* stream() const override { return nullptr; }
   Status Synchronize() override;
   bool asynchronous() const override { return true; }
   int64_t host_waits() const override { return host_waits_; }
@@ -56,8 +61,6 @@ class DeferredDeviceOps final : public runtime::DeviceOps {
                     float* grad_scale) override;
 
  private:
-  // Queues `work` (its arguments captured by value); it runs at the next wait.
-  Status Queue(std::function<Status()> work);
   // A wait by the host: counted, then the queue runs.
   Status Wait();
 
@@ -65,6 +68,35 @@ class DeferredDeviceOps final : public runtime::DeviceOps {
   std::vector<std::function<Status()>> queue_;
   Status failed_;  // the first error of queued work, reported by every later wait (as CUDA's)
   int64_t host_waits_ = 0;
+};
+
+/// The in-process communicator `inner` seen from the device model's stream, as NCCL sees a
+/// GPU's: each collective starts when the model's queue reaches it (after the work queued
+/// before it), Work::WaitOnStream queues a wait for it there, and Work::Wait runs the queue
+/// first. `*ops` is the model of the engine using it (set by DeferredDeviceFactory before
+/// the engine's first collective).
+class StreamOrderedCommunicator final : public comm::Communicator {
+ public:
+  StreamOrderedCommunicator(comm::Communicator& inner, DeferredDeviceOps* const* ops) : inner_(inner), ops_(ops) {}
+
+  int rank() const override { return inner_.rank(); }
+  int size() const override { return inner_.size(); }
+  const char* backend() const override { return inner_.backend(); }
+  bool ordered_after_stream() const override { return true; }
+  int ranks_on_this_host() const override { return inner_.ranks_on_this_host(); }
+  Status Health() const override { return inner_.Health(); }
+  comm::WorkPtr ReduceScatter(const void* send, void* recv, int64_t count, DType dtype, comm::ReduceOp op) override;
+  comm::WorkPtr AllGather(const void* send, void* recv, int64_t count, DType dtype, int64_t tag = -1) override;
+  comm::WorkPtr AllReduce(const void* send, void* recv, int64_t count, DType dtype, comm::ReduceOp op) override;
+  comm::WorkPtr Broadcast(void* data, int64_t count, DType dtype, int root) override;
+  comm::WorkPtr Barrier() override;
+
+ private:
+  // Queues `launch` on the model's stream; the Work of the collective it will start.
+  comm::WorkPtr OnStream(std::function<comm::WorkPtr(comm::Communicator&)> launch);
+
+  comm::Communicator& inner_;
+  DeferredDeviceOps* const* ops_;
 };
 
 /// An OpsFactory for runtime::CreateEngine that hands out DeferredDeviceOps over the CPU ops,

@@ -1,7 +1,8 @@
 // The engine on a device model whose queued work runs only when the host waits for it
 // (tests/engine/deferred_device.h): it must give the CPU engine's bits, and its host waits
 // show what a GPU step would drain the queue for. A rank alone decides its norm and clipping
-// on the device, so a steady step there never waits (sync_grad_norm false).
+// on the device, so a steady step there never waits (sync_grad_norm false); nor do ranks whose
+// communicator lets the stream wait for its collectives (NCCL).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -38,11 +39,20 @@ struct ModelRun {
   float last_grad_norm = 0.0f;
 };
 
+// How the ranks' collectives meet the device model's stream.
+enum class Collectives {
+  kUnordered,      // the in-process communicator: the engine finishes queued work first
+  kStreamOrdered,  // through StreamOrderedCommunicator, as NCCL on a GPU
+};
+
 // Trains on `world` in-process ranks, each engine on a DeferredDeviceOps; rank 0's run.
-ModelRun TrainOnModel(int world, const Config& config, ToyOptions options) {
+ModelRun TrainOnModel(int world, const Config& config, ToyOptions options,
+                      Collectives collectives = Collectives::kUnordered) {
   std::vector<ModelRun> runs(world);
-  const std::vector<Status> statuses = testing::RunOnRanks(world, [&](int r, comm::Communicator& comm) -> Status {
+  const std::vector<Status> statuses = testing::RunOnRanks(world, [&](int r, comm::Communicator& local) -> Status {
     DeferredDeviceOps* ops = nullptr;
+    testing::StreamOrderedCommunicator ordered(local, &ops);
+    comm::Communicator& comm = collectives == Collectives::kStreamOrdered ? ordered : local;
     ZERO_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine,
                           runtime::CreateEngine(config, comm, testing::DeferredDeviceFactory(&ops)));
     ToyOptions mine = options;
@@ -71,15 +81,16 @@ void ExpectSameBits(const ToyResult& model, const ToyResult& cpu) {
   }
 }
 
-// A rank alone trained for 2 and for 5 steps, on the model and on the CPU: the same bits each
+// `world` ranks trained for 2 and for 5 steps, on the model and on the CPU: the same bits each
 // time (and the model's last norm, read when asked, is the CPU's); the host waits of steps 3-5.
-int64_t WaitsOfThreeSteadySteps(const Config& config) {
+int64_t WaitsOfThreeSteadySteps(const Config& config, int world = 1,
+                                Collectives collectives = Collectives::kUnordered) {
   std::vector<int64_t> waits;
   for (int steps : {2, 5}) {
     ToyOptions options;
     options.steps = steps;
-    const ModelRun model = TrainOnModel(1, config, options);
-    const ToyResult cpu = TrainOnCpu(1, config, options);
+    const ModelRun model = TrainOnModel(world, config, options, collectives);
+    const ToyResult cpu = TrainOnCpu(world, config, options);
     if (::testing::Test::HasFailure()) return -1;
     ExpectSameBits(model.result, cpu);
     EXPECT_EQ(model.last_grad_norm, cpu.infos.back().grad_norm);
@@ -122,6 +133,17 @@ TEST(DeviceOrder, RanksWithAnUnorderedCommunicatorWaitForTheStreamBeforeEachColl
     ExpectSameBits(model.result, cpu);
     EXPECT_EQ(model.last_grad_norm, cpu.infos.back().grad_norm);
     EXPECT_GT(model.counters.host_waits, options.steps);
+  }
+}
+
+TEST(DeviceOrder, RanksWhoseCollectivesTheStreamWaitsForNeverWaitInASteadyStep) {
+  // As NCCL on a GPU: bucket reductions, the norm's sum and the gathers after the step are
+  // waited for by the stream, so steps 3-5 add no host wait, at every stage.
+  for (int stage : {0, 1, 2, 3}) {
+    SCOPED_TRACE(::testing::Message() << "stage " << stage);
+    Config config = ClippedConfig(stage, /*sync_grad_norm=*/false);
+    config.buckets.pool_buffers = 1;  // stage 2-3: every bucket after the first reuses a buffer
+    EXPECT_EQ(WaitsOfThreeSteadySteps(config, 3, Collectives::kStreamOrdered), 0);
   }
 }
 
