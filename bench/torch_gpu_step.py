@@ -15,7 +15,9 @@ torch.optim.AdamW, on the same model and data. Configurations:
 Model: `layers` × (Linear(width, width) + Tanh) + Linear(width, 1), fp32 (100.7M params at
 the defaults). Per configuration: median step time (forward, backward, optimizer step;
 CUDA synchronised) over `steps` steps after 3 untimed ones, and the peak GPU memory PyTorch's
-allocator held plus, for ZeroRT, the engine's peak bytes (its own allocations).
+allocator held plus, for ZeroRT, the engine's peak bytes (its own allocations), and the
+engine's host waits per timed step (EngineCounters.host_waits: each one drains the GPU's
+queue; a steady step at stages 0-2 should have none).
 """
 import argparse
 import statistics
@@ -58,7 +60,10 @@ def measure(name, args):
         engine = zerort.torch.initialize(
             model, {"stage": stage, "optimizer": {"type": "adamw", "lr": 1e-4}}, comm)
     times = []
+    waits_before = 0
     for step in range(args.steps + 3):
+        if step == 3 and engine is not None:
+            waits_before = engine.engine.counters()["host_waits"]
         torch.cuda.synchronize()
         start = time.perf_counter()
         F.mse_loss(model(x), y).backward()
@@ -71,13 +76,15 @@ def measure(name, args):
         if step >= 3:
             times.append((time.perf_counter() - start) * 1e3)
     engine_mib = 0.0
+    waits = float("nan")
     if engine is not None:
+        waits = (engine.engine.counters()["host_waits"] - waits_before) / args.steps
         engine_mib = sum(v[1] for v in engine.engine.memory_stats().values()) / 2**20
         engine.close()
         comm.close()
     torch_mib = torch.cuda.max_memory_allocated() / 2**20
     del model, optimizer, engine
-    return statistics.median(times), torch_mib, engine_mib
+    return statistics.median(times), torch_mib, engine_mib, waits
 
 
 def main():
@@ -93,15 +100,17 @@ def main():
     names = ["torch-fused", "torch-foreach"] + [f"zerort-{s}" for s in range(4)]
     names += ["zerort-nccl-2", "zerort-nccl-3"]
     baseline = None
-    print(f"{'config':<14} {'step ms':>8} {'vs fused':>9} {'torch MiB':>10} {'engine MiB':>11}")
+    print(f"{'config':<14} {'step ms':>8} {'vs fused':>9} {'torch MiB':>10} {'engine MiB':>11} "
+          f"{'waits/step':>11}")
     for name in names:
         try:
-            ms, torch_mib, engine_mib = measure(name, args)
+            ms, torch_mib, engine_mib, waits = measure(name, args)
         except zerort.ZeroError as error:
             print(f"{name:<14} not run: {error}")
             continue
         baseline = baseline or ms
-        print(f"{name:<14} {ms:8.2f} {ms / baseline:9.2f} {torch_mib:10.0f} {engine_mib:11.0f}")
+        print(f"{name:<14} {ms:8.2f} {ms / baseline:9.2f} {torch_mib:10.0f} {engine_mib:11.0f} "
+              f"{waits:11.1f}")
 
 
 if __name__ == "__main__":
