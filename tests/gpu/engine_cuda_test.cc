@@ -105,5 +105,41 @@ TEST(EngineCuda, NcclFollowsTheCpuTrajectory) {
   }
 }
 
+TEST(EngineCuda, ASteadyStepOnOneRankWaitsOnlyForAHostGradient) {
+  // The norm and the clip coefficient stay on the device (sync_grad_norm false) and a rank
+  // alone runs no collective, so the engine waits only where the toy trainer hands it
+  // fc2.weight's gradient from host memory (staged with one synchronous copy): steps 3-5 add
+  // exactly 3 host waits, and the losses are the CPU's.
+  if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  for (int stage : {0, 1, 2, 3}) {
+    SCOPED_TRACE(::testing::Message() << "stage " << stage);
+    Config config = ToyConfig(stage);
+    config.clip_grad_norm = 0.05f;
+    config.sync_grad_norm = false;
+    std::vector<int64_t> waits;
+    for (int steps : {2, 5}) {
+      ToyOptions options;
+      options.steps = steps;
+      const ToyResult cpu = Train(1, config, options);
+      Config gpu_config = config;
+      gpu_config.device = Device::kCuda;
+      auto group = comm::CreateLocalGroup(1);
+      ASSERT_THAT(group, IsOk());
+      auto engine = Engine::Create(gpu_config, *(*group)[0]);
+      ASSERT_THAT(engine, IsOk());
+      ToyResult gpu;
+      ASSERT_THAT(TrainToy(**engine, options, &gpu), IsOk());
+      waits.push_back((*engine)->counters().host_waits);
+      for (size_t i = 0; i < gpu.losses.size(); ++i) {
+        EXPECT_NEAR(gpu.losses[i], cpu.losses[i], 1e-5 * cpu.losses[i] + 1e-7) << "step " << i;
+      }
+      auto norm = (*engine)->LastGradNorm();
+      ASSERT_THAT(norm, IsOk());
+      EXPECT_NEAR(*norm, cpu.infos.back().grad_norm, 1e-5 * cpu.infos.back().grad_norm);
+    }
+    EXPECT_EQ(waits[1] - waits[0], 3) << "steps 3-5 waited for the GPU beyond the host gradient's copy";
+  }
+}
+
 }  // namespace
 }  // namespace zero
