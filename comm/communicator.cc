@@ -22,6 +22,7 @@ class DoneWork final : public Work {
   explicit DoneWork(Status status) : status_(std::move(status)) {}
   Status Wait(double) override { return status_; }
   bool Test() override { return true; }
+  Status WaitOnStream(void*, double) override { return status_; }  // nothing to wait for
 
  private:
   Status status_;

@@ -6,15 +6,17 @@
 
 namespace zero::runtime {
 
-bool CollectivePath::NeedsStreamWait() const {
-  return ops_.asynchronous() && !comm_.ordered_after_stream();
+bool CollectivePath::OrderedOnOurStream() const {
+  return comm_.ordered_after_stream() && comm_.stream() == ops_.stream();
 }
+
+bool CollectivePath::NeedsStreamWait() const { return ops_.asynchronous() && !OrderedOnOurStream(); }
 
 Status CollectivePath::MakeStreamWorkVisible() {
   return NeedsStreamWait() ? ops_.Synchronize() : absl::OkStatus();
 }
 
-bool CollectivePath::StreamCanWait() const { return ops_.asynchronous() && comm_.ordered_after_stream(); }
+bool CollectivePath::StreamCanWait() const { return ops_.asynchronous() && OrderedOnOurStream(); }
 
 comm::WorkPtr CollectivePath::Start(const Launch& launch) {
   Status ready = Reap();
@@ -24,7 +26,8 @@ comm::WorkPtr CollectivePath::Start(const Launch& launch) {
 
 Status CollectivePath::WaitOnStream(comm::WorkPtr& work, const Describe& what) {
   if (work == nullptr) return absl::OkStatus();
-  if (!StreamCanWait()) return Wait(work, what());
+  // Complete already (a copy at world size 1, an error found before launch): its outcome now.
+  if (!StreamCanWait() || work->Test()) return Wait(work, what());
   Status ordered = work->WaitOnStream(ops_.stream(), timeout_s_);
   if (!ordered.ok()) {
     work.reset();
@@ -45,7 +48,12 @@ Status CollectivePath::Reap() {
       continue;
     }
     // Complete: its outcome, at once. Overdue: a wait that times out at once, breaking the group.
-    const Status status = it->work->Wait(overdue ? 1e-9 : comm::kNoTimeout);
+    Status status = it->work->Wait(overdue ? 1e-9 : comm::kNoTimeout);
+    if (overdue && status.code() == absl::StatusCode::kDeadlineExceeded) {
+      status = absl::DeadlineExceededError(absl::StrCat(
+          "did not complete within ", timeout_s_, " s (guard.timeout_s) while the stream waited for it: a peer "
+          "rank never joined it"));
+    }
     if (!status.ok() && first.ok()) first = Status(status.code(), absl::StrCat(it->what(), ": ", status.message()));
     it = kept_.erase(it);
   }

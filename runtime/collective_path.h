@@ -75,6 +75,8 @@ class CollectivePath {
     Describe what;
     std::chrono::steady_clock::time_point since;
   };
+  // Whether the communicator orders its collectives after the engine's own stream.
+  bool OrderedOnOurStream() const;
   bool NeedsStreamWait() const;
   bool StreamCanWait() const;
 

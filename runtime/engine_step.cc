@@ -21,6 +21,8 @@ StatusOr<StepInfo> EngineImpl::Step() {
   // The norm in one read-only pass over the rank's shard, summed over ranks (an Inf/NaN
   // anywhere makes the sum non-finite everywhere), and the clip decision: all on the engine's
   // device, where the optimizer kernels read the gradient scale.
+  last_grad_norm_.reset();  // until this step's norm is decided
+  grad_norm_on_device_ = false;
   float* scalars = step_scalars_.as<float>();
   ZERO_RETURN_IF_ERROR(optimizer_->GradSquaredNorm(scalars + kSqNorm));
   if (comm_.size() > 1) {
@@ -38,11 +40,13 @@ StatusOr<StepInfo> EngineImpl::Step() {
       !ops_->asynchronous() || config_.sync_grad_norm || loss_scaler_.skips_on_overflow();
   bool overflow = false;
   StepInfo info;
-  last_grad_norm_.reset();
   grad_norm_on_device_ = !read_on_host;
   if (read_on_host) {
     float host[kStepScalars];
     ZERO_RETURN_IF_ERROR(ops_->Copy(host, scalars, sizeof host));
+    // A collective the stream waited for may have failed (the watchdog aborted it): then the
+    // values are not a norm.
+    ZERO_RETURN_IF_ERROR(RequireHealthyGroup("Step"));
     overflow = !std::isfinite(host[kSqNorm]);
     last_grad_norm_ = host[kGradNorm];
     info.grad_norm = host[kGradNorm];
@@ -109,11 +113,13 @@ namespace zero::runtime {
 
 StatusOr<float> EngineImpl::LastGradNorm() {
   if (!last_grad_norm_.has_value() && !grad_norm_on_device_) {
-    return absl::FailedPreconditionError("LastGradNorm: no Step has run yet");
+    return absl::FailedPreconditionError(
+        "LastGradNorm: there is no norm to read: no Step has run yet, or the last one failed before its norm");
   }
   if (!last_grad_norm_.has_value()) {
     float norm = 0.0f;
     ZERO_RETURN_IF_ERROR(ops_->Copy(&norm, step_scalars_.as<float>() + kGradNorm, sizeof norm));
+    ZERO_RETURN_IF_ERROR(RequireHealthyGroup("LastGradNorm"));  // an aborted sum is no norm
     last_grad_norm_ = norm;
   }
   return *last_grad_norm_;

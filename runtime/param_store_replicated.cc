@@ -60,7 +60,8 @@ class ReplicatedParams final : public ParamStore {
     }, absl::StrCat("broadcasting rank 0's values of \"", plan_.params()[param].name, "\" (index ", param, ")"));
   }
 
-  Status WaitForCollectives() override { return absl::OkStatus(); }  // none outlives a call
+  // None outlives a call here; the gathers the stream waits for, CollectivePath keeps.
+  Status WaitForCollectives() override { return absl::OkStatus(); }
 
  private:
   char* Address(int param) const {

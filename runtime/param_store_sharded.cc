@@ -160,8 +160,8 @@ class ShardedParams final : public ParamStore {
   // Released units' buffers kept for later gathers of the same size, so that a steady step
   // allocates none (no page faults, no cudaMalloc/cudaFree, which waits for the device): at
   // most stage3.prefetch_elems elements, within stage3.max_live_elems with the units gathered
-  // (a gather that needs the room frees them first), and only buffers no collective can still
-  // write into. (buffer, elements)
+  // (a gather that needs the room frees them first), and only buffers no collective the host
+  // knows of can still write into (see FreeUnit). (buffer, elements)
   std::vector<std::pair<base::Buffer, int64_t>> spares_;
   int64_t SpareElems() const {
     int64_t elems = 0;
@@ -236,8 +236,10 @@ StatusOr<base::Buffer> ShardedParams::TakeBuffer(const Bucket& b) {
 void ShardedParams::FreeUnit(int bucket, bool failed) {
   Unit& unit = units_[bucket];
   const int64_t numel = plan_.buckets()[bucket].numel;
-  // Whether no all-gather can still write into the buffer (after any failure the group is
-  // broken, and a buffer of it is never reused).
+  // Whether no all-gather the host knows of can still write into the buffer (after any failure
+  // the group is broken, and a buffer of it is never reused). One the stream waits for may
+  // still run on the communicator's stream: the next all-gather into the buffer is queued
+  // behind it there, and a freed buffer's cudaFree waits for the device.
   const bool settled = unit.pending == nullptr && !failed && path_.comm().Health().ok();
   unit.pending.reset();  // abandons an all-gather still in flight before its buffer goes
   live_elems_ -= numel;

@@ -9,6 +9,7 @@
 #include <nccl.h>
 
 #include <chrono>
+#include <mutex>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -34,17 +35,24 @@ ncclDataType_t NcclType(DType dtype) {
 ncclRedOp_t NcclOp(ReduceOp op) { return op == ReduceOp::kSum ? ncclSum : ncclMax; }
 
 // The NCCL communicator and whether it was aborted, shared by the communicator and its works.
+// The watchdog thread may abort the NCCL communicator while the caller's thread uses it:
+// every use and the abort hold `use`, and nothing touches the communicator once it broke.
 struct NcclGroup {
   ncclComm_t comm = nullptr;
   GroupHealth health;
+  std::mutex use;
   // Watches the collectives streams wait for; stopped before the communicator is destroyed.
   std::unique_ptr<NcclWatchdog> watchdog;
   // Breaks the group with `cause`; the call that breaks it aborts the NCCL communicator.
   void Break(const Status& cause) {
+    if (cause.ok()) return;
+    std::lock_guard<std::mutex> lock(use);
     if (health.Break(cause)) ncclCommAbort(comm);
   }
-  // NCCL's asynchronous error, as a Status.
-  Status AsyncError() const {
+  // NCCL's asynchronous error as a Status; the group's error once it broke.
+  Status AsyncError() {
+    std::lock_guard<std::mutex> lock(use);
+    ZERO_RETURN_IF_ERROR(health.Get());
     ncclResult_t async = ncclSuccess;
     ZERO_NCCL_RETURN_IF_ERROR(ncclCommGetAsyncError(comm, &async));
     ZERO_NCCL_RETURN_IF_ERROR(async);
@@ -117,7 +125,7 @@ class NcclCommunicator final : public Communicator {
   }
 
   ~NcclCommunicator() override {
-    group_->watchdog.reset();  // stopped before the NCCL communicator can go
+    group_->watchdog.reset();  // stopped (joined) before the NCCL communicator can go
     if (group_->health.Get().ok()) {
       cudaStreamSynchronize(own_);
       ncclCommDestroy(comm_);
@@ -133,6 +141,7 @@ class NcclCommunicator final : public Communicator {
   int ranks_on_this_host() const override { return ranks_on_this_host_; }
   bool device_buffers_only() const override { return true; }
   bool ordered_after_stream() const override { return true; }
+  void* stream() const override { return caller_; }
   Status Health() const override { return group_->health.Get(); }
   bool AbandonedWorkMayTouchBuffers() const override { return false; }
 
@@ -187,6 +196,8 @@ class NcclCommunicator final : public Communicator {
       return absl::InvalidArgumentError(
           absl::StrCat(s.ToString(), ": the nccl communicator needs CUDA device buffers"));
     }
+    std::lock_guard<std::mutex> lock(group_->use);  // the watchdog does not abort meanwhile
+    ZERO_RETURN_IF_ERROR(group_->health.Get());
     // One ready event serves every collective: a stream wait takes the event as last recorded.
     ZERO_CUDA_RETURN_IF_ERROR(cudaEventRecord(ready_, caller_));
     ZERO_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(own_, ready_, 0));

@@ -116,6 +116,10 @@ class Communicator {
   /// in turn (Work::WaitOnStream); otherwise the caller finishes that work first and waits on
   /// the host.
   virtual bool ordered_after_stream() const { return false; }
+  /// The cudaStream_t an ordered_after_stream() communicator orders its collectives after
+  /// (NcclOptions::stream; null: the legacy default stream). The engine relies on the order
+  /// only when this is its own stream, and waits on the host otherwise.
+  virtual void* stream() const { return nullptr; }
   /// How many ranks of this group run on this machine, this one included. They share its
   /// cores, so the engine sizes its CPU kernels' thread teams by it (cpu_exec.h). local: size();
   /// mpi: counted at creation (MPI_COMM_TYPE_SHARED); nccl: its bootstrap's. The default, for

@@ -139,11 +139,14 @@ TEST(DeviceOrder, RanksWithAnUnorderedCommunicatorWaitForTheStreamBeforeEachColl
 TEST(DeviceOrder, RanksWhoseCollectivesTheStreamWaitsForNeverWaitInASteadyStep) {
   // As NCCL on a GPU: bucket reductions, the norm's sum and the gathers after the step are
   // waited for by the stream, so steps 3-5 add no host wait, at every stage.
-  for (int stage : {0, 1, 2, 3}) {
-    SCOPED_TRACE(::testing::Message() << "stage " << stage);
-    Config config = ClippedConfig(stage, /*sync_grad_norm=*/false);
-    config.buckets.pool_buffers = 1;  // stage 2-3: every bucket after the first reuses a buffer
-    EXPECT_EQ(WaitsOfThreeSteadySteps(config, 3, Collectives::kStreamOrdered), 0);
+  // A rank alone hands complete works (copies, no collective) to the same path.
+  for (int world : {1, 3}) {
+    for (int stage : {0, 1, 2, 3}) {
+      SCOPED_TRACE(::testing::Message() << "world " << world << " stage " << stage);
+      Config config = ClippedConfig(stage, /*sync_grad_norm=*/false);
+      config.buckets.pool_buffers = 1;  // stage 2-3: every bucket after the first reuses a buffer
+      EXPECT_EQ(WaitsOfThreeSteadySteps(config, world, Collectives::kStreamOrdered), 0);
+    }
   }
 }
 

@@ -1,5 +1,6 @@
 """TorchEngine: one rank's ZeroRT engine driving a torch.nn.Module's trainable params."""
 import contextlib
+import math
 import weakref
 
 import torch
@@ -60,6 +61,11 @@ class TorchEngine:
         # The norm stays on the GPU after a step unless the config asks for it every step
         # (engine.step()'s info and get_global_grad_norm() read it when asked).
         self.config.setdefault("sync_grad_norm", False)
+        # Where the engine leaves it (engine_step.cc): on a GPU, without dynamic loss scaling
+        # (whose overflow flag the host reads anyway).
+        self._norm_on_device = (
+            device.type == "cuda" and not self.config["sync_grad_norm"]
+            and self.config.get("loss_scale", {}).get("mode", "none") != "dynamic")
         self._comm = comm
         guard = self.config.get("guard", {})
         self._timeout = float(guard.get("timeout_s", 600.0))
@@ -164,6 +170,11 @@ class TorchEngine:
         self._output_hook = module.register_forward_hook(
             lambda _m, _i, output: self._hook_outputs(output))
         self._module_hooks += [self._first_forward, self._output_hook]
+        if self._stream is not None:
+            # Params change on the engine's stream (the step, the gathers): a forward on
+            # another stream waits for it first.
+            self._module_hooks.append(module.register_forward_pre_hook(
+                lambda _m, _i: self._follow_engine_stream()))
         self.optimizer = ZeroOptimizer(self, self.config, groups)
         self.lr_scheduler = (EngineLRScheduler(self, self.config)
                              if _config.has_scheduler(self.config) else None)
@@ -172,6 +183,11 @@ class TorchEngine:
         self._detacher.claimed = [weakref.ref(p) for p in tracked]
         _params.claim(tracked, self._engine._box)
         _gathered.drive(list(module.parameters()), self)  # frozen ones too (gathered())
+
+    def _follow_engine_stream(self):
+        current = torch.cuda.current_stream(self._stream.device)
+        if current != self._stream:
+            current.wait_stream(self._stream)
 
     def _start_first_micro_batch(self):
         self._first_forward.remove()
@@ -351,7 +367,8 @@ class TorchEngine:
     def step(self):
         """Ends this micro-batch's backward; every gradient_accumulation_steps micro-batches,
         steps the optimizer (through engine.optimizer.step, with its param_groups' values)
-        and returns {"step", "skipped", "grad_norm", "loss_scale"} (None in between)."""
+        and returns a mapping {"step", "skipped", "grad_norm", "loss_scale"} (None in
+        between; on a GPU "grad_norm" is read from the device when first asked for)."""
         if not self._end_micro_batch():
             return None
         self.optimizer._from_engine = True
@@ -394,8 +411,9 @@ class TorchEngine:
         self.loss_scale = info["loss_scale"]
         self.global_steps += 1
         self._engine_steps += 1  # never reset (global_steps is a checkpoint's after a load)
-        info = _step_info.StepInfo(info, self._engine_steps, self._engine.last_grad_norm,
-                                   lambda: self._engine_steps)
+        pending = self._norm_on_device and math.isnan(info["grad_norm"])
+        info = _step_info.StepInfo(info, pending, self._engine_steps,
+                                   self._engine.last_grad_norm, lambda: self._engine_steps)
         self._last_info = info
         self.optimizer.pull()
         return info
