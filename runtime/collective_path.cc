@@ -33,27 +33,18 @@ Status CollectivePath::WaitOnStream(comm::WorkPtr& work, const Describe& what) {
     work.reset();
     return Status(ordered.code(), absl::StrCat(what(), ": ", ordered.message()));
   }
-  kept_.push_back({std::move(work), what, std::chrono::steady_clock::now()});
+  kept_.push_back({std::move(work), what});
   return Reap();
 }
 
 Status CollectivePath::Reap() {
   Status first;
-  const auto now = std::chrono::steady_clock::now();
   for (auto it = kept_.begin(); it != kept_.end();) {
-    const std::chrono::duration<double> kept_for = now - it->since;
-    const bool overdue = timeout_s_ > 0 && kept_for.count() > timeout_s_;
-    if (!it->work->Test() && !overdue) {
+    if (!it->work->Test()) {  // its timeout is the communicator's watchdog's
       ++it;
       continue;
     }
-    // Complete: its outcome, at once. Overdue: a wait that times out at once, breaking the group.
-    Status status = it->work->Wait(overdue ? 1e-9 : comm::kNoTimeout);
-    if (overdue && status.code() == absl::StatusCode::kDeadlineExceeded) {
-      status = absl::DeadlineExceededError(absl::StrCat(
-          "did not complete within ", timeout_s_, " s (guard.timeout_s) while the stream waited for it: a peer "
-          "rank never joined it"));
-    }
+    const Status status = it->work->Wait(comm::kNoTimeout);  // complete: its outcome, at once
     if (!status.ok() && first.ok()) first = Status(status.code(), absl::StrCat(it->what(), ": ", status.message()));
     it = kept_.erase(it);
   }

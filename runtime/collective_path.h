@@ -4,13 +4,12 @@
 // On a GPU with a communicator that does not order itself after the engine's stream (local,
 // MPI), the kernels queued on that stream finish first, so a collective never reads a buffer a
 // kernel is still writing; every wait is bounded by guard.timeout_s and its error says what
-// was being done. With one that does (NCCL), nothing waits on the host: the stream waits for
-// each collective (WaitOnStream), and the collective's Work is kept until it completes; its
-// timeout and errors are the communicator's watchdog's, and Reap's.
+// was being done. With one that does on the engine's own stream (NCCL), nothing waits on the
+// host: the stream waits for each collective (WaitOnStream), and the collective's Work is kept
+// until it completes; its timeout is the communicator's watchdog's, its errors Reap's.
 #ifndef ZERO_RUNTIME_COLLECTIVE_PATH_H_
 #define ZERO_RUNTIME_COLLECTIVE_PATH_H_
 
-#include <chrono>
 #include <deque>
 #include <functional>
 #include <string>
@@ -41,9 +40,9 @@ class CollectivePath {
   /// until it completes. Elsewhere, Wait. `work` is null afterwards; an error is prefixed with
   /// what(). A null `work` is OK.
   Status WaitOnStream(comm::WorkPtr& work, const Describe& what);
-  /// Drops the kept works that completed. The first error among them (prefixed with its
-  /// what()), or kDeadlineExceeded for one kept longer than the timeout (which breaks the
-  /// group). Never blocks.
+  /// Drops the kept works that completed; the first error among them (prefixed with its
+  /// what()). Never blocks. A kept work that never completes is the communicator's to time
+  /// out (Work::WaitOnStream: its watchdog breaks the group after the timeout).
   Status Reap();
   /// Waits on the host for every kept work, within the timeout each; the first error.
   Status Drain();
@@ -73,7 +72,6 @@ class CollectivePath {
   struct Kept {
     comm::WorkPtr work;
     Describe what;
-    std::chrono::steady_clock::time_point since;
   };
   // Whether the communicator orders its collectives after the engine's own stream.
   bool OrderedOnOurStream() const;

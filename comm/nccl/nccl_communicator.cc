@@ -35,23 +35,33 @@ ncclDataType_t NcclType(DType dtype) {
 ncclRedOp_t NcclOp(ReduceOp op) { return op == ReduceOp::kSum ? ncclSum : ncclMax; }
 
 // The NCCL communicator and whether it was aborted, shared by the communicator and its works.
-// The watchdog thread may abort the NCCL communicator while the caller's thread uses it:
-// every use and the abort hold `use`, and nothing touches the communicator once it broke.
+// How long an abort waits for a call into NCCL to return before aborting anyway (a launch
+// stuck on a peer that never connects is released only by the abort).
+constexpr std::chrono::seconds kAbortGrace(2);
+// How long the watchdog's poll of NCCL's asynchronous error waits for a call to return.
+constexpr std::chrono::milliseconds kPollGrace(50);
+
+// The watchdog thread may abort the NCCL communicator while the caller's thread uses it: the
+// caller uses it only while holding `use` and only while the group is healthy, and an abort
+// first marks the group broken, then takes `use` (or gives up waiting after kAbortGrace).
 struct NcclGroup {
   ncclComm_t comm = nullptr;
   GroupHealth health;
-  std::mutex use;
+  std::timed_mutex use;
   // Watches the collectives streams wait for; stopped before the communicator is destroyed.
   std::unique_ptr<NcclWatchdog> watchdog;
   // Breaks the group with `cause`; the call that breaks it aborts the NCCL communicator.
   void Break(const Status& cause) {
-    if (cause.ok()) return;
-    std::lock_guard<std::mutex> lock(use);
-    if (health.Break(cause)) ncclCommAbort(comm);
+    if (cause.ok() || !health.Break(cause)) return;
+    std::unique_lock<std::timed_mutex> lock(use, std::defer_lock);
+    (void)lock.try_lock_for(kAbortGrace);
+    ncclCommAbort(comm);
   }
-  // NCCL's asynchronous error as a Status; the group's error once it broke.
+  // NCCL's asynchronous error as a Status; the group's error once it broke; OK when a call
+  // into NCCL keeps the communicator busy (the next poll asks again).
   Status AsyncError() {
-    std::lock_guard<std::mutex> lock(use);
+    std::unique_lock<std::timed_mutex> lock(use, std::defer_lock);
+    if (!lock.try_lock_for(kPollGrace)) return absl::OkStatus();
     ZERO_RETURN_IF_ERROR(health.Get());
     ncclResult_t async = ncclSuccess;
     ZERO_NCCL_RETURN_IF_ERROR(ncclCommGetAsyncError(comm, &async));
@@ -196,8 +206,8 @@ class NcclCommunicator final : public Communicator {
       return absl::InvalidArgumentError(
           absl::StrCat(s.ToString(), ": the nccl communicator needs CUDA device buffers"));
     }
-    std::lock_guard<std::mutex> lock(group_->use);  // the watchdog does not abort meanwhile
-    ZERO_RETURN_IF_ERROR(group_->health.Get());
+    std::lock_guard<std::timed_mutex> lock(group_->use);  // an abort waits for this call
+    if (!group_->health.Get().ok()) return group_->health.BrokenError(s.ToString().c_str());
     // One ready event serves every collective: a stream wait takes the event as last recorded.
     ZERO_CUDA_RETURN_IF_ERROR(cudaEventRecord(ready_, caller_));
     ZERO_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(own_, ready_, 0));

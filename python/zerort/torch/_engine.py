@@ -61,11 +61,11 @@ class TorchEngine:
         # The norm stays on the GPU after a step unless the config asks for it every step
         # (engine.step()'s info and get_global_grad_norm() read it when asked).
         self.config.setdefault("sync_grad_norm", False)
-        # Where the engine leaves it (engine_step.cc): on a GPU, without dynamic loss scaling
-        # (whose overflow flag the host reads anyway).
+        # Where the engine leaves it (engine_step.cc): on a GPU, without loss scaling (whose
+        # overflow flag the host reads anyway).
         self._norm_on_device = (
             device.type == "cuda" and not self.config["sync_grad_norm"]
-            and self.config.get("loss_scale", {}).get("mode", "none") != "dynamic")
+            and self.config.get("loss_scale", {}).get("mode", "none") == "none")
         self._comm = comm
         guard = self.config.get("guard", {})
         self._timeout = float(guard.get("timeout_s", 600.0))
@@ -147,6 +147,8 @@ class TorchEngine:
                                                 self._params + self._frozen,
                                                 unit_of, module_units, self._records,
                                                 self._passes)
+            if self._stream is not None:
+                self._units.follow_engine_stream = self._follow_engine_stream
             self._detacher.handles.append(self._units.handles)
             for sub, param in _gathered.declared_external(module):
                 self.register_external_parameter(sub, param)
@@ -407,10 +409,12 @@ class TorchEngine:
         """The optimizer step proper: param_groups' changes to the engine, step, the
         engine's lrs back (engine.optimizer.step calls it)."""
         self.optimizer.push()
+        # Counted before the step: one that fails has still replaced the norm on the device.
+        # Never reset (global_steps is a checkpoint's after a load).
+        self._engine_steps += 1
         info = self._engine.step()
         self.loss_scale = info["loss_scale"]
         self.global_steps += 1
-        self._engine_steps += 1  # never reset (global_steps is a checkpoint's after a load)
         pending = self._norm_on_device and math.isnan(info["grad_norm"])
         info = _step_info.StepInfo(info, pending, self._engine_steps,
                                    self._engine.last_grad_norm, lambda: self._engine_steps)

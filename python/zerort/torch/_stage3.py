@@ -116,6 +116,9 @@ class UnitGathering:
     def __init__(self, engine, module, params, unit_of, module_units, records, passes):
         self._engine = engine
         self._records = records
+        # Called before a gathered unit is read on the current stream (device "cuda": it
+        # waits for the engine's stream, where the gather ran).
+        self.follow_engine_stream = lambda: None
         self._members = {}  # unit -> [(param, id)]
         for _, param, pid in params:
             self._members.setdefault(unit_of[param], []).append((param, pid))
@@ -245,6 +248,7 @@ class UnitGathering:
                 if unit in self._gathered:
                     continue
                 self._engine.gather(unit)
+                self.follow_engine_stream()
                 self._gathered.add(unit)
                 if unit not in self._frozen:
                     self._waiting[unit] = {pid for _, pid in self._members[unit]}
