@@ -5,6 +5,14 @@
 #include "absl/strings/str_cat.h"
 
 namespace zero::runtime {
+namespace {
+
+// `status` with "what: " before its message; OK stays OK.
+Status Prefixed(const Status& status, absl::string_view what) {
+  return status.ok() ? status : Status(status.code(), absl::StrCat(what, ": ", status.message()));
+}
+
+}  // namespace
 
 bool CollectivePath::OrderedOnOurStream() const {
   return comm_.ordered_after_stream() && comm_.stream() == ops_.stream();
@@ -28,10 +36,10 @@ Status CollectivePath::WaitOnStream(comm::WorkPtr& work, const Describe& what) {
   if (work == nullptr) return absl::OkStatus();
   // Complete already (a copy at world size 1, an error found before launch): its outcome now.
   if (!StreamCanWait() || work->Test()) return Wait(work, what());
-  Status ordered = work->WaitOnStream(ops_.stream(), timeout_s_);
+  const Status ordered = work->WaitOnStream(ops_.stream(), timeout_s_);
   if (!ordered.ok()) {
     work.reset();
-    return Status(ordered.code(), absl::StrCat(what(), ": ", ordered.message()));
+    return Prefixed(ordered, what());
   }
   kept_.push_back({std::move(work), what});
   return Reap();
@@ -45,7 +53,7 @@ Status CollectivePath::Reap() {
       continue;
     }
     const Status status = it->work->Wait(comm::kNoTimeout);  // complete: its outcome, at once
-    if (!status.ok() && first.ok()) first = Status(status.code(), absl::StrCat(it->what(), ": ", status.message()));
+    if (!status.ok() && first.ok()) first = Prefixed(status, it->what());
     it = kept_.erase(it);
   }
   return first;
@@ -57,7 +65,7 @@ Status CollectivePath::Drain() {
     Kept kept = std::move(kept_.front());
     kept_.pop_front();
     const Status status = Block(*kept.work, timeout_s_);
-    if (!status.ok() && first.ok()) first = Status(status.code(), absl::StrCat(kept.what(), ": ", status.message()));
+    if (!status.ok() && first.ok()) first = Prefixed(status, kept.what());
   }
   return first;
 }
@@ -69,10 +77,9 @@ Status CollectivePath::Block(comm::Work& work, double timeout_s) {
 
 Status CollectivePath::Wait(comm::WorkPtr& work, absl::string_view what) {
   if (work == nullptr) return absl::OkStatus();
-  Status status = Block(*work, timeout_s_);
+  const Status status = Block(*work, timeout_s_);
   work.reset();
-  if (status.ok()) return status;
-  return Status(status.code(), absl::StrCat(what, ": ", status.message()));
+  return Prefixed(status, what);
 }
 
 Status CollectivePath::Run(const Launch& launch, absl::string_view what) {
