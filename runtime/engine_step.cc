@@ -107,10 +107,6 @@ StatusOr<StepInfo> EngineImpl::Step() {
   return info;
 }
 
-}  // namespace zero::runtime
-
-namespace zero::runtime {
-
 StatusOr<float> EngineImpl::LastGradNorm() {
   if (!last_grad_norm_.has_value() && !grad_norm_on_device_) {
     return absl::FailedPreconditionError(
