@@ -39,6 +39,7 @@ Buffer& Buffer::operator=(Buffer&& other) noexcept {
     placement_ = other.placement_;
     category_ = other.category_;
     zero_pages_ = std::exchange(other.zero_pages_, false);
+    give_back_ = std::exchange(other.give_back_, nullptr);
     tracker_ = std::move(other.tracker_);
   }
   return *this;
@@ -51,10 +52,13 @@ void Buffer::Reset() {
     data_ = nullptr;
     bytes_ = 0;
     zero_pages_ = false;
+    give_back_ = nullptr;
     tracker_.reset();
     return;
   }
-  if (zero_pages_) {
+  if (give_back_ != nullptr) {
+    std::exchange(give_back_, nullptr)();
+  } else if (zero_pages_) {
     FreeZeroPages(data_, bytes_);
   } else if (data_ != nullptr) {
     FreeRaw(data_, placement_);
@@ -83,6 +87,19 @@ StatusOr<Buffer> Allocator::Allocate(int64_t bytes, MemoryCategory category,
   buffer.bytes_ = bytes;
   buffer.tracker_ = tracker_;
   tracker_->Add(category, bytes);
+  return buffer;
+}
+
+Buffer Allocator::Borrow(void* data, int64_t bytes, MemoryCategory category, Placement placement,
+                         std::function<void()> give_back) {
+  Buffer buffer;
+  buffer.placement_ = placement;
+  buffer.category_ = category;
+  buffer.data_ = data;
+  buffer.bytes_ = bytes;
+  buffer.give_back_ = std::move(give_back);
+  buffer.tracker_ = tracker_;
+  if (bytes > 0) tracker_->Add(category, bytes);
   return buffer;
 }
 

@@ -56,6 +56,8 @@ class Buffer {
   /// Whether the memory reads as zeros without having been written (AllocateZeroed on the
   /// host), so its owner need not zero it.
   bool reads_as_zero() const { return zero_pages_; }
+  /// Whether the memory is lent by someone else (Allocator::Borrow): Reset gives it back.
+  bool borrowed() const { return give_back_ != nullptr; }
 
   /// Frees the memory now; the buffer becomes empty.
   void Reset();
@@ -67,6 +69,7 @@ class Buffer {
   Placement placement_ = Placement::kHost;
   MemoryCategory category_ = MemoryCategory::kWorkspace;
   bool zero_pages_ = false;  // from AllocateZeroPages
+  std::function<void()> give_back_;  // from Borrow: called instead of freeing
   std::shared_ptr<MemoryTracker> tracker_;
 };
 
@@ -85,6 +88,11 @@ class Allocator {
   /// zeros and are committed only as they are written (Buffer::reads_as_zero); elsewhere an
   /// ordinary allocation the caller zeroes.
   StatusOr<Buffer> AllocateZeroed(int64_t bytes, MemoryCategory category, Placement placement);
+  /// A buffer over `bytes` of memory at `data` that someone else lent, counted under
+  /// `category` as if allocated: when the buffer is destroyed or Reset, `give_back` is called
+  /// instead of freeing (not while the tracker keeps allocations: the lender keeps it then).
+  Buffer Borrow(void* data, int64_t bytes, MemoryCategory category, Placement placement,
+                std::function<void()> give_back);
 
   /// Current and peak bytes per category over every buffer this allocator (or a copy) made.
   MemoryStats Stats() const { return tracker_->Snapshot(); }

@@ -224,6 +224,42 @@ zero_status zero_release(zero_engine* engine, int unit) {
   return Report(engine->engine->Release(unit));
 }
 
+zero_status zero_gathered_place(const zero_engine* engine, int64_t id, int* unit, int64_t* offset_bytes,
+                                int64_t* unit_bytes, int* persistent) {
+  ZERO_C_REQUIRE(engine, "zero_gathered_place");
+  ZERO_C_REQUIRE(unit, "zero_gathered_place");
+  ZERO_C_REQUIRE(offset_bytes, "zero_gathered_place");
+  ZERO_C_REQUIRE(unit_bytes, "zero_gathered_place");
+  ZERO_C_REQUIRE(persistent, "zero_gathered_place");
+  auto place = engine->engine->GatheredPlaceOf(id);
+  if (!place.ok()) return Report(place.status());
+  *unit = place->unit;
+  *offset_bytes = place->offset_bytes;
+  *unit_bytes = place->unit_bytes;
+  *persistent = place->persistent ? 1 : 0;
+  return ZERO_OK;
+}
+
+zero_status zero_lend_gathered_memory(zero_engine* engine, zero_lend_fn lend, zero_give_back_fn give_back,
+                                      void* user) {
+  ZERO_C_REQUIRE(engine, "zero_lend_gathered_memory");
+  zero::GatheredMemoryLender lender;
+  if (lend != nullptr) {
+    lender.lend = [lend, user](int unit, int64_t bytes) -> zero::StatusOr<void*> {
+      void* memory = nullptr;
+      const zero_status status = lend(user, unit, bytes, &memory);
+      if (status != ZERO_OK) {
+        const int code = static_cast<int>(status);
+        return zero::Status(code <= 16 ? static_cast<absl::StatusCode>(code) : absl::StatusCode::kUnknown,
+                            absl::StrCat("the lend callback returned status ", code));
+      }
+      return memory;
+    };
+  }
+  if (give_back != nullptr) lender.give_back = [give_back, user](int unit) { give_back(user, unit); };
+  return Report(engine->engine->LendGatheredMemory(std::move(lender)));
+}
+
 zero_status zero_save_checkpoint(zero_engine* engine, const char* dir) {
   ZERO_C_REQUIRE(engine, "zero_save_checkpoint");
   ZERO_C_REQUIRE(dir, "zero_save_checkpoint");

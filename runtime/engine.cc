@@ -286,5 +286,18 @@ Status EngineImpl::Release(int unit) {
   return params_->Release(unit);
 }
 
+StatusOr<GatheredPlace> EngineImpl::GatheredPlaceOf(ParamId id) const {
+  if (phase_ == Phase::kRegistering) return RequirePhase(Phase::kIdle, "GatheredPlaceOf");
+  ZERO_RETURN_IF_ERROR(CheckParamId(id, "GatheredPlaceOf"));
+  return params_->Place(static_cast<int>(id));
+}
+
+Status EngineImpl::LendGatheredMemory(GatheredMemoryLender lender) {
+  if (phase_ == Phase::kRegistering) return RequirePhase(Phase::kIdle, "LendGatheredMemory");
+  const bool stop = lender.lend == nullptr && lender.give_back == nullptr;
+  if (!stop) ZERO_RETURN_IF_ERROR(RequireHealthyGroup("LendGatheredMemory"));
+  return params_->Lend(std::move(lender));
+}
+
 }  // namespace runtime
 }  // namespace zero

@@ -65,6 +65,10 @@ class ParamStore {
   /// Stage 3: drops one hold on `unit`, freeing it with the last (kFailedPrecondition if not
   /// gathered). A no-op at stages 0-2 and for persistent units.
   virtual Status Release(int unit) = 0;
+  /// Stage 3: where `param`'s values sit in its unit's gathered memory.
+  virtual StatusOr<GatheredPlace> Place(int param) const = 0;
+  /// Stage 3: gathered units in memory `lender` lends from now on (Engine::LendGatheredMemory).
+  virtual Status Lend(GatheredMemoryLender lender) = 0;
   /// After an optimizer step that updated the owned parts (`updated`) or was skipped: every
   /// rank's view current again (stages 1-2 all-gather; stage 3 refreshes gathered units and
   /// follows its recorded gather order from the start).

@@ -6,6 +6,11 @@
 namespace zero::runtime {
 namespace {
 
+Status StageThreeOnly(const char* call) {
+  return absl::FailedPreconditionError(absl::StrCat(
+      call, " is for stage 3, where units are gathered; at stages 0-2 every param is held whole (ParamData)"));
+}
+
 class ReplicatedParams final : public ParamStore {
  public:
   ReplicatedParams(const Context& context, base::Buffer params)
@@ -29,6 +34,8 @@ class ReplicatedParams final : public ParamStore {
 
   Status Gather(int) override { return absl::OkStatus(); }
   Status Release(int) override { return absl::OkStatus(); }
+  StatusOr<GatheredPlace> Place(int) const override { return StageThreeOnly("GatheredPlaceOf"); }
+  Status Lend(GatheredMemoryLender) override { return StageThreeOnly("LendGatheredMemory"); }
 
   Status AfterStep(bool updated) override {
     // At world size 1 the shard is the bucket: gathering it in place changes nothing.

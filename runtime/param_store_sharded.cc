@@ -1,4 +1,5 @@
 // Stage 3: params live only as each rank's shard; units are gathered for compute and released,
+// into the engine's buffers or into memory the trainer lends (LendGatheredMemory),
 // prefetched along the gather order recorded over the first optimizer step (every Gather from
 // Finalize to the first Step, forward and backward), within stage3.max_live_elems. A gather
 // off the recorded order leaves the trace (on demand from there) until a gather of the trace's
@@ -6,6 +7,7 @@
 // gathers, and the training step after it comes back to the trace at its first gather. A step
 // that never comes back (changed control flow) has the next step record the order again.
 #include <algorithm>
+#include <memory>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -83,6 +85,18 @@ class ShardedParams final : public ParamStore {
   Status Gather(int unit) override;
   Status Release(int unit) override;
 
+  StatusOr<GatheredPlace> Place(int param) const override {
+    const Bucket& b = plan_.buckets()[plan_.placement(param).bucket];
+    GatheredPlace place;
+    place.unit = b.unit;
+    place.offset_bytes = plan_.ParamByteOffset(param);
+    place.unit_bytes = b.bytes();
+    place.persistent = units_[b.index].persistent;
+    return place;
+  }
+
+  Status Lend(GatheredMemoryLender lender) override;
+
   // Every gathered unit's buffer gets the new values; the recorded step's gathers become the
   // trace, and every step follows it from the start.
   Status AfterStep(bool) override {
@@ -126,6 +140,11 @@ class ShardedParams final : public ParamStore {
     bool persistent = false;
   };
   enum class Trace { kRecording, kValid, kOffTrace };
+  // The lender of gathered units' memory, shared with the buffers it lent: stopping the
+  // lending empties it, so those buffers give nothing back any more.
+  struct LenderSlot {
+    GatheredMemoryLender lender;
+  };
 
   int64_t ElementBytes(int param) const { return plan_.buckets()[plan_.placement(param).bucket].element_bytes(); }
   StatusOr<int> BucketOfUnit(int unit, const char* call) const;
@@ -140,8 +159,9 @@ class ShardedParams final : public ParamStore {
   // Frees the bucket's gathered buffer, or keeps it among the spares (see spares_) unless
   // its all-gather `failed` (MPI may still write into it).
   void FreeUnit(int bucket, bool failed = false);
-  // A buffer for `b`'s gathered values: a spare of its size, or a new one.
+  // A buffer for `b`'s gathered values: lent by the trainer, a spare of its size, or a new one.
   StatusOr<base::Buffer> TakeBuffer(const Bucket& b);
+  StatusOr<base::Buffer> BorrowBuffer(const Bucket& b);
   // Drops prefetched units nobody asked for yet (after their all-gathers complete).
   Status DropPrefetched();
   void Prefetch();
@@ -174,6 +194,7 @@ class ShardedParams final : public ParamStore {
   std::vector<size_t> restarts_;  // trace positions of passes that may have restarted (Gather)
   std::vector<uint64_t> set_hash_;  // per param, a hash of the values last given to Set
   ReplicaHasher hasher_;
+  std::shared_ptr<LenderSlot> lender_;  // null: the engine allocates gathered units itself
 };
 
 StatusOr<int> ShardedParams::BucketOfUnit(int unit, const char* call) const {
@@ -215,7 +236,25 @@ Status ShardedParams::FinishGather(int bucket) {
   return path_.WaitOnStream(units_[bucket].pending, [unit] { return absl::StrCat("gathering unit ", unit); });
 }
 
+StatusOr<base::Buffer> ShardedParams::BorrowBuffer(const Bucket& b) {
+  StatusOr<void*> lent = lender_->lender.lend(b.unit, b.bytes());
+  if (!lent.ok()) {
+    return absl::Status(lent.status().code(), absl::StrCat("the trainer's lender gave no memory for unit ", b.unit,
+                                                           " (", b.bytes(), " bytes): ", lent.status().message()));
+  }
+  if (*lent == nullptr && b.bytes() > 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the trainer's lender gave a null address for unit ", b.unit, " (", b.bytes(), " bytes)"));
+  }
+  std::shared_ptr<LenderSlot> slot = lender_;
+  const int unit = b.unit;
+  return allocator_.Borrow(*lent, b.bytes(), MemoryCategory::kGathered, ops_.placement(), [slot, unit] {
+    if (slot->lender.give_back != nullptr) slot->lender.give_back(unit);
+  });
+}
+
 StatusOr<base::Buffer> ShardedParams::TakeBuffer(const Bucket& b) {
+  if (lender_ != nullptr && !units_[b.index].persistent) return BorrowBuffer(b);
   for (size_t i = 0; i < spares_.size(); ++i) {
     if (spares_[i].first.bytes() != b.bytes() || spares_[i].second != b.numel) continue;
     base::Buffer buffer = std::move(spares_[i].first);
@@ -244,7 +283,7 @@ void ShardedParams::FreeUnit(int bucket, bool failed) {
   unit.pending.reset();  // abandons an all-gather still in flight before its buffer goes
   live_elems_ -= numel;
   const int64_t spare = SpareElems();
-  if (settled && spare + numel <= config_.prefetch_elems && live_elems_ + spare + numel <= config_.max_live_elems) {
+  if (settled && !unit.buffer.borrowed() && spare + numel <= config_.prefetch_elems && live_elems_ + spare + numel <= config_.max_live_elems) {
     spares_.emplace_back(std::move(unit.buffer), numel);
   } else {
     unit.buffer.Reset();
@@ -326,6 +365,29 @@ Status ShardedParams::Gather(int unit) {
   }
   ++u.holders;
   if (trace_state_ == Trace::kValid) Prefetch();
+  return absl::OkStatus();
+}
+
+Status ShardedParams::Lend(GatheredMemoryLender lender) {
+  const bool stop = lender.lend == nullptr && lender.give_back == nullptr;
+  if (stop) {
+    if (lender_ != nullptr) lender_->lender = GatheredMemoryLender();  // lent buffers give nothing back
+    lender_.reset();
+    return absl::OkStatus();
+  }
+  if (lender.lend == nullptr || lender.give_back == nullptr) {
+    return absl::InvalidArgumentError(
+        "LendGatheredMemory: a lender needs both lend and give_back (neither, to stop lending)");
+  }
+  for (const Bucket& b : plan_.buckets()) {
+    if (!units_[b.index].persistent && units_[b.index].holders > 0) {
+      return absl::FailedPreconditionError(absl::StrCat("LendGatheredMemory: unit ", b.unit,
+                                                        " is gathered; release every unit before lending memory"));
+    }
+  }
+  ZERO_RETURN_IF_ERROR(DropPrefetched());
+  spares_.clear();  // lent memory replaces the engine's own from now on
+  lender_ = std::make_shared<LenderSlot>(LenderSlot{std::move(lender)});
   return absl::OkStatus();
 }
 

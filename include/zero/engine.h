@@ -43,6 +43,7 @@
 #define ZERO_ENGINE_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -108,6 +109,30 @@ struct EngineCounters {
   int64_t host_waits = 0;
 };
 
+/// Stage 3: where a param's values sit in its unit's gathered memory (Engine::GatheredPlaceOf).
+struct GatheredPlace {
+  int unit = -1;              ///< the param's unit (ParamSpec::unit)
+  int64_t offset_bytes = 0;   ///< byte offset of the param's first element in that memory
+  int64_t unit_bytes = 0;     ///< the unit's gathered bytes (padded: may exceed its params')
+  bool persistent = false;    ///< the unit stays gathered in the engine's memory, never lent
+};
+
+/// Memory a trainer lends the engine for stage 3's gathered units
+/// (Engine::LendGatheredMemory). Both functions run on the thread calling into the engine.
+struct GatheredMemoryLender {
+  /// `bytes` bytes for `unit`'s gathered values (device memory of the engine's GPU on
+  /// device "cuda", host memory on "cpu"), aligned for the unit's dtype, left untouched by
+  /// the trainer until give_back(unit). Called as a gather or a prefetch of the unit starts;
+  /// an error fails that gather (a prefetch is left to be gathered on demand).
+  std::function<StatusOr<void*>(int unit, int64_t bytes)> lend;
+  /// The engine is done with the memory lent for `unit`: the unit was released, its prefetch
+  /// dropped, or the engine destroyed. On device "cuda" the engine's last use of it is queued
+  /// on the engine's stream (SetStream): reuse it in that stream's order. Not called while the
+  /// communicator's group is broken (a collective may still write into the memory): the
+  /// trainer keeps it then.
+  std::function<void(int unit)> give_back;
+};
+
 class Engine {
  public:
   /// Creates an engine for this rank. `communicator` must outlive the engine. Config errors
@@ -164,6 +189,22 @@ class Engine {
   /// stage3.max_live_elems), so a steady step allocates none. The trainer's reads of its
   /// ParamData views must be done by then (cuda: queued on the engine's stream, SetStream).
   virtual Status Release(int unit) = 0;
+
+  /// Stage 3: where `id`'s values sit in its unit's gathered memory (GatheredPlace). After
+  /// Finalize; kFailedPrecondition below stage 3.
+  virtual StatusOr<GatheredPlace> GatheredPlaceOf(ParamId id) const = 0;
+  /// Stage 3: from now on the units Gather (and prefetching) brings in live in memory
+  /// `lender` lends (GatheredMemoryLender), so that a trainer's own tensors can be the
+  /// gathered values: the all-gather writes straight into them (PyTorch: one flat storage per
+  /// unit whose params are views of it, resized to nothing between uses, as FSDP does).
+  /// Persistent units stay in the engine's memory; released units' buffers are no longer kept
+  /// (the lender's allocator caches instead). A lender with both functions null stops the
+  /// lending: memory lent until then is not given back any more (its lender owns it again;
+  /// call this before destroying what give_back refers to), and is allowed at any time. A
+  /// lender is set only while no unit is gathered (units prefetched are dropped first):
+  /// kFailedPrecondition otherwise, below stage 3 or before Finalize; kInvalidArgument for a
+  /// lender with only one function.
+  virtual Status LendGatheredMemory(GatheredMemoryLender lender) = 0;
 
   /// Starts a micro-batch.
   virtual Status BeginIteration() = 0;

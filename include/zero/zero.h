@@ -144,6 +144,21 @@ ZERO_API zero_status zero_last_grad_norm(zero_engine* engine, float* norm);
 /** Stage 3: gather a unit's params for compute / release them (no-ops at stages 0-2). */
 ZERO_API zero_status zero_gather(zero_engine* engine, int unit);
 ZERO_API zero_status zero_release(zero_engine* engine, int unit);
+/** Stage 3: where param `id`'s values sit in its unit's gathered memory: the unit, the byte
+ *  offset, the unit's gathered bytes, and whether the unit is persistent (held by the engine,
+ *  never lent). ZERO_FAILED_PRECONDITION below stage 3. */
+ZERO_API zero_status zero_gathered_place(const zero_engine* engine, int64_t id, int* unit,
+                                         int64_t* offset_bytes, int64_t* unit_bytes, int* persistent);
+/** Lends the engine `bytes` bytes for stage-3 unit `unit`'s gathered values: sets *memory and
+ *  returns ZERO_OK, or returns an error code (the gather that needed it fails). */
+typedef zero_status (*zero_lend_fn)(void* user, int unit, int64_t bytes, void** memory);
+/** The engine is done with the memory lent for `unit` (see GatheredMemoryLender). */
+typedef void (*zero_give_back_fn)(void* user, int unit);
+/** Stage 3: gathered units live in memory `lend` lends from now on, given back through
+ *  `give_back` (both called on the thread calling into the engine, with `user`); both null
+ *  stops lending (lent memory is then never given back). See Engine::LendGatheredMemory. */
+ZERO_API zero_status zero_lend_gathered_memory(zero_engine* engine, zero_lend_fn lend,
+                                               zero_give_back_fn give_back, void* user);
 /** Checkpoints: collective; load works at any world size and stage (see zero/engine.h). */
 ZERO_API zero_status zero_save_checkpoint(zero_engine* engine, const char* dir);
 /** Writes checkpoint root/tag, then points root/latest at it and keeps the newest

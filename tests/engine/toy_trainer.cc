@@ -166,6 +166,7 @@ Status TrainToy(Engine& engine, const ToyOptions& o, ToyResult* result) {
     ZERO_RETURN_IF_ERROR(engine.SetParam(ids[p], encoded.data()));
   }
   if (!o.load_dir.empty()) ZERO_RETURN_IF_ERROR(engine.LoadCheckpoint(o.load_dir));
+  if (o.after_setup) ZERO_RETURN_IF_ERROR(o.after_setup(engine));
   const int world = engine.world_size(), rank = engine.rank();
   std::vector<std::vector<float>> last_unit0(2);
   const int local = o.global_batch / world;

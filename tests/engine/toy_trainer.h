@@ -33,6 +33,9 @@ struct ToyOptions {
   /// is reused). A device model runs its queue there, as one stream orders a GPU trainer's
   /// kernels after the engine's.
   std::function<Status()> device_work;
+  /// When set, called once the model is registered and its values set (or loaded), before
+  /// the first step: a test adds what it needs to the engine (a lender of gathered memory).
+  std::function<Status(Engine&)> after_setup;
 };
 
 struct ToyResult {
