@@ -38,6 +38,11 @@ class MemoryStats(ctypes.Structure):
                 ("peak", ctypes.c_int64 * len(MEMORY_CATEGORIES))]
 
 
+# zero_lend_fn and zero_give_back_fn: a trainer's lender of stage-3 gathered memory.
+LEND_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int64,
+                           ctypes.POINTER(ctypes.c_void_p))
+GIVE_BACK_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int)
+
 # name: (argument types, result type); every call returning a status returns c_int.
 _PROTOTYPES = {
     "zero_last_error": ([], ctypes.c_char_p),
@@ -76,6 +81,11 @@ _PROTOTYPES = {
     "zero_end_backward": ([ctypes.c_void_p], ctypes.c_int),
     "zero_step": ([ctypes.c_void_p, ctypes.POINTER(StepInfo)], ctypes.c_int),
     "zero_gather": ([ctypes.c_void_p, ctypes.c_int], ctypes.c_int),
+    "zero_gathered_place": ([ctypes.c_void_p, ctypes.c_int64, ctypes.POINTER(ctypes.c_int),
+                             _c_int64_p, _c_int64_p, ctypes.POINTER(ctypes.c_int)],
+                            ctypes.c_int),
+    "zero_lend_gathered_memory": ([ctypes.c_void_p, LEND_FN, GIVE_BACK_FN, ctypes.c_void_p],
+                                  ctypes.c_int),
     "zero_release": ([ctypes.c_void_p, ctypes.c_int], ctypes.c_int),
     "zero_save_checkpoint": ([ctypes.c_void_p, ctypes.c_char_p], ctypes.c_int),
     "zero_save_checkpoint_tagged": ([ctypes.c_void_p, ctypes.c_char_p, ctypes.c_char_p],

@@ -11,8 +11,8 @@ import threading
 import weakref
 
 from . import errors
-from ._library import (MEMORY_CATEGORIES, EngineCounters, GroupHyper, MemoryStats, StepInfo,
-                       load)
+from ._library import (GIVE_BACK_FN, LEND_FN, MEMORY_CATEGORIES, EngineCounters, GroupHyper,
+                       MemoryStats, StepInfo, load)
 
 DTYPES = {"fp32": 0, "bf16": 1, "fp16": 2}
 # zero_comm_all_reduce_f32's operations.
@@ -262,6 +262,7 @@ class Engine:
 
     def __init__(self, config, comm):
         self._box = [None]  # the zero_engine*; emptied when it is closed
+        self._lend_error = None  # an exception of the gathered-memory lender, until reported
         handle = ctypes.c_void_p()
         text = config_json(config)
         _check(library().zero_engine_create(text.encode(), comm.handle, ctypes.byref(handle)),
@@ -320,7 +321,8 @@ class Engine:
     def get_param(self, pid, address):
         """Copies a full param to `address` (host memory, or device memory on device
         "cuda"; collective at stage 3)."""
-        _check(library().zero_get_param(self._handle, pid, address), "zero_get_param")
+        self._check_lent(library().zero_get_param(self._handle, pid, address),
+                         "zero_get_param")
 
     def param_data(self, pid):
         """The address of the engine's full copy of a param (stages 0-2; device memory on
@@ -364,7 +366,64 @@ class Engine:
 
     def gather(self, unit):
         """Stage 3: makes a unit's full params available."""
-        _check(library().zero_gather(self._handle, unit), "zero_gather")
+        self._check_lent(library().zero_gather(self._handle, unit), "zero_gather")
+
+    def gathered_place(self, pid):
+        """Stage 3: where a param sits in its unit's gathered memory: (unit, byte offset,
+        the unit's gathered bytes, whether the unit is persistent, held by the engine)."""
+        unit, persistent = ctypes.c_int(), ctypes.c_int()
+        offset, nbytes = ctypes.c_int64(), ctypes.c_int64()
+        _check(library().zero_gathered_place(
+            self._handle, pid, ctypes.byref(unit), ctypes.byref(offset), ctypes.byref(nbytes),
+            ctypes.byref(persistent)), "zero_gathered_place")
+        return unit.value, offset.value, nbytes.value, bool(persistent.value)
+
+    def lend_gathered_memory(self, lend, give_back):
+        """Stage 3: gathered units live in memory the trainer lends from now on
+        (Engine::LendGatheredMemory): `lend(unit, nbytes)` returns the address of `nbytes`
+        bytes for `unit` (device memory on device "cuda"), untouched by the trainer until
+        `give_back(unit)`. Both run inside this engine's calls, on the calling thread. An
+        exception in `lend` fails the gather that needed it (raised from that error); one in
+        `give_back` is lost (it must not raise). lend_gathered_memory(None, None) stops
+        lending: memory lent until then is not given back any more."""
+        if lend is None and give_back is None:
+            _check(library().zero_lend_gathered_memory(
+                self._handle, LEND_FN(), GIVE_BACK_FN(), None),
+                "zero_lend_gathered_memory")
+            return
+
+        def lend_c(_user, unit, nbytes, memory):
+            try:
+                memory[0] = lend(unit, nbytes)
+                return 0
+            except Exception as error:  # pylint: disable=broad-except
+                self._lend_error = error  # the cause of the gather's error
+                if isinstance(error, MemoryError) or "out of memory" in str(error):
+                    return errors.ResourceExhaustedError.status
+                return errors.InternalError.status
+
+        def give_back_c(_user, unit):
+            try:
+                give_back(unit)
+            except Exception:  # pylint: disable=broad-except
+                pass  # nothing can be raised through the C library
+
+        callbacks = (LEND_FN(lend_c), GIVE_BACK_FN(give_back_c))
+        _check(library().zero_lend_gathered_memory(self._handle, *callbacks, None),
+               "zero_lend_gathered_memory")
+        # The C engine calls them until it is freed: they live as long as its handle.
+        self.memory_owner.lender_callbacks = callbacks
+
+    def _check_lent(self, status, what):
+        """_check for calls that may lend gathered memory: an exception the lender raised
+        is the cause of the error."""
+        lend_error, self._lend_error = self._lend_error, None
+        if status != 0 and lend_error is not None:
+            try:
+                _check(status, what)
+            except errors.ZeroError as error:
+                raise error from lend_error
+        _check(status, what)
 
     def release(self, unit):
         """Stage 3: frees a unit's gathered params."""

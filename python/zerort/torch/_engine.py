@@ -149,6 +149,7 @@ class TorchEngine:
                                                 self._passes)
             if self._stream is not None:
                 self._units.follow_engine_stream = self._follow_engine_stream
+                self._units.engine_stream = self._stream
             self._detacher.handles.append(self._units.handles)
             for sub, param in _gathered.declared_external(module):
                 self.register_external_parameter(sub, param)
@@ -563,7 +564,7 @@ class TorchEngine:
                 errors.FailedPreconditionError.status)
         units = self._units
         self._inventory.check(self.module, self._params + self._frozen,
-                              units.is_gathered if units is not None else None, what)
+                              units.views_unit_memory if units is not None else None, what)
 
     def counters(self):
         """What the engine has done (a dict): reductions launched, stage-3 gathers prefetched

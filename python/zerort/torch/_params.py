@@ -31,6 +31,13 @@ def storage_bytes(tensor):
     return tensor.storage().size() * tensor.element_size()
 
 
+def storage_pointer(tensor):
+    """The address of the storage under `tensor` (0 for a storage of no bytes)."""
+    if hasattr(tensor, "untyped_storage"):
+        return tensor.untyped_storage().data_ptr()
+    return tensor.storage().data_ptr()
+
+
 def resize_storage(tensor, numel):
     """Resizes the storage under `tensor` to `numel` elements (0 frees it)."""
     if hasattr(tensor, "untyped_storage"):
@@ -180,20 +187,20 @@ class Inventory:
         return (bool(self._layout) and self._layout[0][0] is module
                 and all(self._holdings(sub) == held for sub, held in self._layout))
 
-    def check(self, module, params, is_gathered, what):
+    def check(self, module, params, views_unit_memory, what):
         """Raises FailedPreconditionError naming the first param that changed since
         initialize() in a way the engine cannot follow: another dtype, shape or device
         (Registered.check); a .data replaced by another tensor (no longer the engine's
-        view; at stage 3 a storage where a released unit has none); a trainable param that
+        view; at stage 3 no longer a view of its unit's memory); a trainable param that
         the engine does not know (added to `module`, or unfrozen). `params`: the engine's
-        [(name, param, id)]; `is_gathered(unit)`: stage 3's (None below)."""
+        [(name, param, id)]; `views_unit_memory(id, param)`: stage 3's (None below)."""
         for _, param, pid in params:
             record = self.records[pid]
             record.check(param, what)
             if record.address is not None:
                 if param.data_ptr() != record.address:
                     raise record.replaced_error(what)
-            elif not is_gathered(record.unit) and storage_bytes(param.data) != 0:
+            elif not views_unit_memory(pid, param):
                 raise record.replaced_error(what)
         for record in self._empty_records:
             param = record.param

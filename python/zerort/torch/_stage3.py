@@ -4,11 +4,13 @@ Each module that directly owns trainable params is one unit per optimizer group 
 params (a bucket holds params of one group; a param shared by several modules belongs to the
 first; the others gather that unit too). Its frozen float params (a LoRA model's base
 weights) are one more unit, sharded the same way and gathered with the others, never reduced
-or stepped. Between uses, a param's tensor keeps its shape but
-its storage is resized to zero bytes, as FSDP does: the tensors autograd saved in forward
-refer to the same storage, which is refilled before the module's backward. Gathering copies
-the engine's gathered values into that storage (one copy per gather); ZeroRT's own gathered
-buffer is released with the unit.
+or stepped. A unit's params are views of one flat storage laid out as the engine's gathered
+unit (core.Engine.gathered_place). Between uses that storage is resized to zero bytes, as
+FSDP does: the tensors autograd saved in forward refer to the same storage, which is refilled
+before the module's backward. The engine gathers straight into it: the storage is the memory
+the engine borrows for the unit (core.Engine.lend_gathered_memory; lent when a gather or a
+prefetch starts, freed when the engine gives it back), so a gather makes no copy, and on a
+GPU the memory comes from PyTorch's caching allocator.
 
     forward pre-hook    gather the module's units (engine.gather), fill the storages
     forward hook        release them, unless gathered for backward; hook the outputs'
@@ -32,8 +34,9 @@ in its forward (_access.py). A unit held by a running forward or a gathered() bl
 is not released by a module nested inside it.
 
 Limits: every rank must run the same modules in the same order (the gathers are
-collective); a param read outside every forward finds its storage empty (gathered() is
-the way to read it there).
+collective); a param read outside every forward finds its storage empty, or, while the
+engine prefetches its unit, values that may still be arriving (gathered() is the way to read
+it there).
 """
 import collections
 import ctypes
@@ -43,7 +46,7 @@ import torch
 
 from .. import errors
 from ._access import innermost_running_module, runs_forward_hooks, watch
-from ._params import resize_storage, storage_bytes
+from ._params import resize_storage, storage_bytes, storage_pointer
 
 
 class _DeviceBytes:
@@ -155,13 +158,58 @@ class UnitGathering:
         self._unit_of_param = {id(param): unit for param, unit in sharded}
         # (a handle: the engine's close, or its communicator's, removes it with the hooks)
         self.handles.append(watch(module, [param for param, _ in sharded], self._read_released))
+        # Torch stream the engine's work follows (device "cuda"), set by the engine: memory
+        # lent on another stream is kept for it until its work there is done.
+        self.engine_stream = None
+        self._flats = {}  # sharded unit -> its gathered memory, a flat byte tensor
         with torch.no_grad():
             for unit, members in self._members.items():
-                if unit in self._persistent:
-                    continue
-                for param, _ in members:
-                    param.data = torch.empty_like(param.data)
-                    resize_storage(param.data, 0)
+                if unit not in self._persistent:
+                    self._flats[unit] = self._bind_flat(members)
+        engine.lend_gathered_memory(self._lend, self._give_back)
+        engine.on_close(self._stop_lending)
+
+    def _bind_flat(self, members):
+        """Makes `members` [(param, id)] of one sharded unit views of a new flat byte tensor
+        laid out as the engine's gathered unit; returns it with its storage freed."""
+        places = [self._engine.gathered_place(pid) for _, pid in members]
+        record = self._records[members[0][1]]
+        flat = torch.empty(places[0][2], dtype=torch.uint8, device=record.device)
+        for (param, pid), (_, offset, _, _) in zip(members, places):
+            record = self._records[pid]
+            nbytes = record.numel * param.element_size()
+            param.data = flat[offset:offset + nbytes].view(record.dtype).view(record.shape)
+        resize_storage(flat, 0)
+        return flat
+
+    def _lend(self, unit, nbytes):
+        """The engine's lend: `unit`'s flat storage, resized to `nbytes`; its address."""
+        flat = self._flats[unit]
+        if nbytes != flat.numel():
+            raise errors.InternalError(
+                f"zerort.torch: the engine asked for {nbytes} bytes for unit {unit}, whose "
+                f"layout has {flat.numel()}", errors.InternalError.status)
+        resize_storage(flat, nbytes)
+        stream = self.engine_stream
+        if stream is not None and torch.cuda.current_stream(stream.device) != stream:
+            flat.record_stream(stream)  # not reused before the engine's work with it is done
+        return flat.data_ptr()
+
+    def _give_back(self, unit):
+        """The engine's give_back: `unit`'s flat storage is freed."""
+        resize_storage(self._flats[unit], 0)
+
+    def _stop_lending(self):
+        """Before the engine is freed: it calls into Python no more (what it still holds
+        stays with the flat tensors)."""
+        self._engine.lend_gathered_memory(None, None)
+
+    def views_unit_memory(self, pid, param):
+        """Whether `param` (registered as `pid`, in a sharded unit) still views its unit's
+        flat storage: False once its .data was replaced by another tensor."""
+        flat = self._flats[self._records[pid].unit]
+        return (storage_pointer(param.data) == storage_pointer(flat)
+                and storage_bytes(param.data) == storage_bytes(flat))
 
     def add_units(self, module, units):
         """Makes `module`'s forward (and backward) gather `units` as well: its own units, or
@@ -233,41 +281,35 @@ class UnitGathering:
         return unit in self._gathered
 
     def check(self, unit, what):
-        """Raises when a param of a released, sharded `unit` changed since initialize()
-        (another dtype or shape, or a .data replaced: a storage where there is none)."""
+        """Raises when a param of a sharded `unit` changed since initialize() (another
+        dtype or shape, or a .data replaced: no longer a view of the unit's memory)."""
         for param, pid in self._members[unit]:
             record = self._records[pid]
             record.check(param, what)
-            if storage_bytes(param.data) != 0:
+            if not self.views_unit_memory(pid, param):
                 raise record.replaced_error(what)
 
     def gather(self, units):
-        """Makes `units` usable: the engine gathers them, their storages are refilled."""
-        with torch.no_grad():
-            for unit in units:
-                if unit in self._gathered:
-                    continue
-                self._engine.gather(unit)
-                self.follow_engine_stream()
-                self._gathered.add(unit)
-                if unit not in self._frozen:
-                    self._waiting[unit] = {pid for _, pid in self._members[unit]}
-                self.check(unit, "gathering a stage-3 unit")
-                for param, pid in self._members[unit]:
-                    resize_storage(param.data, param.numel())
-                    param.data.copy_(self._view(pid, self._engine.param_data(pid)))
+        """Makes `units` usable: the engine gathers them into their flat storages."""
+        for unit in units:
+            if unit in self._gathered:
+                continue
+            self.check(unit, "gathering a stage-3 unit")
+            self._engine.gather(unit)
+            self.follow_engine_stream()
+            self._gathered.add(unit)
+            if unit not in self._frozen:
+                self._waiting[unit] = {pid for _, pid in self._members[unit]}
 
     def release(self, units):
-        """Frees `units` (engine and storages), but not one a forward or a gathered() block
-        holds."""
+        """Frees `units` (the engine gives their storages back), but not one a forward or a
+        gathered() block holds."""
         for unit in units:
             if unit not in self._gathered or self._holds[unit] > 0:
                 continue
             self._engine.release(unit)
             self._gathered.discard(unit)
             self._for_backward.discard(unit)
-            for param, _ in self._members[unit]:
-                resize_storage(param.data, 0)
 
     def release_all(self):
         """Frees every unit still gathered (the step: holds end too)."""
@@ -340,10 +382,7 @@ class UnitGathering:
                         if param.data_ptr() == record.address:
                             param.data = param.data.clone()
                         continue
-                    if not record.matches(param) or storage_bytes(param.data) != 0:
-                        scratch = torch.empty(record.shape, dtype=record.dtype,
-                                              device=record.device)
-                        self._engine.get_param(pid, scratch.data_ptr())  # every rank calls
-                        continue
-                    resize_storage(param.data, param.numel())
-                    self._engine.get_param(pid, param.data.data_ptr())
+                    values = torch.empty(record.shape, dtype=record.dtype, device=record.device)
+                    self._engine.get_param(pid, values.data_ptr())  # every rank calls
+                    if record.matches(param) and self.views_unit_memory(pid, param):
+                        param.data = values
