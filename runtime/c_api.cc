@@ -182,6 +182,15 @@ zero_status zero_accumulate_device_grad(zero_engine* engine, int64_t id, const v
   return Report(engine->engine->AccumulateGrad(id, grad, zero::Placement::kDevice));
 }
 
+zero_status zero_lend_grad(zero_engine* engine, int64_t id, const void* grad, int on_device, int* kept) {
+  ZERO_C_REQUIRE(engine, "zero_lend_grad");
+  ZERO_C_REQUIRE(kept, "zero_lend_grad");
+  auto lent = engine->engine->LendGrad(id, grad, on_device ? zero::Placement::kDevice : zero::Placement::kHost);
+  if (!lent.ok()) return Report(lent.status());
+  *kept = *lent ? 1 : 0;
+  return ZERO_OK;
+}
+
 zero_status zero_begin_iteration(zero_engine* engine) {
   ZERO_C_REQUIRE(engine, "zero_begin_iteration");
   return Report(engine->engine->BeginIteration());

@@ -64,6 +64,7 @@ class EngineImpl final : public Engine {
   Status GradAbsent(ParamId id) override;
   Status AccumulateGrad(ParamId id, const void* grad) override;
   Status AccumulateGrad(ParamId id, const void* grad, Placement placement) override;
+  StatusOr<bool> LendGrad(ParamId id, const void* grad, Placement placement) override;
   Status EndBackward() override;
   StatusOr<StepInfo> Step() override;
   StatusOr<float> LastGradNorm() override;
@@ -127,6 +128,9 @@ class EngineImpl final : public Engine {
   // Before a gradient is written for `id` (GradBuffer, AccumulateGrad, named by `call`): the
   // call is valid now, the guard allows the write, and its bucket has a buffer.
   Status PrepareGradWrite(ParamId id, const char* call);
+  // AccumulateGrad (lend false) and LendGrad (lend true, where the store can keep `grad`):
+  // whether `grad` was kept.
+  StatusOr<bool> HandOverGrad(ParamId id, const void* grad, Placement placement, bool lend, const char* call);
   bool LastMicroBatch() const { return micro_batch_ + 1 == config_.gradient_accumulation_steps; }
 
   // Optimizer groups (engine_groups.cc).

@@ -119,14 +119,31 @@ Status EngineImpl::AccumulateGrad(ParamId id, const void* grad) {
 }
 
 Status EngineImpl::AccumulateGrad(ParamId id, const void* grad, Placement placement) {
-  if (grad == nullptr) return absl::InvalidArgumentError("AccumulateGrad: grad is null");
+  return HandOverGrad(id, grad, placement, /*lend=*/false, "AccumulateGrad").status();
+}
+
+StatusOr<bool> EngineImpl::LendGrad(ParamId id, const void* grad, Placement placement) {
+  return HandOverGrad(id, grad, placement, /*lend=*/true, "LendGrad");
+}
+
+StatusOr<bool> EngineImpl::HandOverGrad(ParamId id, const void* grad, Placement placement, bool lend,
+                                        const char* call) {
+  if (grad == nullptr) return absl::InvalidArgumentError(absl::StrCat(call, ": grad is null"));
   if (placement == Placement::kDevice && ops_->placement() != Placement::kDevice) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "AccumulateGrad: a device gradient for param ", id, " on an engine of device \"",
+        call, ": a device gradient for param ", id, " on an engine of device \"",
         DeviceName(config_.device), "\"; hand it over in host memory"));
   }
-  ZERO_RETURN_IF_ERROR(PrepareGradWrite(id, "AccumulateGrad"));
+  ZERO_RETURN_IF_ERROR(PrepareGradWrite(id, call));
   const int param = static_cast<int>(id);
+  // Kept where it is only in the engine's own memory (a host gradient for a GPU engine is staged).
+  if (lend && (placement == Placement::kDevice) == (ops_->placement() == Placement::kDevice)) {
+    ZERO_ASSIGN_OR_RETURN(const bool kept, grads_->Lend(param, grad, specs_[param].dtype, LastMicroBatch()));
+    if (kept) {
+      ZERO_RETURN_IF_ERROR(GradReady(id));
+      return true;
+    }
+  }
   if (ops_->placement() == Placement::kDevice && placement != Placement::kDevice) {
     // A host gradient for a GPU engine: staged into device scratch first.
     const int64_t bytes = plan_->ParamBytes(param);
@@ -140,7 +157,8 @@ Status EngineImpl::AccumulateGrad(ParamId id, const void* grad, Placement placem
   // `grad` is in the param's dtype; the gradient it goes into may be fp32 (Bucket::grad_dtype).
   ZERO_RETURN_IF_ERROR(grads_->Accumulate(param, grad, specs_[param].dtype));
   counters_.grad_bytes_copied += plan_->ParamBytes(param);
-  return GradReady(id);
+  ZERO_RETURN_IF_ERROR(GradReady(id));
+  return false;
 }
 
 Status EngineImpl::BucketReady(int bucket) {

@@ -17,7 +17,8 @@ using partition::Bucket;
 class GradSlots {
  public:
   explicit GradSlots(const partition::PartitionPlan& plan)
-      : plan_(plan), written_(plan.params().size(), 0), by_offset_(plan.buckets().size()) {
+      : plan_(plan), written_(plan.params().size(), 0), lent_(plan.params().size(), nullptr),
+        by_offset_(plan.buckets().size()) {
     for (const Bucket& b : plan.buckets()) {
       by_offset_[b.index] = b.params;
       std::sort(by_offset_[b.index].begin(), by_offset_[b.index].end(),
@@ -54,24 +55,60 @@ class GradSlots {
     return status;
   }
 
+  bool written(int param) const { return written_[param] != 0; }
+
+  // `grad` is `param`'s gradient, read where it is: its slot counts as written (nothing to
+  // zero there) but is never read while the gradient is lent.
+  void Lend(int param, const void* grad) {
+    written_[param] = 1;
+    lent_count_ += lent_[param] == nullptr;
+    lent_[param] = grad;
+  }
+  const void* lent(int param) const { return lent_[param]; }
+  bool any_lent() const { return lent_count_ > 0; }
+  void ForgetLent() {
+    std::fill(lent_.begin(), lent_.end(), nullptr);
+    lent_count_ = 0;
+  }
+  // A lent gradient copied into `slot`, which holds it from now on (before a later gradient
+  // of the param is added).
+  Status TakeBackLent(int param, void* slot, DeviceOps& ops) {
+    const void* grad = lent_[param];
+    if (grad == nullptr) return absl::OkStatus();
+    lent_[param] = nullptr;
+    --lent_count_;
+    return ops.CopyOnDevice(slot, grad, plan_.ParamGradBytes(param));
+  }
+
   // Zeroes, in `bucket`'s gradient at `base`, every element outside the written slots, in as
   // few runs as the written slots leave.
   Status ZeroUnwritten(int bucket, char* base, DeviceOps& ops) const {
-    const Bucket& b = plan_.buckets()[bucket];
-    const int64_t element = b.grad_element_bytes();
-    int64_t run = 0;  // the first element of the run to zero
+    const int64_t element = plan_.buckets()[bucket].grad_element_bytes();
+    return ForRunsBetween(bucket, [this](int p) { return written_[p] != 0; }, [&](int64_t begin, int64_t end) {
+      return ops.Zero(base + begin * element, (end - begin) * element);
+    });
+  }
+
+  // fn(begin, end) for each run of `bucket`'s elements (bucket coordinates, in order) that
+  // the params for which skip(param) holds leave between them.
+  template <typename Skip, typename Fn>
+  Status ForRunsBetween(int bucket, Skip skip, Fn fn) const {
+    const int64_t numel = plan_.buckets()[bucket].numel;
+    int64_t run = 0;  // the first element of the next run
     for (int p : by_offset_[bucket]) {
-      if (!written_[p]) continue;
+      if (!skip(p)) continue;
       const partition::ParamPlacement& place = plan_.placement(p);
-      if (place.offset > run) ZERO_RETURN_IF_ERROR(ops.Zero(base + run * element, (place.offset - run) * element));
+      if (place.offset > run) ZERO_RETURN_IF_ERROR(fn(run, place.offset));
       run = place.offset + place.numel;
     }
-    return run < b.numel ? ops.Zero(base + run * element, (b.numel - run) * element) : absl::OkStatus();
+    return run < numel ? fn(run, numel) : absl::OkStatus();
   }
 
  private:
   const partition::PartitionPlan& plan_;
   std::vector<char> written_;  // per param
+  std::vector<const void*> lent_;  // per param: its lent gradient, or null
+  int64_t lent_count_ = 0;
   std::vector<std::vector<int>> by_offset_;  // per bucket: its params by offset
 };
 
@@ -84,12 +121,21 @@ class FullGradStore final : public GradStore {
 
   StatusOr<void*> View(int param) override {
     void* slot = Slot(param);
+    ZERO_RETURN_IF_ERROR(slots_.TakeBackLent(param, slot, ops_));
     ZERO_RETURN_IF_ERROR(slots_.Prepare(param, slot, ops_));
     return slot;
   }
 
   Status Accumulate(int param, const void* grad, DType dtype) override {
+    ZERO_RETURN_IF_ERROR(slots_.TakeBackLent(param, Slot(param), ops_));
     return slots_.Write(param, Slot(param), grad, dtype, ops_);
+  }
+
+  StatusOr<bool> Lend(int param, const void* grad, DType dtype, bool last_micro_batch) override {
+    const Bucket& b = plan_.buckets()[plan_.placement(param).bucket];
+    if (comm_.size() != 1 || !last_micro_batch || slots_.written(param) || dtype != b.grad_dtype) return false;
+    slots_.Lend(param, grad);
+    return true;
   }
 
   StatusOr<std::pair<BucketScheduler::Launch, BucketScheduler::Finish>> Reduction(
@@ -120,9 +166,12 @@ class FullGradStore final : public GradStore {
   }
 
   bool NeedsBufferWait(int) const override { return false; }
+  const void* LentGrad(int param) const override { return slots_.lent(param); }
+  bool any_lent() const override { return slots_.any_lent(); }
 
   Status Zero() override {
     slots_.ResetAll();  // each slot is copied into, or zeroed, before it is read again
+    slots_.ForgetLent();
     return absl::OkStatus();
   }
 
@@ -151,13 +200,29 @@ class ShardedGradStore final : public GradStore {
 
   StatusOr<void*> View(int param) override {
     ZERO_ASSIGN_OR_RETURN(char* slot, Slot(param));
+    ZERO_RETURN_IF_ERROR(slots_.TakeBackLent(param, slot, ops_));
     ZERO_RETURN_IF_ERROR(slots_.Prepare(param, slot, ops_));
     return slot;
   }
 
   Status Accumulate(int param, const void* grad, DType dtype) override {
     ZERO_ASSIGN_OR_RETURN(char* slot, Slot(param));
+    ZERO_RETURN_IF_ERROR(slots_.TakeBackLent(param, slot, ops_));
     return slots_.Write(param, slot, grad, dtype, ops_);
+  }
+
+  // The bucket's first reduction of the step is then a copy into the shard, which leaves the
+  // lent param's part out (see Reduction).
+  StatusOr<bool> Lend(int param, const void* grad, DType dtype, bool last_micro_batch) override {
+    const int bucket = plan_.placement(param).bucket;
+    if (comm_.size() != 1 || !last_micro_batch || !shard_is_zero_[bucket] || dtype != plan_.buckets()[bucket].grad_dtype) {
+      return false;
+    }
+    ZERO_ASSIGN_OR_RETURN(char* slot, Slot(param));  // the bucket's buffer, so its slots start unwritten
+    (void)slot;
+    if (slots_.written(param)) return false;
+    slots_.Lend(param, grad);
+    return true;
   }
 
   StatusOr<std::pair<BucketScheduler::Launch, BucketScheduler::Finish>> Reduction(
@@ -180,7 +245,7 @@ class ShardedGradStore final : public GradStore {
     BucketScheduler::Finish finish = [this, bucket, own, first, alone, &b] {
       // Queued on the device before any later reuse of the pool buffer.
       Status added = !first  ? ops_.AddInto(OwnedGrad(bucket), own, b.shard_numel, b.grad_dtype)
-                     : alone ? ops_.CopyOnDevice(OwnedGrad(bucket), own, b.grad_shard_bytes())
+                     : alone ? CopyAllButLent(bucket, own)
                              : absl::OkStatus();
       free_.push_back(holder_[bucket]);
       holder_[bucket] = -1;
@@ -194,13 +259,26 @@ class ShardedGradStore final : public GradStore {
   bool NeedsBufferWait(int bucket) const override { return holder_[bucket] < 0 && free_.empty(); }
 
   int pool_buffers() const override { return static_cast<int>(pool_.size()); }
+  const void* LentGrad(int param) const override { return slots_.lent(param); }
+  bool any_lent() const override { return slots_.any_lent(); }
 
   Status Zero() override {
     shard_is_zero_.assign(shard_is_zero_.size(), true);
+    slots_.ForgetLent();
     return ops_.Zero(shard_.data(), shard_.bytes());
   }
 
  private:
+  // One rank: the bucket's gradient at `own` into the shard, but for the lent params' parts.
+  Status CopyAllButLent(int bucket, const char* own) {
+    const int64_t element = plan_.buckets()[bucket].grad_element_bytes();
+    char* shard = static_cast<char*>(OwnedGrad(bucket));
+    return slots_.ForRunsBetween(bucket, [this](int p) { return slots_.lent(p) != nullptr; },
+                                 [&](int64_t begin, int64_t end) {
+                                   return ops_.CopyOnDevice(shard + begin * element, own + begin * element,
+                                                            (end - begin) * element);
+                                 });
+  }
   // The pool buffer holding `bucket` this micro-batch, taking one if needed (its slots then
   // start unwritten).
   StatusOr<char*> BucketBuffer(int bucket) {

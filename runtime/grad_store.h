@@ -16,7 +16,9 @@
 // Slots are not zeroed ahead: a param's first gradient since its slot was last reduced (or
 // since Zero) is copied into it, later ones added; just before a bucket's reduction the
 // slots nobody wrote, and the gaps between params, are zeroed. A gradient costs one copy
-// instead of a zeroing pass and an addition.
+// instead of a zeroing pass and an addition. Where the copy would be all (one rank, the
+// step's last micro-batch), the trainer may lend the gradient instead (Lend): the optimizer
+// and the norm read it where it is, and it costs nothing.
 #ifndef ZERO_RUNTIME_GRAD_STORE_H_
 #define ZERO_RUNTIME_GRAD_STORE_H_
 
@@ -53,6 +55,18 @@ class GradStore {
   /// device) into `param`'s gradient: copied (widened) when it is the first since the slot
   /// was reset.
   virtual Status Accumulate(int param, const void* grad, DType dtype) = 0;
+  /// Takes `grad` (the param's numel elements in `dtype`, on the ops' device) as `param`'s
+  /// gradient without copying it, where a copy is all the store would do with it: one rank
+  /// (the reduction is an identity), `last_micro_batch`, nothing accumulated for the param
+  /// since Zero, and `dtype` the bucket's gradient dtype. Returns true then: the store reads
+  /// `grad` where it is (LentGrad) until Zero, and the caller leaves it unchanged until then.
+  /// Otherwise returns false and does nothing (the caller copies it with Accumulate). A later
+  /// gradient for the param (Accumulate, View) first copies the lent one into its slot.
+  virtual StatusOr<bool> Lend(int param, const void* grad, DType dtype, bool last_micro_batch) = 0;
+  /// `param`'s lent gradient (Lend) until Zero, or null.
+  virtual const void* LentGrad(int param) const = 0;
+  /// Whether any param's gradient is lent this step.
+  virtual bool any_lent() const = 0;
   /// The collective and completion step of a trainable bucket once its gradients are ready.
   /// Stores that keep full gradients (stages 0-1) only accumulate locally until the step's
   /// last micro-batch, and return no collective before it.
@@ -61,7 +75,7 @@ class GradStore {
   /// The rank's reduced gradient for the part of `bucket` it steps (PartitionPlan::Owned), in
   /// the bucket's gradient dtype; valid after the step's reductions completed.
   virtual void* OwnedGrad(int bucket) = 0;
-  /// Starts the next optimizer step's gradients (all zero).
+  /// Starts the next optimizer step's gradients (all zero; nothing lent).
   virtual Status Zero() = 0;
 };
 

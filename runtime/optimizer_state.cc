@@ -36,7 +36,7 @@ bool NeedsState1(const OptimizerConfig& o) {
 StatusOr<std::unique_ptr<OptimizerState>> OptimizerState::Create(
     const Config& config, const partition::PartitionPlan& plan, int rank, const OwnedParams& params,
     GradStore& grads, base::Allocator& allocator, DeviceOps& ops, SumOverRanks sum_over_ranks) {
-  std::unique_ptr<OptimizerState> s(new OptimizerState(config, plan, ops));
+  std::unique_ptr<OptimizerState> s(new OptimizerState(config, plan, grads, ops));
   s->sum_over_ranks_ = std::move(sum_over_ranks);
   int64_t state_numel = 0, master_numel = 0;
   for (const partition::Bucket& b : plan.buckets()) {
@@ -79,8 +79,8 @@ StatusOr<std::unique_ptr<OptimizerState>> OptimizerState::Create(
     if (fresh) s->batches_.push_back({b.group, {b.dtype, b.grad_dtype}, {}, {}, {}});
     s->batches_[it->second].segments.push_back(segment);
     Batch& batch = s->batches_[it->second];
-    s->CutPerParam(r, segment, [&](int param, const kernels::Segment& fragment, int64_t) {
-      batch.fragments.push_back({param, fragment});
+    s->CutPerParam(r, segment, [&](int param, const kernels::Segment& fragment, int64_t at) {
+      batch.fragments.push_back({param, fragment, r.begin + at - plan.placement(param).offset});
     });
     // Each rank's norm covers its shard only, also at stage 0 where it owns the whole bucket.
     const int64_t shard_begin = rank * b.shard_numel - r.begin;
@@ -190,9 +190,31 @@ Status OptimizerState::WriteOwned(int param, const std::vector<OwnedPart>& parts
 }
 
 Status OptimizerState::GradSquaredNorm(float* sq_norm) {
+  // Where some gradients are lent (one rank: the shard is the whole bucket), per param
+  // instead, each where it is (the padding left out holds zeros).
+  std::vector<std::vector<kernels::ConstSpan>> per_param(grads_.any_lent() ? batches_.size() : 0);
   std::vector<NormBatch> batches;
-  for (const Batch& batch : batches_) batches.push_back({batch.norm_spans, batch.types.grad});
+  for (size_t i = 0; i < batches_.size(); ++i) {
+    const Batch& batch = batches_[i];
+    if (per_param.empty()) {
+      batches.push_back({batch.norm_spans, batch.types.grad});
+      continue;
+    }
+    for (const Fragment& f : batch.fragments) {
+      per_param[i].push_back({WithLentGrad(f.param, f.param_begin, f.segment).grad, f.segment.numel});
+    }
+    batches.push_back({per_param[i], batch.types.grad});
+  }
   return ops_.SquaredNormOnDevice(batches, sq_norm);
+}
+
+kernels::Segment OptimizerState::WithLentGrad(int param, int64_t param_begin, kernels::Segment segment) const {
+  const void* lent = grads_.LentGrad(param);
+  if (lent != nullptr) {
+    const int64_t element = plan_.buckets()[plan_.placement(param).bucket].grad_element_bytes();
+    segment.grad = static_cast<const char*>(lent) + param_begin * element;
+  }
+  return segment;
 }
 
 Status OptimizerState::Launch(const OptimizerHyper& o, int64_t step, const float* grad_scale,
@@ -246,12 +268,14 @@ Status OptimizerState::Step(const std::vector<OptimizerHyper>& groups, const std
     const OptimizerHyper& hyper = groups[batch.group];
     std::map<int64_t, std::vector<kernels::Segment>> by_step;
     for (const Fragment& f : batch.fragments) by_step[KernelStep(param_steps, f.param)];
-    if (by_step.size() <= 1) {  // the usual case: the whole batch at one count
+    if (by_step.size() <= 1 && !grads_.any_lent()) {  // the usual case: the whole batch at one count
       const int64_t step = by_step.empty() ? 1 : by_step.begin()->first;
       ZERO_RETURN_IF_ERROR(Launch(hyper, step, grad_scale, batch.types, batch.segments));
       continue;
     }
-    for (const Fragment& f : batch.fragments) by_step[KernelStep(param_steps, f.param)].push_back(f.segment);
+    for (const Fragment& f : batch.fragments) {
+      by_step[KernelStep(param_steps, f.param)].push_back(WithLentGrad(f.param, f.param_begin, f.segment));
+    }
     for (const auto& [step, segments] : by_step) {
       ZERO_RETURN_IF_ERROR(Launch(hyper, step, grad_scale, batch.types, segments));
     }
@@ -281,10 +305,11 @@ void OptimizerState::CutPerParam(const OwnedRange& r, const kernels::Segment& wh
 
 Status OptimizerState::BuildLambBatches() {
   for (const Batch& whole : batches_) {  // already one per (group, dtype)
-    LambBatch batch{whole.group, whole.types, {}, {}, {}};
+    LambBatch batch{whole.group, whole.types, {}, {}, {}, {}};
     for (const Fragment& f : whole.fragments) {
       batch.segments.push_back(f.segment);
       batch.param_of.push_back(f.param);
+      batch.param_begin.push_back(f.param_begin);
       // The fragment's moments sit at the same offset of the state buffer as its update does
       // in lamb_updates_.
       batch.updates.push_back(lamb_updates_.as<float>() + (f.segment.state0 - state0_.as<float>()));
@@ -306,7 +331,7 @@ Status OptimizerState::LambStep(const std::vector<OptimizerHyper>& groups, const
     std::map<int64_t, std::pair<std::vector<kernels::Segment>, std::vector<float*>>> by_step;
     for (size_t i = 0; i < batch.segments.size(); ++i) {
       auto& [segments, updates] = by_step[KernelStep(param_steps, batch.param_of[i])];
-      segments.push_back(batch.segments[i]);
+      segments.push_back(WithLentGrad(batch.param_of[i], batch.param_begin[i], batch.segments[i]));
       updates.push_back(batch.updates[i]);
     }
     for (const auto& [step, launch] : by_step) {

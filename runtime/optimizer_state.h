@@ -100,6 +100,7 @@ class OptimizerState {
   struct Fragment {
     int param;
     kernels::Segment segment;
+    int64_t param_begin;  // the fragment's first element within the param
   };
   struct Batch {  // one kernel launch: segments of one group and dtype
     int group;
@@ -118,6 +119,7 @@ class OptimizerState {
     kernels::SegmentTypes types;
     std::vector<kernels::Segment> segments;
     std::vector<int> param_of;       // per segment
+    std::vector<int64_t> param_begin;  // per segment: its first element within the param
     std::vector<float*> updates;     // per segment, into lamb_updates_
   };
   // Calls fn(param, fragment, at) for each param's part of range `r`, whose whole segment is
@@ -125,6 +127,9 @@ class OptimizerState {
   template <typename Fn>
   void CutPerParam(const OwnedRange& r, const kernels::Segment& whole, Fn fn) const;
   Status BuildLambBatches();
+  // `segment`, the part of `param` from its element `param_begin` on, reading the param's lent
+  // gradient (GradStore::Lend) where it has one this step.
+  kernels::Segment WithLentGrad(int param, int64_t param_begin, kernels::Segment segment) const;
   // One launch of the group's optimizer over `segments`, all at step count `step`.
   Status Launch(const OptimizerHyper& hyper, int64_t step, const float* grad_scale, kernels::SegmentTypes types,
                 const std::vector<kernels::Segment>& segments);
@@ -134,11 +139,12 @@ class OptimizerState {
   // Rewrites the bf16/fp16 model copy of `param`'s owned part from the fp32 master.
   Status RoundModelCopy(int param);
 
-  OptimizerState(const Config& config, const partition::PartitionPlan& plan, DeviceOps& ops)
-      : config_(config), plan_(plan), ops_(ops) {}
+  OptimizerState(const Config& config, const partition::PartitionPlan& plan, GradStore& grads, DeviceOps& ops)
+      : config_(config), plan_(plan), grads_(grads), ops_(ops) {}
 
   const Config config_;
   const partition::PartitionPlan& plan_;
+  GradStore& grads_;
   DeviceOps& ops_;
   std::vector<OwnedRange> ranges_;
   std::vector<Batch> batches_;

@@ -233,6 +233,15 @@ class Engine {
   /// two-argument form asks the CUDA driver on a "cuda" engine (cudaPointerGetAttributes, per
   /// call); this one does not. kDevice on a "cpu" engine is kInvalidArgument.
   virtual Status AccumulateGrad(ParamId id, const void* grad, Placement placement) = 0;
+  /// AccumulateGrad for a gradient the caller can leave where it is until the step: where a
+  /// copy is all the engine would do with it (one rank, so no reduction; the param's first
+  /// gradient in the step's last micro-batch; the gradient dtype, so no widening to fp32),
+  /// the engine reads `grad` where it is in the next Step instead of copying it
+  /// (grad_bytes_copied counts none), and the caller leaves that memory unchanged until a
+  /// Step returns successfully or the engine is destroyed. Returns whether the engine kept
+  /// it; false: it was copied, exactly as by AccumulateGrad. A later gradient for the param
+  /// in the same step copies the kept one first.
+  virtual StatusOr<bool> LendGrad(ParamId id, const void* grad, Placement placement) = 0;
   /// Ends the micro-batch's backward: launches what is left, waits for the reductions.
   virtual Status EndBackward() = 0;
   /// Unscales, checks for overflow, clips, steps the rank's shard and gathers the params.

@@ -73,6 +73,8 @@ _PROTOTYPES = {
                               ctypes.c_void_p], ctypes.c_int),
     "zero_accumulate_device_grad": ([ctypes.c_void_p, ctypes.c_int64,
                                      ctypes.c_void_p], ctypes.c_int),
+    "zero_lend_grad": ([ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int,
+                        ctypes.POINTER(ctypes.c_int)], ctypes.c_int),
     "zero_grad_ready": ([ctypes.c_void_p, ctypes.c_int64], ctypes.c_int),
     "zero_grad_absent": ([ctypes.c_void_p, ctypes.c_int64], ctypes.c_int),
     "zero_engine_counters_sized": ([ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t],

@@ -349,6 +349,16 @@ class Engine:
             _check(library().zero_accumulate_grad(self._handle, pid, address),
                    "zero_accumulate_grad")
 
+    def lend_grad(self, pid, address, on_device=False):
+        """accumulate_grad for a gradient left unchanged at `address` until a step returns
+        successfully: where a copy is all the engine would do with it (one rank, the param's
+        first gradient in the step's last micro-batch, no widening), the engine reads it
+        there instead. Returns whether it did (False: it was copied)."""
+        kept = ctypes.c_int()
+        _check(library().zero_lend_grad(self._handle, pid, address, int(on_device),
+                                        ctypes.byref(kept)), "zero_lend_grad")
+        return bool(kept.value)
+
     def begin_iteration(self):
         """Starts a micro-batch."""
         _check(library().zero_begin_iteration(self._handle), "zero_begin_iteration")

@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -195,6 +196,7 @@ Status TrainToy(Engine& engine, const ToyOptions& o, ToyResult* result) {
 
     // Micro-batch k takes every micro_batches-th sample of the local slice; gradients are
     // scaled by 1/local so that the micro-batches sum to the local mean.
+    std::vector<std::vector<char>> lent;  // lend_grads: each gradient handed over this step
     for (int k = 0; k < o.micro_batches; ++k) {
       ZERO_RETURN_IF_ERROR(engine.BeginIteration());
       Model<float> g = Zeros<float>(o);
@@ -205,6 +207,13 @@ Status TrainToy(Engine& engine, const ToyOptions& o, ToyResult* result) {
       // Backward: layer 2's unit, then layer 1's, gathered again as a ZeRO-3 backward does.
       for (int p = 3; p >= 0; --p) {
         if (p == 3 || p == 1) ZERO_RETURN_IF_ERROR(engine.Gather(p / 2));
+        if (o.lend_grads) {
+          std::vector<char>& encoded = lent.emplace_back(numel[p] * DTypeSize(o.dtype));
+          for (int64_t i = 0; i < numel[p]; ++i) Encode(encoded.data(), i, o.dtype, (*gparts[p])[i]);
+          ZERO_RETURN_IF_ERROR(engine.LendGrad(ids[p], encoded.data(), Placement::kHost).status());
+          if (p == 0 || p == 2) ZERO_RETURN_IF_ERROR(engine.Release(p / 2));
+          continue;
+        }
         if (p == 2) {  // one param through AccumulateGrad, the others through GradBuffer
           std::vector<char> encoded(numel[p] * DTypeSize(o.dtype));
           for (int64_t i = 0; i < numel[p]; ++i) Encode(encoded.data(), i, o.dtype, (*gparts[p])[i]);
@@ -227,6 +236,7 @@ Status TrainToy(Engine& engine, const ToyOptions& o, ToyResult* result) {
     }
     ZERO_ASSIGN_OR_RETURN(StepInfo info, engine.Step());
     result->infos.push_back(info);
+    for (std::vector<char>& grad : lent) std::fill(grad.begin(), grad.end(), static_cast<char>(0xFF));  // NaN
     if (step == o.save_after) ZERO_RETURN_IF_ERROR(engine.SaveCheckpoint(o.save_dir));
   }
   result->final_params.assign(4, {});

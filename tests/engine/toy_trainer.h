@@ -36,6 +36,9 @@ struct ToyOptions {
   /// When set, called once the model is registered and its values set (or loaded), before
   /// the first step: a test adds what it needs to the engine (a lender of gathered memory).
   std::function<Status(Engine&)> after_setup;
+  /// Hand every gradient over with LendGrad (host memory kept unchanged until Step returns,
+  /// then poisoned with NaN) instead of through GradBuffer and AccumulateGrad.
+  bool lend_grads = false;
 };
 
 struct ToyResult {

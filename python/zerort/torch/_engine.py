@@ -138,6 +138,9 @@ class TorchEngine:
             if sharded:  # a storage to find its gradient node by, of no size (_stage3 binds it)
                 param.data = _params.placeholder(param)
         self._accumulators = []  # AccumulateGrad nodes must outlive their hooks
+        # Gradients the engine reads where they are (core.Engine.lend_grad), until a step
+        # returns: one rank, where the copy into its bucket was all the engine did with them.
+        self._lent_grads = []
         for position, (_, param, pid) in enumerate(self._params):
             self._add_grad_hook(param, pid, unit_of.get(param), position)
         self._units = None
@@ -345,7 +348,8 @@ class TorchEngine:
                 grad.record_stream(self._stream)
         pid = record.pid
         try:
-            self._engine.accumulate_grad(pid, grad.data_ptr(), grad.is_cuda)
+            if self._engine.lend_grad(pid, grad.data_ptr(), grad.is_cuda):
+                self._lent_grads.append(grad)
         except errors.DuplicateGradientError:
             first = self._passes.first_pass(pid)
             if first is not None and first < self._passes.current:
@@ -414,6 +418,7 @@ class TorchEngine:
         # Never reset (global_steps is a checkpoint's after a load).
         self._engine_steps += 1
         info = self._engine.step()
+        self._lent_grads.clear()
         self.loss_scale = info["loss_scale"]
         self.global_steps += 1
         pending = self._norm_on_device and math.isnan(info["grad_norm"])
@@ -651,3 +656,4 @@ class TorchEngine:
                 self._units.remove()
         finally:
             self._engine.close()  # _params.Detacher runs
+            self._lent_grads.clear()

@@ -1,0 +1,153 @@
+// Gradients lent instead of copied (Engine::LendGrad): on one rank, where the copy is all the
+// engine would do, the step reads the trainer's memory where it is (no byte copied) and trains
+// bit for bit as with copied gradients, at every stage and with every optimizer; with several
+// micro-batches, or with more ranks, nothing is lent; a second gradient
+// for a lent param adds to it.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "tests/engine/run_on_ranks.h"
+#include "tests/engine/toy_trainer.h"
+#include "tests/status_matchers.h"
+#include "zero/communicator.h"
+#include "zero/engine.h"
+
+namespace zero {
+namespace {
+
+using testing::IsOk;
+using testing::RunOnRanks;
+using testing::ToyConfig;
+using testing::ToyOptions;
+using testing::TrainOnLocalRanks;
+
+// The toy model's gradient bytes per step in fp32, all four params.
+int64_t ToyGradBytes(const ToyOptions& o) {
+  return 4 * (int64_t{o.hidden} * o.inputs + o.hidden + int64_t{o.outputs} * o.hidden + o.outputs);
+}
+
+void ExpectSameTraining(const std::vector<testing::RankRun>& lent, const std::vector<testing::RankRun>& copied) {
+  ASSERT_EQ(lent.size(), copied.size());
+  for (size_t r = 0; r < lent.size(); ++r) {
+    EXPECT_EQ(lent[r].result.losses, copied[r].result.losses) << "rank " << r;
+    EXPECT_EQ(lent[r].result.final_params, copied[r].result.final_params) << "rank " << r;
+    ASSERT_EQ(lent[r].result.infos.size(), copied[r].result.infos.size());
+    for (size_t s = 0; s < lent[r].result.infos.size(); ++s) {
+      const float a = lent[r].result.infos[s].grad_norm, b = copied[r].result.infos[s].grad_norm;
+      ASSERT_TRUE(std::isfinite(a)) << "step " << s;
+      EXPECT_NEAR(a, b, 1e-6 * b) << "step " << s;  // summed per param instead of per bucket
+    }
+  }
+}
+
+TEST(EngineLentGrads, OneRankReadsTheTrainersGradientsAtEveryStageAndCopiesNone) {
+  for (int stage = 0; stage <= 3; ++stage) {
+    for (OptimizerType type : {OptimizerType::kAdamW, OptimizerType::kLamb, OptimizerType::kSgd}) {
+      SCOPED_TRACE("stage " + std::to_string(stage) + ", optimizer " + std::to_string(static_cast<int>(type)));
+      Config config = ToyConfig(stage);
+      config.optimizer.type = type;
+      config.optimizer.momentum = 0.9f;
+      ToyOptions options;
+      options.steps = 6;
+      const auto copied = TrainOnLocalRanks(1, config, options);
+      options.lend_grads = true;
+      const auto lent = TrainOnLocalRanks(1, config, options);
+      ExpectSameTraining(lent, copied);
+      EXPECT_EQ(lent[0].counters.grad_bytes_copied, 0);
+    }
+  }
+}
+
+TEST(EngineLentGrads, ClippingReadsTheLentGradientsToo) {
+  for (int stage : {0, 2}) {
+    Config config = ToyConfig(stage);
+    config.clip_grad_norm = 0.05f;  // active on every step of the toy problem
+    ToyOptions options;
+    options.steps = 6;
+    const auto copied = TrainOnLocalRanks(1, config, options);
+    options.lend_grads = true;
+    const auto lent = TrainOnLocalRanks(1, config, options);
+    ASSERT_EQ(lent.size(), 1u);
+    ASSERT_GT(copied[0].result.infos[0].grad_norm, config.clip_grad_norm);
+    for (size_t p = 0; p < lent[0].result.final_params.size(); ++p) {
+      const std::vector<float>& a = lent[0].result.final_params[p];
+      const std::vector<float>& b = copied[0].result.final_params[p];
+      ASSERT_EQ(a.size(), b.size());
+      for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-6f + 1e-5f * std::fabs(b[i])) << p << "/" << i;
+    }
+    EXPECT_EQ(lent[0].counters.grad_bytes_copied, 0);
+  }
+}
+
+// The last micro-batch's gradient is added to the earlier ones': a copy is not all, so nothing
+// is lent, and the training is the same.
+TEST(EngineLentGrads, WithMicroBatchesNothingIsLent) {
+  for (int stage : {0, 2, 3}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    Config config = ToyConfig(stage);
+    config.gradient_accumulation_steps = 2;
+    ToyOptions options;
+    options.steps = 5;
+    options.micro_batches = 2;
+    const auto copied = TrainOnLocalRanks(1, config, options);
+    options.lend_grads = true;
+    const auto lent = TrainOnLocalRanks(1, config, options);
+    ExpectSameTraining(lent, copied);
+    EXPECT_EQ(lent[0].counters.grad_bytes_copied, 2 * ToyGradBytes(options) * options.steps);
+  }
+}
+
+TEST(EngineLentGrads, SeveralRanksCopyAsBefore) {
+  for (int stage : {0, 1, 2, 3}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    const Config config = ToyConfig(stage);
+    ToyOptions options;
+    options.steps = 4;
+    const auto copied = TrainOnLocalRanks(3, config, options);
+    options.lend_grads = true;
+    const auto lent = TrainOnLocalRanks(3, config, options);
+    ExpectSameTraining(lent, copied);
+    for (const testing::RankRun& run : lent) EXPECT_EQ(run.counters.grad_bytes_copied, ToyGradBytes(options) * options.steps);
+  }
+}
+
+// One param of 11 elements; a lent gradient, then a second one for the same param in the same
+// backward (guard.on_duplicate = "count"): the step sees their sum.
+TEST(EngineLentGrads, ASecondGradientAddsToTheLentOne) {
+  for (int stage : {0, 2}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    const std::vector<Status> results = RunOnRanks(1, [stage](int, comm::Communicator& comm) -> Status {
+      Config config = ToyConfig(stage);
+      config.guard.on_duplicate = DuplicatePolicy::kCount;
+      config.optimizer.type = OptimizerType::kSgd;
+      config.optimizer.lr = 1.0f;
+      config.optimizer.weight_decay = 0.0f;
+      ZERO_ASSIGN_OR_RETURN(auto engine, Engine::Create(config, comm));
+      ZERO_ASSIGN_OR_RETURN(ParamId id, engine->RegisterParam({"w", {11}, DType::kFP32}));
+      ZERO_RETURN_IF_ERROR(engine->Finalize());
+      std::vector<float> w(11, 0.0f), a(11), b(11), out(11);
+      for (int i = 0; i < 11; ++i) {
+        a[i] = 0.5f + i;
+        b[i] = 0.25f * i - 1.0f;
+      }
+      ZERO_RETURN_IF_ERROR(engine->SetParam(id, w.data()));
+      ZERO_RETURN_IF_ERROR(engine->BeginIteration());
+      ZERO_ASSIGN_OR_RETURN(bool kept, engine->LendGrad(id, a.data(), Placement::kHost));
+      EXPECT_TRUE(kept);
+      ZERO_RETURN_IF_ERROR(engine->AccumulateGrad(id, b.data()));
+      ZERO_RETURN_IF_ERROR(engine->EndBackward());
+      ZERO_RETURN_IF_ERROR(engine->Step().status());
+      ZERO_RETURN_IF_ERROR(engine->GetParam(id, out.data()));
+      for (int i = 0; i < 11; ++i) EXPECT_EQ(out[i], -(a[i] + b[i])) << i;  // SGD, lr 1
+      EXPECT_EQ(engine->counters().grad_bytes_copied, 11 * 4);
+      return absl::OkStatus();
+    });
+    EXPECT_THAT(results, ::testing::Each(IsOk()));
+  }
+}
+
+}  // namespace
+}  // namespace zero
