@@ -3,21 +3,23 @@
 
     python3 bench/torch_gpu_step.py [--steps 20] [--width 4096] [--layers 6] [--batch 64]
 
-One process, one GPU, one rank: what the engine's hand-over (a hook per param copying its
-gradient into a bucket), its reduction path and its fused AdamW cost per step beside
-torch.optim.AdamW, on the same model and data. Configurations:
+One process, one GPU, one rank: what the engine's hand-over (a hook per param; at one rank
+the engine reads autograd's gradient where it is, Engine::LendGrad), its reduction path and
+its fused AdamW cost per step beside torch.optim.AdamW, on the same model and data.
+Configurations:
 
     torch-fused    torch.optim.AdamW(fused=True)
     torch-foreach  torch.optim.AdamW(foreach=True)
     zerort-S       zerort.torch at stage S (0-3), an in-process communicator of one rank
-    zerort-nccl-S  the same over NCCL (one rank), stages 2 and 3
+    zerort-nccl-S  the same over NCCL (one rank), stages 0-3
 
 Model: `layers` × (Linear(width, width) + Tanh) + Linear(width, 1), fp32 (100.7M params at
 the defaults). Per configuration: median step time (forward, backward, optimizer step;
 CUDA synchronised) over `steps` steps after 3 untimed ones, and the peak GPU memory PyTorch's
 allocator held plus, for ZeroRT, the engine's peak bytes (its own allocations), and the
 engine's host waits per timed step (EngineCounters.host_waits: each one drains the GPU's
-queue; a steady step at stages 0-2 should have none).
+queue; a steady step at stages 0-2 should have none) and gradient bytes it copied per timed
+step (EngineCounters.grad_bytes_copied: none where it reads the gradients where they are).
 """
 import argparse
 import statistics
@@ -60,10 +62,10 @@ def measure(name, args):
         engine = zerort.torch.initialize(
             model, {"stage": stage, "optimizer": {"type": "adamw", "lr": 1e-4}}, comm)
     times = []
-    waits_before = 0
+    before = {}
     for step in range(args.steps + 3):
         if step == 3 and engine is not None:
-            waits_before = engine.engine.counters()["host_waits"]
+            before = engine.engine.counters()
         torch.cuda.synchronize()
         start = time.perf_counter()
         F.mse_loss(model(x), y).backward()
@@ -76,15 +78,17 @@ def measure(name, args):
         if step >= 3:
             times.append((time.perf_counter() - start) * 1e3)
     engine_mib = 0.0
-    waits = float("nan")
+    waits = copied_mb = float("nan")
     if engine is not None:
-        waits = (engine.engine.counters()["host_waits"] - waits_before) / args.steps
+        after = engine.engine.counters()
+        waits = (after["host_waits"] - before["host_waits"]) / args.steps
+        copied_mb = (after["grad_bytes_copied"] - before["grad_bytes_copied"]) / args.steps / 1e6
         engine_mib = sum(v[1] for v in engine.engine.memory_stats().values()) / 2**20
         engine.close()
         comm.close()
     torch_mib = torch.cuda.max_memory_allocated() / 2**20
     del model, optimizer, engine
-    return statistics.median(times), torch_mib, engine_mib, waits
+    return statistics.median(times), torch_mib, engine_mib, waits, copied_mb
 
 
 def main():
@@ -98,19 +102,19 @@ def main():
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, "
           f"{params / 1e6:.1f}M fp32 params, batch {args.batch}")
     names = ["torch-fused", "torch-foreach"] + [f"zerort-{s}" for s in range(4)]
-    names += ["zerort-nccl-2", "zerort-nccl-3"]
+    names += [f"zerort-nccl-{s}" for s in range(4)]
     baseline = None
     print(f"{'config':<14} {'step ms':>8} {'vs fused':>9} {'torch MiB':>10} {'engine MiB':>11} "
-          f"{'waits/step':>11}")
+          f"{'waits/step':>11} {'copied MB/step':>15}")
     for name in names:
         try:
-            ms, torch_mib, engine_mib, waits = measure(name, args)
+            ms, torch_mib, engine_mib, waits, copied_mb = measure(name, args)
         except zerort.ZeroError as error:
             print(f"{name:<14} not run: {error}")
             continue
         baseline = baseline or ms
         print(f"{name:<14} {ms:8.2f} {ms / baseline:9.2f} {torch_mib:10.0f} {engine_mib:11.0f} "
-              f"{waits:11.1f}")
+              f"{waits:11.1f} {copied_mb:15.1f}")
 
 
 if __name__ == "__main__":

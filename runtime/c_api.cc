@@ -259,7 +259,8 @@ zero_status zero_lend_gathered_memory(zero_engine* engine, zero_lend_fn lend, ze
       const zero_status status = lend(user, unit, bytes, &memory);
       if (status != ZERO_OK) {
         const int code = static_cast<int>(status);
-        return zero::Status(code <= 16 ? static_cast<absl::StatusCode>(code) : absl::StatusCode::kUnknown,
+        const bool known = code > 0 && code <= 16;
+        return zero::Status(known ? static_cast<absl::StatusCode>(code) : absl::StatusCode::kUnknown,
                             absl::StrCat("the lend callback returned status ", code));
       }
       return memory;

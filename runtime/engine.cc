@@ -95,6 +95,9 @@ EngineImpl::~EngineImpl() {
       ZERO_LOG(logger_, kWarn) << "destroying the engine: " << drained.message();
     }
   }
+  // Memory a trainer lent stays its own: nothing is given back from here (no call into the
+  // trainer while the engine is being destroyed).
+  if (params_ != nullptr) params_->ForgetLender();
   // Whatever is still in flight is abandoned now, before any buffer is freed.
   scheduler_.reset();
   params_.reset();

@@ -140,7 +140,11 @@ StatusOr<bool> EngineImpl::HandOverGrad(ParamId id, const void* grad, Placement 
   if (lend && (placement == Placement::kDevice) == (ops_->placement() == Placement::kDevice)) {
     ZERO_ASSIGN_OR_RETURN(const bool kept, grads_->Lend(param, grad, specs_[param].dtype, LastMicroBatch()));
     if (kept) {
-      ZERO_RETURN_IF_ERROR(GradReady(id));
+      const Status ready = GradReady(id);
+      if (!ready.ok()) {
+        grads_->TakeBack(param).IgnoreError();  // the caller keeps nothing for a failed call
+        return ready;
+      }
       return true;
     }
   }

@@ -168,6 +168,7 @@ class FullGradStore final : public GradStore {
   bool NeedsBufferWait(int) const override { return false; }
   const void* LentGrad(int param) const override { return slots_.lent(param); }
   bool any_lent() const override { return slots_.any_lent(); }
+  Status TakeBack(int param) override { return slots_.TakeBackLent(param, Slot(param), ops_); }
 
   Status Zero() override {
     slots_.ResetAll();  // each slot is copied into, or zeroed, before it is read again
@@ -261,6 +262,11 @@ class ShardedGradStore final : public GradStore {
   int pool_buffers() const override { return static_cast<int>(pool_.size()); }
   const void* LentGrad(int param) const override { return slots_.lent(param); }
   bool any_lent() const override { return slots_.any_lent(); }
+  Status TakeBack(int param) override {
+    if (slots_.lent(param) == nullptr) return absl::OkStatus();
+    ZERO_ASSIGN_OR_RETURN(char* slot, Slot(param));
+    return slots_.TakeBackLent(param, slot, ops_);
+  }
 
   Status Zero() override {
     shard_is_zero_.assign(shard_is_zero_.size(), true);

@@ -69,6 +69,9 @@ class ParamStore {
   virtual StatusOr<GatheredPlace> Place(int param) const = 0;
   /// Stage 3: gathered units in memory `lender` lends from now on (Engine::LendGatheredMemory).
   virtual Status Lend(GatheredMemoryLender lender) = 0;
+  /// Stage 3: memory lent so far is never given back (the engine is being destroyed: its
+  /// lender owns it again). A no-op at stages 0-2.
+  virtual void ForgetLender() {}
   /// After an optimizer step that updated the owned parts (`updated`) or was skipped: every
   /// rank's view current again (stages 1-2 all-gather; stage 3 refreshes gathered units and
   /// follows its recorded gather order from the start).

@@ -97,6 +97,11 @@ class ShardedParams final : public ParamStore {
 
   Status Lend(GatheredMemoryLender lender) override;
 
+  void ForgetLender() override {
+    if (lender_ != nullptr) lender_->lender = GatheredMemoryLender();  // lent buffers give nothing back
+    lender_.reset();
+  }
+
   // Every gathered unit's buffer gets the new values; the recorded step's gathers become the
   // trace, and every step follows it from the start.
   Status AfterStep(bool) override {
@@ -371,9 +376,10 @@ Status ShardedParams::Gather(int unit) {
 Status ShardedParams::Lend(GatheredMemoryLender lender) {
   const bool stop = lender.lend == nullptr && lender.give_back == nullptr;
   if (stop) {
-    if (lender_ != nullptr) lender_->lender = GatheredMemoryLender();  // lent buffers give nothing back
-    lender_.reset();
-    return absl::OkStatus();
+    // Prefetched units would be handed out from lent memory later: given back now.
+    const Status dropped = lender_ != nullptr ? DropPrefetched() : absl::OkStatus();
+    ForgetLender();
+    return dropped;
   }
   if (lender.lend == nullptr || lender.give_back == nullptr) {
     return absl::InvalidArgumentError(

@@ -125,11 +125,13 @@ struct GatheredMemoryLender {
   /// the trainer until give_back(unit). Called as a gather or a prefetch of the unit starts;
   /// an error fails that gather (a prefetch is left to be gathered on demand).
   std::function<StatusOr<void*>(int unit, int64_t bytes)> lend;
-  /// The engine is done with the memory lent for `unit`: the unit was released, its prefetch
-  /// dropped, or the engine destroyed. On device "cuda" the engine's last use of it is queued
-  /// on the engine's stream (SetStream): reuse it in that stream's order. Not called while the
-  /// communicator's group is broken (a collective may still write into the memory): the
-  /// trainer keeps it then.
+  /// The engine is done with the memory lent for `unit`: the unit was released, or its
+  /// prefetch dropped. On device "cuda" the engine's last use of it is queued on the engine's
+  /// stream (SetStream): reuse it in that stream's order. Not called while the communicator's
+  /// group is broken (a collective may still write into the memory: the trainer keeps it
+  /// then), nor once the lending stopped or the engine is being destroyed (what is still lent
+  /// then is the trainer's again, once every collective into it is done: the engine's
+  /// destructor waits for them unless the group is broken).
   std::function<void(int unit)> give_back;
 };
 
@@ -199,11 +201,11 @@ class Engine {
   /// unit whose params are views of it, resized to nothing between uses, as FSDP does).
   /// Persistent units stay in the engine's memory; released units' buffers are no longer kept
   /// (the lender's allocator caches instead). A lender with both functions null stops the
-  /// lending: memory lent until then is not given back any more (its lender owns it again;
-  /// call this before destroying what give_back refers to), and is allowed at any time. A
-  /// lender is set only while no unit is gathered (units prefetched are dropped first):
-  /// kFailedPrecondition otherwise, below stage 3 or before Finalize; kInvalidArgument for a
-  /// lender with only one function.
+  /// lending, at any time: prefetched units are given back first; units still gathered keep
+  /// their lent memory until released, then nothing more is given back (the lender owns it
+  /// again). A lender is set only while no unit is gathered (units prefetched are dropped
+  /// first): kFailedPrecondition otherwise, below stage 3 or before Finalize;
+  /// kInvalidArgument for a lender with only one function.
   virtual Status LendGatheredMemory(GatheredMemoryLender lender) = 0;
 
   /// Starts a micro-batch.

@@ -556,3 +556,47 @@ def test_a_read_in_a_module_called_without_hooks_trains_and_an_eval_pass_release
     want, _ = train(False)
     assert_close(got, want)
     assert released or not eval_first
+
+
+def test_memory_the_torch_side_cannot_lend_fails_the_gather_with_its_cause():
+    """An exception while lending a unit's storage (out of memory) fails that gather with a
+    ZeroError caused by it; training goes on once memory can be lent again."""
+    comm = zerort.local_group(1)[0]
+    model = LoraLM()
+    engine = zerort.torch.initialize(model, CONFIG, comm)
+    units = engine._units
+    lend = units._lend
+
+    def out_of_memory(unit, nbytes):
+        raise RuntimeError(f"out of memory: {nbytes} bytes for unit {unit}")
+
+    units._lend = out_of_memory
+    with pytest.raises(zerort.ResourceExhaustedError, match="lender gave no memory") as info:
+        loss_of(model, *batch(0))
+    assert "out of memory" in str(info.value.__cause__)
+    units._lend = lend
+    units.release_all()
+    loss_of(model, *batch(0)).backward()
+    engine.step()
+    engine.close()
+    comm.close()
+
+
+def test_a_healthy_close_gives_all_lent_memory_back():
+    """After an eval pass (whose gathers prefetch the next units), close() leaves no unit's
+    storage behind: only memory a broken collective may still write into is kept."""
+    from zerort.torch import _stage3
+    kept = len(_stage3._KEPT_AFTER_CLOSE)
+    comm = zerort.local_group(1)[0]
+    model = LoraLM()
+    engine = zerort.torch.initialize(model, CONFIG, comm)
+    for step in range(2):
+        loss_of(model, *batch(step)).backward()
+        engine.step()
+    with torch.no_grad():
+        loss_of(model, *batch(2))
+    assert engine.counters()["gathers_prefetched"] > 0
+    engine.close()
+    assert len(_stage3._KEPT_AFTER_CLOSE) == kept
+    assert engine.engine.closed
+    comm.close()

@@ -490,12 +490,41 @@ def test_a_saved_dynamic_loss_scale_does_not_reach_an_engine_without_one(tmp_pat
     comm.close()
 
 
+@pytest.mark.parametrize("stage", [0, 2, 3])
+def test_a_rank_alone_lends_its_gradients_and_trains_the_same(stage):
+    """With engine.lend_gradients (a GPU's default; set here on the CPU) a rank alone copies no
+    gradient into the engine: the step reads autograd's tensors where they are, with the same
+    result, and they are let go once the step returns."""
+    results = []
+    for lend in (False, True):
+        comm = zerort.local_group(1)[0]
+        model = TinyLM()
+        engine = zerort.torch.initialize(
+            model, {"stage": stage, "optimizer": OPTIMIZER, "clip_grad_norm": 0.5}, comm)
+        engine.lend_gradients = lend
+        norms = []
+        for step in range(3):
+            engine.backward(loss_of(model, *batch(step)))
+            trainable = [p for p in model.parameters() if p.requires_grad]
+            assert len(engine._lent_grads) == (len(trainable) if lend else 0)
+            norms.append(engine.step()["grad_norm"])
+            assert not engine._lent_grads
+            assert all(p.grad is None for p in model.parameters())
+        copied = engine.counters()["grad_bytes_copied"]
+        assert (copied == 0) == lend, copied
+        results.append((norms, engine.state_dict()))
+        engine.close()
+        comm.close()
+    (norms, copied), (lent_norms, lent) = results
+    assert lent_norms == pytest.approx(norms, rel=1e-6)
+    assert_close(lent, copied)
+
+
 @pytest.mark.parametrize("world", [1, 2])
 def test_counters_and_memory_stats_show_prefetching_and_what_each_rank_holds(world):
     """engine.counters() shows stage 3's prefetched and on-demand gathers, the reductions,
-    the gradient bytes copied into the engine (none for a rank alone: it reads autograd's
-    gradients where they are) and the host waits (a rank alone runs no collective, so never
-    waits); engine.memory_stats() what the rank holds per category."""
+    the gradient bytes copied into the engine and the host waits (a rank alone runs no
+    collective, so never waits); engine.memory_stats() what the rank holds per category."""
     models = [TinyLM() for _ in range(world)]
     grad_bytes = sum(p.numel() * p.element_size() for p in models[0].parameters()
                      if p.requires_grad)
@@ -514,7 +543,7 @@ def test_counters_and_memory_stats_show_prefetching_and_what_each_rank_holds(wor
 
     for counters, memory in run_ranks(world, body):
         assert counters["gathers_prefetched"] > 0 and counters["gathers_on_demand"] > 0
-        assert counters["grad_bytes_copied"] == (0 if world == 1 else 3 * grad_bytes)
+        assert counters["grad_bytes_copied"] == 3 * grad_bytes
         if world == 1:
             assert counters["reductions_launched"] == 0 and counters["host_waits"] == 0
         else:

@@ -392,22 +392,27 @@ class Engine:
         """Stage 3: gathered units live in memory the trainer lends from now on
         (Engine::LendGatheredMemory): `lend(unit, nbytes)` returns the address of `nbytes`
         bytes for `unit` (device memory on device "cuda"), untouched by the trainer until
-        `give_back(unit)`. Both run inside this engine's calls, on the calling thread. An
+        `give_back(unit)`. Both run inside this engine's calls, on the calling thread, and
+        are kept as long as the engine's memory is (refer to big objects weakly). An
         exception in `lend` fails the gather that needed it (raised from that error); one in
         `give_back` is lost (it must not raise). lend_gathered_memory(None, None) stops
-        lending: memory lent until then is not given back any more."""
+        lending; memory still lent then, or when the engine is freed, is not given back."""
         if lend is None and give_back is None:
             _check(library().zero_lend_gathered_memory(
                 self._handle, LEND_FN(), GIVE_BACK_FN(), None),
                 "zero_lend_gathered_memory")
             return
 
+        this = weakref.ref(self)  # the callbacks live with the C engine, not with this
+
         def lend_c(_user, unit, nbytes, memory):
             try:
                 memory[0] = lend(unit, nbytes)
                 return 0
             except Exception as error:  # pylint: disable=broad-except
-                self._lend_error = error  # the cause of the gather's error
+                engine = this()
+                if engine is not None:
+                    engine._lend_error = error  # the cause of the gather's error
                 if isinstance(error, MemoryError) or "out of memory" in str(error):
                     return errors.ResourceExhaustedError.status
                 return errors.InternalError.status

@@ -8,19 +8,8 @@
 
 #include "zero/zero.h"
 
-static int failures = 0;
-
-#define CHECK(condition, ...)                           \
-  do {                                                  \
-    if (!(condition)) {                                 \
-      fprintf(stderr, "groups_test: FAILED %s: ", #condition); \
-      fprintf(stderr, __VA_ARGS__);                     \
-      fprintf(stderr, "\n");                            \
-      ++failures;                                       \
-    }                                                   \
-  } while (0)
-
-#define CHECK_OK(call) CHECK((call) == ZERO_OK, "%s", zero_last_error())
+#define CHECK_PROGRAM "groups_test"
+#include "tests/capi/check.h"
 
 enum { kNumel = 37 };
 

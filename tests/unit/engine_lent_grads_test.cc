@@ -5,6 +5,7 @@
 // for a lent param adds to it.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -143,6 +144,52 @@ TEST(EngineLentGrads, ASecondGradientAddsToTheLentOne) {
       ZERO_RETURN_IF_ERROR(engine->GetParam(id, out.data()));
       for (int i = 0; i < 11; ++i) EXPECT_EQ(out[i], -(a[i] + b[i])) << i;  // SGD, lr 1
       EXPECT_EQ(engine->counters().grad_bytes_copied, 11 * 4);
+      return absl::OkStatus();
+    });
+    EXPECT_THAT(results, ::testing::Each(IsOk()));
+  }
+}
+
+// A gradient lent in one step is forgotten with it: in the next step, where the param gets
+// no gradient (guard.on_unused = "zero"), neither the norm nor the optimizer reads the first
+// step's memory again (poisoned here once the step returned).
+TEST(EngineLentGrads, TheNextStepForgetsTheLentGradient) {
+  for (int stage : {0, 2, 3}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    const std::vector<Status> results = RunOnRanks(1, [stage](int, comm::Communicator& comm) -> Status {
+      Config config = ToyConfig(stage);
+      config.optimizer.type = OptimizerType::kSgd;
+      config.optimizer.lr = 1.0f;
+      config.optimizer.weight_decay = 0.0f;
+      config.guard.on_unused = UnusedPolicy::kZero;
+      ZERO_ASSIGN_OR_RETURN(auto engine, Engine::Create(config, comm));
+      ZERO_ASSIGN_OR_RETURN(ParamId w, engine->RegisterParam({"w", {13}, DType::kFP32, true, 0, 0}));
+      ZERO_ASSIGN_OR_RETURN(ParamId v, engine->RegisterParam({"v", {5}, DType::kFP32, true, 0, 0}));
+      ZERO_RETURN_IF_ERROR(engine->Finalize());
+      std::vector<float> ones(13, 1.0f), a(13), b(5, 0.5f), c(5, -0.25f), out_w(13), out_v(5);
+      for (int i = 0; i < 13; ++i) a[i] = 0.5f + i;
+      ZERO_RETURN_IF_ERROR(engine->SetParam(w, ones.data()));
+      ZERO_RETURN_IF_ERROR(engine->SetParam(v, ones.data()));
+      float norm = 0.0f;
+      for (int step = 0; step < 2; ++step) {
+        if (stage == 3) ZERO_RETURN_IF_ERROR(engine->Gather(0));
+        ZERO_RETURN_IF_ERROR(engine->BeginIteration());
+        ZERO_RETURN_IF_ERROR(engine->AccumulateGrad(v, (step == 0 ? b : c).data()));
+        if (step == 0) {
+          ZERO_ASSIGN_OR_RETURN(bool kept, engine->LendGrad(w, a.data(), Placement::kHost));
+          EXPECT_TRUE(kept);
+        }
+        if (stage == 3) ZERO_RETURN_IF_ERROR(engine->Release(0));
+        ZERO_RETURN_IF_ERROR(engine->EndBackward());
+        ZERO_ASSIGN_OR_RETURN(StepInfo info, engine->Step());
+        norm = info.grad_norm;
+        if (step == 0) std::fill(a.begin(), a.end(), std::nanf(""));
+      }
+      EXPECT_FLOAT_EQ(norm, 0.25f * std::sqrt(5.0f));  // the second step's: v's gradient alone
+      ZERO_RETURN_IF_ERROR(engine->GetParam(w, out_w.data()));
+      ZERO_RETURN_IF_ERROR(engine->GetParam(v, out_v.data()));
+      for (int i = 0; i < 13; ++i) EXPECT_EQ(out_w[i], 1.0f - (0.5f + i)) << i;  // untouched by step 2
+      for (int i = 0; i < 5; ++i) EXPECT_EQ(out_v[i], 1.0f - 0.5f + 0.25f) << i;
       return absl::OkStatus();
     });
     EXPECT_THAT(results, ::testing::Each(IsOk()));

@@ -37,6 +37,12 @@ class TorchEngine:
     - `engine.backward(loss)` multiplies the loss by the loss scale and divides it by
       gradient_accumulation_steps before backward; with `loss.backward()` do that yourself
       (engine.scale(loss) applies the loss scale).
+    - `engine.lend_gradients` (default: True on a GPU): where a rank alone would only copy a
+      gradient into its bucket, the hook lends autograd's tensor to the engine instead
+      (core.Engine.lend_grad) and keeps it until the step, which reads it where it is. On
+      the CPU the default is False: gradients all freed at the step come back as fresh pages
+      in the next backward (the C allocator returns them), which costs about what the copy
+      saves.
     - Every failure is a zerort exception carrying the library's message (zerort.errors).
     """
 
@@ -140,6 +146,7 @@ class TorchEngine:
         self._accumulators = []  # AccumulateGrad nodes must outlive their hooks
         # Gradients the engine reads where they are (core.Engine.lend_grad), until a step
         # returns: one rank, where the copy into its bucket was all the engine did with them.
+        self.lend_gradients = self._stream is not None
         self._lent_grads = []
         for position, (_, param, pid) in enumerate(self._params):
             self._add_grad_hook(param, pid, unit_of.get(param), position)
@@ -348,7 +355,9 @@ class TorchEngine:
                 grad.record_stream(self._stream)
         pid = record.pid
         try:
-            if self._engine.lend_grad(pid, grad.data_ptr(), grad.is_cuda):
+            if not self.lend_gradients:
+                self._engine.accumulate_grad(pid, grad.data_ptr(), grad.is_cuda)
+            elif self._engine.lend_grad(pid, grad.data_ptr(), grad.is_cuda):
                 self._lent_grads.append(grad)
         except errors.DuplicateGradientError:
             first = self._passes.first_pass(pid)

@@ -40,6 +40,7 @@ it there).
 """
 import collections
 import ctypes
+import functools
 import weakref
 
 import torch
@@ -110,6 +111,16 @@ def assign_units(module, trainable, group_of=None, frozen=()):
     return unit_of, module_units
 
 
+# Gathered memory an engine still held when it closed: kept for good, as a collective that
+# broke may still write into it (a healthy close gives every unit back first).
+_KEPT_AFTER_CLOSE = []
+
+
+def _keep_lent(flats):
+    """At an engine's close: keeps the flat storages it still holds ({unit: flat})."""
+    _KEPT_AFTER_CLOSE.extend(flat for flat in flats.values() if storage_bytes(flat) != 0)
+
+
 class UnitGathering:
     """Installs the hooks above on `module` for `params` [(name, param, id)] registered
     with units `unit_of` (the frozen ones among them have no gradient to wait for);
@@ -166,8 +177,12 @@ class UnitGathering:
             for unit, members in self._members.items():
                 if unit not in self._persistent:
                     self._flats[unit] = self._bind_flat(members)
-        engine.lend_gathered_memory(self._lend, self._give_back)
-        engine.on_close(self._stop_lending)
+        # The engine keeps these functions as long as its memory lives: they refer to this
+        # object weakly (a dropped model is not kept alive by them).
+        this = weakref.ref(self)
+        engine.lend_gathered_memory(lambda unit, nbytes: this()._lend(unit, nbytes),
+                                    lambda unit: this()._give_back(unit))
+        engine.on_close(functools.partial(_keep_lent, self._flats), weak=False)
 
     def _bind_flat(self, members):
         """Makes `members` [(param, id)] of one sharded unit views of a new flat byte tensor
@@ -191,18 +206,18 @@ class UnitGathering:
                 f"layout has {flat.numel()}", errors.InternalError.status)
         resize_storage(flat, nbytes)
         stream = self.engine_stream
-        if stream is not None and torch.cuda.current_stream(stream.device) != stream:
-            flat.record_stream(stream)  # not reused before the engine's work with it is done
+        current = None if stream is None else torch.cuda.current_stream(stream.device)
+        if current is not None and current != stream:
+            # Memory freed on the current stream may still be read by work queued there: the
+            # engine's writes wait for it; and it is not reused before the engine's work with
+            # it is done.
+            stream.wait_stream(current)
+            flat.record_stream(stream)
         return flat.data_ptr()
 
     def _give_back(self, unit):
         """The engine's give_back: `unit`'s flat storage is freed."""
         resize_storage(self._flats[unit], 0)
-
-    def _stop_lending(self):
-        """Before the engine is freed: it calls into Python no more (what it still holds
-        stays with the flat tensors)."""
-        self._engine.lend_gathered_memory(None, None)
 
     def views_unit_memory(self, pid, param):
         """Whether `param` (registered as `pid`, in a sharded unit) still views its unit's
@@ -386,3 +401,4 @@ class UnitGathering:
                     self._engine.get_param(pid, values.data_ptr())  # every rank calls
                     if record.matches(param) and self.views_unit_memory(pid, param):
                         param.data = values
+        self._engine.lend_gathered_memory(None, None)  # prefetched units given back too
