@@ -2,7 +2,7 @@
 """What a training step costs beyond forward + backward, timed interleaved in one process.
 
     python3 bench/torch_step_overhead.py [--ranks 2] [--steps 20] [--width 1024] [--layers 6]
-                                         [--modes ddp zerort-0 ...]
+                                         [--modes ddp zerort-0 ...] [--lend-gradients]
 
 Each configuration runs in fresh processes under mpirun (tests/mpi/run_mpi.sh). Every
 process holds two identical models (same architecture, same initial values): the one
@@ -20,10 +20,13 @@ own work:
 Model: `layers` × (Linear(width, width) + Tanh) + Linear(width, 1), fp32, batch 64 per rank,
 one PyTorch thread per rank and one for ZeroRT's kernels. Per configuration, over `steps`
 steps after 3 untimed ones: the medians of each part and of the per-step ratio (the slower
-rank's), and ZeroRT's counters per step.
+rank's), the minor page faults per training step (the larger rank's mean: fresh memory the
+step touched), and ZeroRT's counters per step. `--lend-gradients` sets zerort.torch's
+engine.lend_gradients (the GPU's default; a rank alone then copies no gradient).
 """
 import argparse
 import os
+import resource
 import statistics
 import sys
 import time
@@ -33,7 +36,7 @@ from torch_vs_ddp import BATCH, ROOT, build_model, data, run_configuration, writ
 MODES = ["ddp", "zerort-0", "zerort-1", "zerort-2", "zerort-3"]
 
 
-def run_rank(mode, steps, width, layers):
+def run_rank(mode, steps, width, layers, lend_gradients=False):
     """One rank of one configuration; returns its medians (ms) and counters."""
     import torch
     import torch.nn.functional as F
@@ -63,6 +66,7 @@ def run_rank(mode, steps, width, layers):
         engine = zerort.torch.initialize(
             trained, {"stage": int(mode.split("-")[1]),
                       "optimizer": {"type": "adamw", "lr": 1e-3}}, comm)
+        engine.lend_gradients = lend_gradients
 
         def step_once(x, y):
             F.mse_loss(trained(x), y).backward()
@@ -74,12 +78,15 @@ def run_rank(mode, steps, width, layers):
         F.mse_loss(plain(x), y).backward()
 
     def timed(part, x, y):
+        """The part's seconds and minor page faults."""
         comm.all_reduce_f32(token.data_ptr(), 1)  # every rank starts the part together
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         start = time.perf_counter()
         part(x, y)
-        return time.perf_counter() - start
+        elapsed = time.perf_counter() - start
+        return elapsed, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
 
-    alone, whole = [], []
+    alone, whole, step_faults = [], [], []
     counted = None
     for step in range(3 + steps):
         if step == 3 and engine is not None:
@@ -89,8 +96,9 @@ def run_rank(mode, steps, width, layers):
             step_once, forward_backward)
         times = {first: timed(first, x, y), second: timed(second, x, y)}
         if step >= 3:
-            alone.append(times[forward_backward])
-            whole.append(times[step_once])
+            alone.append(times[forward_backward][0])
+            whole.append(times[step_once][0])
+            step_faults.append(times[step_once][1])
     per_step = None
     if engine is not None:
         now = engine.counters()
@@ -100,6 +108,7 @@ def run_rank(mode, steps, width, layers):
     return {"rank": rank, "alone_ms": 1e3 * statistics.median(alone),
             "step_ms": 1e3 * statistics.median(whole),
             "ratio": statistics.median(w / a for w, a in zip(whole, alone)),
+            "faults": statistics.mean(step_faults),
             "counters": per_step,
             "params": sum(p.numel() for p in plain.parameters())}
 
@@ -107,19 +116,22 @@ def run_rank(mode, steps, width, layers):
 def drive(args):
     print(f"{args.ranks} ranks, {args.steps} timed steps, model {args.layers} × "
           f"Linear({args.width}, {args.width}) + Linear({args.width}, 1), batch {BATCH} per rank")
-    print("| config | forward + backward ms | step ms | step / (forward + backward), per step |")
-    print("|---|---|---|---|")
+    print("| config | forward + backward ms | step ms | step / (forward + backward), per step "
+          "| minor faults per step |")
+    print("|---|---|---|---|---|")
     counters = {}
     for mode in args.modes:
+        extra = ["--lend-gradients"] if args.lend_gradients else []
         reports = run_configuration(__file__, mode, args.ranks,
                                     ["--steps", str(args.steps), "--width", str(args.width),
-                                     "--layers", str(args.layers)])
+                                     "--layers", str(args.layers)] + extra)
         if reports is None:
             continue
         alone = max(r["alone_ms"] for r in reports)
         step = max(r["step_ms"] for r in reports)
         ratio = max(r["ratio"] for r in reports)
-        print(f"| {mode} | {alone:.1f} | {step:.1f} | {ratio:.3f} |", flush=True)
+        faults = max(r["faults"] for r in reports)
+        print(f"| {mode} | {alone:.1f} | {step:.1f} | {ratio:.3f} | {faults:.0f} |", flush=True)
         if reports[0]["counters"] is not None:
             counters[mode] = reports[0]["counters"]
     for mode, values in counters.items():
@@ -134,11 +146,13 @@ def main():
     parser.add_argument("--width", type=int, default=1024)
     parser.add_argument("--layers", type=int, default=6)
     parser.add_argument("--modes", nargs="+", choices=MODES, default=MODES)
+    parser.add_argument("--lend-gradients", action="store_true")
     parser.add_argument("--rank-mode", choices=MODES, help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.rank_mode:
-        write_report(args.out, run_rank(args.rank_mode, args.steps, args.width, args.layers))
+        write_report(args.out, run_rank(args.rank_mode, args.steps, args.width, args.layers,
+                                        args.lend_gradients))
     else:
         drive(args)
 
