@@ -299,7 +299,11 @@ Status EngineImpl::LendGatheredMemory(GatheredMemoryLender lender) {
   if (phase_ == Phase::kRegistering) return RequirePhase(Phase::kIdle, "LendGatheredMemory");
   const bool stop = lender.lend == nullptr && lender.give_back == nullptr;
   if (!stop) ZERO_RETURN_IF_ERROR(RequireHealthyGroup("LendGatheredMemory"));
-  return params_->Lend(std::move(lender));
+  const Status lent = params_->Lend(std::move(lender));
+  // Stopped either way; a broken group is reported, as a collective may still write into
+  // memory lent until now.
+  if (stop) ZERO_RETURN_IF_ERROR(RequireHealthyGroup("LendGatheredMemory"));
+  return lent;
 }
 
 }  // namespace runtime

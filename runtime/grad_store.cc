@@ -65,6 +65,11 @@ class GradSlots {
     lent_[param] = grad;
   }
   const void* lent(int param) const { return lent_[param]; }
+  // Nothing is lent for `param` any more (its gradient is lost with the call that lent it).
+  void Unlend(int param) {
+    lent_count_ -= lent_[param] != nullptr;
+    lent_[param] = nullptr;
+  }
   bool any_lent() const { return lent_count_ > 0; }
   void ForgetLent() {
     std::fill(lent_.begin(), lent_.end(), nullptr);
@@ -264,8 +269,17 @@ class ShardedGradStore final : public GradStore {
   bool any_lent() const override { return slots_.any_lent(); }
   Status TakeBack(int param) override {
     if (slots_.lent(param) == nullptr) return absl::OkStatus();
-    ZERO_ASSIGN_OR_RETURN(char* slot, Slot(param));
-    return slots_.TakeBackLent(param, slot, ops_);
+    const int bucket = plan_.placement(param).bucket;
+    if (holder_[bucket] < 0 && !shard_is_zero_[bucket]) {  // already reduced (one rank): into the shard
+      char* at = static_cast<char*>(OwnedGrad(bucket)) + plan_.ParamGradByteOffset(param);
+      return slots_.TakeBackLent(param, at, ops_);
+    }
+    StatusOr<char*> slot = Slot(param);
+    if (!slot.ok()) {
+      slots_.Unlend(param);
+      return slot.status();
+    }
+    return slots_.TakeBackLent(param, *slot, ops_);
   }
 
   Status Zero() override {

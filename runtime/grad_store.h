@@ -63,8 +63,9 @@ class GradStore {
   /// Otherwise returns false and does nothing (the caller copies it with Accumulate). A later
   /// gradient for the param (Accumulate, View) first copies the lent one into its slot.
   virtual StatusOr<bool> Lend(int param, const void* grad, DType dtype, bool last_micro_batch) = 0;
-  /// Copies `param`'s lent gradient into its slot, which holds it from then on (nothing is
-  /// lent for it any more); nothing to do when it has none.
+  /// Copies `param`'s lent gradient into its slot (or, one rank, into the shard once its bucket
+  /// was reduced), which holds it from then on; nothing is lent for it any more, also when
+  /// the copy fails. Nothing to do when it has none.
   virtual Status TakeBack(int param) = 0;
   /// `param`'s lent gradient (Lend) until Zero, or null.
   virtual const void* LentGrad(int param) const = 0;

@@ -253,8 +253,10 @@ StatusOr<base::Buffer> ShardedParams::BorrowBuffer(const Bucket& b) {
   }
   std::shared_ptr<LenderSlot> slot = lender_;
   const int unit = b.unit;
-  return allocator_.Borrow(*lent, b.bytes(), MemoryCategory::kGathered, ops_.placement(), [slot, unit] {
-    if (slot->lender.give_back != nullptr) slot->lender.give_back(unit);
+  comm::Communicator& comm = path_.comm();  // outlives the engine; not read once the slot is empty
+  return allocator_.Borrow(*lent, b.bytes(), MemoryCategory::kGathered, ops_.placement(), [slot, unit, &comm] {
+    // Not after a failure: a collective into the memory may still run (see GatheredMemoryLender).
+    if (slot->lender.give_back != nullptr && comm.Health().ok()) slot->lender.give_back(unit);
   });
 }
 

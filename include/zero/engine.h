@@ -127,11 +127,11 @@ struct GatheredMemoryLender {
   std::function<StatusOr<void*>(int unit, int64_t bytes)> lend;
   /// The engine is done with the memory lent for `unit`: the unit was released, or its
   /// prefetch dropped. On device "cuda" the engine's last use of it is queued on the engine's
-  /// stream (SetStream): reuse it in that stream's order. Not called while the communicator's
-  /// group is broken (a collective may still write into the memory: the trainer keeps it
-  /// then), nor once the lending stopped or the engine is being destroyed (what is still lent
-  /// then is the trainer's again, once every collective into it is done: the engine's
-  /// destructor waits for them unless the group is broken).
+  /// stream (SetStream): reuse it in that stream's order. Not called once the communicator's
+  /// group broke (a collective may still write into the memory: the trainer keeps it for
+  /// good then), nor after the lending stopped, nor while the engine is destroyed: memory
+  /// still lent then stays the trainer's to free once the engine is gone (its destructor
+  /// waits for the collectives into it, unless the group broke).
   std::function<void(int unit)> give_back;
 };
 
@@ -202,10 +202,11 @@ class Engine {
   /// Persistent units stay in the engine's memory; released units' buffers are no longer kept
   /// (the lender's allocator caches instead). A lender with both functions null stops the
   /// lending, at any time: prefetched units are given back first; units still gathered keep
-  /// their lent memory until released, then nothing more is given back (the lender owns it
-  /// again). A lender is set only while no unit is gathered (units prefetched are dropped
-  /// first): kFailedPrecondition otherwise, below stage 3 or before Finalize;
-  /// kInvalidArgument for a lender with only one function.
+  /// using their lent memory until released, and nothing more is given back. Stopping always
+  /// stops, and returns the group's error when it is broken (lent memory must then be kept).
+  /// A lender is set only while no unit is gathered (units prefetched are dropped first):
+  /// kFailedPrecondition otherwise, below stage 3 or before Finalize; kInvalidArgument for a
+  /// lender with only one function.
   virtual Status LendGatheredMemory(GatheredMemoryLender lender) = 0;
 
   /// Starts a micro-batch.

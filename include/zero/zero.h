@@ -162,7 +162,8 @@ typedef zero_status (*zero_lend_fn)(void* user, int unit, int64_t bytes, void** 
 typedef void (*zero_give_back_fn)(void* user, int unit);
 /** Stage 3: gathered units live in memory `lend` lends from now on, given back through
  *  `give_back` (both called on the thread calling into the engine, with `user`); both null
- *  stops lending (lent memory is then never given back). See Engine::LendGatheredMemory. */
+ *  stops lending: prefetched units are given back first, nothing after, and an error says the
+ *  group broke (keep lent memory then). See Engine::LendGatheredMemory. */
 ZERO_API zero_status zero_lend_gathered_memory(zero_engine* engine, zero_lend_fn lend,
                                                zero_give_back_fn give_back, void* user);
 /** Checkpoints: collective; load works at any world size and stage (see zero/engine.h). */

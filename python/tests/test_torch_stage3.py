@@ -585,7 +585,7 @@ def test_memory_the_torch_side_cannot_lend_fails_the_gather_with_its_cause():
 def test_a_healthy_close_gives_all_lent_memory_back():
     """After an eval pass (whose gathers prefetch the next units), close() leaves no unit's
     storage behind: only memory a broken collective may still write into is kept."""
-    from zerort.torch import _stage3
+    from zerort.torch import _params, _stage3
     kept = len(_stage3._KEPT_AFTER_CLOSE)
     comm = zerort.local_group(1)[0]
     model = LoraLM()
@@ -596,7 +596,10 @@ def test_a_healthy_close_gives_all_lent_memory_back():
     with torch.no_grad():
         loss_of(model, *batch(2))
     assert engine.counters()["gathers_prefetched"] > 0
+    flats = list(engine._units._flats.values())
+    assert any(_params.storage_bytes(flat) for flat in flats)  # prefetched, still lent
     engine.close()
     assert len(_stage3._KEPT_AFTER_CLOSE) == kept
+    assert not any(_params.storage_bytes(flat) for flat in flats)
     assert engine.engine.closed
     comm.close()

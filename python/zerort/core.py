@@ -396,7 +396,8 @@ class Engine:
         are kept as long as the engine's memory is (refer to big objects weakly). An
         exception in `lend` fails the gather that needed it (raised from that error); one in
         `give_back` is lost (it must not raise). lend_gathered_memory(None, None) stops
-        lending; memory still lent then, or when the engine is freed, is not given back."""
+        lending (prefetched units are given back first, nothing after); it raises when the
+        group broke, as a collective may still write into memory lent until then."""
         if lend is None and give_back is None:
             _check(library().zero_lend_gathered_memory(
                 self._handle, LEND_FN(), GIVE_BACK_FN(), None),
@@ -428,6 +429,21 @@ class Engine:
                "zero_lend_gathered_memory")
         # The C engine calls them until it is freed: they live as long as its handle.
         self.memory_owner.lender_callbacks = callbacks
+
+    def stop_lending_at_close(self, keep):
+        """At close (by close(), the communicator's, or the garbage collector), before the C
+        engine can be freed: stops the lending of gathered memory, and calls `keep()` when
+        the group broke (memory lent until then may still be written: never free it). Holds
+        neither this object nor the engine's memory."""
+        box = self._box
+
+        def stop():
+            status = library().zero_lend_gathered_memory(box[0], LEND_FN(), GIVE_BACK_FN(),
+                                                         None)
+            if status != 0:
+                keep()
+
+        self.on_close(stop, weak=False)
 
     def _check_lent(self, status, what):
         """_check for calls that may lend gathered memory: an exception the lender raised

@@ -111,13 +111,14 @@ def assign_units(module, trainable, group_of=None, frozen=()):
     return unit_of, module_units
 
 
-# Gathered memory an engine still held when it closed: kept for good, as a collective that
-# broke may still write into it (a healthy close gives every unit back first).
+# Gathered memory an engine still held when it closed with its group broken: kept for good,
+# as a collective that failed may still write into it.
 _KEPT_AFTER_CLOSE = []
 
 
 def _keep_lent(flats):
-    """At an engine's close: keeps the flat storages it still holds ({unit: flat})."""
+    """At the close of an engine whose group broke: keeps the flat storages that still have
+    memory ({unit: flat})."""
     _KEPT_AFTER_CLOSE.extend(flat for flat in flats.values() if storage_bytes(flat) != 0)
 
 
@@ -182,7 +183,7 @@ class UnitGathering:
         this = weakref.ref(self)
         engine.lend_gathered_memory(lambda unit, nbytes: this()._lend(unit, nbytes),
                                     lambda unit: this()._give_back(unit))
-        engine.on_close(functools.partial(_keep_lent, self._flats), weak=False)
+        engine.stop_lending_at_close(functools.partial(_keep_lent, self._flats))
 
     def _bind_flat(self, members):
         """Makes `members` [(param, id)] of one sharded unit views of a new flat byte tensor
@@ -312,6 +313,10 @@ class UnitGathering:
             self.check(unit, "gathering a stage-3 unit")
             self._engine.gather(unit)
             self.follow_engine_stream()
+            stream = self.engine_stream
+            current = None if stream is None else torch.cuda.current_stream(stream.device)
+            if current is not None and current != stream:
+                self._flats[unit].record_stream(current)  # read there: not reused before
             self._gathered.add(unit)
             if unit not in self._frozen:
                 self._waiting[unit] = {pid for _, pid in self._members[unit]}
@@ -401,4 +406,3 @@ class UnitGathering:
                     self._engine.get_param(pid, values.data_ptr())  # every rank calls
                     if record.matches(param) and self.views_unit_memory(pid, param):
                         param.data = values
-        self._engine.lend_gathered_memory(None, None)  # prefetched units given back too
