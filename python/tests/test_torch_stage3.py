@@ -242,7 +242,10 @@ def test_an_eval_pass_in_the_middle_keeps_prefetching():
 
 def test_ranks_running_different_modules_of_one_size_fail():
     """Rank r runs block r: the blocks' base units have one size, so only the unit each
-    gather carries tells them apart; both ranks get an error naming both."""
+    gather carries tells them apart; both ranks get an error naming both. The storage each
+    failed gather was lent is kept for good (the broken collective might still write it)."""
+    from zerort.torch import _params, _stage3
+    kept = len(_stage3._KEPT_AFTER_CLOSE)
     models = [LoraLM() for _ in range(2)]
 
     def body(rank, comm):
@@ -260,6 +263,8 @@ def test_ranks_running_different_modules_of_one_size_fail():
     for failure in failures:
         assert isinstance(failure, zerort.InvalidArgumentError), failure
         assert "mismatch" in str(failure) and "tag=" in str(failure), failure
+    now_kept = _stage3._KEPT_AFTER_CLOSE[kept:]
+    assert len(now_kept) >= 2 and all(_params.storage_bytes(flat) for flat in now_kept)
 
 
 def shard_bytes(model):
