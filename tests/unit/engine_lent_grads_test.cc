@@ -30,6 +30,18 @@ int64_t ToyGradBytes(const ToyOptions& o) {
   return 4 * (int64_t{o.hidden} * o.inputs + o.hidden + int64_t{o.outputs} * o.hidden + o.outputs);
 }
 
+// Trains on `world` ranks twice, gradients handed over by copy then lent: {copied, lent}.
+struct CopiedAndLent {
+  std::vector<testing::RankRun> copied, lent;
+};
+CopiedAndLent TrainCopiedAndLent(int world, const Config& config, ToyOptions options) {
+  CopiedAndLent runs;
+  runs.copied = TrainOnLocalRanks(world, config, options);
+  options.lend_grads = true;
+  runs.lent = TrainOnLocalRanks(world, config, options);
+  return runs;
+}
+
 void ExpectSameTraining(const std::vector<testing::RankRun>& lent, const std::vector<testing::RankRun>& copied) {
   ASSERT_EQ(lent.size(), copied.size());
   for (size_t r = 0; r < lent.size(); ++r) {
@@ -53,9 +65,7 @@ TEST(EngineLentGrads, OneRankReadsTheTrainersGradientsAtEveryStageAndCopiesNone)
       config.optimizer.momentum = 0.9f;
       ToyOptions options;
       options.steps = 6;
-      const auto copied = TrainOnLocalRanks(1, config, options);
-      options.lend_grads = true;
-      const auto lent = TrainOnLocalRanks(1, config, options);
+      const auto [copied, lent] = TrainCopiedAndLent(1, config, options);
       ExpectSameTraining(lent, copied);
       EXPECT_EQ(lent[0].counters.grad_bytes_copied, 0);
     }
@@ -68,9 +78,7 @@ TEST(EngineLentGrads, ClippingReadsTheLentGradientsToo) {
     config.clip_grad_norm = 0.05f;  // active on every step of the toy problem
     ToyOptions options;
     options.steps = 6;
-    const auto copied = TrainOnLocalRanks(1, config, options);
-    options.lend_grads = true;
-    const auto lent = TrainOnLocalRanks(1, config, options);
+    const auto [copied, lent] = TrainCopiedAndLent(1, config, options);
     ASSERT_EQ(lent.size(), 1u);
     ASSERT_GT(copied[0].result.infos[0].grad_norm, config.clip_grad_norm);
     for (size_t p = 0; p < lent[0].result.final_params.size(); ++p) {
@@ -93,9 +101,7 @@ TEST(EngineLentGrads, WithMicroBatchesNothingIsLent) {
     ToyOptions options;
     options.steps = 5;
     options.micro_batches = 2;
-    const auto copied = TrainOnLocalRanks(1, config, options);
-    options.lend_grads = true;
-    const auto lent = TrainOnLocalRanks(1, config, options);
+    const auto [copied, lent] = TrainCopiedAndLent(1, config, options);
     ExpectSameTraining(lent, copied);
     EXPECT_EQ(lent[0].counters.grad_bytes_copied, 2 * ToyGradBytes(options) * options.steps);
   }
@@ -107,9 +113,7 @@ TEST(EngineLentGrads, SeveralRanksCopyAsBefore) {
     const Config config = ToyConfig(stage);
     ToyOptions options;
     options.steps = 4;
-    const auto copied = TrainOnLocalRanks(3, config, options);
-    options.lend_grads = true;
-    const auto lent = TrainOnLocalRanks(3, config, options);
+    const auto [copied, lent] = TrainCopiedAndLent(3, config, options);
     ExpectSameTraining(lent, copied);
     for (const testing::RankRun& run : lent) EXPECT_EQ(run.counters.grad_bytes_copied, ToyGradBytes(options) * options.steps);
   }
