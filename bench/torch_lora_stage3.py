@@ -109,7 +109,8 @@ def main():
             engine_peak = sum(peak for _, peak in memory.values())
             print(f"{stage:5d}  {memory['params'][0] / mb:13.2f}  {memory['grads'][0] / mb:5.2f}"
                   f"  {memory['optimizer'][0] / mb:9.2f}  {memory['gathered'][1] / mb:15.2f}"
-                  f"  {engine_peak / mb:19.2f}  {held / mb:14.2f}  {(engine_now + held) / mb:10.2f}"
+                  f"  {engine_peak / mb:19.2f}  {held / mb:14.2f}"
+                  f"  {(engine_now + held) / mb:10.2f}"
                   f"  {seconds * 1e3:7.2f}  {seconds / rows[2][0]:10.3f}")
         n = comm.size
         print(f"DeepSpeed's estimators for {total / 1e6:.2f}M params at {n} rank(s): ZeRO-2 "
