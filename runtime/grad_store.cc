@@ -80,8 +80,7 @@ class GradSlots {
   Status TakeBackLent(int param, void* slot, DeviceOps& ops) {
     const void* grad = lent_[param];
     if (grad == nullptr) return absl::OkStatus();
-    lent_[param] = nullptr;
-    --lent_count_;
+    Unlend(param);
     return ops.CopyOnDevice(slot, grad, plan_.ParamGradBytes(param));
   }
 
@@ -224,8 +223,7 @@ class ShardedGradStore final : public GradStore {
     if (comm_.size() != 1 || !last_micro_batch || !shard_is_zero_[bucket] || dtype != plan_.buckets()[bucket].grad_dtype) {
       return false;
     }
-    ZERO_ASSIGN_OR_RETURN(char* slot, Slot(param));  // the bucket's buffer, so its slots start unwritten
-    (void)slot;
+    ZERO_RETURN_IF_ERROR(BucketBuffer(bucket).status());  // taken first: its slots start unwritten
     if (slots_.written(param)) return false;
     slots_.Lend(param, grad);
     return true;

@@ -89,7 +89,6 @@ StatusOr<std::unique_ptr<OptimizerState>> OptimizerState::Create(
   }
   if (config.optimizer.type == OptimizerType::kLamb) {
     ZERO_ASSIGN_OR_RETURN(s->lamb_updates_, allocator.Allocate(state_numel * 4, MemoryCategory::kWorkspace, ops.placement()));
-    ZERO_RETURN_IF_ERROR(s->BuildLambBatches());
   }
   return s;
 }
@@ -303,61 +302,49 @@ void OptimizerState::CutPerParam(const OwnedRange& r, const kernels::Segment& wh
   }
 }
 
-Status OptimizerState::BuildLambBatches() {
-  for (const Batch& whole : batches_) {  // already one per (group, dtype)
-    LambBatch batch{whole.group, whole.types, {}, {}, {}, {}};
-    for (const Fragment& f : whole.fragments) {
-      batch.segments.push_back(f.segment);
-      batch.param_of.push_back(f.param);
-      batch.param_begin.push_back(f.param_begin);
-      // The fragment's moments sit at the same offset of the state buffer as its update does
-      // in lamb_updates_.
-      batch.updates.push_back(lamb_updates_.as<float>() + (f.segment.state0 - state0_.as<float>()));
-    }
-    lamb_batches_.push_back(std::move(batch));
-  }
-  return absl::OkStatus();
-}
-
 Status OptimizerState::LambStep(const std::vector<OptimizerHyper>& groups, const std::vector<int64_t>& param_steps,
                                 const float* grad_scale) {
-  auto hyper_of = [&](const LambBatch& batch, int64_t step) {
+  auto hyper_of = [&](const Batch& batch, int64_t step) {
     return AdamFamilyHyper<kernels::LambHyper>(groups[batch.group], step, grad_scale);
   };
+  // LAMB needs a trust ratio per param, so it steps each batch's per-param fragments.
   // Pass 1: moments and the update direction (one launch per distinct step count); then ‖w‖²
   // and ‖u‖² per param, summed over ranks.
   std::vector<float> sums(2 * plan_.params().size(), 0.0f);
-  for (const LambBatch& batch : lamb_batches_) {
+  for (const Batch& batch : batches_) {
     std::map<int64_t, std::pair<std::vector<kernels::Segment>, std::vector<float*>>> by_step;
-    for (size_t i = 0; i < batch.segments.size(); ++i) {
-      auto& [segments, updates] = by_step[KernelStep(param_steps, batch.param_of[i])];
-      segments.push_back(WithLentGrad(batch.param_of[i], batch.param_begin[i], batch.segments[i]));
-      updates.push_back(batch.updates[i]);
+    std::vector<kernels::ConstSpan> weights, updates;
+    for (const Fragment& f : batch.fragments) {
+      auto& [segments, directions] = by_step[KernelStep(param_steps, f.param)];
+      segments.push_back(WithLentGrad(f.param, f.param_begin, f.segment));
+      directions.push_back(LambUpdateOf(f));
+      weights.push_back({f.segment.master, f.segment.numel});
+      updates.push_back({LambUpdateOf(f), f.segment.numel});
     }
     for (const auto& [step, launch] : by_step) {
       ZERO_RETURN_IF_ERROR(ops_.LambUpdate(hyper_of(batch, step), batch.types, launch.first, launch.second));
-    }
-    std::vector<kernels::ConstSpan> weights, updates;
-    for (size_t i = 0; i < batch.segments.size(); ++i) {
-      weights.push_back({batch.segments[i].master, batch.segments[i].numel});
-      updates.push_back({batch.updates[i], batch.segments[i].numel});
     }
     std::vector<double> weight_norms(weights.size()), update_norms(updates.size());
     kernels::NormResult total;
     ZERO_RETURN_IF_ERROR(ops_.SquaredNorms(weights, DType::kFP32, absl::MakeSpan(weight_norms), &total));
     ZERO_RETURN_IF_ERROR(ops_.SquaredNorms(updates, DType::kFP32, absl::MakeSpan(update_norms), &total));
-    for (size_t i = 0; i < batch.segments.size(); ++i) {
-      sums[2 * batch.param_of[i]] += static_cast<float>(weight_norms[i]);
-      sums[2 * batch.param_of[i] + 1] += static_cast<float>(update_norms[i]);
+    for (size_t i = 0; i < batch.fragments.size(); ++i) {
+      sums[2 * batch.fragments[i].param] += static_cast<float>(weight_norms[i]);
+      sums[2 * batch.fragments[i].param + 1] += static_cast<float>(update_norms[i]);
     }
   }
   if (sum_over_ranks_) ZERO_RETURN_IF_ERROR(sum_over_ranks_(sums));
   // Pass 2: w -= lr · ‖w‖/‖u‖ · u, per param (the step count plays no part).
-  for (const LambBatch& batch : lamb_batches_) {
+  for (const Batch& batch : batches_) {
+    std::vector<kernels::Segment> segments;
+    std::vector<const float*> updates;
     std::vector<float> ratios;
-    for (int param : batch.param_of) ratios.push_back(kernels::LambTrustRatio(sums[2 * param], sums[2 * param + 1]));
-    std::vector<const float*> updates(batch.updates.begin(), batch.updates.end());
-    ZERO_RETURN_IF_ERROR(ops_.LambApply(hyper_of(batch, 1), batch.types.param, batch.segments, updates, ratios));
+    for (const Fragment& f : batch.fragments) {
+      segments.push_back(f.segment);
+      updates.push_back(LambUpdateOf(f));
+      ratios.push_back(kernels::LambTrustRatio(sums[2 * f.param], sums[2 * f.param + 1]));
+    }
+    ZERO_RETURN_IF_ERROR(ops_.LambApply(hyper_of(batch, 1), batch.types.param, segments, updates, ratios));
   }
   return absl::OkStatus();
 }

@@ -113,20 +113,14 @@ class OptimizerState {
     // stages 0, 1 and 2 produce bit-identical norms.
     std::vector<kernels::ConstSpan> norm_spans;
   };
-  // LAMB needs a trust ratio per param, so its segments are cut per param fragment.
-  struct LambBatch {
-    int group;
-    kernels::SegmentTypes types;
-    std::vector<kernels::Segment> segments;
-    std::vector<int> param_of;       // per segment
-    std::vector<int64_t> param_begin;  // per segment: its first element within the param
-    std::vector<float*> updates;     // per segment, into lamb_updates_
-  };
   // Calls fn(param, fragment, at) for each param's part of range `r`, whose whole segment is
   // `whole`; `at` is the fragment's first element within the range.
   template <typename Fn>
   void CutPerParam(const OwnedRange& r, const kernels::Segment& whole, Fn fn) const;
-  Status BuildLambBatches();
+  // LAMB's update direction for fragment `f`, in lamb_updates_ (laid out as state0_).
+  float* LambUpdateOf(const Fragment& f) const {
+    return lamb_updates_.as<float>() + (f.segment.state0 - state0_.as<float>());
+  }
   // `segment`, the part of `param` from its element `param_begin` on, reading the param's lent
   // gradient (GradStore::Lend) where it has one this step.
   kernels::Segment WithLentGrad(int param, int64_t param_begin, kernels::Segment segment) const;
@@ -150,7 +144,6 @@ class OptimizerState {
   std::vector<Batch> batches_;
   base::Buffer master_, state0_, state1_;
   SumOverRanks sum_over_ranks_;
-  std::vector<LambBatch> lamb_batches_;
   base::Buffer lamb_updates_;  // the update direction between LAMB's two passes
 };
 

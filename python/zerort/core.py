@@ -34,6 +34,11 @@ def library():
         return _lib
 
 
+def _stop_lending(handle):
+    """zero_lend_gathered_memory with no lender: the status (not 0: the group broke)."""
+    return library().zero_lend_gathered_memory(handle, LEND_FN(), GIVE_BACK_FN(), None)
+
+
 def _check(status, what):
     if status != 0:
         message = library().zero_last_error().decode(errors="replace")
@@ -399,9 +404,7 @@ class Engine:
         lending (prefetched units are given back first, nothing after); it raises when the
         group broke, as a collective may still write into memory lent until then."""
         if lend is None and give_back is None:
-            _check(library().zero_lend_gathered_memory(
-                self._handle, LEND_FN(), GIVE_BACK_FN(), None),
-                "zero_lend_gathered_memory")
+            _check(_stop_lending(self._handle), "zero_lend_gathered_memory")
             return
 
         this = weakref.ref(self)  # the callbacks live with the C engine, not with this
@@ -438,9 +441,7 @@ class Engine:
         box = self._box
 
         def stop():
-            status = library().zero_lend_gathered_memory(box[0], LEND_FN(), GIVE_BACK_FN(),
-                                                         None)
-            if status != 0:
+            if _stop_lending(box[0]) != 0:
                 keep()
 
         self.on_close(stop, weak=False)
@@ -449,12 +450,12 @@ class Engine:
         """_check for calls that may lend gathered memory: an exception the lender raised
         is the cause of the error."""
         lend_error, self._lend_error = self._lend_error, None
-        if status != 0 and lend_error is not None:
-            try:
-                _check(status, what)
-            except errors.ZeroError as error:
-                raise error from lend_error
-        _check(status, what)
+        try:
+            _check(status, what)
+        except errors.ZeroError as error:
+            if lend_error is None:
+                raise
+            raise error from lend_error
 
     def release(self, unit):
         """Stage 3: frees a unit's gathered params."""

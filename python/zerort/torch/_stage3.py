@@ -206,15 +206,22 @@ class UnitGathering:
                 f"zerort.torch: the engine asked for {nbytes} bytes for unit {unit}, whose "
                 f"layout has {flat.numel()}", errors.InternalError.status)
         resize_storage(flat, nbytes)
-        stream = self.engine_stream
-        current = None if stream is None else torch.cuda.current_stream(stream.device)
-        if current is not None and current != stream:
+        other = self._other_current_stream()
+        if other is not None:
             # Memory freed on the current stream may still be read by work queued there: the
             # engine's writes wait for it; and it is not reused before the engine's work with
             # it is done.
-            stream.wait_stream(current)
-            flat.record_stream(stream)
+            self.engine_stream.wait_stream(other)
+            flat.record_stream(self.engine_stream)
         return flat.data_ptr()
+
+    def _other_current_stream(self):
+        """The current CUDA stream when it is not the engine's, else None."""
+        stream = self.engine_stream
+        if stream is None:
+            return None
+        current = torch.cuda.current_stream(stream.device)
+        return current if current != stream else None
 
     def _give_back(self, unit):
         """The engine's give_back: `unit`'s flat storage is freed."""
@@ -313,10 +320,9 @@ class UnitGathering:
             self.check(unit, "gathering a stage-3 unit")
             self._engine.gather(unit)
             self.follow_engine_stream()
-            stream = self.engine_stream
-            current = None if stream is None else torch.cuda.current_stream(stream.device)
-            if current is not None and current != stream:
-                self._flats[unit].record_stream(current)  # read there: not reused before
+            other = self._other_current_stream()
+            if other is not None:
+                self._flats[unit].record_stream(other)  # read there: not reused before
             self._gathered.add(unit)
             if unit not in self._frozen:
                 self._waiting[unit] = {pid for _, pid in self._members[unit]}
