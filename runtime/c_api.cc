@@ -191,6 +191,42 @@ zero_status zero_lend_grad(zero_engine* engine, int64_t id, const void* grad, in
   return ZERO_OK;
 }
 
+zero_status zero_accumulate_grads(zero_engine* engine, int64_t count, const int64_t* ids, const void* const* grads,
+                                  int flags, int* kept, int64_t* handed) {
+  ZERO_C_REQUIRE(engine, "zero_accumulate_grads");
+  ZERO_C_REQUIRE(handed, "zero_accumulate_grads");
+  *handed = 0;
+  if (count < 0) {
+    return Report(absl::InvalidArgumentError(
+        absl::StrCat("zero_accumulate_grads: count is ", count, "; it must be >= 0")));
+  }
+  if ((flags & ~(ZERO_GRADS_ON_DEVICE | ZERO_GRADS_LEND)) != 0) {
+    return Report(absl::InvalidArgumentError(absl::StrCat(
+        "zero_accumulate_grads: unknown flags ", flags, " (ZERO_GRADS_ON_DEVICE | ZERO_GRADS_LEND is ",
+        ZERO_GRADS_ON_DEVICE | ZERO_GRADS_LEND, ")")));
+  }
+  if (count == 0) return ZERO_OK;
+  ZERO_C_REQUIRE(ids, "zero_accumulate_grads");
+  ZERO_C_REQUIRE(grads, "zero_accumulate_grads");
+  const bool lend = (flags & ZERO_GRADS_LEND) != 0;
+  if (lend) ZERO_C_REQUIRE(kept, "zero_accumulate_grads");
+  const bool on_device = (flags & ZERO_GRADS_ON_DEVICE) != 0;
+  zero::Engine& e = *engine->engine;
+  for (int64_t i = 0; i < count; ++i) {
+    if (lend) {
+      auto lent = e.LendGrad(ids[i], grads[i], on_device ? zero::Placement::kDevice : zero::Placement::kHost);
+      if (!lent.ok()) return Report(lent.status());
+      kept[i] = *lent ? 1 : 0;
+    } else {
+      const zero::Status status =
+          on_device ? e.AccumulateGrad(ids[i], grads[i], zero::Placement::kDevice) : e.AccumulateGrad(ids[i], grads[i]);
+      if (!status.ok()) return Report(status);
+    }
+    *handed = i + 1;
+  }
+  return ZERO_OK;
+}
+
 zero_status zero_begin_iteration(zero_engine* engine) {
   ZERO_C_REQUIRE(engine, "zero_begin_iteration");
   return Report(engine->engine->BeginIteration());

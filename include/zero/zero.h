@@ -2,7 +2,8 @@
  *
  * Every call returns a zero_status (0 = ZERO_OK); zero_last_error() gives the calling
  * thread's message for its last failed call. Objects are opaque handles created and
- * destroyed here. The calls mirror the C++ API (zero/engine.h) one to one; the config is the
+ * destroyed here. The calls mirror the C++ API (zero/engine.h) one to one (zero_accumulate_grads:
+ * several AccumulateGrad calls in one, for callers whose per-call cost matters); the config is the
  * JSON described in zero/config.h (NULL for the defaults; "" is refused as an empty config,
  * which is more often a file that failed to load than a choice: pass "{}").
  *
@@ -141,6 +142,22 @@ ZERO_API zero_status zero_accumulate_device_grad(zero_engine* engine, int64_t id
  *  it did (0: it was copied). `on_device`: the gradient is the engine's device memory. */
 ZERO_API zero_status zero_lend_grad(zero_engine* engine, int64_t id, const void* grad, int on_device,
                                     int* kept);
+/** Flags of zero_accumulate_grads. */
+enum {
+  ZERO_GRADS_ON_DEVICE = 1, /* every gradient is the engine's device memory (as for
+                               zero_accumulate_device_grad) */
+  ZERO_GRADS_LEND = 2       /* lend each one, as zero_lend_grad */
+};
+/** `count` gradients in one call: gradient i of param ids[i] at grads[i], handed over in order
+ *  exactly as zero_accumulate_grad (zero_accumulate_device_grad with ZERO_GRADS_ON_DEVICE,
+ *  zero_lend_grad with ZERO_GRADS_LEND) would one at a time; for a trainer whose per-call cost
+ *  matters (Python, many small params). *handed: how many were handed over (count on success);
+ *  on a failure the status is that of gradient *handed, whose message names its param, and
+ *  the ones after it were not looked at. `kept`: with ZERO_GRADS_LEND, kept[i] as zero_lend_grad
+ *  sets it for each handed gradient; ignored (may be NULL) without. */
+ZERO_API zero_status zero_accumulate_grads(zero_engine* engine, int64_t count, const int64_t* ids,
+                                           const void* const* grads, int flags, int* kept,
+                                           int64_t* handed);
 ZERO_API zero_status zero_begin_iteration(zero_engine* engine);
 ZERO_API zero_status zero_end_backward(zero_engine* engine);
 ZERO_API zero_status zero_step(zero_engine* engine, zero_step_info* info);

@@ -21,6 +21,10 @@ REDUCE_OPS = {"sum": 0, "max": 1}
 HYPER_FIELDS = ("lr", "beta1", "beta2", "eps", "weight_decay", "momentum", "dampening",
                 "nesterov")
 
+# zero_accumulate_grads's flags (zero.h).
+_GRADS_ON_DEVICE = 1
+_GRADS_LEND = 2
+
 _lib = None
 _lib_lock = threading.Lock()
 
@@ -363,6 +367,25 @@ class Engine:
         _check(library().zero_lend_grad(self._handle, pid, address, int(on_device),
                                         ctypes.byref(kept)), "zero_lend_grad")
         return bool(kept.value)
+
+    def accumulate_grads(self, pids, addresses, on_device=False, lend=False):
+        """accumulate_grad (lend_grad with `lend`) for several gradients in one call, in
+        order: param pids[i]'s gradient at addresses[i]. Returns, with `lend`, whether each
+        was kept (else None). On a failure raises the error of the first gradient that failed,
+        its `handed` attribute saying how many before it were handed over."""
+        count = len(pids)
+        kept = (ctypes.c_int * count)() if lend else None
+        handed = ctypes.c_int64()
+        flags = (_GRADS_ON_DEVICE if on_device else 0) | (_GRADS_LEND if lend else 0)
+        status = library().zero_accumulate_grads(
+            self._handle, count, (ctypes.c_int64 * count)(*pids),
+            (ctypes.c_void_p * count)(*addresses), flags, kept, ctypes.byref(handed))
+        if status != 0:
+            message = library().zero_last_error().decode(errors="replace")
+            error = errors.error_for(status, f"zero_accumulate_grads: {message}")
+            error.handed = handed.value
+            raise error
+        return [bool(k) for k in kept] if lend else None
 
     def begin_iteration(self):
         """Starts a micro-batch."""

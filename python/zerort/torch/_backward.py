@@ -71,10 +71,15 @@ class BackwardPasses:
             self._open = False
 
     def _end(self):
-        self._open = False
-        for callback in self.on_end:
+        for callback in self.on_end:  # still inside the pass: their errors wait for the end
             callback()
+        self._open = False
         self.raise_pending()
+
+    @property
+    def open(self):
+        """Whether a pass is running (its end will come)."""
+        return self._open
 
     @property
     def failed(self):

@@ -6,8 +6,8 @@ import weakref
 import torch
 
 from .. import core, errors
-from . import (_backward, _checkpoint, _config, _device, _gathered, _init_context, _params,
-               _reach, _stage3, _step_info)
+from . import (_backward, _checkpoint, _config, _device, _gathered, _handover, _init_context,
+               _params, _reach, _stage3, _step_info)
 from ._optimizer import ZeroOptimizer
 from ._schedulers import EngineLRScheduler
 
@@ -148,10 +148,15 @@ class TorchEngine:
         # returns: one rank, where the copy into its bucket was all the engine did with them.
         self.lend_gradients = self._stream is not None
         self._lent_grads = []
+        # Checked gradients not yet handed over: one library call for many (_handover.py).
+        self._queue = _handover.GradQueue(self._engine,
+                                          _handover.batch_elems(self.config, self.stage),
+                                          self._stream is not None)
         for position, (_, param, pid) in enumerate(self._params):
             self._add_grad_hook(param, pid, unit_of.get(param), position)
         self._units = None
         self._passes = _backward.BackwardPasses()
+        self._passes.on_end.append(self._flush_grads)  # first: the units' release follows
         if self.stage == 3:  # after the grad hooks: finding a param's node needs its storage
             self._units = _stage3.UnitGathering(self._engine, module,
                                                 self._params + self._frozen,
@@ -240,8 +245,10 @@ class TorchEngine:
         while self._sweep - 1 > position:
             self._sweep -= 1
             _, param, pid = self._params[self._sweep]
-            if (reach.reaches(param) or pid in self._marked
-                    or self._passes.first_pass(pid) is not None):  # reached, or arrived
+            if reach.reaches(param) or pid in self._marked:
+                continue
+            self._flush_grads()  # a queued gradient has arrived too
+            if self._passes.first_pass(pid) is not None:
                 continue
             self._begin_micro_batch()
             self._engine.grad_absent(pid)
@@ -309,9 +316,7 @@ class TorchEngine:
                 if pid in self._marked:
                     raise _reach.late_gradient_error(record.name)
                 self._mark_unreached(position)
-                self._hand_over(param, record, grad)
-                if self._units is not None:
-                    self._units.gradient_arrived(unit, pid)
+                self._hand_over(record, grad, unit)
             except errors.ZeroError as error:
                 self._passes.fail(error)  # raised when this backward ends (_backward.py)
             finally:
@@ -326,10 +331,10 @@ class TorchEngine:
             self._accumulators.append(accumulator)
             self._hooks.append(accumulator.register_hook(lambda *_: hand_over()))
 
-    def _hand_over(self, param, record, grad):
-        """Adds `param`'s gradient `grad` into the engine's bucket (checked first against
-        what was registered: nothing else reaches the C ABI)."""
-        record.check(param, "handing a gradient to the engine")
+    def _hand_over(self, record, grad, unit):
+        """Queues the gradient `grad` of the param of `record` (stage-3 `unit`) for the engine,
+        checked first against what was registered: nothing else reaches the C ABI. The param
+        itself was checked by its pre-hook (drop_stale)."""
         if grad.layout != torch.strided:
             raise errors.InvalidArgumentError(
                 f"zerort.torch: param \"{record.name}\" got a {grad.layout} gradient; "
@@ -337,7 +342,8 @@ class TorchEngine:
                 "nn.EmbeddingBag(sparse=True) produce sparse ones: use sparse=False)",
                 errors.InvalidArgumentError.status)
         self._begin_micro_batch()
-        grad = grad.detach()
+        if grad.requires_grad:  # backward(create_graph=True)
+            grad = grad.detach()
         if grad.dtype != record.dtype or not grad.is_contiguous():
             grad = grad.to(record.dtype).contiguous()
         if tuple(grad.shape) != record.shape:
@@ -353,20 +359,32 @@ class TorchEngine:
                 # memory until the engine's copy has run there.
                 self._stream.wait_stream(current)
                 grad.record_stream(self._stream)
-        pid = record.pid
+        if self._queue.add(record.pid, grad, unit) or not self._passes.open:
+            self._flush_grads()
+
+    def _flush_grads(self):
+        """Hands the queued gradients to the engine; an error waits for the end of the
+        backward pass (raised at once outside one)."""
         try:
-            if not self.lend_gradients:
-                self._engine.accumulate_grad(pid, grad.data_ptr(), grad.is_cuda)
-            elif self._engine.lend_grad(pid, grad.data_ptr(), grad.is_cuda):
-                self._lent_grads.append(grad)
-        except errors.DuplicateGradientError:
-            first = self._passes.first_pass(pid)
+            self._queue.flush(self.lend_gradients, self._handed)
+            return
+        except errors.ZeroError as error:
+            failure = error
+        if isinstance(failure, errors.DuplicateGradientError):
+            first = self._passes.first_pass(failure.pid)
             if first is not None and first < self._passes.current:
-                raise _backward.second_backward_error(
-                    self._names[pid], first, self._passes.current,
-                    self.gradient_accumulation_steps) from None
-            raise
-        self._passes.arrived(pid)
+                failure = _backward.second_backward_error(
+                    self._names[failure.pid], first, self._passes.current,
+                    self.gradient_accumulation_steps)
+        self._passes.fail(failure)
+
+    def _handed(self, handed):
+        """The engine took a gradient (_handover.Handed)."""
+        if handed.kept:
+            self._lent_grads.append(handed.grad)  # read where it is until the step
+        self._passes.arrived(handed.pid)
+        if self._units is not None:
+            self._units.gradient_arrived(handed.tag, handed.pid)
 
     def scale(self, loss):
         """`loss` times the current loss scale (1 unless loss_scale.mode is set)."""
@@ -396,6 +414,7 @@ class TorchEngine:
 
     def _end_micro_batch(self):
         """Ends the micro-batch; True when it is the last one before an optimizer step."""
+        self._flush_grads()  # gradients handed over outside a backward pass
         self._check_model("step()")
         for _, param in self._empty:
             param.grad = None  # zero-element params train as no-ops
@@ -665,4 +684,5 @@ class TorchEngine:
                 self._units.remove()
         finally:
             self._engine.close()  # _params.Detacher runs
+            self._queue.clear()
             self._lent_grads.clear()

@@ -1,0 +1,105 @@
+"""zerort.torch hands gradients to the engine in batches (_handover.py): small params' gradients
+go in one library call per backward pass, the training is bit for bit that of one call per
+gradient, a small batch limit hands over as it fills, and stage 3 hands over one at a time.
+The ranks are threads (zerort.local_group)."""
+import pytest
+import torch
+
+import zerort.torch
+from test_torch_engine import OPTIMIZER, STEPS, TinyLM, batch, loss_of, run_ranks
+
+WORLD = 3  # not a power of two
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    torch.set_num_threads(1)
+
+
+def count_calls(engine):
+    """Records each hand-over call of `engine`'s core.Engine: a list of the ids it carried."""
+    core = engine.engine
+    calls = []
+    batched, single = core.accumulate_grads, core.accumulate_grad
+
+    def accumulate_grads(pids, *args):
+        calls.append(list(pids))
+        return batched(pids, *args)
+
+    def accumulate_grad(pid, *args):
+        calls.append([pid])
+        return single(pid, *args)
+
+    core.accumulate_grads, core.accumulate_grad = accumulate_grads, accumulate_grad
+    return calls
+
+
+def train(stage, batch_elems=None, world=WORLD):
+    """Each rank's params after STEPS steps, and its hand-over calls per step; `batch_elems`
+    replaces the engine's batch limit (None: its own)."""
+    config = {"stage": stage, "optimizer": OPTIMIZER, "guard": {"timeout_s": 30},
+              "stage3": {"persistence_threshold": 0}}
+    models = [TinyLM() for _ in range(world)]
+
+    def body(rank, comm):
+        engine = zerort.torch.initialize(models[rank], config, comm)
+        if batch_elems is not None:
+            engine._queue.batch_elems = batch_elems
+        calls = count_calls(engine)
+        per_step = []
+        bytes_in = engine.engine.counters()["grad_bytes_copied"]
+        for step in range(STEPS):
+            tokens, targets = batch(step)
+            loss_of(models[rank], tokens[rank::world], targets[rank::world]).backward()
+            # All handed over as backward returns (the pass's end), not at the step.
+            now = engine.engine.counters()["grad_bytes_copied"]
+            assert now - bytes_in == 4 * sum(
+                p.numel() for p in models[rank].parameters() if p.requires_grad)
+            bytes_in = now
+            per_step.append(list(calls))
+            del calls[:]
+            engine.step()
+        engine.close()
+        trained = {n: p.detach().clone() for n, p in models[rank].named_parameters()
+                   if p.requires_grad}
+        return trained, per_step, len(engine._params)
+
+    return run_ranks(world, body)
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2])
+def test_a_backward_hands_small_gradients_over_in_one_call(stage):
+    for _, per_step, params in train(stage):
+        for calls in per_step:
+            assert len(calls) == 1 and sorted(calls[0]) == list(range(params)), calls
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2])
+def test_batches_train_bit_for_bit_as_one_call_per_gradient(stage):
+    batched = train(stage)
+    one_by_one = train(stage, batch_elems=0)
+    for (trained, _, _), (alone, per_step, params) in zip(batched, one_by_one):
+        assert all(len(calls) == params and all(len(c) == 1 for c in calls)
+                   for calls in per_step)
+        for name, value in trained.items():
+            assert torch.equal(value, alone[name]), name
+
+
+def test_a_small_limit_hands_over_as_the_batch_fills():
+    """A limit of the smallest param's size: every call carries what arrived since the last,
+    at least one param, and together they carry each param once per step, in backward order
+    (the head first)."""
+    smallest = min(p.numel() for p in TinyLM().parameters() if p.requires_grad)
+    for _, per_step, params in train(2, batch_elems=smallest, world=1):
+        for calls in per_step:
+            assert len(calls) > 1 and all(calls)
+            handed = [pid for call in calls for pid in call]
+            assert sorted(handed) == list(range(params))
+            assert handed[0] == params - 1  # the head: registered last, its gradient first
+
+
+def test_stage_3_hands_over_one_at_a_time():
+    """Its gathers and releases call into the engine between gradients (_handover.py)."""
+    for _, per_step, params in train(3, world=2):
+        for calls in per_step:
+            assert len(calls) == params and all(len(c) == 1 for c in calls)

@@ -1,0 +1,105 @@
+"""Handing gradients to the engine in batches: one library call for many gradients.
+
+One library call per param per backward is most of what handing a small param's gradient
+over costs from Python (the ctypes call, its argument conversions). So at stages 0-2 the
+hooks queue each checked gradient here (the tensor stays referenced until it is handed over)
+and the queue goes to the engine in one core.Engine.accumulate_grads call:
+- when it holds `batch_elems` elements or more;
+- when the backward pass ends (the first of BackwardPasses.on_end);
+- before any other call into the engine of this micro-batch (a param marked absent,
+  end_backward), and at once outside a backward pass.
+The engine sees the gradients in the order it would one at a time, and a bucket's reduction
+starts at most `batch_elems` gradient elements after its last gradient arrived.
+`batch_elems` is a quarter of the smallest bucket, so that delay stays a fraction of a
+bucket's fill time.
+
+Stage 3 hands over one at a time (batch_elems 0): its gathers and releases call into the
+engine in between, and a unit is released as its last gradient is handed over.
+"""
+
+from .. import errors
+
+# Default bucket sizes (zero/config.h's BucketConfig): first, reduce and last.
+_DEFAULT_BUCKET_ELEMS = (1_000_000, 4_000_000, 1_000_000)
+
+
+def batch_elems(config, stage):
+    """Elements queued before a hand-over (0: each gradient at once) for `config`, the
+    normalized config."""
+    if stage >= 3:
+        return 0
+    buckets = config.get("buckets", {})
+    sizes = [buckets.get(key, default) for key, default in zip(
+        ("first_bucket_elems", "reduce_bucket_elems", "last_bucket_elems"),
+        _DEFAULT_BUCKET_ELEMS)]
+    return max(1, min(size for size in sizes if size > 0) // 4)
+
+
+class Handed:
+    """One gradient the queue handed over: `pid`, its tensor `grad`, whether the engine
+    `kept` it (lent: it must stay unchanged until the step), and the caller's `tag`."""
+    __slots__ = ("pid", "grad", "kept", "tag")
+
+    def __init__(self, pid, grad, kept, tag):
+        self.pid, self.grad, self.kept, self.tag = pid, grad, kept, tag
+
+
+class GradQueue:
+    """Gradients checked by the hooks and not yet handed to the engine (core.Engine)."""
+
+    def __init__(self, engine, batch_elems, on_device):
+        """`engine`: the core.Engine; `on_device`: the gradients are the engine's device
+        memory (device "cuda")."""
+        self._engine = engine
+        self.batch_elems = batch_elems
+        self._on_device = on_device
+        self._pids, self._addresses, self._grads, self._tags = [], [], [], []
+        self._elems = 0
+
+    def __len__(self):
+        return len(self._pids)
+
+    def add(self, pid, grad, tag=None):
+        """Queues param `pid`'s gradient `grad` (contiguous, the param's dtype, shape and
+        device); `tag` comes back with it. True when the queue is now due for flush()."""
+        self._pids.append(pid)
+        self._addresses.append(grad.data_ptr())
+        self._grads.append(grad)
+        self._tags.append(tag)
+        self._elems += grad.numel()
+        return self._elems >= self.batch_elems
+
+    def flush(self, lend, handed):
+        """Hands every queued gradient over, in order (lent with `lend`: core.Engine.
+        accumulate_grads), calling `handed(Handed)` for each one the engine took. A failure
+        raises the engine's error with a `pid` attribute (the gradient's param); the
+        gradients queued after it are dropped."""
+        if not self._pids:
+            return
+        pids, grads, tags = self._pids, self._grads, self._tags
+        addresses = self._addresses
+        self.clear()
+        try:
+            if len(pids) == 1:  # the plain call costs less than building the arrays
+                kept = [self._engine.lend_grad(pids[0], addresses[0], self._on_device)
+                        if lend else self._engine.accumulate_grad(pids[0], addresses[0],
+                                                                  self._on_device)]
+            else:
+                kept = self._engine.accumulate_grads(pids, addresses, self._on_device, lend)
+            count = len(pids)
+        except errors.ZeroError as error:
+            count = getattr(error, "handed", 0)
+            kept = None
+            failure = error
+        else:
+            failure = None
+        for i in range(count):
+            handed(Handed(pids[i], grads[i], lend and kept[i], tags[i]))
+        if failure is not None:
+            failure.pid = pids[count] if count < len(pids) else None
+            raise failure
+
+    def clear(self):
+        """Drops every queued gradient."""
+        self._pids, self._addresses, self._grads, self._tags = [], [], [], []
+        self._elems = 0
