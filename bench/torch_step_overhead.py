@@ -12,16 +12,19 @@ other (forward, backward, gradient reduction, optimizer step), every timed part 
 all ranks together (an MPI barrier before it), so both see the same machine state. The
 median over steps of the ratio of the two (each step's pair measured back to back, in
 alternating order) is what the data parallelism and the optimizer cost on top of the model's
-own work:
+own work. Per step, the ratio is that of the slowest rank's training step to the slowest
+rank's forward + backward (each part ends for the job when its last rank is done; a rank
+that computes faster than its peer would otherwise be charged its wait in the step's
+collectives); "per rank" is the median of each rank's own ratio, the larger rank's:
 
     ddp       DistributedDataParallel (gloo) + torch.optim.AdamW
     zerort-S  zerort.torch at stage S (0-3), MPI communicator
 
 Model: `layers` × (Linear(width, width) + Tanh) + Linear(width, 1), fp32, batch 64 per rank,
 one PyTorch thread per rank and one for ZeroRT's kernels. Per configuration, over `steps`
-steps after 3 untimed ones: the medians of each part and of the per-step ratio (the slower
-rank's), the minor page faults per training step (the larger rank's mean: fresh memory the
-step touched), and ZeroRT's counters per step. `--lend-gradients` sets zerort.torch's
+steps after 3 untimed ones: the medians of each part (the slower rank's) and of the ratios,
+the minor page faults per training step (the larger rank's mean: fresh memory the step
+touched), and ZeroRT's counters per step. `--lend-gradients` sets zerort.torch's
 engine.lend_gradients (the GPU's default; a rank alone then copies no gradient).
 """
 import argparse
@@ -107,6 +110,7 @@ def run_rank(mode, steps, width, layers, lend_gradients=False):
     comm.close()
     return {"rank": rank, "alone_ms": 1e3 * statistics.median(alone),
             "step_ms": 1e3 * statistics.median(whole),
+            "alone_s": alone, "step_s": whole,
             "ratio": statistics.median(w / a for w, a in zip(whole, alone)),
             "faults": statistics.mean(step_faults),
             "counters": per_step,
@@ -117,8 +121,8 @@ def drive(args):
     print(f"{args.ranks} ranks, {args.steps} timed steps, model {args.layers} × "
           f"Linear({args.width}, {args.width}) + Linear({args.width}, 1), batch {BATCH} per rank")
     print("| config | forward + backward ms | step ms | step / (forward + backward), per step "
-          "| minor faults per step |")
-    print("|---|---|---|---|---|")
+          "| the same, per rank | minor faults per step |")
+    print("|---|---|---|---|---|---|")
     counters = {}
     for mode in args.modes:
         extra = ["--lend-gradients"] if args.lend_gradients else []
@@ -129,9 +133,15 @@ def drive(args):
             continue
         alone = max(r["alone_ms"] for r in reports)
         step = max(r["step_ms"] for r in reports)
-        ratio = max(r["ratio"] for r in reports)
+        per_rank = max(r["ratio"] for r in reports)
+        # The job's ratio: each step's slowest rank against each forward + backward's
+        # slowest rank (both parts end when the last rank is done).
+        ratio = statistics.median(
+            max(r["step_s"][i] for r in reports) / max(r["alone_s"][i] for r in reports)
+            for i in range(args.steps))
         faults = max(r["faults"] for r in reports)
-        print(f"| {mode} | {alone:.1f} | {step:.1f} | {ratio:.3f} | {faults:.0f} |", flush=True)
+        print(f"| {mode} | {alone:.1f} | {step:.1f} | {ratio:.3f} | {per_rank:.3f} "
+              f"| {faults:.0f} |", flush=True)
         if reports[0]["counters"] is not None:
             counters[mode] = reports[0]["counters"]
     for mode, values in counters.items():
