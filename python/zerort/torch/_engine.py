@@ -150,7 +150,7 @@ class TorchEngine:
         self._lent_grads = []
         # Checked gradients not yet handed over: one library call for many (_handover.py).
         self._queue = _handover.GradQueue(self._engine,
-                                          _handover.batch_elems(self.config, self.stage),
+                                          _handover.batch_elems(self.config),
                                           self._stream is not None)
         for position, (_, param, pid) in enumerate(self._params):
             self._add_grad_hook(param, pid, unit_of.get(param), position)
@@ -162,6 +162,7 @@ class TorchEngine:
                                                 self._params + self._frozen,
                                                 unit_of, module_units, self._records,
                                                 self._passes)
+            self._units.before_engine_call = self._flush_grads
             if self._stream is not None:
                 self._units.follow_engine_stream = self._follow_engine_stream
                 self._units.engine_stream = self._stream
@@ -359,7 +360,8 @@ class TorchEngine:
                 # memory until the engine's copy has run there.
                 self._stream.wait_stream(current)
                 grad.record_stream(self._stream)
-        if self._queue.add(record.pid, grad, unit) or not self._passes.open:
+        if (self._queue.add(record.pid, grad, unit) or not self._passes.open
+                or (self._units is not None and self._units.completes(unit, record.pid))):
             self._flush_grads()
 
     def _flush_grads(self):
@@ -679,10 +681,10 @@ class TorchEngine:
         if self._closed or self._engine.closed:
             return
         self._closed = True
+        self._queue.clear()  # gradients of an unfinished backward: never handed over
         try:
             if self._units is not None:
                 self._units.remove()
         finally:
             self._engine.close()  # _params.Detacher runs
-            self._queue.clear()
             self._lent_grads.clear()

@@ -1,20 +1,19 @@
 """Handing gradients to the engine in batches: one library call for many gradients.
 
 One library call per param per backward is most of what handing a small param's gradient
-over costs from Python (the ctypes call, its argument conversions). So at stages 0-2 the
-hooks queue each checked gradient here (the tensor stays referenced until it is handed over)
-and the queue goes to the engine in one core.Engine.accumulate_grads call:
+over costs from Python (the ctypes call, its argument conversions). So the hooks queue each
+checked gradient here (the tensor stays referenced until it is handed over) and the queue
+goes to the engine in one core.Engine.accumulate_grads call:
 - when it holds `batch_elems` elements or more;
 - when the backward pass ends (the first of BackwardPasses.on_end);
-- before any other call into the engine of this micro-batch (a param marked absent,
-  end_backward), and at once outside a backward pass.
-The engine sees the gradients in the order it would one at a time, and a bucket's reduction
-starts at most `batch_elems` gradient elements after its last gradient arrived.
+- at stage 3, when the gradient completes its unit (the hand-over releases the unit, so it
+  is released as early as one at a time);
+- before any other call into the engine of this micro-batch (a stage-3 gather or release, a
+  param marked absent, end_backward), and at once outside a backward pass.
+The engine sees the calls in the order it would with one call per gradient, and a bucket's
+reduction starts at most `batch_elems` gradient elements after its last gradient arrived.
 `batch_elems` is a quarter of the smallest bucket, so that delay stays a fraction of a
 bucket's fill time.
-
-Stage 3 hands over one at a time (batch_elems 0): its gathers and releases call into the
-engine in between, and a unit is released as its last gradient is handed over.
 """
 
 from .. import errors
@@ -23,11 +22,8 @@ from .. import errors
 _DEFAULT_BUCKET_ELEMS = (1_000_000, 4_000_000, 1_000_000)
 
 
-def batch_elems(config, stage):
-    """Elements queued before a hand-over (0: each gradient at once) for `config`, the
-    normalized config."""
-    if stage >= 3:
-        return 0
+def batch_elems(config):
+    """Elements queued before a hand-over for `config`, the normalized config."""
     buckets = config.get("buckets", {})
     sizes = [buckets.get(key, default) for key, default in zip(
         ("first_bucket_elems", "reduce_bucket_elems", "last_bucket_elems"),

@@ -134,6 +134,9 @@ class UnitGathering:
         # Called before a gathered unit is read on the current stream (device "cuda": it
         # waits for the engine's stream, where the gather ran).
         self.follow_engine_stream = lambda: None
+        # Called before each gather or release: the gradients queued so far go to the engine
+        # first (_handover.py), so it sees every call in the order the hooks made them.
+        self.before_engine_call = lambda: None
         self._members = {}  # unit -> [(param, id)]
         for _, param, pid in params:
             self._members.setdefault(unit_of[param], []).append((param, pid))
@@ -318,6 +321,7 @@ class UnitGathering:
             if unit in self._gathered:
                 continue
             self.check(unit, "gathering a stage-3 unit")
+            self.before_engine_call()
             self._engine.gather(unit)
             self.follow_engine_stream()
             other = self._other_current_stream()
@@ -333,6 +337,7 @@ class UnitGathering:
         for unit in units:
             if unit not in self._gathered or self._holds[unit] > 0:
                 continue
+            self.before_engine_call()
             self._engine.release(unit)
             self._gathered.discard(unit)
             self._for_backward.discard(unit)
@@ -341,6 +346,13 @@ class UnitGathering:
         """Frees every unit still gathered (the step: holds end too)."""
         self._holds.clear()
         self.release(sorted(self._gathered))
+
+    def completes(self, unit, pid):
+        """Whether `pid`'s gradient is the last one its gathered `unit` waits for (its
+        hand-over releases the unit)."""
+        waiting = self._waiting.get(unit)
+        return (waiting is not None and unit not in self._persistent
+                and waiting == {pid})
 
     def gradient_arrived(self, unit, pid):
         """A param's gradient was handed over: releases its unit once all have been."""
