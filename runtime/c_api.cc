@@ -193,9 +193,9 @@ zero_status zero_lend_grad(zero_engine* engine, int64_t id, const void* grad, in
 
 zero_status zero_accumulate_grads(zero_engine* engine, int64_t count, const int64_t* ids, const void* const* grads,
                                   int flags, int* kept, int64_t* handed) {
+  if (handed != nullptr) *handed = 0;
   ZERO_C_REQUIRE(engine, "zero_accumulate_grads");
   ZERO_C_REQUIRE(handed, "zero_accumulate_grads");
-  *handed = 0;
   if (count < 0) {
     return Report(absl::InvalidArgumentError(
         absl::StrCat("zero_accumulate_grads: count is ", count, "; it must be >= 0")));

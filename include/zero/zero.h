@@ -151,10 +151,11 @@ enum {
 /** `count` gradients in one call: gradient i of param ids[i] at grads[i], handed over in order
  *  exactly as zero_accumulate_grad (zero_accumulate_device_grad with ZERO_GRADS_ON_DEVICE,
  *  zero_lend_grad with ZERO_GRADS_LEND) would one at a time; for a trainer whose per-call cost
- *  matters (Python, many small params). *handed: how many were handed over (count on success);
- *  on a failure the status is that of gradient *handed, whose message names its param, and
- *  the ones after it were not looked at. `kept`: with ZERO_GRADS_LEND, kept[i] as zero_lend_grad
- *  sets it for each handed gradient; ignored (may be NULL) without. */
+ *  matters (Python, many small params). *handed: how many were handed over (count on success;
+ *  0 when the call's own arguments are refused); on a failure the status and zero_last_error()
+ *  are those of gradient *handed, and the ones after it were not looked at. `kept`: with
+ *  ZERO_GRADS_LEND, kept[i] as zero_lend_grad sets it, for each handed gradient; ignored (may
+ *  be NULL) without. */
 ZERO_API zero_status zero_accumulate_grads(zero_engine* engine, int64_t count, const int64_t* ids,
                                            const void* const* grads, int flags, int* kept,
                                            int64_t* handed);

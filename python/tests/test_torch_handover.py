@@ -44,7 +44,7 @@ def train(stage, batch_elems=None, world=WORLD):
     def body(rank, comm):
         engine = zerort.torch.initialize(models[rank], config, comm)
         if batch_elems is not None:
-            engine._queue.batch_elems = batch_elems
+            engine._queue.limit = batch_elems
         calls = count_calls(engine)
         per_step = []
         bytes_in = engine.engine.counters()["grad_bytes_copied"]
@@ -98,10 +98,75 @@ def test_a_small_limit_hands_over_as_the_batch_fills():
             assert handed[0] == params - 1  # the head: registered last, its gradient first
 
 
-def test_stage_3_hands_over_a_unit_at_a_time():
-    """Each unit's gradients in one call, as its last one arrives (the hand-over releases
-    the unit, _handover.py): fewer calls than params, each param once per step."""
-    for _, per_step, params in train(3, world=2):
-        for calls in per_step:
-            handed = [pid for call in calls for pid in call]
-            assert 1 < len(calls) < params and sorted(handed) == list(range(params)), calls
+def test_stage_3_releases_a_unit_as_its_last_gradient_is_queued():
+    """Each unit is handed over and released as its last gradient is queued, before the
+    next gradient is (as early as one call per gradient would, _handover.py), in fewer
+    calls than params. The middle layer is the one sharded unit: after its gradients
+    backward only reaches persistent units, which gather nothing (no gather's hand-over
+    would release it)."""
+    config = {"stage": 3, "optimizer": OPTIMIZER, "stage3": {"persistence_threshold": 200}}
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.Tanh(),
+                                torch.nn.Linear(16, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+    comm = zerort.local_group(1)[0]
+    engine = zerort.torch.initialize(model, config, comm)
+    core, queue = engine.engine, engine._queue
+    events = []
+    batched, release, add = core.accumulate_grads, core.release, queue.add
+
+    def accumulate_grads(pids, *args):
+        events.append(("call", list(pids)))
+        return batched(pids, *args)
+
+    def logged_release(unit):
+        events.append(("release", unit))
+        return release(unit)
+
+    def logged_add(pid, *args):
+        events.append(("queue", pid))
+        return add(pid, *args)
+
+    core.accumulate_grads, core.release, queue.add = accumulate_grads, logged_release, logged_add
+    unit_of = {pid: engine._records[pid].unit for _, _, pid in engine._params}
+    sharded = unit_of[engine._params[2][2]]  # the middle layer's
+    assert set(unit_of.values()) - engine._units._persistent == {sharded}
+    generator = torch.Generator().manual_seed(1)
+    for _ in range(3):
+        del events[:]
+        model(torch.randn(3, 4, generator=generator)).square().sum().backward()
+        calls = [pids for kind, pids in events if kind == "call"]
+        assert 1 < len(calls) < len(unit_of)
+        assert sorted(pid for pids in calls for pid in pids) == sorted(unit_of)
+        last = max(i for i, (kind, pid) in enumerate(events)
+                   if kind == "queue" and unit_of[pid] == sharded)
+        following = events[last + 1:]
+        until_next = following[:next((j for j, (kind, _) in enumerate(following)
+                                      if kind == "queue"), len(following))]
+        assert ("release", sharded) in until_next, events
+        engine.step()
+    engine.close()
+    comm.close()
+
+
+def test_an_error_at_a_pass_end_leaves_the_next_backward_working():
+    """A callback at the end of a backward pass that raises: the pass still ends (the
+    gradients were handed over), the error reaches the caller, and the next micro-batch
+    trains."""
+    model = TinyLM()
+    comm = zerort.local_group(1)[0]
+    engine = zerort.torch.initialize(model, {"stage": 2, "optimizer": OPTIMIZER}, comm)
+    passes = engine._passes
+
+    def broken():
+        passes.on_end.remove(broken)
+        raise RuntimeError("a broken end-of-pass callback")
+
+    passes.on_end.append(broken)
+    with pytest.raises(RuntimeError, match="broken end-of-pass"):
+        loss_of(model, *batch(0)).backward()
+    assert not passes.open and not passes.failed and len(engine._queue) == 0
+    engine.step()
+    loss_of(model, *batch(1)).backward()
+    assert engine.step()["step"] == 2
+    engine.close()
+    comm.close()

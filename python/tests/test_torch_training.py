@@ -360,18 +360,22 @@ def test_second_backward_before_step_names_the_fix(stage, micro):
     comm.close()
 
 
-def test_duplicate_inside_one_backward_keeps_the_reentrant_hint():
+@pytest.mark.parametrize("lend", [False, True])
+def test_duplicate_inside_one_backward_keeps_the_reentrant_hint(lend):
     """The shared adapter's second gradient inside one backward (reentrant checkpointing's
     recomputation), with nothing trainable outside the checkpointed blocks: the library's
-    message, which names reentrant checkpointing."""
+    message, which names reentrant checkpointing. Lending (a GPU's default), the gradients
+    handed over before the duplicate stay with the engine until the step."""
     model = frozen_head(TinyLM(share_adapter=True, reentrant=True, input_requires_grad=True))
     comm = zerort.local_group(1)[0]
     engine = zerort.torch.initialize(model, {"stage": 2, "optimizer": OPTIMIZER}, comm)
+    engine.lend_gradients = lend
     with pytest.raises(zerort.DuplicateGradientError) as raised:
         loss_of(model, *batch(0)).backward()
     message = str(raised.value)
     assert "blocks.0.lora_a.weight" in message and "reentrant" in message
     assert "second backward" not in message
+    assert (len(engine._lent_grads) > 0) == lend
     engine.close()
     comm.close()
 

@@ -372,7 +372,8 @@ class Engine:
         """accumulate_grad (lend_grad with `lend`) for several gradients in one call, in
         order: param pids[i]'s gradient at addresses[i]. Returns, with `lend`, whether each
         was kept (else None). On a failure raises the error of the first gradient that failed,
-        its `handed` attribute saying how many before it were handed over."""
+        its `handed` attribute saying how many before it were handed over, and its `kept`
+        attribute whether each of those was kept (with `lend`; else None)."""
         count = len(pids)
         kept = (ctypes.c_int * count)() if lend else None
         handed = ctypes.c_int64()
@@ -384,6 +385,7 @@ class Engine:
             message = library().zero_last_error().decode(errors="replace")
             error = errors.error_for(status, f"zero_accumulate_grads: {message}")
             error.handed = handed.value
+            error.kept = [bool(k) for k in kept[:handed.value]] if lend else None
             raise error
         return [bool(k) for k in kept] if lend else None
 

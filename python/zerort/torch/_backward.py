@@ -71,10 +71,20 @@ class BackwardPasses:
             self._open = False
 
     def _end(self):
-        for callback in self.on_end:  # still inside the pass: their errors wait for the end
-            callback()
+        failed = None
+        for callback in self.on_end:  # still inside the pass: their errors wait
+            try:
+                callback()
+            except BaseException as error:  # noqa: B036 - every callback runs; raised below
+                failed = failed or error
         self._open = False
-        self.raise_pending()
+        error, self._error = self._error, None
+        if error is None:
+            error = failed
+        elif failed is not None:
+            error.__context__ = failed
+        if error is not None:
+            raise error
 
     @property
     def open(self):

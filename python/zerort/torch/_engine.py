@@ -150,7 +150,7 @@ class TorchEngine:
         self._lent_grads = []
         # Checked gradients not yet handed over: one library call for many (_handover.py).
         self._queue = _handover.GradQueue(self._engine,
-                                          _handover.batch_elems(self.config),
+                                          _handover.elems_per_batch(self.config),
                                           self._stream is not None)
         for position, (_, param, pid) in enumerate(self._params):
             self._add_grad_hook(param, pid, unit_of.get(param), position)
@@ -249,6 +249,8 @@ class TorchEngine:
             if reach.reaches(param) or pid in self._marked:
                 continue
             self._flush_grads()  # a queued gradient has arrived too
+            if self._passes.failed:
+                return
             if self._passes.first_pass(pid) is not None:
                 continue
             self._begin_micro_batch()
@@ -317,6 +319,8 @@ class TorchEngine:
                 if pid in self._marked:
                     raise _reach.late_gradient_error(record.name)
                 self._mark_unreached(position)
+                if self._passes.failed:  # a hand-over in the sweep failed
+                    return
                 self._hand_over(record, grad, unit)
             except errors.ZeroError as error:
                 self._passes.fail(error)  # raised when this backward ends (_backward.py)
@@ -361,32 +365,32 @@ class TorchEngine:
                 self._stream.wait_stream(current)
                 grad.record_stream(self._stream)
         if (self._queue.add(record.pid, grad, unit) or not self._passes.open
-                or (self._units is not None and self._units.completes(unit, record.pid))):
+                or (self._units is not None and self._units.queued(unit, record.pid))):
             self._flush_grads()
 
     def _flush_grads(self):
-        """Hands the queued gradients to the engine; an error waits for the end of the
-        backward pass (raised at once outside one)."""
-        try:
-            self._queue.flush(self.lend_gradients, self._handed)
-            return
-        except errors.ZeroError as error:
-            failure = error
+        """Hands the queued gradients to the engine (_handover.py): keeps the lent ones and
+        records every arrival first, then lets stage 3 release the units they complete. An
+        error waits for the end of the backward pass (raised at once outside one)."""
+        handed, failure = self._queue.flush(self.lend_gradients)
+        for item in handed:
+            if item.kept:
+                self._lent_grads.append(item.grad)  # read where it is until the step
+            self._passes.arrived(item.pid)
         if isinstance(failure, errors.DuplicateGradientError):
             first = self._passes.first_pass(failure.pid)
             if first is not None and first < self._passes.current:
                 failure = _backward.second_backward_error(
                     self._names[failure.pid], first, self._passes.current,
                     self.gradient_accumulation_steps)
-        self._passes.fail(failure)
-
-    def _handed(self, handed):
-        """The engine took a gradient (_handover.Handed)."""
-        if handed.kept:
-            self._lent_grads.append(handed.grad)  # read where it is until the step
-        self._passes.arrived(handed.pid)
         if self._units is not None:
-            self._units.gradient_arrived(handed.tag, handed.pid)
+            try:
+                for item in handed:
+                    self._units.gradient_arrived(item.tag, item.pid)
+            except errors.ZeroError as error:
+                failure = failure or error
+        if failure is not None:
+            self._passes.fail(failure)
 
     def scale(self, loss):
         """`loss` times the current loss scale (1 unless loss_scale.mode is set)."""

@@ -4,16 +4,15 @@ One library call per param per backward is most of what handing a small param's 
 over costs from Python (the ctypes call, its argument conversions). So the hooks queue each
 checked gradient here (the tensor stays referenced until it is handed over) and the queue
 goes to the engine in one core.Engine.accumulate_grads call:
-- when it holds `batch_elems` elements or more;
+- when it holds `limit` elements or more (elems_per_batch: a quarter of the smallest
+  bucket, so a bucket's reduction starts at most a fraction of its fill time later than
+  with one call per gradient);
 - when the backward pass ends (the first of BackwardPasses.on_end);
-- at stage 3, when the gradient completes its unit (the hand-over releases the unit, so it
-  is released as early as one at a time);
+- at stage 3, when the gradient is the last one its gathered unit waits for (the hand-over
+  releases the unit, as early as one call per gradient would);
 - before any other call into the engine of this micro-batch (a stage-3 gather or release, a
   param marked absent, end_backward), and at once outside a backward pass.
-The engine sees the calls in the order it would with one call per gradient, and a bucket's
-reduction starts at most `batch_elems` gradient elements after its last gradient arrived.
-`batch_elems` is a quarter of the smallest bucket, so that delay stays a fraction of a
-bucket's fill time.
+So the engine sees the gradients, and every other call, in the order the hooks made them.
 """
 
 from .. import errors
@@ -22,7 +21,7 @@ from .. import errors
 _DEFAULT_BUCKET_ELEMS = (1_000_000, 4_000_000, 1_000_000)
 
 
-def batch_elems(config):
+def elems_per_batch(config):
     """Elements queued before a hand-over for `config`, the normalized config."""
     buckets = config.get("buckets", {})
     sizes = [buckets.get(key, default) for key, default in zip(
@@ -43,11 +42,11 @@ class Handed:
 class GradQueue:
     """Gradients checked by the hooks and not yet handed to the engine (core.Engine)."""
 
-    def __init__(self, engine, batch_elems, on_device):
-        """`engine`: the core.Engine; `on_device`: the gradients are the engine's device
-        memory (device "cuda")."""
+    def __init__(self, engine, limit, on_device):
+        """`engine`: the core.Engine; `limit`: the elements that make a batch due;
+        `on_device`: the gradients are the engine's device memory (device "cuda")."""
         self._engine = engine
-        self.batch_elems = batch_elems
+        self.limit = limit
         self._on_device = on_device
         self._pids, self._addresses, self._grads, self._tags = [], [], [], []
         self._elems = 0
@@ -63,37 +62,26 @@ class GradQueue:
         self._grads.append(grad)
         self._tags.append(tag)
         self._elems += grad.numel()
-        return self._elems >= self.batch_elems
+        return self._elems >= self.limit
 
-    def flush(self, lend, handed):
+    def flush(self, lend):
         """Hands every queued gradient over, in order (lent with `lend`: core.Engine.
-        accumulate_grads), calling `handed(Handed)` for each one the engine took. A failure
-        raises the engine's error with a `pid` attribute (the gradient's param); the
-        gradients queued after it are dropped."""
+        accumulate_grads). Returns ([Handed] for each one the engine took, None), or on a
+        failure ([Handed] for the ones before it, the engine's error with a `pid`
+        attribute: the failed gradient's param); the gradients after it are dropped."""
         if not self._pids:
-            return
-        pids, grads, tags = self._pids, self._grads, self._tags
-        addresses = self._addresses
+            return [], None
+        pids, grads, tags, addresses = self._pids, self._grads, self._tags, self._addresses
         self.clear()
+        failure = None
         try:
-            if len(pids) == 1:  # the plain call costs less than building the arrays
-                kept = [self._engine.lend_grad(pids[0], addresses[0], self._on_device)
-                        if lend else self._engine.accumulate_grad(pids[0], addresses[0],
-                                                                  self._on_device)]
-            else:
-                kept = self._engine.accumulate_grads(pids, addresses, self._on_device, lend)
+            kept = self._engine.accumulate_grads(pids, addresses, self._on_device, lend)
             count = len(pids)
         except errors.ZeroError as error:
-            count = getattr(error, "handed", 0)
-            kept = None
-            failure = error
-        else:
-            failure = None
-        for i in range(count):
-            handed(Handed(pids[i], grads[i], lend and kept[i], tags[i]))
-        if failure is not None:
-            failure.pid = pids[count] if count < len(pids) else None
-            raise failure
+            count, kept, failure = error.handed, error.kept, error
+            failure.pid = pids[count]
+        handed = [Handed(pids[i], grads[i], lend and kept[i], tags[i]) for i in range(count)]
+        return handed, failure
 
     def clear(self):
         """Drops every queued gradient."""

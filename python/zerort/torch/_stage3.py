@@ -148,6 +148,7 @@ class UnitGathering:
         # frozen unit -> forward calls (with grad) whose backward has not yet run
         self._backward_calls = collections.Counter()
         self._waiting = {}  # unit -> ids whose gradient has not arrived since the gather
+        self._unqueued = {}  # unit -> those of them not queued either (_handover.py)
         self.handles = []
         # Persistent units answer param_data before any gather: bind them as views.
         self._persistent = set()
@@ -330,6 +331,7 @@ class UnitGathering:
             self._gathered.add(unit)
             if unit not in self._frozen:
                 self._waiting[unit] = {pid for _, pid in self._members[unit]}
+                self._unqueued[unit] = set(self._waiting[unit])
 
     def release(self, units):
         """Frees `units` (the engine gives their storages back), but not one a forward or a
@@ -347,12 +349,14 @@ class UnitGathering:
         self._holds.clear()
         self.release(sorted(self._gathered))
 
-    def completes(self, unit, pid):
-        """Whether `pid`'s gradient is the last one its gathered `unit` waits for (its
-        hand-over releases the unit)."""
-        waiting = self._waiting.get(unit)
-        return (waiting is not None and unit not in self._persistent
-                and waiting == {pid})
+    def queued(self, unit, pid):
+        """`pid`'s gradient is queued for the engine (_handover.py): whether its gathered
+        `unit` now waits for no other (handing them over releases the unit)."""
+        unqueued = self._unqueued.get(unit)
+        if unqueued is None or unit in self._persistent:
+            return False
+        unqueued.discard(pid)
+        return not unqueued
 
     def gradient_arrived(self, unit, pid):
         """A param's gradient was handed over: releases its unit once all have been."""
@@ -362,6 +366,7 @@ class UnitGathering:
         if waiting is None:
             return
         waiting.discard(pid)
+        self._unqueued[unit].discard(pid)  # marked absent: never queued
         if not waiting:
             self.release([unit])
 
