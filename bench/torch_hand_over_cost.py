@@ -23,7 +23,6 @@ from torch_vs_ddp import ROOT, build_model, data
 
 def measure(stage, steps, width, layers):
     """Microseconds per param per step inside the hand-over path at `stage`."""
-    import torch
     import torch.nn.functional as F
     sys.path.insert(0, os.path.join(ROOT, "python"))
     import zerort
