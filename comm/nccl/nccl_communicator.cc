@@ -40,6 +40,9 @@ ncclRedOp_t NcclOp(ReduceOp op) { return op == ReduceOp::kSum ? ncclSum : ncclMa
 constexpr std::chrono::seconds kAbortGrace(2);
 // How long the watchdog's poll of NCCL's asynchronous error waits for a call to return.
 constexpr std::chrono::milliseconds kPollGrace(50);
+// How long destroying a healthy communicator waits for its collectives still on its stream
+// (a peer that never joins one would otherwise hang the destructor).
+constexpr std::chrono::seconds kDrainLimit(60);
 
 // The watchdog thread may abort the NCCL communicator while the caller's thread uses it: the
 // caller uses it only while holding `use` and only while the group is healthy, and an abort
@@ -137,8 +140,11 @@ class NcclCommunicator final : public Communicator {
   ~NcclCommunicator() override {
     group_->watchdog.reset();  // stopped (joined) before the NCCL communicator can go
     if (group_->health.Get().ok()) {
-      cudaStreamSynchronize(own_);
-      ncclCommDestroy(comm_);
+      if (Status drained = DrainOwnStream(); drained.ok()) {
+        ncclCommDestroy(comm_);
+      } else {
+        group_->Break(drained);  // aborts: its kernels end, nothing waits for a peer
+      }
     }  // else ncclCommAbort already ended its kernels and freed it
     cudaStreamDestroy(own_);
     cudaEventDestroy(ready_);
@@ -183,6 +189,27 @@ class NcclCommunicator final : public Communicator {
   }
 
  private:
+  // Waits, at most kDrainLimit, for the collectives on the own stream; an error when one
+  // failed (NCCL's asynchronous error) or did not complete in time.
+  Status DrainOwnStream() {
+    const auto deadline = std::chrono::steady_clock::now() + kDrainLimit;
+    while (true) {
+      const cudaError_t state = cudaStreamQuery(own_);
+      if (state == cudaSuccess) return absl::OkStatus();
+      if (state != cudaErrorNotReady) {
+        return internal::CudaError(state, cudaGetErrorName(state), cudaGetErrorString(state),
+                                   "cudaStreamQuery(own)", __FILE__, __LINE__);
+      }
+      ZERO_RETURN_IF_ERROR(group_->AsyncError());
+      if (std::chrono::steady_clock::now() > deadline) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            "the NCCL communicator was destroyed while a collective was still in flight after ",
+            kDrainLimit.count(), " s: a peer rank never joined it"));
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+  }
+
   template <typename Launch>
   WorkPtr Run(const CollectiveSignature& s, const void* a, const void* b, Launch launch) {
     if (!group_->health.Get().ok()) return CompletedWork(group_->health.BrokenError(s.ToString().c_str()));
