@@ -26,12 +26,15 @@ Status MpiError(int code, const char* text, const char* expr, const char* file, 
 }  // namespace internal
 }  // namespace zero
 
-/// Returns a Status from the enclosing function when a CUDA runtime call fails.
+/// Returns a Status from the enclosing function when a CUDA runtime call fails, first clearing
+/// the thread's last CUDA error (the runtime keeps a non-sticky one until read, and a later,
+/// unrelated launch check, ours or PyTorch's, sharing the runtime would report it again).
 /// Usable only where <cuda_runtime.h> is included.
 #define ZERO_CUDA_RETURN_IF_ERROR(expr)                                                   \
   do {                                                                                    \
     cudaError_t zero_cuda_rc_ = (expr);                                                   \
     if (zero_cuda_rc_ != cudaSuccess) {                                                   \
+      (void)cudaGetLastError();                                                           \
       return ::zero::internal::CudaError(static_cast<int>(zero_cuda_rc_),                 \
                                          cudaGetErrorName(zero_cuda_rc_),                 \
                                          cudaGetErrorString(zero_cuda_rc_), #expr,        \

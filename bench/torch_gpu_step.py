@@ -3,6 +3,10 @@
 
     python3 bench/torch_gpu_step.py [--steps 20] [--width 4096] [--layers 6] [--batch 64]
 
+On a lent GPU machine (no Debian packages there): `tools/gpu-check bundle` here, then
+`tools/gpu-check torch-step` there with .gpu-bundle carried, which runs this with the
+bundle's library on the loader's path.
+
 One process, one GPU, one rank: what the engine's hand-over (a hook per param; at one rank
 the engine reads autograd's gradient where it is, Engine::LendGrad), its reduction path and
 its fused AdamW cost per step beside torch.optim.AdamW, on the same model and data.

@@ -203,6 +203,13 @@ class TorchEngine:
         _params.claim(tracked, self._engine._box)
         _gathered.drive(list(module.parameters()), self)  # frozen ones too (gathered())
 
+    def _wait_for_current_stream(self):
+        """Device "cuda": the engine's stream waits for the current one (work queued there
+        on memory the engine reads or writes next)."""
+        current = torch.cuda.current_stream(self._stream.device)
+        if current != self._stream:
+            self._stream.wait_stream(current)
+
     def _follow_engine_stream(self):
         current = torch.cuda.current_stream(self._stream.device)
         if current != self._stream:
@@ -357,13 +364,11 @@ class TorchEngine:
                 f"{tuple(grad.shape)}, not its registered {record.shape}",
                 errors.FailedPreconditionError.status)
         if self._stream is not None:
-            current = torch.cuda.current_stream(grad.device)
-            if current != self._stream:
-                # Computed on another stream (a forward under torch.cuda.stream(s)): the
-                # engine's stream waits for it, and the allocator keeps the gradient's
-                # memory until the engine's copy has run there.
-                self._stream.wait_stream(current)
-                grad.record_stream(self._stream)
+            # Computed on another stream (a forward under torch.cuda.stream(s)): the engine's
+            # stream waits for it. Whatever stream the gradient's memory came from, the
+            # allocator keeps it until the engine's copy or step has run on the engine's.
+            self._wait_for_current_stream()
+            grad.record_stream(self._stream)
         if (self._queue.add(record.pid, grad, unit) or not self._passes.open
                 or (self._units is not None and self._units.queued(unit, record.pid))):
             self._flush_grads()
@@ -563,6 +568,8 @@ class TorchEngine:
                 f"gathered(): modifier_rank {modifier_rank} is not a rank of this engine "
                 f"(0..{self.world_size - 1})", errors.InvalidArgumentError.status)
         registered = [pid for pid in pids if pid is not None]
+        if self._stream is not None:
+            self._follow_engine_stream()  # the values are the engine's (its step's)
         units = self._units.units_of(registered) if self._units is not None else []
         if self._units is not None:
             self._units.hold(units)
@@ -590,6 +597,8 @@ class TorchEngine:
             _device.broadcast_tensor(param.data, self._comm, rank, self._timeout)
             if pid is not None:
                 values = param.detach().clone()  # not the engine's own memory
+                if self._stream is not None:
+                    self._wait_for_current_stream()  # the clone, queued there
                 self._engine.set_param(pid, values.data_ptr())
 
     def _check_model(self, what):
@@ -627,6 +636,8 @@ class TorchEngine:
         for name, param, pid in self._params + self._frozen:
             record = self._records[pid]
             full = torch.empty(record.shape, dtype=record.dtype, device=record.device)
+            if self._stream is not None:
+                self._wait_for_current_stream()  # the memory's last use there
             self._engine.get_param(pid, full.data_ptr())
             result[name] = full
         for name, param in self._empty:
@@ -686,6 +697,8 @@ class TorchEngine:
             return
         self._closed = True
         self._queue.clear()  # gradients of an unfinished backward: never handed over
+        if self._stream is not None:
+            self._follow_engine_stream()  # the params' copies (Detacher) read its last step
         try:
             if self._units is not None:
                 self._units.remove()

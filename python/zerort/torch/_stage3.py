@@ -426,6 +426,9 @@ class UnitGathering:
                             param.data = param.data.clone()
                         continue
                     values = torch.empty(record.shape, dtype=record.dtype, device=record.device)
+                    other = self._other_current_stream()
+                    if other is not None:  # the memory's last use there comes first
+                        self.engine_stream.wait_stream(other)
                     self._engine.get_param(pid, values.data_ptr())  # every rank calls
                     if record.matches(param) and self.views_unit_memory(pid, param):
                         param.data = values
