@@ -18,11 +18,15 @@ class GradSlots {
  public:
   explicit GradSlots(const partition::PartitionPlan& plan)
       : plan_(plan), written_(plan.params().size(), 0), lent_(plan.params().size(), nullptr),
-        by_offset_(plan.buckets().size()) {
+        by_offset_(plan.buckets().size()), filling_(plan.buckets().size(), -1) {
     for (const Bucket& b : plan.buckets()) {
       by_offset_[b.index] = b.params;
       std::sort(by_offset_[b.index].begin(), by_offset_[b.index].end(),
                 [&plan](int x, int y) { return plan.placement(x).offset < plan.placement(y).offset; });
+      if (b.params.size() == 1 && plan.placement(b.params[0]).offset == 0 &&
+          plan.placement(b.params[0]).numel == b.numel) {
+        filling_[b.index] = b.params[0];
+      }
     }
   }
 
@@ -56,6 +60,17 @@ class GradSlots {
   }
 
   bool written(int param) const { return written_[param] != 0; }
+
+  // True when `param` alone fills its bucket (no other param, no alignment gap, no padding):
+  // its gradient is the bucket's whole gradient, so a collective can read it where it is.
+  bool FillsBucket(int param) const { return filling_[plan_.placement(param).bucket] == param; }
+  // The lent gradient that is `bucket`'s whole gradient (FillsBucket), or null.
+  const void* LentFilling(int bucket) const {
+    return filling_[bucket] < 0 ? nullptr : lent_[filling_[bucket]];
+  }
+  // `bucket`'s reduction has read its lent gradient (LentFilling): the reduced value is in the
+  // engine's memory from now on.
+  void ReducedFilling(int bucket) { Unlend(filling_[bucket]); }
 
   // `grad` is `param`'s gradient, read where it is: its slot counts as written (nothing to
   // zero there) but is never read while the gradient is lent.
@@ -114,6 +129,7 @@ class GradSlots {
   std::vector<const void*> lent_;  // per param: its lent gradient, or null
   int64_t lent_count_ = 0;
   std::vector<std::vector<int>> by_offset_;  // per bucket: its params by offset
+  std::vector<int> filling_;  // per bucket: the param that fills it alone (FillsBucket), or -1
 };
 
 // Stages 0 and 1: every trainable bucket's whole gradient (the plan's flat gradient layout).
@@ -135,9 +151,14 @@ class FullGradStore final : public GradStore {
     return slots_.Write(param, Slot(param), grad, dtype, ops_);
   }
 
+  // One rank: the step reads the lent gradient. Several: only a param that fills its bucket
+  // is kept, and its bucket's collective reads it in place of the bucket (see Reduction).
   StatusOr<bool> Lend(int param, const void* grad, DType dtype, bool last_micro_batch) override {
     const Bucket& b = plan_.buckets()[plan_.placement(param).bucket];
-    if (comm_.size() != 1 || !last_micro_batch || slots_.written(param) || dtype != b.grad_dtype) return false;
+    if ((comm_.size() != 1 && !slots_.FillsBucket(param)) || !last_micro_batch || slots_.written(param) ||
+        dtype != b.grad_dtype) {
+      return false;
+    }
     slots_.Lend(param, grad);
     return true;
   }
@@ -150,18 +171,29 @@ class FullGradStore final : public GradStore {
     ZERO_RETURN_IF_ERROR(slots_.ZeroUnwritten(bucket, base, ops_));
     // At world size 1 the reduction, in place, changes nothing: no collective.
     if (comm_.size() == 1) return std::pair<BucketScheduler::Launch, BucketScheduler::Finish>{};
+    // A lent gradient filling the bucket is its whole input (the bucket's memory holds
+    // nothing of this step before the collective writes the sum there).
+    const void* lent = slots_.LentFilling(bucket);
+    const void* source = lent != nullptr ? lent : base;
     BucketScheduler::Launch launch;
     if (!plan_.ranks_own_shards()) {
-      launch = [this, base, &b] {
-        return comm_.AllReduce(base, base, b.numel, b.grad_dtype, comm::ReduceOp::kSum);
+      launch = [this, source, base, &b] {
+        return comm_.AllReduce(source, base, b.numel, b.grad_dtype, comm::ReduceOp::kSum);
       };
     } else {
       char* own = base + b.grad_shard_byte_offset(comm_.rank());
-      launch = [this, base, own, &b] {
-        return comm_.ReduceScatter(base, own, b.shard_numel, b.grad_dtype, comm::ReduceOp::kSum);
+      launch = [this, source, own, &b] {
+        return comm_.ReduceScatter(source, own, b.shard_numel, b.grad_dtype, comm::ReduceOp::kSum);
       };
     }
-    return std::make_pair(std::move(launch), BucketScheduler::Finish());
+    BucketScheduler::Finish finish;
+    if (lent != nullptr) {
+      finish = [this, bucket] {
+        slots_.ReducedFilling(bucket);
+        return absl::OkStatus();
+      };
+    }
+    return std::make_pair(std::move(launch), std::move(finish));
   }
 
   void* OwnedGrad(int bucket) override {
@@ -216,11 +248,13 @@ class ShardedGradStore final : public GradStore {
     return slots_.Write(param, slot, grad, dtype, ops_);
   }
 
-  // The bucket's first reduction of the step is then a copy into the shard, which leaves the
-  // lent param's part out (see Reduction).
+  // One rank: the bucket's first reduction of the step is then a copy into the shard, which
+  // leaves the lent param's part out (see Reduction). Several ranks: only a param that fills
+  // its bucket is kept, and the bucket's reduce-scatter reads it in place of the pool buffer.
   StatusOr<bool> Lend(int param, const void* grad, DType dtype, bool last_micro_batch) override {
     const int bucket = plan_.placement(param).bucket;
-    if (comm_.size() != 1 || !last_micro_batch || !shard_is_zero_[bucket] || dtype != plan_.buckets()[bucket].grad_dtype) {
+    if ((comm_.size() != 1 && !slots_.FillsBucket(param)) || !last_micro_batch || !shard_is_zero_[bucket] ||
+        dtype != plan_.buckets()[bucket].grad_dtype) {
       return false;
     }
     ZERO_RETURN_IF_ERROR(BucketBuffer(bucket).status());  // taken first: its slots start unwritten
@@ -240,13 +274,17 @@ class ShardedGradStore final : public GradStore {
     shard_is_zero_[bucket] = false;
     const bool alone = comm_.size() == 1;  // the reduction is the bucket itself: no collective
     char* own = first && !alone ? static_cast<char*>(OwnedGrad(bucket)) : base + b.grad_shard_byte_offset(comm_.rank());
+    // Lent only on the first reduction (Lend), so its sum goes straight into the shard.
+    const void* lent = alone ? nullptr : slots_.LentFilling(bucket);
+    const void* source = lent != nullptr ? lent : base;
     BucketScheduler::Launch launch;
     if (!alone) {
-      launch = [this, base, own, &b] {
-        return comm_.ReduceScatter(base, own, b.shard_numel, b.grad_dtype, comm::ReduceOp::kSum);
+      launch = [this, source, own, &b] {
+        return comm_.ReduceScatter(source, own, b.shard_numel, b.grad_dtype, comm::ReduceOp::kSum);
       };
     }
-    BucketScheduler::Finish finish = [this, bucket, own, first, alone, &b] {
+    BucketScheduler::Finish finish = [this, bucket, own, first, alone, lent, &b] {
+      if (lent != nullptr) slots_.ReducedFilling(bucket);
       // Queued on the device before any later reuse of the pool buffer.
       Status added = !first  ? ops_.AddInto(OwnedGrad(bucket), own, b.shard_numel, b.grad_dtype)
                      : alone ? CopyAllButLent(bucket, own)

@@ -237,10 +237,13 @@ class Engine {
   /// call); this one does not. kDevice on a "cpu" engine is kInvalidArgument.
   virtual Status AccumulateGrad(ParamId id, const void* grad, Placement placement) = 0;
   /// AccumulateGrad for a gradient the caller can leave where it is until the step: where a
-  /// copy is all the engine would do with it (one rank, so no reduction; the param's first
-  /// gradient in the step's last micro-batch; the gradient dtype, so no widening to fp32),
-  /// the engine reads `grad` where it is in the next Step instead of copying it
-  /// (grad_bytes_copied counts none), and the caller leaves that memory unchanged until a
+  /// copy is all the engine would do with it (the param's first gradient in the step's last
+  /// micro-batch; the gradient dtype, so no widening to fp32; and either one rank, so no
+  /// reduction, or a param that fills its bucket alone: no other param, no padding, as a
+  /// large bias-free weight whose size is a multiple of world size × 128 elements; at stage
+  /// 3 a unit of one param), the engine reads `grad` where it is instead of copying it (one rank: in the next
+  /// Step; several: its bucket's collective reads it in place of the bucket), counting none
+  /// in grad_bytes_copied, and the caller leaves that memory unchanged until a
   /// Step returns successfully or the engine is destroyed. Returns whether the engine kept
   /// it; false: it was copied, exactly as by AccumulateGrad. A later gradient for the param
   /// in the same step copies the kept one first.

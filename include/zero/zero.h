@@ -137,9 +137,11 @@ ZERO_API zero_status zero_accumulate_grad(zero_engine* engine, int64_t id, const
  *  data), without asking the driver where `grad` points (one call less per gradient). */
 ZERO_API zero_status zero_accumulate_device_grad(zero_engine* engine, int64_t id, const void* grad);
 /** zero_accumulate_grad for a gradient left unchanged where it is until a step returns
- *  successfully: where a copy is all the engine would do (one rank, the param's first gradient
- *  in the step's last micro-batch, no widening), it reads it there instead; *kept says whether
- *  it did (0: it was copied). `on_device`: the gradient is the engine's device memory. */
+ *  successfully: where a copy is all the engine would do (the param's first gradient in the
+ *  step's last micro-batch, no widening; one rank, or a param that fills its bucket alone,
+ *  whose reduction then reads it), it reads it there instead; *kept says whether it did (0:
+ *  it was copied). `on_device`: the gradient is the engine's device memory. See
+ *  Engine::LendGrad. */
 ZERO_API zero_status zero_lend_grad(zero_engine* engine, int64_t id, const void* grad, int on_device,
                                     int* kept);
 /** Flags of zero_accumulate_grads. */

@@ -524,6 +524,48 @@ def test_a_rank_alone_lends_its_gradients_and_trains_the_same(stage):
     assert_close(lent, copied)
 
 
+def bias_free_mlp():
+    """Two bias-free Linear(16, 16) (256 elements each: with the buckets of
+    FILLED_BUCKETS, each fills a bucket alone at 2 ranks) and a Linear(16, 1) head."""
+    torch.manual_seed(3)
+    return torch.nn.Sequential(
+        torch.nn.Linear(16, 16, bias=False), torch.nn.Tanh(),
+        torch.nn.Linear(16, 16, bias=False), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+
+
+FILLED_BUCKETS = {"first_bucket_elems": 200, "reduce_bucket_elems": 256}
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2])
+def test_two_ranks_lend_the_gradients_that_fill_a_bucket(stage):
+    """On several ranks engine.lend_gradients lends a param that fills its bucket alone (its
+    bucket's collective reads autograd's tensor) and copies the rest: the head's 17 elements
+    per step here; training is the same as with every gradient copied."""
+    def body(rank, comm, lend):
+        model = models[lend][rank]
+        engine = zerort.torch.initialize(
+            model, {"stage": stage, "optimizer": OPTIMIZER, "buckets": FILLED_BUCKETS}, comm)
+        engine.lend_gradients = lend
+        generator = torch.Generator().manual_seed(10 + rank)
+        for _ in range(3):
+            x = torch.randn(8, 16, generator=generator)
+            engine.backward(model(x).square().mean())
+            assert len(engine._lent_grads) == (2 if lend else 0)
+            engine.step()
+            assert not engine._lent_grads
+        result = engine.counters()["grad_bytes_copied"], engine.state_dict()
+        engine.close()
+        return result
+
+    models = {lend: [bias_free_mlp() for _ in range(2)] for lend in (False, True)}  # one thread
+    copied = run_ranks(2, lambda rank, comm: body(rank, comm, False))
+    lent = run_ranks(2, lambda rank, comm: body(rank, comm, True))
+    for (bytes_copied, state), (bytes_lent, lent_state) in zip(copied, lent):
+        assert bytes_copied == 3 * 4 * (2 * 256 + 17)
+        assert bytes_lent == 3 * 4 * 17
+        assert_close(lent_state, state)
+
+
 @pytest.mark.parametrize("world", [1, 2])
 def test_counters_and_memory_stats_show_prefetching_and_what_each_rank_holds(world):
     """engine.counters() shows stage 3's prefetched and on-demand gathers, the reductions,

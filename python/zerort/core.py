@@ -360,9 +360,10 @@ class Engine:
 
     def lend_grad(self, pid, address, on_device=False):
         """accumulate_grad for a gradient left unchanged at `address` until a step returns
-        successfully: where a copy is all the engine would do with it (one rank, the param's
-        first gradient in the step's last micro-batch, no widening), the engine reads it
-        there instead. Returns whether it did (False: it was copied)."""
+        successfully: where a copy is all the engine would do with it (the param's first
+        gradient in the step's last micro-batch, no widening; one rank, or a param that fills
+        its bucket alone, whose reduction then reads it), the engine reads it there instead.
+        Returns whether it did (False: it was copied)."""
         kept = ctypes.c_int()
         _check(library().zero_lend_grad(self._handle, pid, address, int(on_device),
                                         ctypes.byref(kept)), "zero_lend_grad")

@@ -1,13 +1,15 @@
 // Gradients lent instead of copied (Engine::LendGrad): on one rank, where the copy is all the
 // engine would do, the step reads the trainer's memory where it is (no byte copied) and trains
-// bit for bit as with copied gradients, at every stage and with every optimizer; with several
-// micro-batches, or with more ranks, nothing is lent; a second gradient
-// for a lent param adds to it.
+// bit for bit as with copied gradients, at every stage and with every optimizer; on several
+// ranks the reduction reads a param that fills its bucket alone where it is, and copies the
+// rest; with several micro-batches nothing is lent; a second gradient for a lent param adds
+// to it.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "tests/engine/run_on_ranks.h"
@@ -107,7 +109,9 @@ TEST(EngineLentGrads, WithMicroBatchesNothingIsLent) {
   }
 }
 
-TEST(EngineLentGrads, SeveralRanksCopyAsBefore) {
+// The toy model's default sizes: fc1.weight (37 × 13 = 481 elements) has a bucket of its
+// own, padded to 768 elements at 3 ranks, so no param fills its bucket and all are copied.
+TEST(EngineLentGrads, SeveralRanksCopyWhatDoesNotFillABucket) {
   for (int stage : {0, 1, 2, 3}) {
     SCOPED_TRACE("stage " + std::to_string(stage));
     const Config config = ToyConfig(stage);
@@ -119,38 +123,71 @@ TEST(EngineLentGrads, SeveralRanksCopyAsBefore) {
   }
 }
 
-// One param of 11 elements; a lent gradient, then a second one for the same param in the same
-// backward (guard.on_duplicate = "count"): the step sees their sum.
-TEST(EngineLentGrads, ASecondGradientAddsToTheLentOne) {
-  for (int stage : {0, 2}) {
-    SCOPED_TRACE("stage " + std::to_string(stage));
-    const std::vector<Status> results = RunOnRanks(1, [stage](int, comm::Communicator& comm) -> Status {
-      Config config = ToyConfig(stage);
-      config.guard.on_duplicate = DuplicatePolicy::kCount;
-      config.optimizer.type = OptimizerType::kSgd;
-      config.optimizer.lr = 1.0f;
-      config.optimizer.weight_decay = 0.0f;
-      ZERO_ASSIGN_OR_RETURN(auto engine, Engine::Create(config, comm));
-      ZERO_ASSIGN_OR_RETURN(ParamId id, engine->RegisterParam({"w", {11}, DType::kFP32}));
-      ZERO_RETURN_IF_ERROR(engine->Finalize());
-      std::vector<float> w(11, 0.0f), a(11), b(11), out(11);
-      for (int i = 0; i < 11; ++i) {
-        a[i] = 0.5f + i;
-        b[i] = 0.25f * i - 1.0f;
+// fc1.weight sized to fill a bucket of its own exactly (hidden × 16 elements, a multiple of
+// world × 128, alone since it does not fit beside its bias): at stages 0-2 its bucket's
+// collective reads the lent gradient in place of the bucket, bit for bit as the copy, and
+// only the other params are copied. At stage 3 a bucket is a unit (fc1's weight and bias), so
+// everything is copied. The other world size pads the same weight: copied there too.
+TEST(EngineLentGrads, SeveralRanksReduceAParamThatFillsItsBucketWhereItIs) {
+  for (const auto& [world, hidden, padded_world] : {std::tuple{2, 16, 3}, std::tuple{3, 24, 2}}) {
+    for (int stage : {0, 1, 2, 3}) {
+      SCOPED_TRACE("world " + std::to_string(world) + ", stage " + std::to_string(stage));
+      const Config config = ToyConfig(stage);
+      ToyOptions options;
+      options.steps = 4;
+      options.inputs = 16;
+      options.hidden = hidden;
+      options.global_batch = 6;
+      const int64_t weight_bytes = 4 * int64_t{hidden} * options.inputs;
+      const int64_t copied_per_step = ToyGradBytes(options) - (stage == 3 ? 0 : weight_bytes);
+      const auto [copied, lent] = TrainCopiedAndLent(world, config, options);
+      ExpectSameTraining(lent, copied);
+      for (const testing::RankRun& run : lent) EXPECT_EQ(run.counters.grad_bytes_copied, copied_per_step * options.steps);
+      const auto [copied_padded, lent_padded] = TrainCopiedAndLent(padded_world, config, options);
+      ExpectSameTraining(lent_padded, copied_padded);
+      for (const testing::RankRun& run : lent_padded) {
+        EXPECT_EQ(run.counters.grad_bytes_copied, ToyGradBytes(options) * options.steps);
       }
-      ZERO_RETURN_IF_ERROR(engine->SetParam(id, w.data()));
-      ZERO_RETURN_IF_ERROR(engine->BeginIteration());
-      ZERO_ASSIGN_OR_RETURN(bool kept, engine->LendGrad(id, a.data(), Placement::kHost));
-      EXPECT_TRUE(kept);
-      ZERO_RETURN_IF_ERROR(engine->AccumulateGrad(id, b.data()));
-      ZERO_RETURN_IF_ERROR(engine->EndBackward());
-      ZERO_RETURN_IF_ERROR(engine->Step().status());
-      ZERO_RETURN_IF_ERROR(engine->GetParam(id, out.data()));
-      for (int i = 0; i < 11; ++i) EXPECT_EQ(out[i], -(a[i] + b[i])) << i;  // SGD, lr 1
-      EXPECT_EQ(engine->counters().grad_bytes_copied, 11 * 4);
-      return absl::OkStatus();
-    });
-    EXPECT_THAT(results, ::testing::Each(IsOk()));
+    }
+  }
+}
+
+// One param; a lent gradient, then a second one for the same param in the same backward
+// (guard.on_duplicate = "count"): the step sees their sum. On one rank 11 elements; on two
+// 256, which fill the param's bucket, so its reduction would read the lent gradient.
+TEST(EngineLentGrads, ASecondGradientAddsToTheLentOne) {
+  for (const auto& [world, numel] : {std::pair{1, 11}, std::pair{2, 256}}) {
+    for (int stage : {0, 2}) {
+      SCOPED_TRACE("world " + std::to_string(world) + ", stage " + std::to_string(stage));
+      const std::vector<Status> results = RunOnRanks(world, [stage, numel = numel](int, comm::Communicator& comm) -> Status {
+        Config config = ToyConfig(stage);
+        config.guard.on_duplicate = DuplicatePolicy::kCount;
+        config.optimizer.type = OptimizerType::kSgd;
+        config.optimizer.lr = 1.0f;
+        config.optimizer.weight_decay = 0.0f;
+        config.buckets.first_bucket_elems = numel;
+        ZERO_ASSIGN_OR_RETURN(auto engine, Engine::Create(config, comm));
+        ZERO_ASSIGN_OR_RETURN(ParamId id, engine->RegisterParam({"w", {numel}, DType::kFP32}));
+        ZERO_RETURN_IF_ERROR(engine->Finalize());
+        std::vector<float> w(numel, 0.0f), a(numel), b(numel), out(numel);
+        for (int i = 0; i < numel; ++i) {
+          a[i] = 0.5f + i % 17;
+          b[i] = 0.25f * (i % 13) - 1.0f;
+        }
+        ZERO_RETURN_IF_ERROR(engine->SetParam(id, w.data()));
+        ZERO_RETURN_IF_ERROR(engine->BeginIteration());
+        ZERO_ASSIGN_OR_RETURN(bool kept, engine->LendGrad(id, a.data(), Placement::kHost));
+        EXPECT_TRUE(kept);
+        ZERO_RETURN_IF_ERROR(engine->AccumulateGrad(id, b.data()));
+        ZERO_RETURN_IF_ERROR(engine->EndBackward());
+        ZERO_RETURN_IF_ERROR(engine->Step().status());
+        ZERO_RETURN_IF_ERROR(engine->GetParam(id, out.data()));
+        for (int i = 0; i < numel; ++i) EXPECT_EQ(out[i], -(a[i] + b[i])) << i;  // SGD, lr 1, same on every rank
+        EXPECT_EQ(engine->counters().grad_bytes_copied, numel * 4);
+        return absl::OkStatus();
+      });
+      EXPECT_THAT(results, ::testing::Each(IsOk()));
+    }
   }
 }
 

@@ -37,9 +37,10 @@ class TorchEngine:
     - `engine.backward(loss)` multiplies the loss by the loss scale and divides it by
       gradient_accumulation_steps before backward; with `loss.backward()` do that yourself
       (engine.scale(loss) applies the loss scale).
-    - `engine.lend_gradients` (default: True on a GPU): where a rank alone would only copy a
-      gradient into its bucket, the hook lends autograd's tensor to the engine instead
-      (core.Engine.lend_grad) and keeps it until the step, which reads it where it is. On
+    - `engine.lend_gradients` (default: True on a GPU): where the engine would only copy a
+      gradient into its bucket (a rank alone; on several ranks a param that fills its
+      bucket, whose reduction then reads it), the hook lends autograd's tensor to the engine
+      instead (core.Engine.lend_grad) and keeps it until the step. On
       the CPU the default is False: gradients all freed at the step come back as fresh pages
       in the next backward (the C allocator returns them), which costs about what the copy
       saves.
