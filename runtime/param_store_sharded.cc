@@ -5,7 +5,10 @@
 // off the recorded order leaves the trace (on demand from there) until a gather of the trace's
 // first unit starts a pass from the top again: an eval pass's forward follows the trace's first
 // gathers, and the training step after it comes back to the trace at its first gather. A step
-// that never comes back (changed control flow) has the next step record the order again.
+// that never comes back (changed control flow) has the next step record the order again. A
+// unit released where the order gathers it again within what the prefetcher would gather
+// ahead stays gathered (a forward's last units, which backward gathers first): freeing it
+// would only have it prefetched straight back.
 #include <algorithm>
 #include <memory>
 #include <vector>
@@ -169,6 +172,10 @@ class ShardedParams final : public ParamStore {
   StatusOr<base::Buffer> BorrowBuffer(const Bucket& b);
   // Drops prefetched units nobody asked for yet (after their all-gathers complete).
   Status DropPrefetched();
+  // Whether a unit released now would be prefetched again before the trainer's next gathers
+  // (the recorded order gathers it within the prefetch window Prefetch would fill): Release
+  // then keeps it, as if prefetched, instead of freeing it and gathering it again.
+  bool GatheredAgainSoon(int bucket) const;
   void Prefetch();
 
   const Stage3Config config_;
@@ -406,8 +413,33 @@ Status ShardedParams::Release(int unit) {
   if (u.holders == 0) {
     return absl::FailedPreconditionError(absl::StrCat("Release(", unit, "): unit ", unit, " is not gathered"));
   }
-  if (--u.holders == 0) FreeUnit(bucket);
+  if (--u.holders > 0) return absl::OkStatus();
+  if (GatheredAgainSoon(bucket)) {  // kept as if prefetched: its next Gather is a hit
+    prefetched_elems_ += plan_.buckets()[bucket].numel;
+    ++counters_.releases_kept;
+  } else {
+    FreeUnit(bucket);
+  }
   return absl::OkStatus();
+}
+
+bool ShardedParams::GatheredAgainSoon(int bucket) const {
+  if (trace_state_ != Trace::kValid) return false;
+  const int64_t numel = plan_.buckets()[bucket].numel;
+  int64_t ahead = 0;  // elements Prefetch would start before reaching `bucket`
+  for (size_t k = trace_position_; k < trace_.size(); ++k) {
+    if (trace_[k] == bucket) {
+      return prefetched_elems_ + ahead + numel <= config_.prefetch_elems &&
+             live_elems_ + ahead <= config_.max_live_elems;  // `bucket`'s elements are live already
+    }
+    const Bucket& b = plan_.buckets()[trace_[k]];
+    if (units_[b.index].buffer.data() != nullptr) continue;  // held or on its way: costs nothing more
+    ahead += b.numel;
+    if (prefetched_elems_ + ahead > config_.prefetch_elems || live_elems_ + ahead > config_.max_live_elems) {
+      return false;
+    }
+  }
+  return false;
 }
 
 }  // namespace

@@ -138,9 +138,10 @@ struct BucketConfig {
 };
 
 struct Stage3Config {
-  /// Elements of units gathered ahead of the trainer's Gather; also the most elements of
-  /// released units' buffers kept for reuse by later gathers (within max_live_elems with
-  /// the gathered units). [0, 1e15]
+  /// Elements of units gathered ahead of the trainer's Gather (a released unit that the
+  /// recorded order gathers again within them stays gathered, as if prefetched); also the
+  /// most elements of released units' buffers kept for reuse by later gathers (within
+  /// max_live_elems with the gathered units). [0, 1e15]
   int64_t prefetch_elems = 50'000'000;
   int64_t max_live_elems = 1'000'000'000;    ///< [1, 1e15]
   int64_t persistence_threshold = 100'000;   ///< [0, 1e15]

@@ -107,6 +107,11 @@ struct EngineCounters {
   /// the device such as SetParam, GetParam and checkpoints). Each such wait drains the GPU's
   /// queue. 0 on the CPU for a rank alone, which runs no collective.
   int64_t host_waits = 0;
+  /// stage 3: Releases that kept their unit gathered because the recorded gather order
+  /// gathers it again within what the prefetcher would gather ahead (stage3.prefetch_elems):
+  /// its next Gather then runs no all-gather (a forward's last units, which backward gathers
+  /// first).
+  int64_t releases_kept = 0;
 };
 
 /// Stage 3: where a param's values sit in its unit's gathered memory (Engine::GatheredPlaceOf).

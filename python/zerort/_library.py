@@ -29,7 +29,8 @@ class EngineCounters(ctypes.Structure):
     _fields_ = [(name, ctypes.c_int64) for name in (
         "reductions_launched", "reductions_before_end_backward", "pool_waits",
         "gathers_prefetched", "gathers_on_demand", "trace_invalidations",
-        "checkpoint_bytes_read", "grad_bytes_copied", "host_waits", "gather_allocations")]
+        "checkpoint_bytes_read", "grad_bytes_copied", "host_waits", "gather_allocations",
+        "releases_kept")]
 
 
 class MemoryStats(ctypes.Structure):

@@ -150,6 +150,75 @@ TEST(EngineStage3, PrefetchResumesAfterAnEvalPass) {
   EXPECT_EQ(e.counters().trace_invalidations, 0);
 }
 
+// A unit released where the recorded order gathers it again within the prefetch window stays
+// gathered (Release keeps it as if prefetched): with room for every unit, each one a forward
+// releases (backward gathers it again). With room for one unit the prefetcher has already
+// filled it with the next unit when a unit is released, so nothing is kept; with none,
+// nothing. The gathered memory stays within what the prefetcher may hold, and the training
+// is the same in all three.
+TEST(EngineStage3, AReleasedUnitGatheredAgainWithinThePrefetchWindowStaysGathered) {
+  constexpr int kWorld = 3, kUnits = 4, kSteps = 4;
+  constexpr int64_t kUnitElems = 768;  // 700 elements padded to a multiple of 3 × 128
+  struct Run {
+    int64_t kept_last_step = 0;
+    int64_t peak_gathered = 0;
+    std::vector<float> params;
+  };
+  auto train = [&](int64_t prefetch_elems) {
+    std::vector<Run> runs(kWorld);
+    Config config = ToyConfig(3);
+    config.stage3.prefetch_elems = prefetch_elems;
+    const std::vector<Status> results = RunOnRanks(kWorld, [&](int r, comm::Communicator& comm) -> Status {
+      ZERO_ASSIGN_OR_RETURN(auto e, Engine::Create(config, comm));
+      for (int u = 0; u < kUnits; ++u) {
+        ZERO_RETURN_IF_ERROR(e->RegisterParam({"p" + std::to_string(u), {700}, DType::kFP32, true, 0, u}).status());
+      }
+      ZERO_RETURN_IF_ERROR(e->Finalize());
+      std::vector<float> grad(700);
+      for (int step = 0; step < kSteps; ++step) {
+        const int64_t kept_before = e->counters().releases_kept;
+        for (int u = 0; u < kUnits; ++u) {  // forward
+          ZERO_RETURN_IF_ERROR(e->Gather(u));
+          ZERO_RETURN_IF_ERROR(e->Release(u));
+        }
+        ZERO_RETURN_IF_ERROR(e->BeginIteration());
+        for (int u = kUnits - 1; u >= 0; --u) {  // backward
+          ZERO_RETURN_IF_ERROR(e->Gather(u));
+          ZERO_ASSIGN_OR_RETURN(void* values, e->ParamData(u));
+          for (int i = 0; i < 700; ++i) grad[i] = 0.01f * (i % 7 - 3) + 0.1f * static_cast<float*>(values)[i] + 0.001f * r;
+          ZERO_RETURN_IF_ERROR(e->AccumulateGrad(u, grad.data()));
+          ZERO_RETURN_IF_ERROR(e->Release(u));
+        }
+        ZERO_RETURN_IF_ERROR(e->EndBackward());
+        ZERO_RETURN_IF_ERROR(e->Step().status());
+        runs[r].kept_last_step = e->counters().releases_kept - kept_before;
+      }
+      runs[r].peak_gathered = e->GetMemoryStats().Peak(MemoryCategory::kGathered);
+      std::vector<float> values(700);
+      for (int u = 0; u < kUnits; ++u) {
+        ZERO_RETURN_IF_ERROR(e->GetParam(u, values.data()));
+        runs[r].params.insert(runs[r].params.end(), values.begin(), values.end());
+      }
+      return absl::OkStatus();
+    });
+    EXPECT_THAT(results, ::testing::Each(IsOk()));
+    return runs;
+  };
+  const std::vector<Run> all = train(kUnits * kUnitElems), one = train(kUnitElems), none = train(0);
+  if (HasFailure()) return;
+  for (int r = 0; r < kWorld; ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    EXPECT_EQ(all[r].kept_last_step, kUnits);
+    EXPECT_EQ(one[r].kept_last_step, 0);
+    EXPECT_EQ(none[r].kept_last_step, 0);
+    EXPECT_LE(all[r].peak_gathered, kUnits * kUnitElems * 4);
+    EXPECT_LE(one[r].peak_gathered, 2 * kUnitElems * 4) << "one held, one prefetched";
+    EXPECT_LE(none[r].peak_gathered, kUnitElems * 4);
+    EXPECT_EQ(one[r].params, none[r].params);
+    EXPECT_EQ(all[r].params, none[r].params);
+  }
+}
+
 TEST(EngineStage3, ViewsOfUngatheredParamsAreErrors) {
   auto group = comm::CreateLocalGroup(1);
   auto engine = Engine::Create(ToyConfig(3), *(*group)[0]);
