@@ -286,7 +286,9 @@ Status EngineImpl::Gather(int unit) {
 Status EngineImpl::Release(int unit) {
   ZERO_RETURN_IF_ERROR(RequireHealthyGroup("Release"));
   if (phase_ == Phase::kRegistering) return RequirePhase(Phase::kIdle, "Release");
-  return params_->Release(unit);
+  // Inside an iteration the trainer computes with the params and writes none of them, so a
+  // unit kept gathered for its backward holds the shards' values.
+  return params_->Release(unit, /*may_keep=*/phase_ == Phase::kBackward);
 }
 
 StatusOr<GatheredPlace> EngineImpl::GatheredPlaceOf(ParamId id) const {

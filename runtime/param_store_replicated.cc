@@ -33,7 +33,7 @@ class ReplicatedParams final : public ParamStore {
   void* View(int param) override { return Address(param); }
 
   Status Gather(int) override { return absl::OkStatus(); }
-  Status Release(int) override { return absl::OkStatus(); }
+  Status Release(int, bool) override { return absl::OkStatus(); }
   StatusOr<GatheredPlace> Place(int) const override { return StageThreeOnly("GatheredPlaceOf"); }
   Status Lend(GatheredMemoryLender) override { return StageThreeOnly("LendGatheredMemory"); }
 

@@ -6,9 +6,10 @@
 // first unit starts a pass from the top again: an eval pass's forward follows the trace's first
 // gathers, and the training step after it comes back to the trace at its first gather. A step
 // that never comes back (changed control flow) has the next step record the order again. A
-// unit released where the order gathers it again within what the prefetcher would gather
-// ahead stays gathered (a forward's last units, which backward gathers first): freeing it
-// would only have it prefetched straight back.
+// unit released inside an iteration where the order gathers it again within what the
+// prefetcher would gather ahead stays gathered (a forward's units, which backward gathers
+// again): freeing it would only have it prefetched straight back. Outside an iteration (a
+// trainer's own look at the params, which may write into them) a release always frees.
 #include <algorithm>
 #include <memory>
 #include <vector>
@@ -86,7 +87,7 @@ class ShardedParams final : public ParamStore {
   }
 
   Status Gather(int unit) override;
-  Status Release(int unit) override;
+  Status Release(int unit, bool may_keep) override;
 
   StatusOr<GatheredPlace> Place(int param) const override {
     const Bucket& b = plan_.buckets()[plan_.placement(param).bucket];
@@ -406,7 +407,7 @@ Status ShardedParams::Lend(GatheredMemoryLender lender) {
   return absl::OkStatus();
 }
 
-Status ShardedParams::Release(int unit) {
+Status ShardedParams::Release(int unit, bool may_keep) {
   ZERO_ASSIGN_OR_RETURN(int bucket, BucketOfUnit(unit, "Release"));
   Unit& u = units_[bucket];
   if (u.persistent) return absl::OkStatus();
@@ -414,7 +415,7 @@ Status ShardedParams::Release(int unit) {
     return absl::FailedPreconditionError(absl::StrCat("Release(", unit, "): unit ", unit, " is not gathered"));
   }
   if (--u.holders > 0) return absl::OkStatus();
-  if (GatheredAgainSoon(bucket)) {  // kept as if prefetched: its next Gather is a hit
+  if (may_keep && GatheredAgainSoon(bucket)) {  // kept as if prefetched: its next Gather is a hit
     prefetched_elems_ += plan_.buckets()[bucket].numel;
     ++counters_.releases_kept;
   } else {

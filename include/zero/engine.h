@@ -193,8 +193,12 @@ class Engine {
   virtual Status Gather(int unit) = 0;
   /// Stage 3: the trainer is done with `unit` for now; its buffer is freed, or kept for a
   /// later gather of its size (up to stage3.prefetch_elems elements of such buffers, within
-  /// stage3.max_live_elems), so a steady step allocates none. The trainer's reads of its
-  /// ParamData views must be done by then (cuda: queued on the engine's stream, SetStream).
+  /// stage3.max_live_elems), so a steady step allocates none. Between BeginIteration and
+  /// EndBackward a unit the recorded gather order gathers again within the prefetch window
+  /// stays gathered instead (counters().releases_kept), so there the trainer must not write
+  /// into its ParamData views (SetParam changes params; outside an iteration a write lasts
+  /// until the unit's release, as before). The trainer's reads of its ParamData views must
+  /// be done by then (cuda: queued on the engine's stream, SetStream).
   virtual Status Release(int unit) = 0;
 
   /// Stage 3: where `id`'s values sit in its unit's gathered memory (GatheredPlace). After

@@ -3,6 +3,7 @@
 // correct, and views of params whose unit is not gathered.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 
 #include <cmath>
@@ -150,9 +151,9 @@ TEST(EngineStage3, PrefetchResumesAfterAnEvalPass) {
   EXPECT_EQ(e.counters().trace_invalidations, 0);
 }
 
-// A unit released where the recorded order gathers it again within the prefetch window stays
-// gathered (Release keeps it as if prefetched): with room for every unit, each one a forward
-// releases (backward gathers it again). With room for one unit the prefetcher has already
+// A unit released inside an iteration where the recorded order gathers it again within the
+// prefetch window stays gathered (Release keeps it as if prefetched): with room for every
+// unit, each one a forward releases (backward gathers it again). With room for one unit the prefetcher has already
 // filled it with the next unit when a unit is released, so nothing is kept; with none,
 // nothing. The gathered memory stays within what the prefetcher may hold, and the training
 // is the same in all three.
@@ -177,11 +178,11 @@ TEST(EngineStage3, AReleasedUnitGatheredAgainWithinThePrefetchWindowStaysGathere
       std::vector<float> grad(700);
       for (int step = 0; step < kSteps; ++step) {
         const int64_t kept_before = e->counters().releases_kept;
+        ZERO_RETURN_IF_ERROR(e->BeginIteration());  // forward inside: releases may keep
         for (int u = 0; u < kUnits; ++u) {  // forward
           ZERO_RETURN_IF_ERROR(e->Gather(u));
           ZERO_RETURN_IF_ERROR(e->Release(u));
         }
-        ZERO_RETURN_IF_ERROR(e->BeginIteration());
         for (int u = kUnits - 1; u >= 0; --u) {  // backward
           ZERO_RETURN_IF_ERROR(e->Gather(u));
           ZERO_ASSIGN_OR_RETURN(void* values, e->ParamData(u));
@@ -217,6 +218,47 @@ TEST(EngineStage3, AReleasedUnitGatheredAgainWithinThePrefetchWindowStaysGathere
     EXPECT_EQ(one[r].params, none[r].params);
     EXPECT_EQ(all[r].params, none[r].params);
   }
+}
+
+// Outside an iteration a trainer may write into a gathered unit (a look at the params that
+// changes them in place); its release frees the unit, so the next gather reads the shards'
+// values again, however soon the recorded order gathers it.
+TEST(EngineStage3, AWriteIntoAUnitGatheredOutsideAnIterationIsDroppedAtItsRelease) {
+  const std::vector<Status> results = RunOnRanks(2, [](int, comm::Communicator& comm) -> Status {
+    ZERO_ASSIGN_OR_RETURN(auto e, Engine::Create(ToyConfig(3), comm));
+    for (int u = 0; u < 2; ++u) ZERO_RETURN_IF_ERROR(e->RegisterParam({"p" + std::to_string(u), {300}, DType::kFP32, true, 0, u}).status());
+    ZERO_RETURN_IF_ERROR(e->Finalize());
+    const std::vector<float> grad(300, 0.5f);
+    for (int step = 0; step < 3; ++step) {
+      ZERO_RETURN_IF_ERROR(e->BeginIteration());
+      for (int u = 0; u < 2; ++u) {
+        ZERO_RETURN_IF_ERROR(e->Gather(u));
+        ZERO_RETURN_IF_ERROR(e->Release(u));
+      }
+      for (int u = 1; u >= 0; --u) {
+        ZERO_RETURN_IF_ERROR(e->Gather(u));
+        ZERO_RETURN_IF_ERROR(e->AccumulateGrad(u, grad.data()));
+        ZERO_RETURN_IF_ERROR(e->Release(u));
+      }
+      ZERO_RETURN_IF_ERROR(e->EndBackward());
+      ZERO_RETURN_IF_ERROR(e->Step().status());
+    }
+    std::vector<float> before(300);
+    ZERO_RETURN_IF_ERROR(e->GetParam(0, before.data()));
+    const int64_t kept = e->counters().releases_kept;
+    EXPECT_GT(kept, 0);  // inside the iterations
+    ZERO_RETURN_IF_ERROR(e->Gather(0));  // the recorded order's first gather
+    ZERO_ASSIGN_OR_RETURN(void* view, e->ParamData(0));
+    std::fill_n(static_cast<float*>(view), 300, 42.0f);
+    ZERO_RETURN_IF_ERROR(e->Release(0));
+    EXPECT_EQ(e->counters().releases_kept, kept);
+    ZERO_RETURN_IF_ERROR(e->Gather(0));
+    ZERO_ASSIGN_OR_RETURN(view, e->ParamData(0));
+    const float* values = static_cast<const float*>(view);
+    EXPECT_EQ(std::vector<float>(values, values + 300), before);
+    return e->Release(0);
+  });
+  EXPECT_THAT(results, ::testing::Each(IsOk()));
 }
 
 TEST(EngineStage3, ViewsOfUngatheredParamsAreErrors) {

@@ -106,7 +106,7 @@ TEST_P(ParamStoreTest, HoldsSetValuesAndAfterAStepEveryRankSeesEveryUpdate) {
     for (int64_t i = 0; i < kNumels[1]; ++i) {
       if (view[i] != Updated(1, i)) return absl::InternalError(absl::StrCat("view of param 1 at ", i, ": ", view[i]));
     }
-    return s.store->Release(1);
+    return s.store->Release(1, false);
   }), Each(IsOk()));
 }
 
@@ -162,12 +162,12 @@ TEST(ShardedParamStore, UnitsAreViewedOnlyWhileGatheredAndWithinTheLiveLimit) {
     EXPECT_EQ(view[999], 42.0f) << "Set updates a gathered copy too";
     EXPECT_THAT(s.store->Gather(0), StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("stage3.max_live_elems")));
     EXPECT_THAT(s.store->Gather(9), StatusIs(absl::StatusCode::kNotFound, HasSubstr("unit 9")));
-    ASSERT_THAT(s.store->Release(1), IsOk());
+    ASSERT_THAT(s.store->Release(1, false), IsOk());
     EXPECT_EQ(s.store->View(1), nullptr);
-    EXPECT_THAT(s.store->Release(1), StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("not gathered")));
+    EXPECT_THAT(s.store->Release(1, false), StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("not gathered")));
     ASSERT_THAT(s.store->Gather(0), IsOk());  // fits now
     EXPECT_EQ(s.counters.gathers_on_demand, 2);
-    ASSERT_THAT(s.store->Release(0), IsOk());
+    ASSERT_THAT(s.store->Release(0, false), IsOk());
     EXPECT_NE(s.store->ReplicaHash(1).value_or(0), 0u);
     ASSERT_THAT(s.store->AfterLoad(), IsOk());
     EXPECT_EQ(s.store->ReplicaHash(1).value_or(1), 0u) << "a load forgets the values given to Set";

@@ -35,8 +35,8 @@ is not released by a module nested inside it.
 
 Limits: every rank must run the same modules in the same order (the gathers are
 collective); a param read outside every forward finds its storage empty, or, while the
-engine prefetches its unit, values that may still be arriving (gathered() is the way to read
-it there).
+engine prefetches its unit (or keeps it gathered for the backward of a step under way),
+values that may still be arriving (gathered() is the way to read it there).
 """
 import collections
 import ctypes
