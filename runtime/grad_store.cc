@@ -64,6 +64,13 @@ class GradSlots {
   // True when `param` alone fills its bucket (no other param, no alignment gap, no padding):
   // its gradient is the bucket's whole gradient, so a collective can read it where it is.
   bool FillsBucket(int param) const { return filling_[plan_.placement(param).bucket] == param; }
+  // Whether `param`'s gradient in `dtype` may be lent on `world` ranks in the step's last
+  // micro-batch (`last`): the bucket's gradient dtype, and one rank or a param that fills its
+  // bucket. (The stores add what their buffers need.)
+  bool MayLend(int param, DType dtype, int world, bool last) const {
+    return last && (world == 1 || FillsBucket(param)) &&
+           dtype == plan_.buckets()[plan_.placement(param).bucket].grad_dtype;
+  }
   // The lent gradient that is `bucket`'s whole gradient (FillsBucket), or null.
   const void* LentFilling(int bucket) const {
     return filling_[bucket] < 0 ? nullptr : lent_[filling_[bucket]];
@@ -154,11 +161,7 @@ class FullGradStore final : public GradStore {
   // One rank: the step reads the lent gradient. Several: only a param that fills its bucket
   // is kept, and its bucket's collective reads it in place of the bucket (see Reduction).
   StatusOr<bool> Lend(int param, const void* grad, DType dtype, bool last_micro_batch) override {
-    const Bucket& b = plan_.buckets()[plan_.placement(param).bucket];
-    if ((comm_.size() != 1 && !slots_.FillsBucket(param)) || !last_micro_batch || slots_.written(param) ||
-        dtype != b.grad_dtype) {
-      return false;
-    }
+    if (!slots_.MayLend(param, dtype, comm_.size(), last_micro_batch) || slots_.written(param)) return false;
     slots_.Lend(param, grad);
     return true;
   }
@@ -253,10 +256,7 @@ class ShardedGradStore final : public GradStore {
   // its bucket is kept, and the bucket's reduce-scatter reads it in place of the pool buffer.
   StatusOr<bool> Lend(int param, const void* grad, DType dtype, bool last_micro_batch) override {
     const int bucket = plan_.placement(param).bucket;
-    if ((comm_.size() != 1 && !slots_.FillsBucket(param)) || !last_micro_batch || !shard_is_zero_[bucket] ||
-        dtype != plan_.buckets()[bucket].grad_dtype) {
-      return false;
-    }
+    if (!slots_.MayLend(param, dtype, comm_.size(), last_micro_batch) || !shard_is_zero_[bucket]) return false;
     ZERO_RETURN_IF_ERROR(BucketBuffer(bucket).status());  // taken first: its slots start unwritten
     if (slots_.written(param)) return false;
     slots_.Lend(param, grad);

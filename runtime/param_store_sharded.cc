@@ -177,6 +177,12 @@ class ShardedParams final : public ParamStore {
   // (the recorded order gathers it within the prefetch window Prefetch would fill): Release
   // then keeps it, as if prefetched, instead of freeing it and gathering it again.
   bool GatheredAgainSoon(int bucket) const;
+  // Whether `more_prefetched` more prefetched elements, `more_live` of them not live yet, stay
+  // within stage3.prefetch_elems and stage3.max_live_elems.
+  bool FitsPrefetchWindow(int64_t more_prefetched, int64_t more_live) const {
+    return prefetched_elems_ + more_prefetched <= config_.prefetch_elems &&
+           live_elems_ + more_live <= config_.max_live_elems;
+  }
   void Prefetch();
 
   const Stage3Config config_;
@@ -322,9 +328,7 @@ void ShardedParams::Prefetch() {
     const int bucket = trace_[k];
     const Bucket& b = plan_.buckets()[bucket];
     if (units_[bucket].buffer.data() != nullptr) continue;  // held or already on its way
-    if (prefetched_elems_ + b.numel > config_.prefetch_elems || live_elems_ + b.numel > config_.max_live_elems) {
-      return;
-    }
+    if (!FitsPrefetchWindow(b.numel, b.numel)) return;
     if (!StartGather(bucket).ok()) return;  // on demand later reports the problem
     prefetched_elems_ += b.numel;
   }
@@ -430,15 +434,12 @@ bool ShardedParams::GatheredAgainSoon(int bucket) const {
   int64_t ahead = 0;  // elements Prefetch would start before reaching `bucket`
   for (size_t k = trace_position_; k < trace_.size(); ++k) {
     if (trace_[k] == bucket) {
-      return prefetched_elems_ + ahead + numel <= config_.prefetch_elems &&
-             live_elems_ + ahead <= config_.max_live_elems;  // `bucket`'s elements are live already
+      return FitsPrefetchWindow(ahead + numel, ahead);  // `bucket`'s elements are live already
     }
     const Bucket& b = plan_.buckets()[trace_[k]];
     if (units_[b.index].buffer.data() != nullptr) continue;  // held or on its way: costs nothing more
     ahead += b.numel;
-    if (prefetched_elems_ + ahead > config_.prefetch_elems || live_elems_ + ahead > config_.max_live_elems) {
-      return false;
-    }
+    if (!FitsPrefetchWindow(ahead, ahead)) return false;
   }
   return false;
 }
