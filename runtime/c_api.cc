@@ -269,6 +269,11 @@ zero_status zero_release(zero_engine* engine, int unit) {
   return Report(engine->engine->Release(unit));
 }
 
+zero_status zero_release_until_backward(zero_engine* engine, int unit) {
+  ZERO_C_REQUIRE(engine, "zero_release_until_backward");
+  return Report(engine->engine->ReleaseUntilBackward(unit));
+}
+
 zero_status zero_gathered_place(const zero_engine* engine, int64_t id, int* unit, int64_t* offset_bytes,
                                 int64_t* unit_bytes, int* persistent) {
   ZERO_C_REQUIRE(engine, "zero_gathered_place");

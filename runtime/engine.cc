@@ -291,6 +291,13 @@ Status EngineImpl::Release(int unit) {
   return params_->Release(unit, /*may_keep=*/phase_ == Phase::kBackward);
 }
 
+Status EngineImpl::ReleaseUntilBackward(int unit) {
+  ZERO_RETURN_IF_ERROR(RequireHealthyGroup("ReleaseUntilBackward"));
+  if (phase_ == Phase::kRegistering) return RequirePhase(Phase::kIdle, "ReleaseUntilBackward");
+  // The trainer writes into none of the unit's views before its backward gathers it again.
+  return params_->Release(unit, /*may_keep=*/true);
+}
+
 StatusOr<GatheredPlace> EngineImpl::GatheredPlaceOf(ParamId id) const {
   if (phase_ == Phase::kRegistering) return RequirePhase(Phase::kIdle, "GatheredPlaceOf");
   ZERO_RETURN_IF_ERROR(CheckParamId(id, "GatheredPlaceOf"));

@@ -56,6 +56,7 @@ class EngineImpl final : public Engine {
   StatusOr<void*> ParamData(ParamId id) override;
   Status Gather(int unit) override;
   Status Release(int unit) override;
+  Status ReleaseUntilBackward(int unit) override;
   StatusOr<GatheredPlace> GatheredPlaceOf(ParamId id) const override;
   Status LendGatheredMemory(GatheredMemoryLender lender) override;
   Status BeginIteration() override;

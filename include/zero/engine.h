@@ -107,7 +107,7 @@ struct EngineCounters {
   /// the device such as SetParam, GetParam and checkpoints). Each such wait drains the GPU's
   /// queue. 0 on the CPU for a rank alone, which runs no collective.
   int64_t host_waits = 0;
-  /// stage 3: Releases that kept their unit gathered because the recorded gather order
+  /// stage 3: Releases (and ReleaseUntilBackward calls) that kept their unit gathered because the recorded gather order
   /// gathers it again within what the prefetcher would gather ahead (stage3.prefetch_elems):
   /// its next Gather then runs no all-gather (a forward's last units, which backward gathers
   /// first).
@@ -200,6 +200,14 @@ class Engine {
   /// until the unit's release, as before). The trainer's reads of its ParamData views must
   /// be done by then (cuda: queued on the engine's stream, SetStream).
   virtual Status Release(int unit) = 0;
+  /// Stage 3: Release at the end of `unit`'s forward when its backward follows (the forward's
+  /// outputs need gradients): as Release, but in any phase, not only inside an iteration, a
+  /// unit the recorded gather order gathers again within the prefetch window stays gathered
+  /// for that backward (counters().releases_kept). For a trainer that begins the iteration at
+  /// the first gradient, after the forward (PyTorch hooks). The trainer must not write into
+  /// the unit's ParamData views until it gathers it again; SetParam and Step keep a kept unit
+  /// right.
+  virtual Status ReleaseUntilBackward(int unit) = 0;
 
   /// Stage 3: where `id`'s values sit in its unit's gathered memory (GatheredPlace). After
   /// Finalize; kFailedPrecondition below stage 3.

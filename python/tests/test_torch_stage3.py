@@ -240,6 +240,47 @@ def test_an_eval_pass_in_the_middle_keeps_prefetching():
     comm.close()
 
 
+@pytest.mark.parametrize("world", [1, 2])
+def test_a_forward_whose_backward_never_comes_trains_as_without_it(world, tmp_path):
+    """A forward with autograd on whose loss is dropped (an eval pass without no_grad)
+    releases its units until a backward that never comes: the engine keeps them gathered
+    (releases_kept). A checkpoint saved and a gathered(modifier_rank=0) write made after it
+    work as they do without it, and so does the training that follows: its params are
+    bit-for-bit those of a run without that forward."""
+    models = {dropped: [LoraLM() for _ in range(world)] for dropped in (False, True)}
+
+    def body(rank, comm, dropped):
+        model = models[dropped][rank]
+        engine = zerort.torch.initialize(model, CONFIG, comm)
+        kept = 0
+        for step in range(STEPS):
+            if step == 2:
+                if dropped:
+                    before = engine.counters()["releases_kept"]
+                    loss_of(model, *batch(99))  # its backward never runs
+                    kept = engine.counters()["releases_kept"] - before
+                engine.save_checkpoint(tmp_path / f"{int(dropped)}", tag="mid")
+                weight = model.blocks[1].base.weight
+                with zerort.torch.gathered(weight, modifier_rank=0):
+                    if rank == 0:
+                        weight.mul_(0.5)
+            tokens, targets = batch(step)
+            mine = slice(BATCH * rank // world, BATCH * (rank + 1) // world)
+            loss_of(model, tokens[mine], targets[mine]).backward()
+            engine.step()
+        engine.close()
+        return kept, trainable(model), frozen(model)
+
+    plain = run_ranks(world, lambda rank, comm: body(rank, comm, False))
+    dropped = run_ranks(world, lambda rank, comm: body(rank, comm, True))
+    for (_, want, want_frozen), (kept, got, got_frozen) in zip(plain, dropped):
+        assert kept > 0
+        for name in want:
+            assert torch.equal(got[name], want[name]), name
+        for name in want_frozen:
+            assert torch.equal(got_frozen[name], want_frozen[name]), name
+
+
 def test_ranks_running_different_modules_of_one_size_fail():
     """Rank r runs block r: the blocks' base units have one size, so only the unit each
     gather carries tells them apart; both ranks get an error naming both. The storage each

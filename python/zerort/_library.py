@@ -94,6 +94,7 @@ _PROTOTYPES = {
     "zero_lend_gathered_memory": ([ctypes.c_void_p, LEND_FN, GIVE_BACK_FN, ctypes.c_void_p],
                                   ctypes.c_int),
     "zero_release": ([ctypes.c_void_p, ctypes.c_int], ctypes.c_int),
+    "zero_release_until_backward": ([ctypes.c_void_p, ctypes.c_int], ctypes.c_int),
     "zero_save_checkpoint": ([ctypes.c_void_p, ctypes.c_char_p], ctypes.c_int),
     "zero_save_checkpoint_tagged": ([ctypes.c_void_p, ctypes.c_char_p, ctypes.c_char_p],
                                     ctypes.c_int),

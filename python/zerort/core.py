@@ -487,6 +487,14 @@ class Engine:
         """Stage 3: frees a unit's gathered params."""
         _check(library().zero_release(self._handle, unit), "zero_release")
 
+    def release_until_backward(self, unit):
+        """Stage 3: release() at the end of a unit's forward whose backward follows: a unit
+        the recorded gather order gathers again within the prefetch window stays gathered
+        for that backward (counters()["releases_kept"]), in any phase. Nothing may write
+        into its params until it is gathered again."""
+        _check(library().zero_release_until_backward(self._handle, unit),
+               "zero_release_until_backward")
+
     def save_checkpoint(self, directory, tag=None):
         """Saves this rank's part of a checkpoint (every rank calls it). With a tag: into
         directory/tag, then directory/latest names it and only the newest

@@ -96,10 +96,16 @@ static void LentGatheredMemory(zero_comm* comm) {
   CHECK(view != NULL && memcmp(view, w, sizeof w) == 0, "the lent memory does not hold the values");
   CHECK_OK(zero_release(engine, 0));
   CHECK(lender.lends == 1 && lender.give_backs == 1, "%d lends, %d give-backs", lender.lends, lender.give_backs);
+  /* Before any step no gather order is recorded: a release until backward frees too. */
+  CHECK_OK(zero_gather(engine, 0));
+  CHECK_OK(zero_release_until_backward(engine, 0));
+  CHECK(lender.lends == 2 && lender.give_backs == 2, "%d lends, %d give-backs", lender.lends, lender.give_backs);
+  CHECK(zero_release_until_backward(engine, 0) == ZERO_FAILED_PRECONDITION, "a unit not gathered: %s",
+        zero_last_error());
   /* Destroying the engine while a unit is gathered gives nothing back: the memory is ours. */
   CHECK_OK(zero_gather(engine, 0));
   zero_engine_destroy(engine);
-  CHECK(lender.give_backs == 1 && lender.memory[0] != NULL, "given back at destruction");
+  CHECK(lender.give_backs == 2 && lender.memory[0] != NULL, "given back at destruction");
   free(lender.memory[0]);
 }
 

@@ -155,8 +155,9 @@ TEST(EngineStage3, PrefetchResumesAfterAnEvalPass) {
 // prefetch window stays gathered (Release keeps it as if prefetched): with room for every
 // unit, each one a forward releases (backward gathers it again). With room for one unit the prefetcher has already
 // filled it with the next unit when a unit is released, so nothing is kept; with none,
-// nothing. The gathered memory stays within what the prefetcher may hold, and the training
-// is the same in all three.
+// nothing. A forward run before BeginIteration (as PyTorch's hooks do) keeps the same units
+// when it releases them with ReleaseUntilBackward. The gathered memory stays within what the
+// prefetcher may hold, and the training is the same in all of them.
 TEST(EngineStage3, AReleasedUnitGatheredAgainWithinThePrefetchWindowStaysGathered) {
   constexpr int kWorld = 3, kUnits = 4, kSteps = 4;
   constexpr int64_t kUnitElems = 768;  // 700 elements padded to a multiple of 3 × 128
@@ -165,7 +166,7 @@ TEST(EngineStage3, AReleasedUnitGatheredAgainWithinThePrefetchWindowStaysGathere
     int64_t peak_gathered = 0;
     std::vector<float> params;
   };
-  auto train = [&](int64_t prefetch_elems) {
+  auto train = [&](int64_t prefetch_elems, bool forward_before_iteration = false) {
     std::vector<Run> runs(kWorld);
     Config config = ToyConfig(3);
     config.stage3.prefetch_elems = prefetch_elems;
@@ -178,11 +179,12 @@ TEST(EngineStage3, AReleasedUnitGatheredAgainWithinThePrefetchWindowStaysGathere
       std::vector<float> grad(700);
       for (int step = 0; step < kSteps; ++step) {
         const int64_t kept_before = e->counters().releases_kept;
-        ZERO_RETURN_IF_ERROR(e->BeginIteration());  // forward inside: releases may keep
+        if (!forward_before_iteration) ZERO_RETURN_IF_ERROR(e->BeginIteration());  // releases may keep
         for (int u = 0; u < kUnits; ++u) {  // forward
           ZERO_RETURN_IF_ERROR(e->Gather(u));
-          ZERO_RETURN_IF_ERROR(e->Release(u));
+          ZERO_RETURN_IF_ERROR(forward_before_iteration ? e->ReleaseUntilBackward(u) : e->Release(u));
         }
+        if (forward_before_iteration) ZERO_RETURN_IF_ERROR(e->BeginIteration());
         for (int u = kUnits - 1; u >= 0; --u) {  // backward
           ZERO_RETURN_IF_ERROR(e->Gather(u));
           ZERO_ASSIGN_OR_RETURN(void* values, e->ParamData(u));
@@ -206,17 +208,24 @@ TEST(EngineStage3, AReleasedUnitGatheredAgainWithinThePrefetchWindowStaysGathere
     return runs;
   };
   const std::vector<Run> all = train(kUnits * kUnitElems), one = train(kUnitElems), none = train(0);
+  const std::vector<Run> all_before = train(kUnits * kUnitElems, /*forward_before_iteration=*/true);
+  const std::vector<Run> one_before = train(kUnitElems, /*forward_before_iteration=*/true);
   if (HasFailure()) return;
   for (int r = 0; r < kWorld; ++r) {
     SCOPED_TRACE("rank " + std::to_string(r));
     EXPECT_EQ(all[r].kept_last_step, kUnits);
+    EXPECT_EQ(all_before[r].kept_last_step, kUnits) << "ReleaseUntilBackward outside an iteration";
     EXPECT_EQ(one[r].kept_last_step, 0);
+    EXPECT_EQ(one_before[r].kept_last_step, 0);
     EXPECT_EQ(none[r].kept_last_step, 0);
     EXPECT_LE(all[r].peak_gathered, kUnits * kUnitElems * 4);
+    EXPECT_LE(all_before[r].peak_gathered, kUnits * kUnitElems * 4);
     EXPECT_LE(one[r].peak_gathered, 2 * kUnitElems * 4) << "one held, one prefetched";
     EXPECT_LE(none[r].peak_gathered, kUnitElems * 4);
     EXPECT_EQ(one[r].params, none[r].params);
     EXPECT_EQ(all[r].params, none[r].params);
+    EXPECT_EQ(all_before[r].params, none[r].params);
+    EXPECT_EQ(one_before[r].params, none[r].params);
   }
 }
 

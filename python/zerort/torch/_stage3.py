@@ -14,7 +14,9 @@ GPU the memory comes from PyTorch's caching allocator.
 
     forward pre-hook    gather the module's units (engine.gather), fill the storages
     forward hook        release them, unless gathered for backward; hook the outputs'
-                        gradients
+                        gradients. When an output needs a gradient the release is until
+                        backward: the engine keeps a unit it would gather again within
+                        the prefetch window (engine.release_until_backward)
     output grad hook    gather again, before the module's backward runs (a forward
                         recomputed inside backward by checkpointing gathers by itself)
     param grad hook     once every param of a unit has handed over its gradient, release
@@ -290,13 +292,13 @@ class UnitGathering:
         self._holds.update(units)
         self.gather(units)
 
-    def unhold(self, units):
+    def unhold(self, units, until_backward=False):
         """Ends one hold of `units`; releases those no longer held, unless their backward
-        needs them."""
+        needs them (`until_backward`: their backward follows, see release())."""
         for unit in units:
             self._holds[unit] = max(0, self._holds[unit] - 1)
         self.release([u for u in units
-                      if self._holds[u] <= 0 and u not in self._for_backward])
+                      if self._holds[u] <= 0 and u not in self._for_backward], until_backward)
 
     def _view(self, pid, address):
         record = self._records[pid]
@@ -333,14 +335,18 @@ class UnitGathering:
                 self._waiting[unit] = {pid for _, pid in self._members[unit]}
                 self._unqueued[unit] = set(self._waiting[unit])
 
-    def release(self, units):
+    def release(self, units, until_backward=False):
         """Frees `units` (the engine gives their storages back), but not one a forward or a
-        gathered() block holds."""
+        gathered() block holds. `until_backward`: the end of a forward whose backward
+        follows; the engine keeps a unit gathered when its recorded order gathers it again
+        within the prefetch window (core.Engine.release_until_backward)."""
+        release = (self._engine.release_until_backward if until_backward
+                   else self._engine.release)
         for unit in units:
             if unit not in self._gathered or self._holds[unit] > 0:
                 continue
             self.before_engine_call()
-            self._engine.release(unit)
+            release(unit)
             self._gathered.discard(unit)
             self._for_backward.discard(unit)
 
@@ -371,13 +377,14 @@ class UnitGathering:
             self.release([unit])
 
     def _after_forward(self, units, inputs, output):
-        self.unhold(units)
+        needing_grad = ([t for t in tensors_in(output) if t.requires_grad]
+                        if torch.is_grad_enabled() else [])
+        self.unhold(units, until_backward=bool(needing_grad))
         if not torch.is_grad_enabled():
             return
-        for tensor in tensors_in(output):
-            if tensor.requires_grad:
-                tensor.register_hook(lambda grad, units=units: self._before_backward(
-                    units, grad))
+        for tensor in needing_grad:
+            tensor.register_hook(lambda grad, units=units: self._before_backward(
+                units, grad))
         frozen = [u for u in units if u in self._frozen]
         needing = [t for t in tensors_in(inputs) if t.requires_grad] if frozen else []
         if needing:
