@@ -286,9 +286,9 @@ Status EngineImpl::Gather(int unit) {
 Status EngineImpl::Release(int unit) {
   ZERO_RETURN_IF_ERROR(RequireHealthyGroup("Release"));
   if (phase_ == Phase::kRegistering) return RequirePhase(Phase::kIdle, "Release");
-  // Inside an iteration the trainer computes with the params and writes none of them, so a
-  // unit kept gathered for its backward holds the shards' values.
-  return params_->Release(unit, /*may_keep=*/phase_ == Phase::kBackward);
+  // The trainer may have written into the unit (a look at the params that changes them):
+  // freed, so the next gather reads the shards.
+  return params_->Release(unit, /*may_keep=*/false);
 }
 
 Status EngineImpl::ReleaseUntilBackward(int unit) {

@@ -63,9 +63,9 @@ class ParamStore {
   /// no-op at stages 0-2 and for persistent units.
   virtual Status Gather(int unit) = 0;
   /// Stage 3: drops one hold on `unit`, freeing it with the last (kFailedPrecondition if not
-  /// gathered), or, `may_keep` (inside an iteration, where the trainer writes no param),
-  /// keeping it gathered when the recorded order gathers it again soon. A no-op at stages 0-2
-  /// and for persistent units.
+  /// gathered), or, `may_keep` (the end of a forward whose backward follows, where the
+  /// trainer wrote no param), keeping it gathered when the recorded order gathers it again
+  /// soon. A no-op at stages 0-2 and for persistent units.
   virtual Status Release(int unit, bool may_keep) = 0;
   /// Stage 3: where `param`'s values sit in its unit's gathered memory.
   virtual StatusOr<GatheredPlace> Place(int param) const = 0;

@@ -6,10 +6,10 @@
 // first unit starts a pass from the top again: an eval pass's forward follows the trace's first
 // gathers, and the training step after it comes back to the trace at its first gather. A step
 // that never comes back (changed control flow) has the next step record the order again. A
-// unit released inside an iteration where the order gathers it again within what the
-// prefetcher would gather ahead stays gathered (a forward's units, which backward gathers
-// again): freeing it would only have it prefetched straight back. Outside an iteration (a
-// trainer's own look at the params, which may write into them) a release always frees.
+// unit released at the end of a forward whose backward follows (Engine::ReleaseUntilBackward),
+// where the order gathers it again within what the prefetcher would gather ahead, stays
+// gathered: freeing it would only have it prefetched straight back. Any other release (a
+// trainer's own look at the params, which may write into them) frees.
 #include <algorithm>
 #include <memory>
 #include <vector>

@@ -107,10 +107,10 @@ struct EngineCounters {
   /// the device such as SetParam, GetParam and checkpoints). Each such wait drains the GPU's
   /// queue. 0 on the CPU for a rank alone, which runs no collective.
   int64_t host_waits = 0;
-  /// stage 3: Releases (and ReleaseUntilBackward calls) that kept their unit gathered because the recorded gather order
+  /// stage 3: ReleaseUntilBackward calls that kept their unit gathered because the recorded gather order
   /// gathers it again within what the prefetcher would gather ahead (stage3.prefetch_elems):
-  /// its next Gather then runs no all-gather (a forward's last units, which backward gathers
-  /// first).
+  /// its next Gather then runs no all-gather (a forward's units, which backward gathers
+  /// again).
   int64_t releases_kept = 0;
 };
 
@@ -193,20 +193,17 @@ class Engine {
   virtual Status Gather(int unit) = 0;
   /// Stage 3: the trainer is done with `unit` for now; its buffer is freed, or kept for a
   /// later gather of its size (up to stage3.prefetch_elems elements of such buffers, within
-  /// stage3.max_live_elems), so a steady step allocates none. Between BeginIteration and
-  /// EndBackward a unit the recorded gather order gathers again within the prefetch window
-  /// stays gathered instead (counters().releases_kept), so there the trainer must not write
-  /// into its ParamData views (SetParam changes params; outside an iteration a write lasts
-  /// until the unit's release, as before). The trainer's reads of its ParamData views must
-  /// be done by then (cuda: queued on the engine's stream, SetStream).
+  /// stage3.max_live_elems), so a steady step allocates none. A write into its ParamData
+  /// views lasts until then: the next Gather reads the shards. The trainer's reads of its
+  /// ParamData views must be done by then (cuda: queued on the engine's stream, SetStream).
   virtual Status Release(int unit) = 0;
   /// Stage 3: Release at the end of `unit`'s forward when its backward follows (the forward's
-  /// outputs need gradients): as Release, but in any phase, not only inside an iteration, a
-  /// unit the recorded gather order gathers again within the prefetch window stays gathered
-  /// for that backward (counters().releases_kept). For a trainer that begins the iteration at
-  /// the first gradient, after the forward (PyTorch hooks). The trainer must not write into
-  /// the unit's ParamData views until it gathers it again; SetParam and Step keep a kept unit
-  /// right.
+  /// outputs need gradients), in any phase: a unit the recorded gather order gathers again
+  /// within the prefetch window stays gathered for that backward instead of being freed and
+  /// prefetched straight back (counters().releases_kept; with a window smaller than the rest
+  /// of the step the prefetcher has filled it by then, and the unit is freed). The trainer
+  /// must not write into the unit's ParamData views until it gathers it again (SetParam and
+  /// Step keep a kept unit right).
   virtual Status ReleaseUntilBackward(int unit) = 0;
 
   /// Stage 3: where `id`'s values sit in its unit's gathered memory (GatheredPlace). After

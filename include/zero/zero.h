@@ -170,10 +170,10 @@ ZERO_API zero_status zero_last_grad_norm(zero_engine* engine, float* norm);
 /** Stage 3: gather a unit's params for compute / release them (no-ops at stages 0-2). */
 ZERO_API zero_status zero_gather(zero_engine* engine, int unit);
 ZERO_API zero_status zero_release(zero_engine* engine, int unit);
-/** Stage 3: zero_release at the end of a unit's forward whose backward follows: in any phase,
- *  a unit the recorded gather order gathers again within the prefetch window stays gathered
- *  for that backward (Engine::ReleaseUntilBackward); write nothing into its views until the
- *  next zero_gather of it. */
+/** Stage 3: zero_release at the end of a unit's forward whose backward follows: a unit the
+ *  recorded gather order gathers again within the prefetch window stays gathered for that
+ *  backward (Engine::ReleaseUntilBackward); write nothing into its views until the next
+ *  zero_gather of it. zero_release always frees. */
 ZERO_API zero_status zero_release_until_backward(zero_engine* engine, int unit);
 /** Stage 3: where param `id`'s values sit in its unit's gathered memory: the unit, the byte
  *  offset, the unit's gathered bytes, and whether the unit is persistent (held by the engine,

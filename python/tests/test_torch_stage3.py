@@ -240,45 +240,62 @@ def test_an_eval_pass_in_the_middle_keeps_prefetching():
     comm.close()
 
 
+@pytest.mark.parametrize("between", ["nothing", "checkpoint and writes"])
 @pytest.mark.parametrize("world", [1, 2])
-def test_a_forward_whose_backward_never_comes_trains_as_without_it(world, tmp_path):
+def test_a_forward_whose_backward_never_comes_trains_as_without_it(world, between, tmp_path):
     """A forward with autograd on whose loss is dropped (an eval pass without no_grad)
     releases its units until a backward that never comes: the engine keeps them gathered
-    (releases_kept). A checkpoint saved and a gathered(modifier_rank=0) write made after it
-    work as they do without it, and so does the training that follows: its params are
-    bit-for-bit those of a run without that forward."""
+    (releases_kept). The next step's forward uses them (no gather off the recorded order)
+    and the training is bit-for-bit that of a run without the dropped forward; so is it
+    when a checkpoint is saved after it, a gathered() write without modifier_rank (dropped)
+    and one with modifier_rank=0 (applied, in both runs) are made."""
     models = {dropped: [LoraLM() for _ in range(world)] for dropped in (False, True)}
 
     def body(rank, comm, dropped):
         model = models[dropped][rank]
         engine = zerort.torch.initialize(model, CONFIG, comm)
-        kept = 0
+        kept, invalidations, prefetched = 0, 0, 0
         for step in range(STEPS):
             if step == 2:
+                counters = engine.counters()
                 if dropped:
-                    before = engine.counters()["releases_kept"]
                     loss_of(model, *batch(99))  # its backward never runs
-                    kept = engine.counters()["releases_kept"] - before
-                engine.save_checkpoint(tmp_path / f"{int(dropped)}", tag="mid")
-                weight = model.blocks[1].base.weight
-                with zerort.torch.gathered(weight, modifier_rank=0):
-                    if rank == 0:
-                        weight.mul_(0.5)
+                    kept = engine.counters()["releases_kept"] - counters["releases_kept"]
+                if between != "nothing":
+                    engine.save_checkpoint(tmp_path / f"{int(dropped)}", tag="mid")
+                    embed = model.embed.weight
+                    with zerort.torch.gathered(embed):
+                        before = embed.detach().clone()
+                        embed.add_(1.0)  # no modifier_rank: dropped at the block's end
+                    with zerort.torch.gathered(embed):
+                        assert torch.equal(embed, before)
+                    weight = model.blocks[1].base.weight
+                    with zerort.torch.gathered(weight, modifier_rank=0):
+                        if rank == 0:
+                            weight.mul_(0.5)
             tokens, targets = batch(step)
             mine = slice(BATCH * rank // world, BATCH * (rank + 1) // world)
             loss_of(model, tokens[mine], targets[mine]).backward()
             engine.step()
+            if step == 2:
+                invalidations = (engine.counters()["trace_invalidations"]
+                                 - counters["trace_invalidations"])
+                prefetched = (engine.counters()["gathers_prefetched"]
+                              - counters["gathers_prefetched"])
         engine.close()
-        return kept, trainable(model), frozen(model)
+        return kept, invalidations, prefetched, trainable(model), frozen(model)
 
     plain = run_ranks(world, lambda rank, comm: body(rank, comm, False))
     dropped = run_ranks(world, lambda rank, comm: body(rank, comm, True))
-    for (_, want, want_frozen), (kept, got, got_frozen) in zip(plain, dropped):
+    for want, got in zip(plain, dropped):
+        kept, invalidations, prefetched = got[:3]
         assert kept > 0
-        for name in want:
-            assert torch.equal(got[name], want[name]), name
-        for name in want_frozen:
-            assert torch.equal(got_frozen[name], want_frozen[name]), name
+        if between == "nothing":
+            assert invalidations == 0 and prefetched >= want[2] > 0, (got[:3], want[:3])
+        for name in want[3]:
+            assert torch.equal(got[3][name], want[3][name]), name
+        for name in want[4]:
+            assert torch.equal(got[4][name], want[4][name]), name
 
 
 def test_ranks_running_different_modules_of_one_size_fail():

@@ -96,16 +96,33 @@ static void LentGatheredMemory(zero_comm* comm) {
   CHECK(view != NULL && memcmp(view, w, sizeof w) == 0, "the lent memory does not hold the values");
   CHECK_OK(zero_release(engine, 0));
   CHECK(lender.lends == 1 && lender.give_backs == 1, "%d lends, %d give-backs", lender.lends, lender.give_backs);
-  /* Before any step no gather order is recorded: a release until backward frees too. */
-  CHECK_OK(zero_gather(engine, 0));
-  CHECK_OK(zero_release_until_backward(engine, 0));
-  CHECK(lender.lends == 2 && lender.give_backs == 2, "%d lends, %d give-backs", lender.lends, lender.give_backs);
+  /* Before any step no gather order is recorded: a release until backward frees too. One step
+   * (forward, backward) records it; from then on the forward's release until backward keeps
+   * the unit for the backward's gather, and a plain release frees it. */
+  float grad[kNumel];
+  for (int i = 0; i < kNumel; ++i) grad[i] = 0.25f - 0.01f * (float)i;
+  zero_step_info info;
+  zero_engine_counters_t counters;
+  for (int step = 0; step < 2; ++step) {
+    CHECK_OK(zero_gather(engine, 0));
+    CHECK_OK(zero_release_until_backward(engine, 0));
+    CHECK_OK(zero_engine_counters_sized(engine, &counters, sizeof counters));
+    CHECK(counters.releases_kept == step, "step %d: %lld releases kept", step, (long long)counters.releases_kept);
+    CHECK(lender.give_backs == 2 + step, "step %d: %d give-backs", step, lender.give_backs);
+    CHECK_OK(zero_begin_iteration(engine));
+    CHECK_OK(zero_gather(engine, 0));
+    CHECK_OK(zero_accumulate_grad(engine, 0, grad));
+    CHECK_OK(zero_release(engine, 0));
+    CHECK(lender.give_backs == 3 + step, "step %d: %d give-backs", step, lender.give_backs);
+    CHECK_OK(zero_end_backward(engine));
+    CHECK_OK(zero_step(engine, &info));
+  }
   CHECK(zero_release_until_backward(engine, 0) == ZERO_FAILED_PRECONDITION, "a unit not gathered: %s",
         zero_last_error());
   /* Destroying the engine while a unit is gathered gives nothing back: the memory is ours. */
   CHECK_OK(zero_gather(engine, 0));
   zero_engine_destroy(engine);
-  CHECK(lender.give_backs == 2 && lender.memory[0] != NULL, "given back at destruction");
+  CHECK(lender.give_backs == 4 && lender.memory[0] != NULL, "given back at destruction");
   free(lender.memory[0]);
 }
 

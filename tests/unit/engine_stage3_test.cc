@@ -151,13 +151,13 @@ TEST(EngineStage3, PrefetchResumesAfterAnEvalPass) {
   EXPECT_EQ(e.counters().trace_invalidations, 0);
 }
 
-// A unit released inside an iteration where the recorded order gathers it again within the
-// prefetch window stays gathered (Release keeps it as if prefetched): with room for every
-// unit, each one a forward releases (backward gathers it again). With room for one unit the prefetcher has already
-// filled it with the next unit when a unit is released, so nothing is kept; with none,
-// nothing. A forward run before BeginIteration (as PyTorch's hooks do) keeps the same units
-// when it releases them with ReleaseUntilBackward. The gathered memory stays within what the
-// prefetcher may hold, and the training is the same in all of them.
+// A unit a forward releases until its backward where the recorded order gathers it again
+// within the prefetch window stays gathered (ReleaseUntilBackward keeps it as if prefetched):
+// with room for every unit, each one (backward gathers it again), whether the forward runs
+// inside the iteration or before BeginIteration (as PyTorch's hooks do). With room for one
+// unit the prefetcher has already filled it with the next unit when a unit is released, so
+// nothing is kept; with none, nothing; a plain Release keeps nothing. The gathered memory stays
+// within what the prefetcher may hold, and the training is the same in all of them.
 TEST(EngineStage3, AReleasedUnitGatheredAgainWithinThePrefetchWindowStaysGathered) {
   constexpr int kWorld = 3, kUnits = 4, kSteps = 4;
   constexpr int64_t kUnitElems = 768;  // 700 elements padded to a multiple of 3 × 128
@@ -166,7 +166,9 @@ TEST(EngineStage3, AReleasedUnitGatheredAgainWithinThePrefetchWindowStaysGathere
     int64_t peak_gathered = 0;
     std::vector<float> params;
   };
-  auto train = [&](int64_t prefetch_elems, bool forward_before_iteration = false) {
+  enum class Forward { kInsideIteration, kBeforeIteration, kPlainRelease };
+  auto train = [&](int64_t prefetch_elems, Forward forward = Forward::kInsideIteration) {
+    const bool before = forward == Forward::kBeforeIteration;
     std::vector<Run> runs(kWorld);
     Config config = ToyConfig(3);
     config.stage3.prefetch_elems = prefetch_elems;
@@ -179,12 +181,12 @@ TEST(EngineStage3, AReleasedUnitGatheredAgainWithinThePrefetchWindowStaysGathere
       std::vector<float> grad(700);
       for (int step = 0; step < kSteps; ++step) {
         const int64_t kept_before = e->counters().releases_kept;
-        if (!forward_before_iteration) ZERO_RETURN_IF_ERROR(e->BeginIteration());  // releases may keep
+        if (!before) ZERO_RETURN_IF_ERROR(e->BeginIteration());
         for (int u = 0; u < kUnits; ++u) {  // forward
           ZERO_RETURN_IF_ERROR(e->Gather(u));
-          ZERO_RETURN_IF_ERROR(forward_before_iteration ? e->ReleaseUntilBackward(u) : e->Release(u));
+          ZERO_RETURN_IF_ERROR(forward == Forward::kPlainRelease ? e->Release(u) : e->ReleaseUntilBackward(u));
         }
-        if (forward_before_iteration) ZERO_RETURN_IF_ERROR(e->BeginIteration());
+        if (before) ZERO_RETURN_IF_ERROR(e->BeginIteration());
         for (int u = kUnits - 1; u >= 0; --u) {  // backward
           ZERO_RETURN_IF_ERROR(e->Gather(u));
           ZERO_ASSIGN_OR_RETURN(void* values, e->ParamData(u));
@@ -208,13 +210,15 @@ TEST(EngineStage3, AReleasedUnitGatheredAgainWithinThePrefetchWindowStaysGathere
     return runs;
   };
   const std::vector<Run> all = train(kUnits * kUnitElems), one = train(kUnitElems), none = train(0);
-  const std::vector<Run> all_before = train(kUnits * kUnitElems, /*forward_before_iteration=*/true);
-  const std::vector<Run> one_before = train(kUnitElems, /*forward_before_iteration=*/true);
+  const std::vector<Run> all_before = train(kUnits * kUnitElems, Forward::kBeforeIteration);
+  const std::vector<Run> one_before = train(kUnitElems, Forward::kBeforeIteration);
+  const std::vector<Run> all_plain = train(kUnits * kUnitElems, Forward::kPlainRelease);
   if (HasFailure()) return;
   for (int r = 0; r < kWorld; ++r) {
     SCOPED_TRACE("rank " + std::to_string(r));
     EXPECT_EQ(all[r].kept_last_step, kUnits);
     EXPECT_EQ(all_before[r].kept_last_step, kUnits) << "ReleaseUntilBackward outside an iteration";
+    EXPECT_EQ(all_plain[r].kept_last_step, 0) << "a plain Release keeps";
     EXPECT_EQ(one[r].kept_last_step, 0);
     EXPECT_EQ(one_before[r].kept_last_step, 0);
     EXPECT_EQ(none[r].kept_last_step, 0);
@@ -226,48 +230,53 @@ TEST(EngineStage3, AReleasedUnitGatheredAgainWithinThePrefetchWindowStaysGathere
     EXPECT_EQ(all[r].params, none[r].params);
     EXPECT_EQ(all_before[r].params, none[r].params);
     EXPECT_EQ(one_before[r].params, none[r].params);
+    EXPECT_EQ(all_plain[r].params, none[r].params);
   }
 }
 
-// Outside an iteration a trainer may write into a gathered unit (a look at the params that
-// changes them in place); its release frees the unit, so the next gather reads the shards'
-// values again, however soon the recorded order gathers it.
-TEST(EngineStage3, AWriteIntoAUnitGatheredOutsideAnIterationIsDroppedAtItsRelease) {
-  const std::vector<Status> results = RunOnRanks(2, [](int, comm::Communicator& comm) -> Status {
-    ZERO_ASSIGN_OR_RETURN(auto e, Engine::Create(ToyConfig(3), comm));
-    for (int u = 0; u < 2; ++u) ZERO_RETURN_IF_ERROR(e->RegisterParam({"p" + std::to_string(u), {300}, DType::kFP32, true, 0, u}).status());
-    ZERO_RETURN_IF_ERROR(e->Finalize());
-    const std::vector<float> grad(300, 0.5f);
-    for (int step = 0; step < 3; ++step) {
-      ZERO_RETURN_IF_ERROR(e->BeginIteration());
-      for (int u = 0; u < 2; ++u) {
-        ZERO_RETURN_IF_ERROR(e->Gather(u));
-        ZERO_RETURN_IF_ERROR(e->Release(u));
+// A trainer may write into a gathered unit (a look at the params that changes them in place,
+// between iterations or between a backward and its step); its Release frees the unit, so the
+// next gather reads the shards' values again, however soon the recorded order gathers it.
+TEST(EngineStage3, AWriteIntoAGatheredUnitIsDroppedAtItsRelease) {
+  for (const bool inside_iteration : {false, true}) {
+    SCOPED_TRACE(inside_iteration ? "inside an iteration" : "between iterations");
+    const std::vector<Status> results = RunOnRanks(2, [&](int, comm::Communicator& comm) -> Status {
+      ZERO_ASSIGN_OR_RETURN(auto e, Engine::Create(ToyConfig(3), comm));
+      for (int u = 0; u < 2; ++u) ZERO_RETURN_IF_ERROR(e->RegisterParam({"p" + std::to_string(u), {300}, DType::kFP32, true, 0, u}).status());
+      ZERO_RETURN_IF_ERROR(e->Finalize());
+      const std::vector<float> grad(300, 0.5f);
+      for (int step = 0; step < 3; ++step) {
+        ZERO_RETURN_IF_ERROR(e->BeginIteration());
+        for (int u = 0; u < 2; ++u) {
+          ZERO_RETURN_IF_ERROR(e->Gather(u));
+          ZERO_RETURN_IF_ERROR(e->ReleaseUntilBackward(u));
+        }
+        for (int u = 1; u >= 0; --u) {
+          ZERO_RETURN_IF_ERROR(e->Gather(u));
+          ZERO_RETURN_IF_ERROR(e->AccumulateGrad(u, grad.data()));
+          ZERO_RETURN_IF_ERROR(e->Release(u));
+        }
+        ZERO_RETURN_IF_ERROR(e->EndBackward());
+        ZERO_RETURN_IF_ERROR(e->Step().status());
       }
-      for (int u = 1; u >= 0; --u) {
-        ZERO_RETURN_IF_ERROR(e->Gather(u));
-        ZERO_RETURN_IF_ERROR(e->AccumulateGrad(u, grad.data()));
-        ZERO_RETURN_IF_ERROR(e->Release(u));
-      }
-      ZERO_RETURN_IF_ERROR(e->EndBackward());
-      ZERO_RETURN_IF_ERROR(e->Step().status());
-    }
-    std::vector<float> before(300);
-    ZERO_RETURN_IF_ERROR(e->GetParam(0, before.data()));
-    const int64_t kept = e->counters().releases_kept;
-    EXPECT_GT(kept, 0);  // inside the iterations
-    ZERO_RETURN_IF_ERROR(e->Gather(0));  // the recorded order's first gather
-    ZERO_ASSIGN_OR_RETURN(void* view, e->ParamData(0));
-    std::fill_n(static_cast<float*>(view), 300, 42.0f);
-    ZERO_RETURN_IF_ERROR(e->Release(0));
-    EXPECT_EQ(e->counters().releases_kept, kept);
-    ZERO_RETURN_IF_ERROR(e->Gather(0));
-    ZERO_ASSIGN_OR_RETURN(view, e->ParamData(0));
-    const float* values = static_cast<const float*>(view);
-    EXPECT_EQ(std::vector<float>(values, values + 300), before);
-    return e->Release(0);
-  });
-  EXPECT_THAT(results, ::testing::Each(IsOk()));
+      std::vector<float> before(300);
+      ZERO_RETURN_IF_ERROR(e->GetParam(0, before.data()));
+      const int64_t kept = e->counters().releases_kept;
+      EXPECT_GT(kept, 0);  // by the forwards
+      if (inside_iteration) ZERO_RETURN_IF_ERROR(e->BeginIteration());
+      ZERO_RETURN_IF_ERROR(e->Gather(0));  // the recorded order's first gather
+      ZERO_ASSIGN_OR_RETURN(void* view, e->ParamData(0));
+      std::fill_n(static_cast<float*>(view), 300, 42.0f);
+      ZERO_RETURN_IF_ERROR(e->Release(0));
+      EXPECT_EQ(e->counters().releases_kept, kept);
+      ZERO_RETURN_IF_ERROR(e->Gather(0));
+      ZERO_ASSIGN_OR_RETURN(view, e->ParamData(0));
+      const float* values = static_cast<const float*>(view);
+      EXPECT_EQ(std::vector<float>(values, values + 300), before);
+      return e->Release(0);
+    });
+    EXPECT_THAT(results, ::testing::Each(IsOk()));
+  }
 }
 
 TEST(EngineStage3, ViewsOfUngatheredParamsAreErrors) {

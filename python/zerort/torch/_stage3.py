@@ -37,8 +37,11 @@ is not released by a module nested inside it.
 
 Limits: every rank must run the same modules in the same order (the gathers are
 collective); a param read outside every forward finds its storage empty, or, while the
-engine prefetches its unit (or keeps it gathered for the backward of a step under way),
-values that may still be arriving (gathered() is the way to read it there).
+engine prefetches its unit (or keeps it gathered for a backward: one under way, or one that
+never comes after a forward whose loss was dropped, until the step), values that may still
+be arriving (gathered() is the way to read it there). Params must not be written in place
+inside a forward or between a forward and its backward: where the engine keeps the unit for
+the backward, the write reaches it (gathered(modifier_rank=r) is the way to write).
 """
 import collections
 import ctypes
