@@ -60,6 +60,7 @@ const Range kPrefetchElems{0, kMaxElems, false, false, "a whole number ≥ 0 and
 const Range kLastBucketElems{0, kMaxElems, false, false, "a whole number ≥ 0 (0: no cap) and ≤ 1e15"};
 const Range kMaxLiveElems{1, kMaxElems, false, false, "a whole number ≥ 1 and ≤ 1e15"};
 const Range kPersistenceThreshold{0, kMaxElems, false, false, "a whole number ≥ 0 and ≤ 1e15"};
+const Range kMaxReuseElems{0, kMaxElems, false, false, "a whole number ≥ 0 (0: keep none) and ≤ 1e15"};
 const Range kAccumulation{1, kIntMax, false, false, "a whole number ≥ 1 and ≤ 2147483647"};
 const Range kClip{0, std::numeric_limits<float>::max(), false, false,
                   "≥ 0 and finite (0 disables clipping)"};
@@ -513,7 +514,8 @@ StatusOr<Config> Config::FromJson(std::string_view text) {
   const std::map<std::string, Handler> stage3 = {
       {"prefetch_elems", Number(&c.stage3.prefetch_elems, kPrefetchElems)},
       {"max_live_elems", Number(&c.stage3.max_live_elems, kMaxLiveElems)},
-      {"persistence_threshold", Number(&c.stage3.persistence_threshold, kPersistenceThreshold)}};
+      {"persistence_threshold", Number(&c.stage3.persistence_threshold, kPersistenceThreshold)},
+      {"max_reuse_elems", Number(&c.stage3.max_reuse_elems, kMaxReuseElems)}};
   const std::map<std::string, Handler> loss_scale = {
       {"mode", Choice(&c.loss_scale.mode, std::map<std::string, LossScaleMode>{
                                               {"none", LossScaleMode::kNone},
@@ -598,6 +600,7 @@ Status Config::Validate() const {
   ZERO_RETURN_IF_ERROR(CheckStored("stage3.max_live_elems", stage3.max_live_elems, kMaxLiveElems));
   ZERO_RETURN_IF_ERROR(
       CheckStored("stage3.persistence_threshold", stage3.persistence_threshold, kPersistenceThreshold));
+  ZERO_RETURN_IF_ERROR(CheckStored("stage3.max_reuse_elems", stage3.max_reuse_elems, kMaxReuseElems));
   ZERO_RETURN_IF_ERROR(CheckStored("gradient_accumulation_steps", gradient_accumulation_steps, kAccumulation));
   ZERO_RETURN_IF_ERROR(CheckStored("clip_grad_norm", clip_grad_norm, kClip));
   ZERO_RETURN_IF_ERROR(CheckStored("loss_scale.initial_power", loss_scale.initial_power, kInitialPower));

@@ -249,7 +249,7 @@ const Table& TopLevel() {
       {"allgather_bucket_size", Ignored("ZeroRT all-gathers whole buckets (stage 3: whole units)")},
       {"allgather_partitions", Ignored("ZeroRT always all-gathers the updated shards")},
       {"reduce_scatter", Ignored("ZeroRT reduce-scatters each bucket into the shards (all-reduce at stage 0)")},
-      {"stage3_max_reuse_distance", Ignored("ZeroRT keeps a stage-3 unit released for its backward gathered when the recorded order gathers it again within stage3_prefetch_bucket_size")},
+      {"stage3_max_reuse_distance", Tuning("stage3.max_reuse_elems")},
       {"stage3_gather_16bit_weights_on_model_save", Ignored(masters)},
       {"elastic_checkpoint", Ignored("ZeroRT checkpoints load at any world size")},
       {"load_from_fp32_weights", Ignored("ZeroRT checkpoints always restore the fp32 master")},

@@ -431,12 +431,15 @@ Status ShardedParams::Release(int unit, bool may_keep) {
 bool ShardedParams::GatheredAgainSoon(int bucket) const {
   if (trace_state_ != Trace::kValid) return false;
   const int64_t numel = plan_.buckets()[bucket].numel;
-  int64_t ahead = 0;  // elements Prefetch would start before reaching `bucket`
+  int64_t ahead = 0;      // elements Prefetch would start before reaching `bucket`
+  int64_t traversed = 0;  // elements the trainer gathers before `bucket` (the reuse distance)
   for (size_t k = trace_position_; k < trace_.size(); ++k) {
+    if (traversed >= config_.max_reuse_elems) return false;
     if (trace_[k] == bucket) {
       return FitsPrefetchWindow(ahead + numel, ahead);  // `bucket`'s elements are live already
     }
     const Bucket& b = plan_.buckets()[trace_[k]];
+    traversed += b.numel;
     if (units_[b.index].buffer.data() != nullptr) continue;  // held or on its way: costs nothing more
     ahead += b.numel;
     if (!FitsPrefetchWindow(ahead, ahead)) return false;

@@ -10,7 +10,7 @@
 //     "buckets": {"reduce_bucket_elems": 4000000, "first_bucket_elems": 1000000,
 //                 "last_bucket_elems": 1000000, "overlap": true, "pool_buffers": 4},
 //     "stage3": {"prefetch_elems": 50000000, "max_live_elems": 1000000000,
-//                "persistence_threshold": 100000},
+//                "persistence_threshold": 100000, "max_reuse_elems": 1000000000},
 //     "gradient_accumulation_steps": 1, "clip_grad_norm": 0.0, "sync_grad_norm": true,
 //     "loss_scale": {"mode": "none", "initial_power": 16, "window": 1000, "hysteresis": 2,
 //                    "min": 1.0},
@@ -145,6 +145,10 @@ struct Stage3Config {
   int64_t prefetch_elems = 50'000'000;
   int64_t max_live_elems = 1'000'000'000;    ///< [1, 1e15]
   int64_t persistence_threshold = 100'000;   ///< [0, 1e15]
+  /// A unit released until its backward (Engine::ReleaseUntilBackward) stays gathered only
+  /// when the recorded order gathers fewer than this many elements of other units before
+  /// gathering it again (DeepSpeed's stage3_max_reuse_distance); 0 keeps none. [0, 1e15]
+  int64_t max_reuse_elems = 1'000'000'000;
 };
 
 struct LossScaleConfig {

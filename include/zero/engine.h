@@ -199,7 +199,8 @@ class Engine {
   virtual Status Release(int unit) = 0;
   /// Stage 3: Release at the end of `unit`'s forward when its backward follows (the forward's
   /// outputs need gradients), in any phase: a unit the recorded gather order gathers again
-  /// within the prefetch window stays gathered for that backward instead of being freed and
+  /// within the prefetch window, after fewer than stage3.max_reuse_elems elements of other
+  /// units, stays gathered for that backward instead of being freed and
   /// prefetched straight back (counters().releases_kept; with a window smaller than the rest
   /// of the step the prefetcher has filled it by then, and the unit is freed). The trainer
   /// must not write into the unit's ParamData views until it gathers it again (SetParam and

@@ -566,6 +566,34 @@ def test_two_ranks_lend_the_gradients_that_fill_a_bucket(stage):
         assert_close(lent_state, state)
 
 
+def test_deepspeed_max_reuse_distance_zero_keeps_no_unit_and_trains_the_same():
+    """DeepSpeed's stage3_max_reuse_distance is stage3.max_reuse_elems: 0 frees every unit a
+    forward releases (no unit kept for its backward), the default keeps them; the params
+    trained are bit-for-bit the same."""
+    def run(max_reuse_distance):
+        model = TinyLM()
+        config = {"train_micro_batch_size_per_gpu": BATCH,
+                  "optimizer": {"type": "SGD", "params": {"lr": 0.1}},
+                  "gradient_clipping": 0.0,
+                  "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}}
+        if max_reuse_distance is not None:
+            config["zero_optimization"]["stage3_max_reuse_distance"] = max_reuse_distance
+        comm = zerort.local_group(1)[0]
+        engine = zerort.torch.initialize(model, config, comm)
+        for step in range(3):
+            engine.backward(loss_of(model, *batch(step)))
+            engine.step()
+        kept = engine.counters()["releases_kept"]
+        engine.close()
+        comm.close()
+        return kept, trained(model)
+
+    (kept_none, none), (kept_default, default) = run(0), run(None)
+    assert kept_none == 0 and kept_default == 2 * 9
+    for name in default:
+        assert torch.equal(none[name], default[name]), name
+
+
 @pytest.mark.parametrize("world", [1, 2])
 def test_counters_and_memory_stats_show_prefetching_and_what_each_rank_holds(world):
     """engine.counters() shows stage 3's prefetched and on-demand gathers, the reductions,

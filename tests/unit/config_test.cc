@@ -112,6 +112,7 @@ INSTANTIATE_TEST_SUITE_P(
         Rejected{R"({"stage3": {"max_live_elems": 0}})", "stage3.max_live_elems", "0"},
         Rejected{R"({"stage3": {"prefetch_elems": -1}})", "stage3.prefetch_elems", "-1"},
         Rejected{R"({"stage3": {"persistence_threshold": 1e16}})", "stage3.persistence_threshold", "1e16"},
+        Rejected{R"({"stage3": {"max_reuse_elems": -1}})", "stage3.max_reuse_elems", "-1"},
         Rejected{R"({"guard": {"replica_check_every": -1}})", "guard.replica_check_every", "-1"},
         // Wrong types quote the value too.
         Rejected{R"({"optimizer": {"lr": "fast"}})", "optimizer.lr", "\"fast\""},
@@ -139,7 +140,8 @@ TEST(ConfigJson, AcceptsTheEdgesOfEveryRange) {
                     "momentum": 1, "dampening": 0},
       "buckets": {"reduce_bucket_elems": 1e15, "first_bucket_elems": 1, "last_bucket_elems": 0,
                   "pool_buffers": 2147483647},
-      "stage3": {"prefetch_elems": 0, "max_live_elems": 1e15, "persistence_threshold": 0},
+      "stage3": {"prefetch_elems": 0, "max_live_elems": 1e15, "persistence_threshold": 0,
+                 "max_reuse_elems": 0},
       "gradient_accumulation_steps": 2147483647, "clip_grad_norm": 3.4028234e38,
       "loss_scale": {"initial_power": 64, "window": 1, "hysteresis": 1, "min": 1.8446744073709552e19},
       "guard": {"timeout_s": 604800, "replica_check_every": 0}})");
@@ -147,6 +149,7 @@ TEST(ConfigJson, AcceptsTheEdgesOfEveryRange) {
   EXPECT_EQ(config->stage, 3);
   EXPECT_EQ(config->buckets.reduce_bucket_elems, int64_t{1'000'000'000'000'000});
   EXPECT_EQ(config->buckets.last_bucket_elems, 0);
+  EXPECT_EQ(config->stage3.max_reuse_elems, 0);
   EXPECT_FLOAT_EQ(config->optimizer.beta2, 0.99999994f);
   EXPECT_DOUBLE_EQ(config->guard.timeout_s, 604800);
   const StatusOr<Config> smallest = Config::FromJson(

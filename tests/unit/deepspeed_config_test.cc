@@ -121,7 +121,8 @@ TEST(DeepSpeedConfig, Zero3Fp16TranslatesKeyByKey) {
   ExpectSameKeys(Translate(kZero3Fp16, &notes), Json::parse(R"({
     "stage": 3,
     "buckets": {"reduce_bucket_elems": 5e7, "overlap": true},
-    "stage3": {"prefetch_elems": 4.5e7, "persistence_threshold": 1e4, "max_live_elems": 1e9},
+    "stage3": {"prefetch_elems": 4.5e7, "persistence_threshold": 1e4, "max_live_elems": 1e9,
+               "max_reuse_elems": 1e9},
     "guard": {"on_unused": "zero"},
     "optimizer": {"type": "adamw", "lr": 1e-4, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.0},
     "scheduler": {"type": "WarmupLR",
@@ -132,7 +133,7 @@ TEST(DeepSpeedConfig, Zero3Fp16TranslatesKeyByKey) {
     "gradient_accumulation_steps": 8,
     "clip_grad_norm": 1.0
   })"));
-  for (const char* key : {"zero_optimization.sub_group_size", "zero_optimization.stage3_max_reuse_distance",
+  for (const char* key : {"zero_optimization.sub_group_size",
                           "zero_optimization.stage3_gather_16bit_weights_on_model_save",
                           "zero_optimization.contiguous_gradients"}) {
     EXPECT_THAT(notes, Contains(StartsWith(std::string(key) + ": ignored; "))) << key;

@@ -156,8 +156,10 @@ TEST(EngineStage3, PrefetchResumesAfterAnEvalPass) {
 // with room for every unit, each one (backward gathers it again), whether the forward runs
 // inside the iteration or before BeginIteration (as PyTorch's hooks do). With room for one
 // unit the prefetcher has already filled it with the next unit when a unit is released, so
-// nothing is kept; with none, nothing; a plain Release keeps nothing. The gathered memory stays
-// within what the prefetcher may hold, and the training is the same in all of them.
+// nothing is kept; with none, nothing; a plain Release keeps nothing. stage3.max_reuse_elems
+// keeps only the units gathered again before that many elements of others: unit u's backward
+// gather comes 2 × (3 - u) units after its forward's. The gathered memory stays within what
+// the prefetcher may hold, and the training is the same in all of them.
 TEST(EngineStage3, AReleasedUnitGatheredAgainWithinThePrefetchWindowStaysGathered) {
   constexpr int kWorld = 3, kUnits = 4, kSteps = 4;
   constexpr int64_t kUnitElems = 768;  // 700 elements padded to a multiple of 3 × 128
@@ -167,11 +169,13 @@ TEST(EngineStage3, AReleasedUnitGatheredAgainWithinThePrefetchWindowStaysGathere
     std::vector<float> params;
   };
   enum class Forward { kInsideIteration, kBeforeIteration, kPlainRelease };
-  auto train = [&](int64_t prefetch_elems, Forward forward = Forward::kInsideIteration) {
+  auto train = [&](int64_t prefetch_elems, Forward forward = Forward::kInsideIteration,
+                   int64_t max_reuse_elems = Stage3Config().max_reuse_elems) {
     const bool before = forward == Forward::kBeforeIteration;
     std::vector<Run> runs(kWorld);
     Config config = ToyConfig(3);
     config.stage3.prefetch_elems = prefetch_elems;
+    config.stage3.max_reuse_elems = max_reuse_elems;
     const std::vector<Status> results = RunOnRanks(kWorld, [&](int r, comm::Communicator& comm) -> Status {
       ZERO_ASSIGN_OR_RETURN(auto e, Engine::Create(config, comm));
       for (int u = 0; u < kUnits; ++u) {
@@ -213,12 +217,18 @@ TEST(EngineStage3, AReleasedUnitGatheredAgainWithinThePrefetchWindowStaysGathere
   const std::vector<Run> all_before = train(kUnits * kUnitElems, Forward::kBeforeIteration);
   const std::vector<Run> one_before = train(kUnitElems, Forward::kBeforeIteration);
   const std::vector<Run> all_plain = train(kUnits * kUnitElems, Forward::kPlainRelease);
+  const std::vector<Run> reuse_two = train(kUnits * kUnitElems, Forward::kInsideIteration, 2 * kUnitElems + 1);
+  const std::vector<Run> reuse_one = train(kUnits * kUnitElems, Forward::kInsideIteration, 1);
+  const std::vector<Run> reuse_none = train(kUnits * kUnitElems, Forward::kInsideIteration, 0);
   if (HasFailure()) return;
   for (int r = 0; r < kWorld; ++r) {
     SCOPED_TRACE("rank " + std::to_string(r));
     EXPECT_EQ(all[r].kept_last_step, kUnits);
     EXPECT_EQ(all_before[r].kept_last_step, kUnits) << "ReleaseUntilBackward outside an iteration";
     EXPECT_EQ(all_plain[r].kept_last_step, 0) << "a plain Release keeps";
+    EXPECT_EQ(reuse_two[r].kept_last_step, 2) << "units 3 and 2 come back within 2 units";
+    EXPECT_EQ(reuse_one[r].kept_last_step, 1) << "unit 3 comes back at once";
+    EXPECT_EQ(reuse_none[r].kept_last_step, 0);
     EXPECT_EQ(one[r].kept_last_step, 0);
     EXPECT_EQ(one_before[r].kept_last_step, 0);
     EXPECT_EQ(none[r].kept_last_step, 0);
@@ -231,6 +241,7 @@ TEST(EngineStage3, AReleasedUnitGatheredAgainWithinThePrefetchWindowStaysGathere
     EXPECT_EQ(all_before[r].params, none[r].params);
     EXPECT_EQ(one_before[r].params, none[r].params);
     EXPECT_EQ(all_plain[r].params, none[r].params);
+    EXPECT_EQ(reuse_two[r].params, none[r].params);
   }
 }
 
