@@ -200,11 +200,11 @@ class Engine {
   /// Stage 3: Release at the end of `unit`'s forward when its backward follows (the forward's
   /// outputs need gradients), in any phase: a unit the recorded gather order gathers again
   /// within the prefetch window, after fewer than stage3.max_reuse_elems elements of other
-  /// units, stays gathered for that backward instead of being freed and
-  /// prefetched straight back (counters().releases_kept; with a window smaller than the rest
-  /// of the step the prefetcher has filled it by then, and the unit is freed). The trainer
-  /// must not write into the unit's ParamData views until it gathers it again (SetParam and
-  /// Step keep a kept unit right).
+  /// units, stays gathered for that backward instead of being freed and prefetched straight
+  /// back (counters().releases_kept; with a window smaller than the rest of the step the
+  /// prefetcher has filled it by then, and the unit is freed). The trainer must not write into
+  /// the unit's ParamData views until it gathers it again (SetParam and Step keep a kept unit
+  /// right).
   virtual Status ReleaseUntilBackward(int unit) = 0;
 
   /// Stage 3: where `id`'s values sit in its unit's gathered memory (GatheredPlace). After
