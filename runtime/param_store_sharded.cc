@@ -174,8 +174,9 @@ class ShardedParams final : public ParamStore {
   // Drops prefetched units nobody asked for yet (after their all-gathers complete).
   Status DropPrefetched();
   // Whether a unit released now would be prefetched again before the trainer's next gathers
-  // (the recorded order gathers it within the prefetch window Prefetch would fill): Release
-  // then keeps it, as if prefetched, instead of freeing it and gathering it again.
+  // (the recorded order gathers it within the prefetch window Prefetch would fill, after fewer
+  // than stage3.max_reuse_elems elements of other units): Release with may_keep then keeps it,
+  // as if prefetched, instead of freeing it and gathering it again.
   bool GatheredAgainSoon(int bucket) const;
   // Whether `more_prefetched` more prefetched elements, `more_live` of them not live yet, stay
   // within stage3.prefetch_elems and stage3.max_live_elems.

@@ -138,8 +138,9 @@ struct BucketConfig {
 };
 
 struct Stage3Config {
-  /// Elements of units gathered ahead of the trainer's Gather (a released unit that the
-  /// recorded order gathers again within them stays gathered, as if prefetched); also the
+  /// Elements of units gathered ahead of the trainer's Gather (a unit released until its
+  /// backward that the recorded order gathers again within them stays gathered, as if
+  /// prefetched: Engine::ReleaseUntilBackward); also the
   /// most elements of released units' buffers kept for reuse by later gathers (within
   /// max_live_elems with the gathered units). [0, 1e15]
   int64_t prefetch_elems = 50'000'000;

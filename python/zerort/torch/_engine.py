@@ -204,16 +204,22 @@ class TorchEngine:
         _params.claim(tracked, self._engine._box)
         _gathered.drive(list(module.parameters()), self)  # frozen ones too (gathered())
 
+    def _other_current_stream(self):
+        """Device "cuda": the current stream when it is not the engine's, else None."""
+        current = torch.cuda.current_stream(self._stream.device)
+        return current if current != self._stream else None
+
     def _wait_for_current_stream(self):
         """Device "cuda": the engine's stream waits for the current one (work queued there
         on memory the engine reads or writes next)."""
-        current = torch.cuda.current_stream(self._stream.device)
-        if current != self._stream:
+        current = self._other_current_stream()
+        if current is not None:
             self._stream.wait_stream(current)
 
     def _follow_engine_stream(self):
-        current = torch.cuda.current_stream(self._stream.device)
-        if current != self._stream:
+        """Device "cuda": the current stream waits for the engine's (its values)."""
+        current = self._other_current_stream()
+        if current is not None:
             current.wait_stream(self._stream)
 
     def _start_first_micro_batch(self):
