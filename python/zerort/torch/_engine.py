@@ -322,33 +322,34 @@ class TorchEngine:
                 except errors.ZeroError as error:
                     engine._passes.fail(error)
 
-        def hand_over():
-            grad = param.grad
-            if grad is None:
+        def hand_over(held):
+            # Holds neither the param nor the engine: on PyTorch >= 2.1 the param keeps this
+            # hook, and a param the trainer keeps must not keep a dropped engine alive.
+            engine = engine_ref()
+            if held is None or engine is None or held.grad is None:
                 return
             try:
-                self._passes.begin()
-                if self._passes.failed:  # an error is pending for this backward: drop the rest
+                engine._passes.begin()
+                if engine._passes.failed:  # an error is pending for this backward: drop the rest
                     return
-                if pid in self._marked:
+                if pid in engine._marked:
                     raise _reach.late_gradient_error(record.name)
-                self._mark_unreached(position)
-                if self._passes.failed:  # a hand-over in the sweep failed
+                engine._mark_unreached(position)
+                if engine._passes.failed:  # a hand-over in the sweep failed
                     return
-                self._hand_over(record, grad, unit)
+                engine._hand_over(record, held.grad, unit)
             except errors.ZeroError as error:
-                self._passes.fail(error)  # raised when this backward ends (_backward.py)
+                engine._passes.fail(error)  # raised when this backward ends (_backward.py)
             finally:
-                param.grad = None  # handed over, or rejected: never kept for a later step
+                held.grad = None  # handed over, or rejected: never kept for a later step
 
         self._hooks.append(param.register_hook(drop_stale))
         if hasattr(param, "register_post_accumulate_grad_hook"):
-            self._hooks.append(
-                param.register_post_accumulate_grad_hook(lambda _: hand_over()))
+            self._hooks.append(param.register_post_accumulate_grad_hook(hand_over))
         else:  # PyTorch < 2.1: a post hook on the param's AccumulateGrad node, as DDP does
             accumulator = param.expand_as(param).grad_fn.next_functions[0][0]
             self._accumulators.append(accumulator)
-            self._hooks.append(accumulator.register_hook(lambda *_: hand_over()))
+            self._hooks.append(accumulator.register_hook(lambda *_: hand_over(ref())))
 
     def _hand_over(self, record, grad, unit):
         """Queues the gradient `grad` of the param of `record` (stage-3 `unit`) for the engine,
