@@ -24,6 +24,7 @@ StatusOr<StepInfo> EngineImpl::Step() {
   last_grad_norm_.reset();  // until this step's norm is decided
   grad_norm_on_device_ = false;
   float* scalars = step_scalars_.as<float>();
+  ZERO_RETURN_IF_ERROR(grads_->ZeroUnreduced());
   ZERO_RETURN_IF_ERROR(optimizer_->GradSquaredNorm(scalars + kSqNorm));
   if (comm_.size() > 1) {
     comm::WorkPtr sum = path_.Start([&](comm::Communicator& c) {

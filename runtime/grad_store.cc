@@ -318,10 +318,20 @@ class ShardedGradStore final : public GradStore {
     return slots_.TakeBackLent(param, *slot, ops_);
   }
 
+  // The shard is not cleared here: every bucket's first reduction since Zero overwrites its
+  // part (shard_is_zero_), and ZeroUnreduced clears what a step would read unwritten.
   Status Zero() override {
     shard_is_zero_.assign(shard_is_zero_.size(), true);
     slots_.ForgetLent();
-    return ops_.Zero(shard_.data(), shard_.bytes());
+    return absl::OkStatus();
+  }
+
+  Status ZeroUnreduced() override {
+    for (const Bucket& b : plan_.buckets()) {
+      if (!b.trainable || !shard_is_zero_[b.index]) continue;
+      ZERO_RETURN_IF_ERROR(ops_.Zero(OwnedGrad(b.index), b.grad_shard_bytes()));
+    }
+    return absl::OkStatus();
   }
 
  private:
@@ -394,8 +404,8 @@ StatusOr<std::unique_ptr<GradStore>> GradStore::Create(int stage,
                                                                   ops.placement()));
     pool.push_back(std::move(buffer));
   }
+  ZERO_RETURN_IF_ERROR(ops.Zero(shard.data(), shard.bytes()));
   store.reset(new ShardedGradStore(plan, comm, ops, std::move(shard), std::move(pool)));
-  ZERO_RETURN_IF_ERROR(store->Zero());
   return store;
 }
 

@@ -79,8 +79,13 @@ class GradStore {
   /// The rank's reduced gradient for the part of `bucket` it steps (PartitionPlan::Owned), in
   /// the bucket's gradient dtype; valid after the step's reductions completed.
   virtual void* OwnedGrad(int bucket) = 0;
-  /// Starts the next optimizer step's gradients (all zero; nothing lent).
+  /// Starts the next optimizer step's gradients (all zero; nothing lent). A store whose
+  /// first reduction of a bucket overwrites the rank's gradient of it may only mark it zero
+  /// here; ZeroUnreduced then writes the zeros a step would read.
   virtual Status Zero() = 0;
+  /// Before a step reads OwnedGrad: zeroes the rank's gradient of every bucket not reduced
+  /// since Zero (none in a step whose backward reached every bucket: no memory pass).
+  virtual Status ZeroUnreduced() { return absl::OkStatus(); }
 };
 
 }  // namespace zero::runtime

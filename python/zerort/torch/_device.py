@@ -34,6 +34,24 @@ def device_of(module, named):
     return device
 
 
+# The current stream's cudaStream_t of a device, without building a torch.cuda.Stream
+# (torch.cuda.current_stream costs tens of microseconds of host time; the gradient hooks ask
+# once per param per backward). Absent from builds without CUDA.
+_current_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def other_current_stream(stream):
+    """The current CUDA stream of `stream`'s device when it is not `stream`, else None (also
+    when `stream` is None: no CUDA stream to follow)."""
+    if stream is None:
+        return None
+    if _current_raw_stream is not None:
+        if _current_raw_stream(stream.device.index) == stream.cuda_stream:
+            return None
+    current = torch.cuda.current_stream(stream.device)
+    return current if current != stream else None
+
+
 def prepare_cuda(config, stage, device, comm, raw):
     """Device "cuda": returns the stream the engine follows (torch's current one), and sets
     in `config` what in-process ranks sharing the GPU need. PyTorch runs the CUDA part of

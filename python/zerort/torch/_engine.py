@@ -204,21 +204,16 @@ class TorchEngine:
         _params.claim(tracked, self._engine._box)
         _gathered.drive(list(module.parameters()), self)  # frozen ones too (gathered())
 
-    def _other_current_stream(self):
-        """Device "cuda": the current stream when it is not the engine's, else None."""
-        current = torch.cuda.current_stream(self._stream.device)
-        return current if current != self._stream else None
-
     def _wait_for_current_stream(self):
         """Device "cuda": the engine's stream waits for the current one (work queued there
         on memory the engine reads or writes next)."""
-        current = self._other_current_stream()
+        current = _device.other_current_stream(self._stream)
         if current is not None:
             self._stream.wait_stream(current)
 
     def _follow_engine_stream(self):
         """Device "cuda": the current stream waits for the engine's (its values)."""
-        current = self._other_current_stream()
+        current = _device.other_current_stream(self._stream)
         if current is not None:
             current.wait_stream(self._stream)
 
@@ -371,11 +366,13 @@ class TorchEngine:
                 f"zerort.torch: param \"{record.name}\" got a gradient of shape "
                 f"{tuple(grad.shape)}, not its registered {record.shape}",
                 errors.FailedPreconditionError.status)
-        if self._stream is not None:
+        current = _device.other_current_stream(self._stream)
+        if current is not None:
             # Computed on another stream (a forward under torch.cuda.stream(s)): the engine's
-            # stream waits for it. Whatever stream the gradient's memory came from, the
-            # allocator keeps it until the engine's copy or step has run on the engine's.
-            self._wait_for_current_stream()
+            # stream waits for it, and the allocator keeps the gradient's memory until the
+            # engine's work with it has run there. (Computed on the engine's stream, its
+            # memory is that stream's: reused only after the work queued there.)
+            self._stream.wait_stream(current)
             grad.record_stream(self._stream)
         if (self._queue.add(record.pid, grad, unit) or not self._passes.open
                 or (self._units is not None and self._units.queued(unit, record.pid))):

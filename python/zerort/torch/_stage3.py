@@ -52,6 +52,7 @@ import torch
 
 from .. import errors
 from ._access import innermost_running_module, runs_forward_hooks, watch
+from ._device import other_current_stream
 from ._params import resize_storage, storage_bytes, storage_pointer
 
 
@@ -215,7 +216,7 @@ class UnitGathering:
                 f"zerort.torch: the engine asked for {nbytes} bytes for unit {unit}, whose "
                 f"layout has {flat.numel()}", errors.InternalError.status)
         resize_storage(flat, nbytes)
-        other = self._other_current_stream()
+        other = other_current_stream(self.engine_stream)
         if other is not None:
             # Memory freed on the current stream may still be read by work queued there: the
             # engine's writes wait for it; and it is not reused before the engine's work with
@@ -223,14 +224,6 @@ class UnitGathering:
             self.engine_stream.wait_stream(other)
             flat.record_stream(self.engine_stream)
         return flat.data_ptr()
-
-    def _other_current_stream(self):
-        """The current CUDA stream when it is not the engine's, else None."""
-        stream = self.engine_stream
-        if stream is None:
-            return None
-        current = torch.cuda.current_stream(stream.device)
-        return current if current != stream else None
 
     def _give_back(self, unit):
         """The engine's give_back: `unit`'s flat storage is freed."""
@@ -330,7 +323,7 @@ class UnitGathering:
             self.before_engine_call()
             self._engine.gather(unit)
             self.follow_engine_stream()
-            other = self._other_current_stream()
+            other = other_current_stream(self.engine_stream)
             if other is not None:
                 self._flats[unit].record_stream(other)  # read there: not reused before
             self._gathered.add(unit)
@@ -436,7 +429,7 @@ class UnitGathering:
                             param.data = param.data.clone()
                         continue
                     values = torch.empty(record.shape, dtype=record.dtype, device=record.device)
-                    other = self._other_current_stream()
+                    other = other_current_stream(self.engine_stream)
                     if other is not None:  # the memory's last use there comes first
                         self.engine_stream.wait_stream(other)
                     self._engine.get_param(pid, values.data_ptr())  # every rank calls
