@@ -18,12 +18,17 @@ Configurations:
     zerort-nccl-S  the same over NCCL (one rank), stages 0-3
 
 Model: `layers` × (Linear(width, width) + Tanh) + Linear(width, 1), fp32 (100.7M params at
-the defaults). Per configuration: median step time (forward, backward, optimizer step;
-CUDA synchronised) over `steps` steps after 3 untimed ones, and the peak GPU memory PyTorch's
-allocator held plus, for ZeroRT, the engine's peak bytes (its own allocations), and the
-engine's host waits per timed step (EngineCounters.host_waits: each one drains the GPU's
-queue; a steady step at stages 0-2 should have none) and gradient bytes it copied per timed
-step (EngineCounters.grad_bytes_copied: none where it reads the gradients where they are).
+the defaults). Every configuration is built first, each with its own model, and the timed
+steps are interleaved: round after round, one step of each configuration in turn (forward,
+backward, optimizer step; CUDA synchronised before and after), so that a drift of the
+machine's clocks reaches all of them alike. Per configuration: the median step time over
+`steps` rounds after 3 untimed ones; the median host time until the step's last call
+returned (a step whose host time is near its step time is bound by the host's launches, not
+by the GPU); the engine's host waits per timed step (EngineCounters.host_waits: each one
+drains the GPU's queue; a steady step at stages 0-2 should have none) and gradient bytes it
+copied per timed step (EngineCounters.grad_bytes_copied: none where it reads the gradients
+where they are). Peak memory (PyTorch's allocator, and the engine's own allocations) comes
+from a first pass that runs each configuration alone for 3 steps.
 """
 import argparse
 import statistics
@@ -45,54 +50,74 @@ def build_model(width, layers):
     return nn.Sequential(*modules, nn.Linear(width, 1)).cuda()
 
 
-def measure(name, args):
-    """Median step time (ms) and peak memory (MiB) of configuration `name`."""
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats()
-    model = build_model(args.width, args.layers)
-    generator = torch.Generator(device="cuda").manual_seed(1)
-    x = torch.randn(args.batch, args.width, device="cuda", generator=generator)
-    y = x[:, :1].clone()
-    comm = engine = optimizer = None
-    if name.startswith("torch"):
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4,
-                                      **{name.split("-")[1]: True})
-    else:
-        stage = int(name[-1])
+class Config:
+    """One configuration `name` of the benchmark: its model, optimizer or engine, and data."""
+
+    def __init__(self, name, args):
+        self.name = name
+        self.model = build_model(args.width, args.layers)
+        generator = torch.Generator(device="cuda").manual_seed(1)
+        self.x = torch.randn(args.batch, args.width, device="cuda", generator=generator)
+        self.y = self.x[:, :1].clone()
+        self.comm = self.engine = self.optimizer = None
+        if name.startswith("torch"):
+            self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-4,
+                                               **{name.split("-")[1]: True})
+            return
         comm = zerort.local_group(1)[0]
         if "nccl" in name:
             bootstrap, comm = comm, zerort.nccl_communicator(comm)
             bootstrap.close()
-        engine = zerort.torch.initialize(
-            model, {"stage": stage, "optimizer": {"type": "adamw", "lr": 1e-4}}, comm)
-    times = []
-    before = {}
-    for step in range(args.steps + 3):
-        if step == 3 and engine is not None:
-            before = engine.engine.counters()
+        self.comm = comm
+        self.engine = zerort.torch.initialize(
+            self.model, {"stage": int(name[-1]), "optimizer": {"type": "adamw", "lr": 1e-4}},
+            comm)
+
+    def step(self):
+        """One training step; returns (step ms, host ms until its last call returned)."""
         torch.cuda.synchronize()
         start = time.perf_counter()
-        F.mse_loss(model(x), y).backward()
-        if optimizer is not None:
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+        F.mse_loss(self.model(self.x), self.y).backward()
+        if self.optimizer is not None:
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
         else:
-            engine.step()
+            self.engine.step()
+        returned = time.perf_counter()
         torch.cuda.synchronize()
-        if step >= 3:
-            times.append((time.perf_counter() - start) * 1e3)
-    engine_mib = 0.0
-    waits = copied_mb = float("nan")
-    if engine is not None:
-        after = engine.engine.counters()
-        waits = (after["host_waits"] - before["host_waits"]) / args.steps
-        copied_mb = (after["grad_bytes_copied"] - before["grad_bytes_copied"]) / args.steps / 1e6
-        engine_mib = sum(v[1] for v in engine.engine.memory_stats().values()) / 2**20
-        engine.close()
-        comm.close()
-    torch_mib = torch.cuda.max_memory_allocated() / 2**20
-    del model, optimizer, engine
-    return statistics.median(times), torch_mib, engine_mib, waits, copied_mb
+        return (time.perf_counter() - start) * 1e3, (returned - start) * 1e3
+
+    def counters(self):
+        """(host waits, gradient bytes copied) so far; NaN without an engine."""
+        if self.engine is None:
+            return float("nan"), float("nan")
+        counters = self.engine.engine.counters()
+        return counters["host_waits"], counters["grad_bytes_copied"]
+
+    def engine_mib(self):
+        """The sum of the engine's per-category peak allocations, MiB."""
+        if self.engine is None:
+            return 0.0
+        return sum(v[1] for v in self.engine.engine.memory_stats().values()) / 2**20
+
+    def close(self):
+        if self.engine is not None:
+            self.engine.close()
+            self.comm.close()
+
+
+def peak_memory(name, args):
+    """(PyTorch allocator's peak MiB, engine MiB) of `name` run alone for 3 steps."""
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    config = Config(name, args)
+    for _ in range(3):
+        config.step()
+    engine_mib = config.engine_mib()
+    config.close()
+    del config
+    return torch.cuda.max_memory_allocated() / 2**20, engine_mib
 
 
 def main():
@@ -107,18 +132,36 @@ def main():
           f"{params / 1e6:.1f}M fp32 params, batch {args.batch}")
     names = ["torch-fused", "torch-foreach"] + [f"zerort-{s}" for s in range(4)]
     names += [f"zerort-nccl-{s}" for s in range(4)]
-    baseline = None
-    print(f"{'config':<14} {'step ms':>8} {'vs fused':>9} {'torch MiB':>10} {'engine MiB':>11} "
-          f"{'waits/step':>11} {'copied MB/step':>15}")
+    memory, configs = {}, []
     for name in names:
         try:
-            ms, torch_mib, engine_mib, waits, copied_mb = measure(name, args)
+            memory[name] = peak_memory(name, args)
+            configs.append(Config(name, args))
         except zerort.ZeroError as error:
             print(f"{name:<14} not run: {error}")
-            continue
+    times = {config.name: [] for config in configs}
+    for round_ in range(args.steps + 3):
+        if round_ == 3:
+            before = {config.name: config.counters() for config in configs}
+        for config in configs:
+            measured = config.step()
+            if round_ >= 3:
+                times[config.name].append(measured)
+    baseline = None
+    print(f"{'config':<14} {'step ms':>8} {'vs fused':>9} {'host ms':>8} {'torch MiB':>10} "
+          f"{'engine MiB':>11} {'waits/step':>11} {'copied MB/step':>15}")
+    for config in configs:
+        ms = statistics.median(t for t, _ in times[config.name])
+        host_ms = statistics.median(h for _, h in times[config.name])
+        waits, copied = (
+            (after - first) / args.steps
+            for after, first in zip(config.counters(), before[config.name]))
+        torch_mib, engine_mib = memory[config.name]
         baseline = baseline or ms
-        print(f"{name:<14} {ms:8.2f} {ms / baseline:9.2f} {torch_mib:10.0f} {engine_mib:11.0f} "
-              f"{waits:11.1f} {copied_mb:15.1f}")
+        print(f"{config.name:<14} {ms:8.2f} {ms / baseline:9.2f} {host_ms:8.2f} "
+              f"{torch_mib:10.0f} {engine_mib:11.0f} {waits:11.1f} {copied / 1e6:15.1f}")
+    for config in configs:
+        config.close()
 
 
 if __name__ == "__main__":

@@ -150,9 +150,13 @@ class TorchEngine:
         self.lend_gradients = self._stream is not None
         self._lent_grads = []
         # Checked gradients not yet handed over: one library call for many (_handover.py).
-        self._queue = _handover.GradQueue(self._engine,
-                                          _handover.elems_per_batch(self.config),
-                                          self._stream is not None)
+        limit = _handover.elems_per_batch(self.config)
+        if (self.lend_gradients and self._engine.world_size == 1
+                and self.gradient_accumulation_steps == 1):
+            # One rank, every gradient lent: the reductions are identities (nothing to
+            # overlap) and the gradients live until the step anyway: one call per backward.
+            limit = float("inf")
+        self._queue = _handover.GradQueue(self._engine, limit, self._stream is not None)
         for position, (_, param, pid) in enumerate(self._params):
             self._add_grad_hook(param, pid, unit_of.get(param), position)
         self._units = None

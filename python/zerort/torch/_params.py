@@ -38,6 +38,15 @@ def storage_pointer(tensor):
     return tensor.storage().data_ptr()
 
 
+def same_storage(tensor, other):
+    """Whether `tensor` and `other` share one storage (the same memory, whatever its size
+    now: a stage-3 param between uses has a storage of no bytes)."""
+    if hasattr(tensor, "untyped_storage"):  # the storage object itself, by its C address
+        return tensor.untyped_storage()._cdata == other.untyped_storage()._cdata
+    return (storage_pointer(tensor) == storage_pointer(other)
+            and storage_bytes(tensor) == storage_bytes(other))
+
+
 def resize_storage(tensor, numel):
     """Resizes the storage under `tensor` to `numel` elements (0 frees it)."""
     if hasattr(tensor, "untyped_storage"):

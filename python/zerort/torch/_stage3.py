@@ -53,7 +53,7 @@ import torch
 from .. import errors
 from ._access import innermost_running_module, runs_forward_hooks, watch
 from ._device import other_current_stream
-from ._params import resize_storage, storage_bytes, storage_pointer
+from ._params import resize_storage, same_storage, storage_bytes
 
 
 class _DeviceBytes:
@@ -233,8 +233,7 @@ class UnitGathering:
         """Whether `param` (registered as `pid`, in a sharded unit) still views its unit's
         flat storage: False once its .data was replaced by another tensor."""
         flat = self._flats[self._records[pid].unit]
-        return (storage_pointer(param.data) == storage_pointer(flat)
-                and storage_bytes(param.data) == storage_bytes(flat))
+        return same_storage(param, flat)
 
     def add_units(self, module, units):
         """Makes `module`'s forward (and backward) gather `units` as well: its own units, or
