@@ -23,36 +23,35 @@ import torch
 from .. import errors
 
 
+def untyped_storage(tensor):
+    """The untyped storage (bytes) under `tensor`: untyped_storage() from PyTorch 2.0 on,
+    _storage() before (storage() builds a typed wrapper in Python: slower)."""
+    if hasattr(tensor, "untyped_storage"):
+        return tensor.untyped_storage()
+    return tensor._storage()
+
+
 def storage_bytes(tensor):
     """The size in bytes of the storage under `tensor` (0: no storage, a stage-3 param
     between uses)."""
-    if hasattr(tensor, "untyped_storage"):
-        return tensor.untyped_storage().nbytes()
-    return tensor.storage().size() * tensor.element_size()
+    return untyped_storage(tensor).nbytes()
 
 
 def storage_pointer(tensor):
     """The address of the storage under `tensor` (0 for a storage of no bytes)."""
-    if hasattr(tensor, "untyped_storage"):
-        return tensor.untyped_storage().data_ptr()
-    return tensor.storage().data_ptr()
+    return untyped_storage(tensor).data_ptr()
 
 
 def same_storage(tensor, other):
     """Whether `tensor` and `other` share one storage (the same memory, whatever its size
-    now: a stage-3 param between uses has a storage of no bytes)."""
-    if hasattr(tensor, "untyped_storage"):  # the storage object itself, by its C address
-        return tensor.untyped_storage()._cdata == other.untyped_storage()._cdata
-    return (storage_pointer(tensor) == storage_pointer(other)
-            and storage_bytes(tensor) == storage_bytes(other))
+    now: a stage-3 param between uses has a storage of no bytes): the storage objects
+    compared by their C addresses."""
+    return untyped_storage(tensor)._cdata == untyped_storage(other)._cdata
 
 
 def resize_storage(tensor, numel):
     """Resizes the storage under `tensor` to `numel` elements (0 frees it)."""
-    if hasattr(tensor, "untyped_storage"):
-        tensor.untyped_storage().resize_(numel * tensor.element_size())
-    else:
-        tensor.storage().resize_(numel)
+    untyped_storage(tensor).resize_(numel * tensor.element_size())
 
 
 class Registered:

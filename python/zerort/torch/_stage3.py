@@ -150,6 +150,9 @@ class UnitGathering:
                         if not any(param.requires_grad for param, _ in members)}
         passes.on_end.append(self._after_backward_pass)
         self._gathered = set()
+        # Units whose params were checked (check) since the last micro-batch ended (where
+        # the engine checks every param): a gather writes only the unit's own storage.
+        self._checked = set()
         self._for_backward = set()  # gathered by an output's gradient hook: kept until grads
         # frozen unit -> forward calls (with grad) whose backward has not yet run
         self._backward_calls = collections.Counter()
@@ -318,7 +321,9 @@ class UnitGathering:
         for unit in units:
             if unit in self._gathered:
                 continue
-            self.check(unit, "gathering a stage-3 unit")
+            if unit not in self._checked:
+                self.check(unit, "gathering a stage-3 unit")
+                self._checked.add(unit)
             self.before_engine_call()
             self._engine.gather(unit)
             self.follow_engine_stream()
@@ -348,6 +353,7 @@ class UnitGathering:
     def release_all(self):
         """Frees every unit still gathered (the step: holds end too)."""
         self._holds.clear()
+        self._checked.clear()
         self.release(sorted(self._gathered))
 
     def queued(self, unit, pid):
