@@ -31,6 +31,7 @@ where they are). Peak memory (PyTorch's allocator, and the engine's own allocati
 from a first pass that runs each configuration alone for 3 steps.
 """
 import argparse
+import gc
 import statistics
 import time
 
@@ -108,6 +109,7 @@ class Config:
 
 def peak_memory(name, args):
     """(PyTorch allocator's peak MiB, engine MiB) of `name` run alone for 3 steps."""
+    gc.collect()  # the last configuration's model and engine, if a cycle still holds them
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
@@ -132,13 +134,13 @@ def main():
           f"{params / 1e6:.1f}M fp32 params, batch {args.batch}")
     names = ["torch-fused", "torch-foreach"] + [f"zerort-{s}" for s in range(4)]
     names += [f"zerort-nccl-{s}" for s in range(4)]
-    memory, configs = {}, []
+    memory = {}  # every configuration alone first, before any is kept for the timed rounds
     for name in names:
         try:
             memory[name] = peak_memory(name, args)
-            configs.append(Config(name, args))
         except zerort.ZeroError as error:
             print(f"{name:<14} not run: {error}")
+    configs = [Config(name, args) for name in names if name in memory]
     times = {config.name: [] for config in configs}
     for round_ in range(args.steps + 3):
         if round_ == 3:

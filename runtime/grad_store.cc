@@ -88,6 +88,9 @@ class GradSlots {
   }
   const void* lent(int param) const { return lent_[param]; }
   // Nothing is lent for `param` any more (its gradient is lost with the call that lent it).
+  // At one rank a lent param's part of the shard is not written by its bucket's reduction
+  // (CopyAllButLent) nor cleared by Zero: unlent without TakeBackLent after that reduction, it
+  // holds what an earlier step left there; the call that unlends so reports the gradient lost.
   void Unlend(int param) {
     lent_count_ -= lent_[param] != nullptr;
     lent_[param] = nullptr;

@@ -151,10 +151,13 @@ class TorchEngine:
         self._lent_grads = []
         # Checked gradients not yet handed over: one library call for many (_handover.py).
         limit = _handover.elems_per_batch(self.config)
+        grad_dtype = self.config.get("precision", {}).get("grad", "fp32")
         if (self.lend_gradients and self._engine.world_size == 1
-                and self.gradient_accumulation_steps == 1):
-            # One rank, every gradient lent: the reductions are identities (nothing to
-            # overlap) and the gradients live until the step anyway: one call per backward.
+                and self.gradient_accumulation_steps == 1
+                and all(_DTYPES[p.dtype] in ("fp32", grad_dtype) for _, p, _ in self._params)):
+            # One rank, every gradient lent (each in its gradient dtype, one micro-batch):
+            # the reductions are identities (nothing to overlap) and the gradients live
+            # until the step anyway, so one call per backward (stage 3: per unit).
             limit = float("inf")
         self._queue = _handover.GradQueue(self._engine, limit, self._stream is not None)
         for position, (_, param, pid) in enumerate(self._params):
@@ -370,13 +373,12 @@ class TorchEngine:
                 f"zerort.torch: param \"{record.name}\" got a gradient of shape "
                 f"{tuple(grad.shape)}, not its registered {record.shape}",
                 errors.FailedPreconditionError.status)
-        current = _device.other_current_stream(self._stream)
-        if current is not None:
+        if self._stream is not None:
             # Computed on another stream (a forward under torch.cuda.stream(s)): the engine's
-            # stream waits for it, and the allocator keeps the gradient's memory until the
-            # engine's work with it has run there. (Computed on the engine's stream, its
-            # memory is that stream's: reused only after the work queued there.)
-            self._stream.wait_stream(current)
+            # stream waits for it. Whatever stream the gradient's memory came from (autograd
+            # may store it from a stream it used before), the allocator keeps it until the
+            # engine's copy or step has run on the engine's.
+            self._wait_for_current_stream()
             grad.record_stream(self._stream)
         if (self._queue.add(record.pid, grad, unit) or not self._passes.open
                 or (self._units is not None and self._units.queued(unit, record.pid))):

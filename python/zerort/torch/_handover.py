@@ -6,8 +6,9 @@ checked gradient here (the tensor stays referenced until it is handed over) and 
 goes to the engine in one core.Engine.accumulate_grads call:
 - when it holds `limit` elements or more (elems_per_batch: a quarter of the smallest
   bucket, so a bucket's reduction starts at most a fraction of its fill time later than
-  with one call per gradient; no limit at one rank on a GPU without gradient accumulation,
-  where every gradient is lent until the step and a reduction is an identity);
+  with one call per gradient; no limit at one rank on a GPU without gradient accumulation
+  whose params' gradients are in their own dtype, where every gradient is lent until the
+  step and a reduction is an identity);
 - when the backward pass ends (the first of BackwardPasses.on_end);
 - at stage 3, when the gradient is the last one its gathered unit waits for (the hand-over
   releases the unit, as early as one call per gradient would);

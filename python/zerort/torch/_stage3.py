@@ -151,7 +151,8 @@ class UnitGathering:
         passes.on_end.append(self._after_backward_pass)
         self._gathered = set()
         # Units whose params were checked (check) since the last micro-batch ended (where
-        # the engine checks every param): a gather writes only the unit's own storage.
+        # the engine checks every param) or a forward without autograd: a gather writes
+        # only the unit's own storage.
         self._checked = set()
         self._for_backward = set()  # gathered by an output's gradient hook: kept until grads
         # frozen unit -> forward calls (with grad) whose backward has not yet run
@@ -279,6 +280,8 @@ class UnitGathering:
         made without autograd."""
         units, self._unhold_after_forward = self._unhold_after_forward, []
         self.unhold(units)
+        if not torch.is_grad_enabled():  # no step checks a forward-only pass: check anew
+            self._checked.clear()
 
     def units_of(self, pids):
         """The sharded units of the params `pids` (sorted)."""
