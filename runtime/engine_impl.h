@@ -127,8 +127,9 @@ class EngineImpl final : public Engine {
   // Stage 2-3: waits for reductions in flight until `bucket` can have a gradient buffer.
   Status WaitForGradBuffer(int bucket);
   // Before a gradient is written for `id` (GradBuffer, AccumulateGrad, named by `call`): the
-  // call is valid now, the guard allows the write, and its bucket has a buffer.
-  Status PrepareGradWrite(ParamId id, const char* call);
+  // call is valid now, the guard allows the write, and its bucket has a buffer (unless `lend`:
+  // a gradient to be lent that the store keeps without one, GradStore::LendsWithoutBuffer).
+  Status PrepareGradWrite(ParamId id, const char* call, bool lend = false);
   // AccumulateGrad (lend false) and LendGrad (lend true, where the store can keep `grad`):
   // whether `grad` was kept.
   StatusOr<bool> HandOverGrad(ParamId id, const void* grad, Placement placement, bool lend, const char* call);

@@ -61,11 +61,12 @@ StatusOr<void*> EngineImpl::GradBuffer(ParamId id) {
   return grads_->View(static_cast<int>(id));
 }
 
-Status EngineImpl::PrepareGradWrite(ParamId id, const char* call) {
+Status EngineImpl::PrepareGradWrite(ParamId id, const char* call, bool lend) {
   ZERO_RETURN_IF_ERROR(CheckGradientCall(id, call));
   const int param = static_cast<int>(id);
   const int bucket = plan_->placement(param).bucket;
   ZERO_RETURN_IF_ERROR(guard_->CheckWritable(param, handed_[bucket] != 0));
+  if (lend && grads_->LendsWithoutBuffer(param, specs_[param].dtype, LastMicroBatch())) return absl::OkStatus();
   return WaitForGradBuffer(bucket);
 }
 
@@ -134,10 +135,11 @@ StatusOr<bool> EngineImpl::HandOverGrad(ParamId id, const void* grad, Placement 
         call, ": a device gradient for param ", id, " on an engine of device \"",
         DeviceName(config_.device), "\"; hand it over in host memory"));
   }
-  ZERO_RETURN_IF_ERROR(PrepareGradWrite(id, call));
   const int param = static_cast<int>(id);
   // Kept where it is only in the engine's own memory (a host gradient for a GPU engine is staged).
-  if (lend && (placement == Placement::kDevice) == (ops_->placement() == Placement::kDevice)) {
+  const bool lendable = lend && (placement == Placement::kDevice) == (ops_->placement() == Placement::kDevice);
+  ZERO_RETURN_IF_ERROR(PrepareGradWrite(id, call, lendable));
+  if (lendable) {
     ZERO_ASSIGN_OR_RETURN(const bool kept, grads_->Lend(param, grad, specs_[param].dtype, LastMicroBatch()));
     if (kept) {
       const Status ready = GradReady(id);
@@ -166,7 +168,9 @@ StatusOr<bool> EngineImpl::HandOverGrad(ParamId id, const void* grad, Placement 
 }
 
 Status EngineImpl::BucketReady(int bucket) {
-  ZERO_RETURN_IF_ERROR(WaitForGradBuffer(bucket));  // also for a bucket nobody wrote (reduced as zeros)
+  if (!grads_->ReducesWithoutBuffer(bucket)) {
+    ZERO_RETURN_IF_ERROR(WaitForGradBuffer(bucket));  // also for a bucket nobody wrote (reduced as zeros)
+  }
   ZERO_ASSIGN_OR_RETURN(auto reduction, grads_->Reduction(bucket, LastMicroBatch()));
   return scheduler_->MarkReady(bucket, std::move(reduction.first), std::move(reduction.second));
 }

@@ -106,7 +106,9 @@ class GradSlots {
     const void* grad = lent_[param];
     if (grad == nullptr) return absl::OkStatus();
     Unlend(param);
-    return ops.CopyOnDevice(slot, grad, plan_.ParamGradBytes(param));
+    ZERO_RETURN_IF_ERROR(ops.CopyOnDevice(slot, grad, plan_.ParamGradBytes(param)));
+    written_[param] = 1;  // a later gradient adds to it (also in a buffer taken after the lend)
+    return absl::OkStatus();
   }
 
   // Zeroes, in `bucket`'s gradient at `base`, every element outside the written slots, in as
@@ -256,9 +258,14 @@ class ShardedGradStore final : public GradStore {
 
   // One rank: the bucket's first reduction of the step is then a copy into the shard, which
   // leaves the lent param's part out (see Reduction). Several ranks: only a param that fills
-  // its bucket is kept, and the bucket's reduce-scatter reads it in place of the pool buffer.
+  // its bucket is kept, and the bucket's reduce-scatter reads it in place of the pool buffer;
+  // lent before its bucket has a buffer, it takes none (LendsWithoutBuffer).
   StatusOr<bool> Lend(int param, const void* grad, DType dtype, bool last_micro_batch) override {
     const int bucket = plan_.placement(param).bucket;
+    if (LendsWithoutBuffer(param, dtype, last_micro_batch)) {
+      slots_.Lend(param, grad);
+      return true;
+    }
     if (!slots_.MayLend(param, dtype, comm_.size(), last_micro_batch) || !shard_is_zero_[bucket]) return false;
     ZERO_RETURN_IF_ERROR(BucketBuffer(bucket).status());  // taken first: its slots start unwritten
     if (slots_.written(param)) return false;
@@ -269,6 +276,21 @@ class ShardedGradStore final : public GradStore {
   StatusOr<std::pair<BucketScheduler::Launch, BucketScheduler::Finish>> Reduction(
       int bucket, bool) override {
     const Bucket& b = plan_.buckets()[bucket];
+    const void* lent_alone = slots_.LentFilling(bucket);
+    if (lent_alone != nullptr && holder_[bucket] < 0) {
+      // Lent without a buffer (several ranks, the step's first reduction of the bucket): its
+      // whole gradient goes from the trainer's memory straight into the shard.
+      shard_is_zero_[bucket] = false;
+      char* own = static_cast<char*>(OwnedGrad(bucket));
+      BucketScheduler::Launch launch = [this, lent_alone, own, &b] {
+        return comm_.ReduceScatter(lent_alone, own, b.shard_numel, b.grad_dtype, comm::ReduceOp::kSum);
+      };
+      BucketScheduler::Finish finish = [this, bucket] {
+        slots_.ReducedFilling(bucket);
+        return absl::OkStatus();
+      };
+      return std::make_pair(std::move(launch), std::move(finish));
+    }
     ZERO_ASSIGN_OR_RETURN(char* base, BucketBuffer(bucket));
     ZERO_RETURN_IF_ERROR(slots_.ZeroUnwritten(bucket, base, ops_));  // a bucket nobody wrote: zeros
     // The first reduction of a bucket since Zero() writes its sum straight into the shard;
@@ -302,6 +324,14 @@ class ShardedGradStore final : public GradStore {
   void* OwnedGrad(int bucket) override { return shard_.as<char>() + plan_.buckets()[bucket].grad_shard_offset; }
 
   bool NeedsBufferWait(int bucket) const override { return holder_[bucket] < 0 && free_.empty(); }
+  bool ReducesWithoutBuffer(int bucket) const override {
+    return holder_[bucket] < 0 && slots_.LentFilling(bucket) != nullptr;
+  }
+  bool LendsWithoutBuffer(int param, DType dtype, bool last_micro_batch) const override {
+    const int bucket = plan_.placement(param).bucket;
+    return comm_.size() > 1 && holder_[bucket] < 0 && shard_is_zero_[bucket] && slots_.lent(param) == nullptr &&
+           slots_.MayLend(param, dtype, comm_.size(), last_micro_batch);
+  }
 
   int pool_buffers() const override { return static_cast<int>(pool_.size()); }
   const void* LentGrad(int param) const override { return slots_.lent(param); }

@@ -46,6 +46,9 @@ class GradStore {
   /// must first wait for a reduction in flight (its Finish returns a buffer to the pool).
   /// View and Reduction of such a bucket fail with kFailedPrecondition.
   virtual bool NeedsBufferWait(int bucket) const = 0;
+  /// Whether `bucket`'s Reduction reads a lent gradient and needs no buffer (Lend without
+  /// one): no wait for a free buffer before it.
+  virtual bool ReducesWithoutBuffer(int /*bucket*/) const { return false; }
   /// Bucket buffers in the pool (0 for a store without one).
   virtual int pool_buffers() const { return 0; }
   /// Where this micro-batch's gradient of `param` is added (its bucket's gradient dtype),
@@ -63,6 +66,10 @@ class GradStore {
   /// Otherwise returns false and does nothing (the caller copies it with Accumulate). A later
   /// gradient for the param (Accumulate, View) first copies the lent one into its slot.
   virtual StatusOr<bool> Lend(int param, const void* grad, DType dtype, bool last_micro_batch) = 0;
+  /// Whether Lend would keep `grad` without taking a bucket buffer (several ranks, a param
+  /// that fills its bucket, before the bucket has one): the caller need not wait for a free
+  /// buffer first (NeedsBufferWait).
+  virtual bool LendsWithoutBuffer(int /*param*/, DType /*dtype*/, bool /*last_micro_batch*/) const { return false; }
   /// Copies `param`'s lent gradient into its slot (or, one rank, into the shard once its bucket
   /// was reduced), which holds it from then on; nothing is lent for it any more, also when
   /// the copy fails. Nothing to do when it has none.

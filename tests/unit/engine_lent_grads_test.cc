@@ -1,9 +1,9 @@
 // Gradients lent instead of copied (Engine::LendGrad): on one rank, where the copy is all the
 // engine would do, the step reads the trainer's memory where it is (no byte copied) and trains
 // bit for bit as with copied gradients, at every stage and with every optimizer; on several
-// ranks the reduction reads a param that fills its bucket alone where it is, and copies the
-// rest; with several micro-batches nothing is lent; a second gradient for a lent param adds
-// to it.
+// ranks the reduction reads a param that fills its bucket alone where it is (taking no bucket
+// buffer), and copies the rest; with several micro-batches nothing is lent; a second gradient
+// for a lent param adds to it.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -234,6 +234,77 @@ TEST(EngineLentGrads, TheNextStepForgetsTheLentGradient) {
       return absl::OkStatus();
     });
     EXPECT_THAT(results, ::testing::Each(IsOk()));
+  }
+}
+
+// Stage 2 on 3 ranks with one bucket buffer: three params, each filling its own bucket, lent
+// in backward order. Their reductions read the lent gradients, so they take no buffer and
+// nothing waits for one (before, each lend took the one buffer and the next waited for its
+// reduction); the params end as with copied gradients, bit for bit.
+TEST(EngineLentGrads, SeveralRanksLendWithoutTakingABucketBuffer) {
+  constexpr int kWorld = 3, kParams = 3, kNumel = 384;  // a multiple of 3 ranks × 128 elements
+  std::vector<float> copied_final;
+  for (bool lend : {false, true}) {
+    SCOPED_TRACE(lend ? "lent" : "copied");
+    std::vector<std::vector<float>> finals(kWorld);
+    std::vector<EngineCounters> counters(kWorld);
+    const std::vector<Status> results = RunOnRanks(kWorld, [&](int rank, comm::Communicator& comm) -> Status {
+      Config config = ToyConfig(2);
+      config.optimizer.type = OptimizerType::kSgd;
+      config.optimizer.lr = 1.0f;
+      config.optimizer.weight_decay = 0.0f;
+      config.buckets.first_bucket_elems = config.buckets.reduce_bucket_elems = kNumel;
+      config.buckets.last_bucket_elems = kNumel;
+      config.buckets.pool_buffers = 1;
+      ZERO_ASSIGN_OR_RETURN(auto engine, Engine::Create(config, comm));
+      std::vector<ParamId> ids;
+      for (int p = 0; p < kParams; ++p) {
+        ZERO_ASSIGN_OR_RETURN(ParamId id, engine->RegisterParam({"w" + std::to_string(p), {kNumel}, DType::kFP32}));
+        ids.push_back(id);
+      }
+      ZERO_RETURN_IF_ERROR(engine->Finalize());
+      const std::vector<float> zeros(kNumel, 0.0f);
+      for (ParamId id : ids) ZERO_RETURN_IF_ERROR(engine->SetParam(id, zeros.data()));
+      std::vector<std::vector<float>> grads(kParams, std::vector<float>(kNumel));
+      for (int p = 0; p < kParams; ++p) {
+        for (int i = 0; i < kNumel; ++i) grads[p][i] = 0.125f * ((i * 7 + p * 5 + rank * 3) % 19) - 1.0f;
+      }
+      ZERO_RETURN_IF_ERROR(engine->BeginIteration());
+      for (int p = kParams - 1; p >= 0; --p) {
+        if (lend) {
+          ZERO_ASSIGN_OR_RETURN(bool kept, engine->LendGrad(ids[p], grads[p].data(), Placement::kHost));
+          EXPECT_TRUE(kept) << p;
+        } else {
+          ZERO_RETURN_IF_ERROR(engine->AccumulateGrad(ids[p], grads[p].data()));
+        }
+      }
+      ZERO_RETURN_IF_ERROR(engine->EndBackward());
+      ZERO_RETURN_IF_ERROR(engine->Step().status());
+      for (int p = 0; p < kParams; ++p) {
+        std::vector<float> out(kNumel);
+        ZERO_RETURN_IF_ERROR(engine->GetParam(ids[p], out.data()));
+        finals[rank].insert(finals[rank].end(), out.begin(), out.end());
+      }
+      counters[rank] = engine->counters();
+      return absl::OkStatus();
+    });
+    ASSERT_THAT(results, ::testing::Each(IsOk()));
+    for (int rank = 0; rank < kWorld; ++rank) {
+      for (int p = 0; p < kParams; ++p) {
+        for (int i = 0; i < kNumel; i += 37) {  // SGD, lr 1, from 0: minus the mean gradient
+          float sum = 0.0f;
+          for (int r = 0; r < kWorld; ++r) sum += 0.125f * ((i * 7 + p * 5 + r * 3) % 19) - 1.0f;
+          EXPECT_FLOAT_EQ(finals[rank][p * kNumel + i], -sum / kWorld) << rank << " " << p << " " << i;
+        }
+      }
+      EXPECT_EQ(finals[rank], finals[0]) << rank;
+      if (lend) {
+        EXPECT_EQ(finals[rank], copied_final) << rank;
+        EXPECT_EQ(counters[rank].pool_waits, 0) << rank;
+        EXPECT_EQ(counters[rank].grad_bytes_copied, 0) << rank;
+      }
+    }
+    if (!lend) copied_final = finals[0];
   }
 }
 

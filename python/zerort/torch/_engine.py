@@ -388,6 +388,8 @@ class TorchEngine:
         """Hands the queued gradients to the engine (_handover.py): keeps the lent ones and
         records every arrival first, then lets stage 3 release the units they complete. An
         error waits for the end of the backward pass (raised at once outside one)."""
+        if not len(self._queue):  # before every stage-3 gather and release: mostly empty
+            return
         handed, failure = self._queue.flush(self.lend_gradients)
         for item in handed:
             if item.kept:
