@@ -325,11 +325,22 @@ Status ShardedParams::DropPrefetched() {
 }
 
 void ShardedParams::Prefetch() {
+  // A held unit that the order gathers again (the last units of a forward, which its backward
+  // gathers first) keeps room in the window: a release until backward then keeps it, where
+  // prefetches of units needed after it would otherwise have filled the window first.
+  std::vector<char> reserved(units_.size(), 0);
+  int64_t reserved_elems = 0;
   for (size_t k = trace_position_; k < trace_.size(); ++k) {
     const int bucket = trace_[k];
     const Bucket& b = plan_.buckets()[bucket];
-    if (units_[bucket].buffer.data() != nullptr) continue;  // held or already on its way
-    if (!FitsPrefetchWindow(b.numel, b.numel)) return;
+    if (units_[bucket].buffer.data() != nullptr) {  // held or already on its way
+      if (units_[bucket].holders > 0 && !reserved[bucket]) {
+        reserved[bucket] = 1;
+        reserved_elems += b.numel;
+      }
+      continue;
+    }
+    if (!FitsPrefetchWindow(reserved_elems + b.numel, b.numel)) return;
     if (!StartGather(bucket).ok()) return;  // on demand later reports the problem
     prefetched_elems_ += b.numel;
   }

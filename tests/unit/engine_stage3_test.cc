@@ -155,8 +155,9 @@ TEST(EngineStage3, PrefetchResumesAfterAnEvalPass) {
 // within the prefetch window stays gathered (ReleaseUntilBackward keeps it as if prefetched):
 // with room for every unit, each one (backward gathers it again), whether the forward runs
 // inside the iteration or before BeginIteration (as PyTorch's hooks do). With room for one
-// unit the prefetcher has already filled it with the next unit when a unit is released, so
-// nothing is kept; with none, nothing; a plain Release keeps nothing. stage3.max_reuse_elems
+// unit, the last unit of the forward, which its backward gathers first: the prefetcher leaves
+// the room to it rather than filling it with the next unit, whose gather comes after; with
+// none, nothing; a plain Release keeps nothing. stage3.max_reuse_elems
 // keeps only the units gathered again before that many elements of others: unit u's backward
 // gather comes 2 × (3 - u) units after its forward's. The gathered memory stays within what
 // the prefetcher may hold, and the training is the same in all of them.
@@ -229,8 +230,8 @@ TEST(EngineStage3, AReleasedUnitGatheredAgainWithinThePrefetchWindowStaysGathere
     EXPECT_EQ(reuse_two[r].kept_last_step, 2) << "units 3 and 2 come back within 2 units";
     EXPECT_EQ(reuse_one[r].kept_last_step, 1) << "unit 3 comes back at once";
     EXPECT_EQ(reuse_none[r].kept_last_step, 0);
-    EXPECT_EQ(one[r].kept_last_step, 0);
-    EXPECT_EQ(one_before[r].kept_last_step, 0);
+    EXPECT_EQ(one[r].kept_last_step, 1) << "the turnaround unit, not a prefetch of the one after it";
+    EXPECT_EQ(one_before[r].kept_last_step, 1);
     EXPECT_EQ(none[r].kept_last_step, 0);
     EXPECT_LE(all[r].peak_gathered, kUnits * kUnitElems * 4);
     EXPECT_LE(all_before[r].peak_gathered, kUnits * kUnitElems * 4);
