@@ -267,6 +267,7 @@ class ShardedGradStore final : public GradStore {
       return true;
     }
     if (!slots_.MayLend(param, dtype, comm_.size(), last_micro_batch) || !shard_is_zero_[bucket]) return false;
+    if (slots_.lent(param) != nullptr) return false;  // a second gradient: added to the first (Accumulate)
     ZERO_RETURN_IF_ERROR(BucketBuffer(bucket).status());  // taken first: its slots start unwritten
     if (slots_.written(param)) return false;
     slots_.Lend(param, grad);
@@ -339,7 +340,7 @@ class ShardedGradStore final : public GradStore {
   Status TakeBack(int param) override {
     if (slots_.lent(param) == nullptr) return absl::OkStatus();
     const int bucket = plan_.placement(param).bucket;
-    if (holder_[bucket] < 0 && !shard_is_zero_[bucket]) {  // already reduced (one rank): into the shard
+    if (comm_.size() == 1 && holder_[bucket] < 0 && !shard_is_zero_[bucket]) {  // already reduced: into the shard
       char* at = static_cast<char*>(OwnedGrad(bucket)) + plan_.ParamGradByteOffset(param);
       return slots_.TakeBackLent(param, at, ops_);
     }

@@ -328,13 +328,18 @@ void ShardedParams::Prefetch() {
   // A held unit that the order gathers again (the last units of a forward, which its backward
   // gathers first) keeps room in the window: a release until backward then keeps it, where
   // prefetches of units needed after it would otherwise have filled the window first.
+  // Only room it could be kept in: within stage3.max_reuse_elems, and within the window.
   std::vector<char> reserved(units_.size(), 0);
   int64_t reserved_elems = 0;
+  int64_t traversed = 0;  // elements the trainer gathers before this entry
   for (size_t k = trace_position_; k < trace_.size(); ++k) {
     const int bucket = trace_[k];
     const Bucket& b = plan_.buckets()[bucket];
+    const bool reusable = traversed < config_.max_reuse_elems;
+    traversed += b.numel;
     if (units_[bucket].buffer.data() != nullptr) {  // held or already on its way
-      if (units_[bucket].holders > 0 && !reserved[bucket]) {
+      if (units_[bucket].holders > 0 && !reserved[bucket] && reusable &&
+          FitsPrefetchWindow(reserved_elems + b.numel, 0)) {
         reserved[bucket] = 1;
         reserved_elems += b.numel;
       }

@@ -152,41 +152,50 @@ TEST(EngineLentGrads, SeveralRanksReduceAParamThatFillsItsBucketWhereItIs) {
   }
 }
 
-// One param; a lent gradient, then a second one for the same param in the same backward
+// One param; a lent gradient, then a second one for the same param in the same backward, copied
+// or lent (a second lend is refused, and the gradient added to the first by a copy)
 // (guard.on_duplicate = "count"): the step sees their sum. On one rank 11 elements; on two
 // 256, which fill the param's bucket, so its reduction would read the lent gradient.
 TEST(EngineLentGrads, ASecondGradientAddsToTheLentOne) {
   for (const auto& [world, numel] : {std::pair{1, 11}, std::pair{2, 256}}) {
     for (int stage : {0, 2}) {
-      SCOPED_TRACE("world " + std::to_string(world) + ", stage " + std::to_string(stage));
-      const std::vector<Status> results = RunOnRanks(world, [stage, numel = numel](int, comm::Communicator& comm) -> Status {
-        Config config = ToyConfig(stage);
-        config.guard.on_duplicate = DuplicatePolicy::kCount;
-        config.optimizer.type = OptimizerType::kSgd;
-        config.optimizer.lr = 1.0f;
-        config.optimizer.weight_decay = 0.0f;
-        config.buckets.first_bucket_elems = numel;
-        ZERO_ASSIGN_OR_RETURN(auto engine, Engine::Create(config, comm));
-        ZERO_ASSIGN_OR_RETURN(ParamId id, engine->RegisterParam({"w", {numel}, DType::kFP32}));
-        ZERO_RETURN_IF_ERROR(engine->Finalize());
-        std::vector<float> w(numel, 0.0f), a(numel), b(numel), out(numel);
-        for (int i = 0; i < numel; ++i) {
-          a[i] = 0.5f + i % 17;
-          b[i] = 0.25f * (i % 13) - 1.0f;
-        }
-        ZERO_RETURN_IF_ERROR(engine->SetParam(id, w.data()));
-        ZERO_RETURN_IF_ERROR(engine->BeginIteration());
-        ZERO_ASSIGN_OR_RETURN(bool kept, engine->LendGrad(id, a.data(), Placement::kHost));
-        EXPECT_TRUE(kept);
-        ZERO_RETURN_IF_ERROR(engine->AccumulateGrad(id, b.data()));
-        ZERO_RETURN_IF_ERROR(engine->EndBackward());
-        ZERO_RETURN_IF_ERROR(engine->Step().status());
-        ZERO_RETURN_IF_ERROR(engine->GetParam(id, out.data()));
-        for (int i = 0; i < numel; ++i) EXPECT_EQ(out[i], -(a[i] + b[i])) << i;  // SGD, lr 1, same on every rank
-        EXPECT_EQ(engine->counters().grad_bytes_copied, numel * 4);
-        return absl::OkStatus();
-      });
-      EXPECT_THAT(results, ::testing::Each(IsOk()));
+      for (bool second_lent : {false, true}) {  // the second handed over by AccumulateGrad, or LendGrad
+        SCOPED_TRACE("world " + std::to_string(world) + ", stage " + std::to_string(stage) +
+                     (second_lent ? ", lent twice" : ""));
+        const std::vector<Status> results = RunOnRanks(world, [stage, numel = numel, second_lent](int, comm::Communicator& comm) -> Status {
+          Config config = ToyConfig(stage);
+          config.guard.on_duplicate = DuplicatePolicy::kCount;
+          config.optimizer.type = OptimizerType::kSgd;
+          config.optimizer.lr = 1.0f;
+          config.optimizer.weight_decay = 0.0f;
+          config.buckets.first_bucket_elems = numel;
+          ZERO_ASSIGN_OR_RETURN(auto engine, Engine::Create(config, comm));
+          ZERO_ASSIGN_OR_RETURN(ParamId id, engine->RegisterParam({"w", {numel}, DType::kFP32}));
+          ZERO_RETURN_IF_ERROR(engine->Finalize());
+          std::vector<float> w(numel, 0.0f), a(numel), b(numel), out(numel);
+          for (int i = 0; i < numel; ++i) {
+            a[i] = 0.5f + i % 17;
+            b[i] = 0.25f * (i % 13) - 1.0f;
+          }
+          ZERO_RETURN_IF_ERROR(engine->SetParam(id, w.data()));
+          ZERO_RETURN_IF_ERROR(engine->BeginIteration());
+          ZERO_ASSIGN_OR_RETURN(bool kept, engine->LendGrad(id, a.data(), Placement::kHost));
+          EXPECT_TRUE(kept);
+          if (second_lent) {
+            ZERO_ASSIGN_OR_RETURN(bool kept_again, engine->LendGrad(id, b.data(), Placement::kHost));
+            EXPECT_FALSE(kept_again) << "copied and added: the first is lent already";
+          } else {
+            ZERO_RETURN_IF_ERROR(engine->AccumulateGrad(id, b.data()));
+          }
+          ZERO_RETURN_IF_ERROR(engine->EndBackward());
+          ZERO_RETURN_IF_ERROR(engine->Step().status());
+          ZERO_RETURN_IF_ERROR(engine->GetParam(id, out.data()));
+          for (int i = 0; i < numel; ++i) EXPECT_EQ(out[i], -(a[i] + b[i])) << i;  // SGD, lr 1, same on every rank
+          EXPECT_EQ(engine->counters().grad_bytes_copied, numel * 4);
+          return absl::OkStatus();
+        });
+        EXPECT_THAT(results, ::testing::Each(IsOk()));
+      }
     }
   }
 }
