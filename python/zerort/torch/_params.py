@@ -37,11 +37,6 @@ def storage_bytes(tensor):
     return untyped_storage(tensor).nbytes()
 
 
-def storage_pointer(tensor):
-    """The address of the storage under `tensor` (0 for a storage of no bytes)."""
-    return untyped_storage(tensor).data_ptr()
-
-
 def same_storage(tensor, other):
     """Whether `tensor` and `other` share one storage (the same memory, whatever its size
     now: a stage-3 param between uses has a storage of no bytes): the storage objects
