@@ -19,6 +19,14 @@ Status CheckLaunchArguments(absl::Span<const Segment> segments, absl::Span<float
   return absl::OkStatus();
 }
 
+int64_t LaunchBlocks(absl::Span<const Segment> segments) {
+  int64_t blocks = 0;
+  for (const Segment& s : segments) {
+    if (s.numel > 0) blocks += (s.numel + kChunkElems - 1) / kChunkElems;  // empty ones: none
+  }
+  return blocks;
+}
+
 StatusOr<std::vector<LaunchTable>> BuildLaunchTables(absl::Span<const Segment> segments,
                                                      absl::Span<float* const> aux,
                                                      absl::Span<const float> scalars) {

@@ -57,6 +57,10 @@ StatusOr<std::vector<LaunchTable>> BuildLaunchTables(absl::Span<const Segment> s
                                                      absl::Span<float* const> aux,
                                                      absl::Span<const float> scalars);
 
+/// The number of blocks ForEachLaunchTable launches over `segments`, all tables together: one
+/// per kChunkElems elements of each segment.
+int64_t LaunchBlocks(absl::Span<const Segment> segments);
+
 /// The argument checks of ForEachLaunchTable.
 Status CheckLaunchArguments(absl::Span<const Segment> segments, absl::Span<float* const> aux,
                             absl::Span<const float> scalars);

@@ -41,6 +41,12 @@ struct StepCommon {
   /// the CUDA kernels, host memory for the CPU ones) instead of `grad_scale`: a clip
   /// coefficient decided on the device reaches the step without a round trip to the host.
   const float* grad_scale_at = nullptr;
+  /// When non-null (CUDA kernels only; the CPU ones return kUnimplemented), the step also sums
+  /// the squares of the gradients it reads, as stored (before grad_scale), in float64: one
+  /// partial per 8K-element chunk, LaunchBlocks(segments) of them in segment order, for
+  /// SumPartialsCuda. The gradient norm then costs no pass of its own where nothing waits for
+  /// it (no clipping, no overflow check). Not with `skip`: a skipped step writes nothing.
+  double* grad_squares = nullptr;
 };
 
 /// Adam and AdamW exactly as PyTorch defines them: bias-corrected moments, eps added after the

@@ -113,6 +113,12 @@ class CpuDeviceOps final : public DeviceOps {
 
 }  // namespace
 
+Status DeviceOps::SumPartials(const double*, int64_t, float*) {
+  return absl::UnimplementedError(
+      "DeviceOps::SumPartials: this device's optimizer kernels sum no squares as they step "
+      "(squares_in_step() is false)");
+}
+
 StatusOr<std::unique_ptr<DeviceOps>> DeviceOps::Create(Device device, const kernels::CpuExec& exec,
                                                        base::Allocator allocator) {
   if (device == Device::kCuda) return CreateCudaDeviceOps(allocator);

@@ -99,6 +99,14 @@ class DeviceOps {
   /// batches in float64 in order, rounded once into `*sq_norm` (memory of this device; not
   /// finite when an element is Inf/NaN). Left where it is: the host does not wait.
   virtual Status SquaredNormOnDevice(absl::Span<const NormBatch> batches, float* sq_norm) = 0;
+  /// Whether the optimizer passes above sum the squares of the gradients they read as they
+  /// step (kernels::StepCommon::grad_squares; cuda), so a norm nothing waits for costs no read
+  /// of its own. False on the CPU, whose loops take it in a pass before the step.
+  virtual bool squares_in_step() const { return false; }
+  /// The `count` float64 partials a step's grad_squares received, summed in a fixed order and
+  /// rounded once into `*out` (memory of this device); the host does not wait. kUnimplemented
+  /// where squares_in_step() is false.
+  virtual Status SumPartials(const double* partials, int64_t count, float* out);
   /// kernels::DecideClip(*sq_norm, divisor, max_norm) into *grad_norm and *grad_scale, taken
   /// on this device (all three pointers are its memory); the host does not wait.
   virtual Status DecideClip(const float* sq_norm, double divisor, float max_norm, float* grad_norm,

@@ -136,6 +136,10 @@ class CudaDeviceOps final : public DeviceOps {
     }
     return kernels::SumToFloatCuda(totals, static_cast<int>(batches.size()), sq_norm, stream_);
   }
+  bool squares_in_step() const override { return true; }
+  Status SumPartials(const double* partials, int64_t count, float* out) override {
+    return kernels::SumPartialsCuda(partials, count, out, stream_);
+  }
   Status DecideClip(const float* sq_norm, double divisor, float max_norm, float* grad_norm,
                     float* grad_scale) override {
     return kernels::DecideClipCuda(sq_norm, divisor, max_norm, grad_norm, grad_scale, stream_);

@@ -105,6 +105,10 @@ class EngineImpl final : public Engine {
     kBackward,     // between BeginIteration and EndBackward
   };
 
+  // Step: the squared norm in step_scalars_[kSqNorm] (this rank's) summed over ranks, the
+  // clip decision taken on the device, and, where the host reads them, the norm into `info`
+  // and last_grad_norm_. Returns whether the sum is not finite (false when not read).
+  StatusOr<bool> DecideGradNorm(double divisor, StepInfo* info);
   Status RequirePhase(Phase wanted, const char* call) const;
   // OK while the communicator's group works; once it broke, `call` fails with its first error
   // (the engine's state may differ from its peers', so nothing may go on).

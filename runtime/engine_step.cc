@@ -18,43 +18,24 @@ StatusOr<StepInfo> EngineImpl::Step() {
         " micro-batches are done (gradient_accumulation_steps); finish them with "
         "BeginIteration … EndBackward first"));
   }
-  // The norm in one read-only pass over the rank's shard, summed over ranks (an Inf/NaN
-  // anywhere makes the sum non-finite everywhere), and the clip decision: all on the engine's
-  // device, where the optimizer kernels read the gradient scale.
+  // The global norm: the sum of squares of the rank's shard, summed over ranks (an Inf/NaN
+  // anywhere makes the sum non-finite everywhere), and the clip decision, all on the engine's
+  // device, where the optimizer kernels read the gradient scale. Where nothing waits for the
+  // norm (no clipping, no loss scaler that skips on overflow), the optimizer kernels sum the
+  // squares as they read the gradients (OptimizerState::Step), and the norm is decided after
+  // the step instead of costing a read of its own before it.
   last_grad_norm_.reset();  // until this step's norm is decided
   grad_norm_on_device_ = false;
   float* scalars = step_scalars_.as<float>();
   ZERO_RETURN_IF_ERROR(grads_->ZeroUnreduced());
-  ZERO_RETURN_IF_ERROR(optimizer_->GradSquaredNorm(scalars + kSqNorm));
-  if (comm_.size() > 1) {
-    comm::WorkPtr sum = path_.Start([&](comm::Communicator& c) {
-      return c.AllReduce(scalars + kSqNorm, scalars + kSqNorm, 1, DType::kFP32, comm::ReduceOp::kSum);
-    });
-    ZERO_RETURN_IF_ERROR(path_.WaitOnStream(sum, [] { return std::string("Step: the global gradient norm"); }));
-  }
   const double divisor = static_cast<double>(comm_.size()) * loss_scaler_.scale();
-  ZERO_RETURN_IF_ERROR(ops_->DecideClip(scalars + kSqNorm, divisor, config_.clip_grad_norm, scalars + kGradNorm,
-                                        scalars + kGradScale));
-  // The host reads the scalars only where it needs them: the loss scaler's overflow flag, or
-  // StepInfo::grad_norm under sync_grad_norm (free where the ops are synchronous).
-  const bool read_on_host =
-      !ops_->asynchronous() || config_.sync_grad_norm || loss_scaler_.skips_on_overflow();
-  bool overflow = false;
+  const bool norm_after_step = config_.clip_grad_norm <= 0.0f && !loss_scaler_.skips_on_overflow();
   StepInfo info;
-  grad_norm_on_device_ = !read_on_host;
-  if (read_on_host) {
-    float host[kStepScalars];
-    ZERO_RETURN_IF_ERROR(ops_->Copy(host, scalars, sizeof host));
-    // A collective the stream waited for may have failed (the watchdog aborted it): then the
-    // values are not a norm.
-    ZERO_RETURN_IF_ERROR(RequireHealthyGroup("Step"));
-    overflow = !std::isfinite(host[kSqNorm]);
-    last_grad_norm_ = host[kGradNorm];
-    info.grad_norm = host[kGradNorm];
-  } else {
-    info.grad_norm = std::numeric_limits<float>::quiet_NaN();
+  bool overflow = false;
+  if (!norm_after_step) {
+    ZERO_RETURN_IF_ERROR(optimizer_->GradSquaredNorm(scalars + kSqNorm));
+    ZERO_ASSIGN_OR_RETURN(overflow, DecideGradNorm(divisor, &info));
   }
-
   // The step counts as taken from the moment it starts changing params or gradients: a local
   // failure before leaves the engine as it was, and one after refuses a retry that would apply
   // the same gradients twice (a failed collective breaks the group either way; see engine.h).
@@ -97,15 +78,51 @@ StatusOr<StepInfo> EngineImpl::Step() {
       ++param_steps_[p];
     }
   }
-  ZERO_RETURN_IF_ERROR(optimizer_->Step(groups_, param_steps_, scalars + kGradScale));
+  kernels::StepCommon common;
+  if (norm_after_step) {
+    common.grad_scale = static_cast<float>(1.0 / divisor);  // DecideClip's scale without clipping
+  } else {
+    common.grad_scale_at = scalars + kGradScale;
+  }
+  ZERO_RETURN_IF_ERROR(optimizer_->Step(groups_, param_steps_, common, norm_after_step ? scalars + kSqNorm : nullptr));
   ApplySchedule();  // the lr of the next step (the schedule advanced with step_)
   for (const auto& [param, parts] : untouched) ZERO_RETURN_IF_ERROR(optimizer_->WriteOwned(param, parts));
   ZERO_RETURN_IF_ERROR(params_->AfterStep(/*updated=*/true));
   ZERO_RETURN_IF_ERROR(grads_->Zero());
+  if (norm_after_step) ZERO_RETURN_IF_ERROR(DecideGradNorm(divisor, &info).status());
   ZERO_RETURN_IF_ERROR(CheckReplicasAgree());
   info.step = step_;
   info.loss_scale = loss_scaler_.scale();
   return info;
+}
+
+StatusOr<bool> EngineImpl::DecideGradNorm(double divisor, StepInfo* info) {
+  float* scalars = step_scalars_.as<float>();
+  if (comm_.size() > 1) {
+    comm::WorkPtr sum = path_.Start([&](comm::Communicator& c) {
+      return c.AllReduce(scalars + kSqNorm, scalars + kSqNorm, 1, DType::kFP32, comm::ReduceOp::kSum);
+    });
+    ZERO_RETURN_IF_ERROR(path_.WaitOnStream(sum, [] { return std::string("Step: the global gradient norm"); }));
+  }
+  ZERO_RETURN_IF_ERROR(ops_->DecideClip(scalars + kSqNorm, divisor, config_.clip_grad_norm, scalars + kGradNorm,
+                                        scalars + kGradScale));
+  // The host reads the scalars only where it needs them: the loss scaler's overflow flag, or
+  // StepInfo::grad_norm under sync_grad_norm (free where the ops are synchronous).
+  const bool read_on_host =
+      !ops_->asynchronous() || config_.sync_grad_norm || loss_scaler_.skips_on_overflow();
+  grad_norm_on_device_ = !read_on_host;
+  if (!read_on_host) {
+    info->grad_norm = std::numeric_limits<float>::quiet_NaN();
+    return false;
+  }
+  float host[kStepScalars];
+  ZERO_RETURN_IF_ERROR(ops_->Copy(host, scalars, sizeof host));
+  // A collective the stream waited for may have failed (the watchdog aborted it): then the
+  // values are not a norm.
+  ZERO_RETURN_IF_ERROR(RequireHealthyGroup("Step"));
+  last_grad_norm_ = host[kGradNorm];
+  info->grad_norm = host[kGradNorm];
+  return !std::isfinite(host[kSqNorm]);
 }
 
 StatusOr<float> EngineImpl::LastGradNorm() {

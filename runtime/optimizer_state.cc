@@ -6,13 +6,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu/optimizers.h"
+#include "kernels/launch_table.h"
 
 namespace zero::runtime {
 namespace {
 
 // The kernel arguments Adam, AdamW and LAMB share, from a group's hyperparameters.
 template <typename Hyper>
-Hyper AdamFamilyHyper(const OptimizerHyper& o, int64_t step, const float* grad_scale) {
+Hyper AdamFamilyHyper(const OptimizerHyper& o, int64_t step, const kernels::StepCommon& common) {
   Hyper h;
   h.lr = o.lr;
   h.beta1 = o.beta1;
@@ -20,7 +21,7 @@ Hyper AdamFamilyHyper(const OptimizerHyper& o, int64_t step, const float* grad_s
   h.eps = o.eps;
   h.weight_decay = o.weight_decay;
   h.step = step;
-  h.common.grad_scale_at = grad_scale;
+  h.common = common;
   return h;
 }
 
@@ -89,6 +90,25 @@ StatusOr<std::unique_ptr<OptimizerState>> OptimizerState::Create(
   }
   if (config.optimizer.type == OptimizerType::kLamb) {
     ZERO_ASSIGN_OR_RETURN(s->lamb_updates_, allocator.Allocate(state_numel * 4, MemoryCategory::kWorkspace, ops.placement()));
+  }
+  // The step sums the squares of what it reads where the ops can, when what it reads is the
+  // rank's shard (not at stage 0 with several ranks, where each rank steps every bucket whole)
+  // and the optimizer is not LAMB (which reads the gradients in a pass of its own): room for
+  // one partial per block of its largest launch plan (each batch whole or cut per param).
+  bool owned_is_shard = true;
+  for (const OwnedRange& r : s->ranges_) {
+    const partition::Bucket& b = plan.buckets()[r.bucket];
+    owned_is_shard = owned_is_shard && r.begin == rank * b.shard_numel && r.numel == b.shard_numel;
+  }
+  if (ops.squares_in_step() && owned_is_shard && config.optimizer.type != OptimizerType::kLamb) {
+    int64_t blocks = 0;
+    for (const Batch& batch : s->batches_) {
+      int64_t per_param = 0;
+      for (const Fragment& f : batch.fragments) per_param += kernels::LaunchBlocks({f.segment});
+      blocks += std::max(kernels::LaunchBlocks(batch.segments), per_param);
+    }
+    ZERO_ASSIGN_OR_RETURN(s->squares_, allocator.Allocate(std::max<int64_t>(blocks, 1) * sizeof(double),
+                                                         MemoryCategory::kWorkspace, ops.placement()));
   }
   return s;
 }
@@ -216,12 +236,12 @@ kernels::Segment OptimizerState::WithLentGrad(int param, int64_t param_begin, ke
   return segment;
 }
 
-Status OptimizerState::Launch(const OptimizerHyper& o, int64_t step, const float* grad_scale,
+Status OptimizerState::Launch(const OptimizerHyper& o, int64_t step, const kernels::StepCommon& common,
                               kernels::SegmentTypes types, const std::vector<kernels::Segment>& segments) {
   switch (config_.optimizer.type) {
     case OptimizerType::kAdam:
     case OptimizerType::kAdamW: {
-      auto h = AdamFamilyHyper<kernels::AdamHyper>(o, step, grad_scale);
+      auto h = AdamFamilyHyper<kernels::AdamHyper>(o, step, common);
       h.decoupled_weight_decay = config_.optimizer.type == OptimizerType::kAdamW;
       return ops_.AdamStep(h, types, segments);
     }
@@ -233,7 +253,7 @@ Status OptimizerState::Launch(const OptimizerHyper& o, int64_t step, const float
       h.weight_decay = o.weight_decay;
       h.nesterov = o.nesterov;
       h.step = step;
-      h.common.grad_scale_at = grad_scale;
+      h.common = common;
       return ops_.SgdStep(h, types, segments);
     }
     case OptimizerType::kLion: {
@@ -242,7 +262,7 @@ Status OptimizerState::Launch(const OptimizerHyper& o, int64_t step, const float
       h.beta1 = o.beta1;
       h.beta2 = o.beta2;
       h.weight_decay = o.weight_decay;
-      h.common.grad_scale_at = grad_scale;
+      h.common = common;
       return ops_.LionStep(h, types, segments);
     }
     case OptimizerType::kLamb:
@@ -261,25 +281,43 @@ int64_t KernelStep(const std::vector<int64_t>& param_steps, int param) {
 }  // namespace
 
 Status OptimizerState::Step(const std::vector<OptimizerHyper>& groups, const std::vector<int64_t>& param_steps,
-                            const float* grad_scale) {
-  if (config_.optimizer.type == OptimizerType::kLamb) return LambStep(groups, param_steps, grad_scale);
-  for (const Batch& batch : batches_) {
-    const OptimizerHyper& hyper = groups[batch.group];
-    std::map<int64_t, std::vector<kernels::Segment>> by_step;
+                            const kernels::StepCommon& common, float* sq_norm) {
+  const bool squares_in_step = sq_norm != nullptr && squares_.bytes() > 0;
+  if (sq_norm != nullptr && !squares_in_step) ZERO_RETURN_IF_ERROR(GradSquaredNorm(sq_norm));
+  if (config_.optimizer.type == OptimizerType::kLamb) return LambStep(groups, param_steps, common);
+  // Each batch in one launch where its params agree on the step count and read their
+  // gradients from the shard (the usual case); otherwise per param: once guard.on_unused =
+  // "zero" has left a param untouched the counts differ for good, and a lent gradient is read
+  // where it is.
+  struct Planned {
+    const Batch* batch;
+    int64_t step;
+    const std::vector<kernels::Segment>* segments;
+  };
+  std::vector<std::map<int64_t, std::vector<kernels::Segment>>> cut(batches_.size());
+  std::vector<Planned> launches;
+  for (size_t i = 0; i < batches_.size(); ++i) {
+    const Batch& batch = batches_[i];
+    std::map<int64_t, std::vector<kernels::Segment>>& by_step = cut[i];
     for (const Fragment& f : batch.fragments) by_step[KernelStep(param_steps, f.param)];
-    if (by_step.size() <= 1 && !grads_.any_lent()) {  // the usual case: the whole batch at one count
-      const int64_t step = by_step.empty() ? 1 : by_step.begin()->first;
-      ZERO_RETURN_IF_ERROR(Launch(hyper, step, grad_scale, batch.types, batch.segments));
+    if (by_step.size() <= 1 && !grads_.any_lent()) {
+      launches.push_back({&batch, by_step.empty() ? 1 : by_step.begin()->first, &batch.segments});
       continue;
     }
     for (const Fragment& f : batch.fragments) {
       by_step[KernelStep(param_steps, f.param)].push_back(WithLentGrad(f.param, f.param_begin, f.segment));
     }
-    for (const auto& [step, segments] : by_step) {
-      ZERO_RETURN_IF_ERROR(Launch(hyper, step, grad_scale, batch.types, segments));
-    }
+    for (const auto& [step, segments] : by_step) launches.push_back({&batch, step, &segments});
   }
-  return absl::OkStatus();
+  int64_t partials = 0;  // the squares' partials written so far, one per block
+  for (const Planned& launch : launches) {
+    kernels::StepCommon launch_common = common;
+    if (squares_in_step) launch_common.grad_squares = squares_.as<double>() + partials;
+    partials += kernels::LaunchBlocks(*launch.segments);
+    ZERO_RETURN_IF_ERROR(Launch(groups[launch.batch->group], launch.step, launch_common, launch.batch->types,
+                                *launch.segments));
+  }
+  return squares_in_step ? ops_.SumPartials(squares_.as<double>(), partials, sq_norm) : absl::OkStatus();
 }
 
 template <typename Fn>
@@ -303,9 +341,9 @@ void OptimizerState::CutPerParam(const OwnedRange& r, const kernels::Segment& wh
 }
 
 Status OptimizerState::LambStep(const std::vector<OptimizerHyper>& groups, const std::vector<int64_t>& param_steps,
-                                const float* grad_scale) {
+                                const kernels::StepCommon& common) {
   auto hyper_of = [&](const Batch& batch, int64_t step) {
-    return AdamFamilyHyper<kernels::LambHyper>(groups[batch.group], step, grad_scale);
+    return AdamFamilyHyper<kernels::LambHyper>(groups[batch.group], step, common);
   };
   // LAMB needs a trust ratio per param, so it steps each batch's per-param fragments.
   // Pass 1: moments and the update direction (one launch per distinct step count); then ‖w‖²

@@ -48,15 +48,19 @@ class OptimizerState {
   /// into `*sq_norm`, on the ops' device (DeviceOps::SquaredNormOnDevice): not finite when an
   /// element is Inf/NaN.
   Status GradSquaredNorm(float* sq_norm);
-  /// One optimizer step over the owned ranges, gradients multiplied by *grad_scale (memory of
-  /// the ops' device, read as the kernels run: StepCommon::grad_scale_at): each
+  /// One optimizer step over the owned ranges with `common`'s gradient scale (a value, or
+  /// memory of the ops' device read as the kernels run: StepCommon::grad_scale_at): each
   /// optimizer group with its hyperparameters `groups[g]`, each param with its own step count
   /// `param_steps[p]` (this step included; a count of 0 steps as 1, for a param put back after
   /// the step). A group's params that agree on the count take one launch over the group's
   /// long segments; once guard.on_unused = "zero" has left a param untouched the counts differ
   /// for good, and the group takes one launch per distinct count over per-param segments.
+  /// With `sq_norm` (memory of the ops' device), GradSquaredNorm's value into it too: summed
+  /// by the step's own kernels as they read the gradients where the ops can
+  /// (DeviceOps::squares_in_step, the rank's shard stepped, not LAMB), in a pass before
+  /// the step otherwise.
   Status Step(const std::vector<OptimizerHyper>& groups, const std::vector<int64_t>& param_steps,
-              const float* grad_scale);
+              const kernels::StepCommon& common, float* sq_norm);
   /// A host copy of one part of a param this rank owns, in param coordinates: `numel` fp32
   /// weights followed by `numel` values of each moment buffer (state_count() of them).
   struct OwnedPart {
@@ -125,10 +129,10 @@ class OptimizerState {
   // gradient (GradStore::Lend) where it has one this step.
   kernels::Segment WithLentGrad(int param, int64_t param_begin, kernels::Segment segment) const;
   // One launch of the group's optimizer over `segments`, all at step count `step`.
-  Status Launch(const OptimizerHyper& hyper, int64_t step, const float* grad_scale, kernels::SegmentTypes types,
-                const std::vector<kernels::Segment>& segments);
+  Status Launch(const OptimizerHyper& hyper, int64_t step, const kernels::StepCommon& common,
+                kernels::SegmentTypes types, const std::vector<kernels::Segment>& segments);
   Status LambStep(const std::vector<OptimizerHyper>& groups, const std::vector<int64_t>& param_steps,
-                  const float* grad_scale);
+                  const kernels::StepCommon& common);
 
   // Rewrites the bf16/fp16 model copy of `param`'s owned part from the fp32 master.
   Status RoundModelCopy(int param);
@@ -145,6 +149,7 @@ class OptimizerState {
   base::Buffer master_, state0_, state1_;
   SumOverRanks sum_over_ranks_;
   base::Buffer lamb_updates_;  // the update direction between LAMB's two passes
+  base::Buffer squares_;       // the step's squared-gradient partials (empty: not summed in the step)
 };
 
 }  // namespace zero::runtime

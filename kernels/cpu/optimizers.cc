@@ -9,10 +9,22 @@
 #include "kernels/launch_checks.h"
 
 namespace zero::kernels {
+namespace {
+
+// The CPU loops take no squares in the step: SquaredNormsCpu is their one read of the gradients.
+Status NoSquaresInStep(const char* kernel, const StepCommon& common) {
+  if (common.grad_squares == nullptr) return absl::OkStatus();
+  return absl::UnimplementedError(absl::StrCat(
+      kernel, ": StepCommon::grad_squares is not implemented by the CPU kernels; take the norm with "
+      "SquaredNormsCpu before the step"));
+}
+
+}  // namespace
 
 Status AdamStepCpu(const AdamHyper& h, SegmentTypes types, absl::Span<const Segment> segments,
                    const CpuExec& exec) {
   ZERO_RETURN_IF_ERROR(CheckExec(exec));
+  ZERO_RETURN_IF_ERROR(NoSquaresInStep("AdamStepCpu", h.common));
   ZERO_RETURN_IF_ERROR(CheckAdam("AdamStepCpu", h, types, segments));
   if (Skipped(h.common)) return absl::OkStatus();
 
@@ -25,6 +37,7 @@ Status AdamStepCpu(const AdamHyper& h, SegmentTypes types, absl::Span<const Segm
 Status SgdStepCpu(const SgdHyper& h, SegmentTypes types, absl::Span<const Segment> segments,
                   const CpuExec& exec) {
   ZERO_RETURN_IF_ERROR(CheckExec(exec));
+  ZERO_RETURN_IF_ERROR(NoSquaresInStep("SgdStepCpu", h.common));
   ZERO_RETURN_IF_ERROR(CheckSgd("SgdStepCpu", h, types, segments));
   if (Skipped(h.common)) return absl::OkStatus();
 
@@ -37,6 +50,7 @@ Status SgdStepCpu(const SgdHyper& h, SegmentTypes types, absl::Span<const Segmen
 Status LionStepCpu(const LionHyper& h, SegmentTypes types, absl::Span<const Segment> segments,
                    const CpuExec& exec) {
   ZERO_RETURN_IF_ERROR(CheckExec(exec));
+  ZERO_RETURN_IF_ERROR(NoSquaresInStep("LionStepCpu", h.common));
   ZERO_RETURN_IF_ERROR(CheckLion("LionStepCpu", h, types, segments));
   if (Skipped(h.common)) return absl::OkStatus();
 
@@ -49,6 +63,7 @@ Status LionStepCpu(const LionHyper& h, SegmentTypes types, absl::Span<const Segm
 Status LambUpdateCpu(const LambHyper& h, SegmentTypes types, absl::Span<const Segment> segments,
                      absl::Span<float* const> updates, const CpuExec& exec) {
   ZERO_RETURN_IF_ERROR(CheckExec(exec));
+  ZERO_RETURN_IF_ERROR(NoSquaresInStep("LambUpdateCpu", h.common));
   ZERO_RETURN_IF_ERROR(CheckLambUpdate("LambUpdateCpu", h, types, segments, updates));
   if (Skipped(h.common)) return absl::OkStatus();
   ZERO_ISA_DISPATCH(exec.isa, LambUpdateLoop, MakeLambCoeffs(WithHostGradScale(h)), types, segments.data(), updates.data(),
@@ -60,6 +75,7 @@ Status LambApplyCpu(const LambHyper& h, DType param_type, absl::Span<const Segme
                     absl::Span<const float* const> updates, absl::Span<const float> trust_ratios,
                     const CpuExec& exec) {
   ZERO_RETURN_IF_ERROR(CheckExec(exec));
+  ZERO_RETURN_IF_ERROR(NoSquaresInStep("LambApplyCpu", h.common));
   ZERO_RETURN_IF_ERROR(CheckLambApply("LambApplyCpu", h, param_type, segments, updates, trust_ratios));
   if (Skipped(h.common)) return absl::OkStatus();
   ZERO_ISA_DISPATCH(exec.isa, LambApplyLoop, h.lr, trust_ratios.data(), param_type,

@@ -98,9 +98,11 @@ struct Element {
 /// segment has (grad, state0, state1, aux as the op asks), calls op(element, scalar), and
 /// stores the weights (fp32 and the low-precision copy, when Op::kWritesWeights), the moments
 /// present, and aux (when Op::kWritesAux). Chunks whose arrays are all vector-aligned move
-/// four elements per access, so each thread keeps several 16-byte loads in flight.
-template <typename P, typename G, typename Op>
-__device__ void ApplyToChunk(const LaunchTable& t, const Op& op) {
+/// four elements per access, so each thread keeps several 16-byte loads in flight. With
+/// kSquares, returns the float64 sum of the squares of the gradients this thread loaded (0
+/// otherwise).
+template <typename P, typename G, bool kSquares, typename Op>
+__device__ double ApplyToChunk(const LaunchTable& t, const Op& op) {
   int64_t begin, end;
   int k;
   const Segment& s = BlockSegment(t, &begin, &end, &k);
@@ -109,9 +111,11 @@ __device__ void ApplyToChunk(const LaunchTable& t, const Op& op) {
   const bool vector = VectorAligned(s.master, 4) && VectorAligned(s.grad, Bytes(G{})) &&
                       VectorAligned(s.state0, 4) && VectorAligned(s.state1, 4) &&
                       VectorAligned(aux, 4) && VectorAligned(s.model_param, Bytes(P{}));
+  double squares = 0.0;
   auto one = [&](int64_t i) {
     Element e{s.master[i], 0.0f, 0.0f, 0.0f, 0.0f};
     if (s.grad != nullptr) e.g = Load(G{}, s.grad, i);
+    if (kSquares) squares = fma(double(e.g), double(e.g), squares);
     if (s.state0 != nullptr) e.m = s.state0[i];
     if (s.state1 != nullptr) e.v = s.state1[i];
     if (Op::kReadsAux) e.aux = aux[i];
@@ -126,7 +130,7 @@ __device__ void ApplyToChunk(const LaunchTable& t, const Op& op) {
   };
   if (!vector) {
     for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) one(i);
-    return;
+    return squares;
   }
   for (int64_t i = begin + kVector * static_cast<int64_t>(threadIdx.x); i < end; i += kVector * int64_t{blockDim.x}) {
     if (i + kVector > end) {  // the ragged tail of the segment's last chunk
@@ -141,6 +145,7 @@ __device__ void ApplyToChunk(const LaunchTable& t, const Op& op) {
     if (Op::kReadsAux) Load4(F32{}, aux, i, a);
 #pragma unroll
     for (int j = 0; j < kVector; ++j) {
+      if (kSquares) squares = fma(double(g[j]), double(g[j]), squares);
       Element e{w[j], g[j], m[j], v[j], a[j]};
       op(e, scalar);
       w[j] = e.w; m[j] = e.m; v[j] = e.v; a[j] = e.aux;
@@ -153,6 +158,7 @@ __device__ void ApplyToChunk(const LaunchTable& t, const Op& op) {
     if (s.state1 != nullptr) Store4(F32{}, s.state1, i, v);
     if (Op::kWritesAux) Store4(F32{}, aux, i, a);
   }
+  return squares;
 }
 
 /// Calls launch(table, blocks) for each table of ForEachLaunchTable(segments, aux, scalars).

@@ -71,8 +71,26 @@ __global__ void __launch_bounds__(kThreads) FinishKernel(const double* partials,
   }
 }
 
+// One block: the partials summed in a fixed order, rounded once to float.
+__global__ void __launch_bounds__(kThreads) SumPartialsKernel(const double* partials, int64_t count, float* out) {
+  __shared__ BlockSum::TempStorage shared;
+  double sum = 0.0;
+  for (int64_t i = threadIdx.x; i < count; i += blockDim.x) sum += partials[i];  // fixed assignment
+  const double all = BlockSum(shared).Sum(sum);
+  if (threadIdx.x == 0) *out = static_cast<float>(all);
+}
+
 }  // namespace
 }  // namespace cuda
+
+Status SumPartialsCuda(const double* partials, int64_t count, float* out, CudaStream stream) {
+  if (out == nullptr || count < 0 || (count > 0 && partials == nullptr)) {
+    return absl::InvalidArgumentError(absl::StrCat("SumPartialsCuda: ", count, " partials, null pointers"));
+  }
+  cuda::SumPartialsKernel<<<1, cuda::kThreads, 0, static_cast<cudaStream_t>(stream)>>>(partials, count, out);
+  ZERO_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return absl::OkStatus();
+}
 
 Status SquaredNormsCuda(void* workspace, size_t* workspace_bytes, absl::Span<const ConstSpan> spans, DType dtype,
                         double* per_span, double* total, int32_t* nonfinite, CudaStream stream) {

@@ -1,6 +1,8 @@
 // Fused Adam/AdamW, SGD, Lion and LAMB on CUDA: each optimizer is an element-wise operation
 // run by the shared multi-tensor driver (elementwise.cuh), with the same arithmetic (fmaf where
 // the CPU loops use MulAdd) as kernels/cpu.
+#include <cub/block/block_reduce.cuh>
+
 #include "absl/strings/str_cat.h"
 #include "kernels/coefficients.h"
 #include "kernels/launch_checks.h"
@@ -80,21 +82,41 @@ struct LambApplyOp {
   __device__ void operator()(Element& e, float trust_ratio) const { e.w = fmaf(e.aux, -lr * trust_ratio, e.w); }
 };
 
-template <typename P, typename G, typename Op>
+// One block per chunk: the op over the chunk and, with kSquares, the chunk's float64 sum of
+// squared gradients into squares[blockIdx.x] (summed over the block in a fixed order).
+template <typename P, typename G, bool kSquares, typename Op>
 __global__ void __launch_bounds__(kThreads) ApplyKernel(LaunchTable t, Op op, const int32_t* skip,
-                                                        const float* grad_scale_at) {
+                                                        const float* grad_scale_at, double* squares) {
   if (Skipped(skip)) return;
   if (grad_scale_at != nullptr) op.SetGradScale(*grad_scale_at);
-  ApplyToChunk<P, G>(t, op);
+  const double sum = ApplyToChunk<P, G, kSquares>(t, op);
+  if constexpr (kSquares) {
+    __shared__ typename cub::BlockReduce<double, kThreads>::TempStorage shared;
+    const double total = cub::BlockReduce<double, kThreads>(shared).Sum(sum);
+    if (threadIdx.x == 0) squares[blockIdx.x] = total;
+  }
 }
 
-// Launches `op` over every segment: the body of every launcher below.
+// Launches `op` over every segment: the body of every launcher below. With
+// common.grad_squares, each launch's partials follow the previous launch's.
 template <typename Op>
 Status Launch(SegmentTypes types, absl::Span<const Segment> segments, absl::Span<float* const> aux,
               absl::Span<const float> scalars, const Op& op, const StepCommon& common, CudaStream stream) {
+  if (common.grad_squares != nullptr && common.skip != nullptr) {
+    return absl::InvalidArgumentError(
+        "StepCommon: grad_squares with a skip flag (a skipped step would leave the partials unwritten)");
+  }
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  double* squares = common.grad_squares;
   return LaunchOverSegments(types, segments, aux, scalars, [&](auto p, auto g, const LaunchTable& t, int blocks) {
-    ApplyKernel<decltype(p), decltype(g), Op><<<blocks, kThreads, 0, s>>>(t, op, common.skip, common.grad_scale_at);
+    if (squares == nullptr) {
+      ApplyKernel<decltype(p), decltype(g), false, Op>
+          <<<blocks, kThreads, 0, s>>>(t, op, common.skip, common.grad_scale_at, nullptr);
+      return;
+    }
+    ApplyKernel<decltype(p), decltype(g), true, Op>
+        <<<blocks, kThreads, 0, s>>>(t, op, common.skip, common.grad_scale_at, squares);
+    squares += blocks;
   });
 }
 
@@ -129,6 +151,9 @@ Status LambApplyCuda(const LambHyper& h, DType param_type, absl::Span<const Segm
                      absl::Span<const float* const> updates, absl::Span<const float> trust_ratios,
                      CudaStream stream) {
   ZERO_RETURN_IF_ERROR(CheckLambApply("LambApplyCuda", h, param_type, segments, updates, trust_ratios));
+  if (h.common.grad_squares != nullptr) {
+    return absl::InvalidArgumentError("LambApplyCuda: grad_squares set, but the second pass reads no gradient");
+  }
   std::vector<Segment> weights(segments.begin(), segments.end());
   for (Segment& s : weights) s.grad = s.state0 = s.state1 = nullptr;  // pass 2 touches weights only
   // The driver's aux slots are float*; pass 2 only reads them (LambApplyOp::kWritesAux is false).

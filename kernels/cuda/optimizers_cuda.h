@@ -24,7 +24,9 @@ using CudaStream = void*;
 
 /// Adam / AdamW on device segments (pointers in device memory). `hyper.common.skip` may point to
 /// a device int32 flag: when non-zero the kernels modify nothing; `hyper.common.grad_scale_at`
-/// to a device float the kernels read the gradient scale from.
+/// to a device float the kernels read the gradient scale from; `hyper.common.grad_squares` to
+/// LaunchBlocks(segments) device doubles the step writes its gradients' squared sums into (as
+/// every launcher below but LambApplyCuda, which reads no gradient).
 Status AdamStepCuda(const AdamHyper& hyper, SegmentTypes types, absl::Span<const Segment> segments,
                     CudaStream stream);
 /// SGD with momentum/dampening/Nesterov on device segments.
@@ -42,6 +44,11 @@ Status LambUpdateCuda(const LambHyper& hyper, SegmentTypes types, absl::Span<con
 Status LambApplyCuda(const LambHyper& hyper, DType param_type, absl::Span<const Segment> segments,
                      absl::Span<const float* const> updates, absl::Span<const float> trust_ratios,
                      CudaStream stream);
+
+/// Sums `count` float64 partials (StepCommon::grad_squares) in a fixed order and rounds the
+/// total once into `*out` (device pointers): the squared gradient norm of a step that summed
+/// its squares as it ran. The host does not wait.
+Status SumPartialsCuda(const double* partials, int64_t count, float* out, CudaStream stream);
 
 /// Sums of squares (float64) of device `spans`: each span's own into per_span[i] (a device
 /// array of spans.size() doubles, or null), all of them into `*total`, and an Inf/NaN flag into

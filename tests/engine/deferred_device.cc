@@ -1,7 +1,10 @@
 // DeferredDeviceOps: every asynchronous call becomes a closure over copies of its arguments.
 #include "tests/engine/deferred_device.h"
 
+#include <algorithm>
 #include <utility>
+
+#include "kernels/launch_table.h"
 
 namespace zero::testing {
 
@@ -56,22 +59,63 @@ Status DeferredDeviceOps::Narrow(void* out, const float* in, int64_t numel, DTyp
   return Queue([=] { return cpu_->Narrow(out, in, numel, dtype); });
 }
 
+Status DeferredDeviceOps::WriteSquares(kernels::SegmentTypes types, const std::vector<kernels::Segment>& segments,
+                                       double* partials) {
+  // One partial per chunk of each non-empty segment, in order (kernels::LaunchBlocks of them),
+  // as the CUDA kernels write them: each chunk as a span of its own.
+  std::vector<kernels::ConstSpan> chunks;
+  for (const kernels::Segment& s : segments) {
+    const int64_t bytes = static_cast<int64_t>(DTypeSize(types.grad));
+    for (int64_t at = 0; at < s.numel; at += kernels::kChunkElems) {
+      chunks.push_back({static_cast<const char*>(s.grad) + at * bytes, std::min(kernels::kChunkElems, s.numel - at)});
+    }
+  }
+  kernels::NormResult total;
+  return cpu_->SquaredNorms(chunks, types.grad, absl::MakeSpan(partials, chunks.size()), &total);
+}
+
+template <typename Hyper, typename Step>
+Status DeferredDeviceOps::QueueStep(const Hyper& hyper, kernels::SegmentTypes types,
+                                    absl::Span<const kernels::Segment> segments, Step step) {
+  std::vector<kernels::Segment> copy(segments.begin(), segments.end());
+  return Queue([=] {
+    Hyper cpu_hyper = hyper;
+    if (cpu_hyper.common.grad_squares != nullptr) {  // the CPU loops take them in a pass before
+      ZERO_RETURN_IF_ERROR(WriteSquares(types, copy, cpu_hyper.common.grad_squares));
+      cpu_hyper.common.grad_squares = nullptr;
+    }
+    return step(cpu_hyper, types, copy);
+  });
+}
+
 Status DeferredDeviceOps::AdamStep(const kernels::AdamHyper& hyper, kernels::SegmentTypes types,
                                    absl::Span<const kernels::Segment> segments) {
-  std::vector<kernels::Segment> copy(segments.begin(), segments.end());
-  return Queue([=] { return cpu_->AdamStep(hyper, types, copy); });
+  return QueueStep(hyper, types, segments, [this](const auto& h, auto t, const auto& s) {
+    return cpu_->AdamStep(h, t, s);
+  });
 }
 
 Status DeferredDeviceOps::SgdStep(const kernels::SgdHyper& hyper, kernels::SegmentTypes types,
                                   absl::Span<const kernels::Segment> segments) {
-  std::vector<kernels::Segment> copy(segments.begin(), segments.end());
-  return Queue([=] { return cpu_->SgdStep(hyper, types, copy); });
+  return QueueStep(hyper, types, segments, [this](const auto& h, auto t, const auto& s) {
+    return cpu_->SgdStep(h, t, s);
+  });
 }
 
 Status DeferredDeviceOps::LionStep(const kernels::LionHyper& hyper, kernels::SegmentTypes types,
                                    absl::Span<const kernels::Segment> segments) {
-  std::vector<kernels::Segment> copy(segments.begin(), segments.end());
-  return Queue([=] { return cpu_->LionStep(hyper, types, copy); });
+  return QueueStep(hyper, types, segments, [this](const auto& h, auto t, const auto& s) {
+    return cpu_->LionStep(h, t, s);
+  });
+}
+
+Status DeferredDeviceOps::SumPartials(const double* partials, int64_t count, float* out) {
+  return Queue([=] {
+    double sum = 0.0;
+    for (int64_t i = 0; i < count; ++i) sum += partials[i];
+    *out = static_cast<float>(sum);
+    return absl::OkStatus();
+  });
 }
 
 Status DeferredDeviceOps::LambUpdate(const kernels::LambHyper& hyper, kernels::SegmentTypes types,

@@ -59,8 +59,18 @@ class DeferredDeviceOps final : public runtime::DeviceOps {
   Status SquaredNormOnDevice(absl::Span<const runtime::NormBatch> batches, float* sq_norm) override;
   Status DecideClip(const float* sq_norm, double divisor, float max_norm, float* grad_norm,
                     float* grad_scale) override;
+  /// As on a GPU: the optimizer steps write the squares' partials (the CPU's norm pass, queued
+  /// with the step), and SumPartials sums them when the queue reaches it.
+  bool squares_in_step() const override { return true; }
+  Status SumPartials(const double* partials, int64_t count, float* out) override;
 
  private:
+  // Each chunk's sum of squares of `segments`' gradients into `partials`, in launch order.
+  Status WriteSquares(kernels::SegmentTypes types, const std::vector<kernels::Segment>& segments, double* partials);
+  // Queues step(hyper, types, segments) with the partials of hyper.common.grad_squares first.
+  template <typename Hyper, typename Step>
+  Status QueueStep(const Hyper& hyper, kernels::SegmentTypes types, absl::Span<const kernels::Segment> segments,
+                   Step step);
   // A wait by the host: counted, then the queue runs.
   Status Wait();
 

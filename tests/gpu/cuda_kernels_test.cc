@@ -6,10 +6,13 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "kernels/cuda/optimizers_cuda.h"
 #include "kernels/cuda/step_scalars_cuda.h"
+#include "kernels/launch_table.h"
 #include "kernels/step_decision.h"
 #include "tests/gpu/device_test_util.h"
 #include "tests/status_matchers.h"
@@ -168,6 +171,108 @@ TEST(CudaKernels, SquaredNormIsExactEnoughAndDeterministic) {
   ASSERT_EQ(cudaMemcpy(&flag, nonfinite, sizeof flag, cudaMemcpyDeviceToHost), cudaSuccess);
   EXPECT_EQ(flag, 1);
   cudaFree(da); cudaFree(db); cudaFree(workspace); cudaFree(total); cudaFree(nonfinite);
+}
+
+// Segments of varied, odd lengths cut from one array of `total` elements (unaligned starts
+// included), more than one launch table holds, with an empty one among them.
+std::vector<Segment> CutSegments(const DeviceSegment& device, int64_t total, DType grad_type) {
+  std::vector<Segment> segments;
+  int64_t at = 0;
+  for (int k = 0; at < total; ++k) {
+    const int64_t numel = k == 5 ? 0 : std::min<int64_t>(total - at, (k * 7919) % 20011 + 1);
+    segments.push_back(device.ViewAt(at, numel, grad_type));
+    at += numel;
+  }
+  return segments;
+}
+
+TEST(CudaKernels, AStepSumsTheSquaresOfTheGradientsItReads) {
+  // With StepCommon::grad_squares every optimizer writes one float64 partial per block, and
+  // SumPartialsCuda rounds their sum once: the float64 reference's sum of squares of the
+  // gradients as stored. The partials and the result are poisoned first, and the step itself
+  // is bit-identical to one without squares.
+  if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";
+  constexpr int64_t kTotal = 300007;
+  double* partials = nullptr;
+  float* sum = nullptr;
+  ASSERT_EQ(cudaMalloc(&partials, (kTotal / kChunkElems + 64) * sizeof(double)), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&sum, sizeof(float)), cudaSuccess);
+  for (SegmentTypes types : AllTypeCombinations()) {
+    for (const char* optimizer : {"adamw", "sgd", "lion"}) {
+      SCOPED_TRACE(::testing::Message() << optimizer << " " << DTypeName(types.param) << "/" << DTypeName(types.grad));
+      std::mt19937_64 rng(17 + static_cast<int>(types.param) * 3 + static_cast<int>(types.grad));
+      SegmentStorage plain(kTotal, types, rng), squared = plain;
+      const SegmentStorage init = plain;
+      DeviceSegment plain_device(plain), squared_device(squared);
+      const std::vector<Segment> plain_segments = CutSegments(plain_device, kTotal, types.grad);
+      const std::vector<Segment> segments = CutSegments(squared_device, kTotal, types.grad);
+      ASSERT_GT(segments.size(), static_cast<size_t>(kSegmentsPerLaunch));
+      const int64_t blocks = LaunchBlocks(segments);
+      ASSERT_EQ(cudaMemset(partials, 0xff, blocks * sizeof(double)), cudaSuccess);  // NaN
+      ASSERT_EQ(cudaMemset(sum, 0xff, sizeof(float)), cudaSuccess);
+      StepCommon common;
+      common.grad_scale = 0.25f;
+      StepCommon squares = common;
+      squares.grad_squares = partials;
+      auto step = [&](const StepCommon& c, const std::vector<Segment>& list) -> Status {
+        if (optimizer[0] == 'a') {
+          AdamHyper h;
+          h.common = c;
+          return AdamStepCuda(h, types, list, nullptr);
+        }
+        if (optimizer[0] == 's') {
+          SgdHyper h;
+          h.momentum = 0.9f;
+          h.step = 2;
+          h.common = c;
+          return SgdStepCuda(h, types, list, nullptr);
+        }
+        LionHyper h;
+        h.common = c;
+        return LionStepCuda(h, types, list, nullptr);
+      };
+      ASSERT_THAT(step(common, plain_segments), IsOk());
+      ASSERT_THAT(step(squares, segments), IsOk());
+      ASSERT_THAT(SumPartialsCuda(partials, blocks, sum, nullptr), IsOk());
+      float got = 0.0f;
+      ASSERT_EQ(cudaMemcpy(&got, sum, sizeof got, cudaMemcpyDeviceToHost), cudaSuccess);
+      double want = 0.0;
+      for (int64_t i = 0; i < kTotal; ++i) want += double(init.Grad(i, types.grad)) * init.Grad(i, types.grad);
+      EXPECT_NEAR(got, want, 1e-6 * want);
+      plain_device.Download(plain);
+      squared_device.Download(squared);
+      EXPECT_EQ(squared.master, plain.master);
+      EXPECT_EQ(squared.state0, plain.state0);
+      EXPECT_EQ(squared.model_param, plain.model_param);
+    }
+  }
+  cudaFree(partials);
+  cudaFree(sum);
+}
+
+TEST(CudaKernels, SquaresAreRefusedWithASkipFlagAndByLambsSecondPass) {
+  if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937_64 rng(5);
+  const SegmentTypes types{DType::kFP32, DType::kFP32};
+  SegmentStorage host(100, types, rng);
+  DeviceSegment device(host);
+  double* partials = nullptr;
+  int32_t* skip = nullptr;
+  ASSERT_EQ(cudaMalloc(&partials, sizeof(double)), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&skip, sizeof(int32_t)), cudaSuccess);
+  AdamHyper adam;
+  adam.common.grad_squares = partials;
+  adam.common.skip = skip;
+  EXPECT_THAT(AdamStepCuda(adam, types, {device.View(100)}, nullptr),
+              testing::StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("skip")));
+  LambHyper lamb;
+  lamb.common.grad_squares = partials;
+  const float* update = device.state0;
+  const float ratio = 1.0f;
+  EXPECT_THAT(LambApplyCuda(lamb, DType::kFP32, {device.View(100)}, {&update, 1}, {&ratio, 1}, nullptr),
+              testing::StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("reads no gradient")));
+  cudaFree(partials);
+  cudaFree(skip);
 }
 
 }  // namespace

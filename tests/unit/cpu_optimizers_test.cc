@@ -359,6 +359,12 @@ TEST(CpuOptimizers, BadArgumentsAreClearErrorsAndTouchNothing) {
   EXPECT_THAT(AdamStepCpu(h, {}, {segment}, CpuExec{base::CpuIsa::kScalar, -1}),
               StatusIs(absl::StatusCode::kInvalidArgument));
 
+  double partial = 0.0;  // the CUDA kernels' squares in the step
+  AdamHyper squares = h;
+  squares.common.grad_squares = &partial;
+  EXPECT_THAT(AdamStepCpu(squares, {}, {segment}, {}),
+              StatusIs(absl::StatusCode::kUnimplemented, HasSubstr("SquaredNormsCpu")));
+
   EXPECT_EQ(storage.master, before.master);
   EXPECT_EQ(storage.state0, before.state0);
   EXPECT_EQ(storage.state1, before.state1);

@@ -81,6 +81,17 @@ void ExpectSameBits(const ToyResult& model, const ToyResult& cpu) {
   }
 }
 
+// The norm the model reported against the CPU's. With clipping it is the CPU's pass over the
+// same spans: the same bits. Without, the model's steps sum the squares per chunk as a GPU's
+// kernels do (DeviceOps::squares_in_step), the chunks' float64 sums associated otherwise.
+void ExpectSameNorm(float model, float cpu, const Config& config) {
+  if (config.clip_grad_norm > 0.0f) {
+    EXPECT_EQ(model, cpu);
+  } else {
+    EXPECT_FLOAT_EQ(model, cpu);
+  }
+}
+
 // `world` ranks trained for 2 and for 5 steps, on the model and on the CPU: the same bits each
 // time (and the model's last norm, read when asked, is the CPU's); the host waits of steps 3-5.
 int64_t WaitsOfThreeSteadySteps(const Config& config, int world = 1,
@@ -93,10 +104,10 @@ int64_t WaitsOfThreeSteadySteps(const Config& config, int world = 1,
     const ToyResult cpu = TrainOnCpu(world, config, options);
     if (::testing::Test::HasFailure()) return -1;
     ExpectSameBits(model.result, cpu);
-    EXPECT_EQ(model.last_grad_norm, cpu.infos.back().grad_norm);
+    ExpectSameNorm(model.last_grad_norm, cpu.infos.back().grad_norm, config);
     EXPECT_GT(cpu.infos.back().grad_norm, config.clip_grad_norm) << "clipping was exercised";
     if (config.sync_grad_norm) {
-      EXPECT_EQ(model.result.infos.back().grad_norm, cpu.infos.back().grad_norm);
+      ExpectSameNorm(model.result.infos.back().grad_norm, cpu.infos.back().grad_norm, config);
     } else {
       EXPECT_TRUE(std::isnan(model.result.infos.back().grad_norm)) << "the norm stayed on the device";
     }
@@ -146,6 +157,22 @@ TEST(DeviceOrder, RanksWhoseCollectivesTheStreamWaitsForNeverWaitInASteadyStep) 
       Config config = ClippedConfig(stage, /*sync_grad_norm=*/false);
       config.buckets.pool_buffers = 1;  // stage 2-3: every bucket after the first reuses a buffer
       EXPECT_EQ(WaitsOfThreeSteadySteps(config, world, Collectives::kStreamOrdered), 0);
+    }
+  }
+}
+
+TEST(DeviceOrder, WithoutClippingTheStepsKernelsSumTheNormAndASteadyStepNeverWaits) {
+  // Nothing waits for the norm: the optimizer's kernels write the squares' partials as they
+  // step, their sum is taken and summed over ranks after the step, and the norm read when
+  // asked is the CPU's. Stage 0 at 3 ranks steps whole buckets: its norm keeps its own pass.
+  for (int world : {1, 3}) {
+    for (int stage : {0, 1, 2, 3}) {
+      SCOPED_TRACE(::testing::Message() << "world " << world << " stage " << stage);
+      Config config = ClippedConfig(stage, /*sync_grad_norm=*/false);
+      config.clip_grad_norm = 0.0f;
+      EXPECT_EQ(WaitsOfThreeSteadySteps(config, world, Collectives::kStreamOrdered), 0);
+      config.sync_grad_norm = true;  // the norm on the host: one wait per step, after it
+      EXPECT_EQ(WaitsOfThreeSteadySteps(config, world, Collectives::kStreamOrdered), 3);
     }
   }
 }

@@ -74,6 +74,9 @@ TEST(LaunchTable, EveryElementIsCoveredOnceByTheBlocksTheKernelsFind) {
         ASSERT_EQ(hits[i][e], 1) << "trial " << trial << " segment " << i << " element " << e;
       }
     }
+    int64_t blocks = 0;  // what a step's squared-gradient partials are sized by
+    for (const LaunchTable& t : *tables) blocks += t.blocks();
+    EXPECT_EQ(LaunchBlocks(segments), blocks);
     // A full table is flushed at kSegmentsPerLaunch; the rest are the leftovers.
     int non_empty = 0;
     for (const Segment& s : segments) non_empty += s.numel > 0 ? 1 : 0;
