@@ -41,7 +41,9 @@ bool HasF16c() {
 }  // namespace
 #endif
 
-CpuIsa DetectCpuIsa() {
+namespace {
+
+CpuIsa ReadCpuIsa() {
 #if defined(__x86_64__) && defined(__GNUC__)
   // libgcc's feature bits include the XGETBV check that the OS saves the wide registers.
   __builtin_cpu_init();
@@ -55,6 +57,15 @@ CpuIsa DetectCpuIsa() {
   }
 #endif
   return CpuIsa::kScalar;
+}
+
+}  // namespace
+
+CpuIsa DetectCpuIsa() {
+  // Read once: CPUID is slow (a trap to the hypervisor on virtual machines), and every CPU
+  // kernel launch checks its instruction set against this.
+  static const CpuIsa isa = ReadCpuIsa();
+  return isa;
 }
 
 }  // namespace zero::base

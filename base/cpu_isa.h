@@ -23,7 +23,7 @@ const char* CpuIsaName(CpuIsa isa);
 /// Parses the names above; anything else is kInvalidArgument.
 StatusOr<CpuIsa> ParseCpuIsa(std::string_view name);
 
-/// The widest set this CPU and OS support (checked with CPUID and XGETBV).
+/// The widest set this CPU and OS support (checked with CPUID and XGETBV once per process).
 CpuIsa DetectCpuIsa();
 
 }  // namespace zero::base

@@ -11,8 +11,9 @@ on a frozen input projection; fp32 on the CPU (98.4 % frozen at the defaults). P
 current after the last step and peak), the model's own param storages between steps, and the
 median time of a step (forward, backward, engine.step()) over `steps` steps after 2 untimed
 ones, every rank starting each step together. Stage 3 prefetches `prefetch_layers` base
-weights ahead (stage3.prefetch_elems; DeepSpeed's default of 5e7 elements would hold this
-whole small model). Rank 0 prints a row per stage; the "vs stage 2"
+weights ahead (stage3.prefetch_elems) and keeps a layer for its backward only when it comes
+back within as many elements (stage3.max_reuse_elems; DeepSpeed's defaults, 5e7 and 1e9
+elements, would hold this whole small model). Rank 0 prints a row per stage; the "vs stage 2"
 column is the step-time ratio (the cost of sharding the frozen base: its gathers). DeepSpeed's
 estimators for the same parameter count are printed beside (they count every param as
 trained: 18 bytes each, sharded).
@@ -62,8 +63,9 @@ def storage_bytes(model):
 
 def run(stage, args, comm):
     model = build_model(args)
+    window = args.prefetch_layers * args.width * args.width
     config = {"stage": stage, "optimizer": {"type": "adamw", "lr": 1e-4},
-              "stage3": {"prefetch_elems": args.prefetch_layers * args.width * args.width},
+              "stage3": {"prefetch_elems": window, "max_reuse_elems": window},
               "guard": {"timeout_s": 120}}
     engine = zerort.torch.initialize(model, config, comm)
     generator = torch.Generator().manual_seed(comm.rank)

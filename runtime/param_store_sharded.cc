@@ -147,6 +147,7 @@ class ShardedParams final : public ParamStore {
     comm::WorkPtr pending;  // its all-gather, until waited for
     int holders = 0;        // Gathers not yet Released
     bool persistent = false;
+    bool kept = false;      // released until its backward and kept for it (GatheredAgainSoon)
   };
   enum class Trace { kRecording, kValid, kOffTrace };
   // The lender of gathered units' memory, shared with the buffers it lent: stopping the
@@ -173,10 +174,10 @@ class ShardedParams final : public ParamStore {
   StatusOr<base::Buffer> BorrowBuffer(const Bucket& b);
   // Drops prefetched units nobody asked for yet (after their all-gathers complete).
   Status DropPrefetched();
-  // Whether a unit released now would be prefetched again before the trainer's next gathers
-  // (the recorded order gathers it within the prefetch window Prefetch would fill, after fewer
-  // than stage3.max_reuse_elems elements of other units): Release with may_keep then keeps it,
-  // as if prefetched, instead of freeing it and gathering it again.
+  // Whether the recorded order gathers a unit released now again before stage3.max_reuse_elems
+  // elements of other units (DeepSpeed's stage3_max_reuse_distance): Release with may_keep
+  // then keeps it gathered (live, within stage3.max_live_elems, outside the prefetch window)
+  // instead of freeing it and gathering it again.
   bool GatheredAgainSoon(int bucket) const;
   // Whether `more_prefetched` more prefetched elements, `more_live` of them not live yet, stay
   // within stage3.prefetch_elems and stage3.max_live_elems.
@@ -296,6 +297,7 @@ StatusOr<base::Buffer> ShardedParams::TakeBuffer(const Bucket& b) {
 
 void ShardedParams::FreeUnit(int bucket, bool failed) {
   Unit& unit = units_[bucket];
+  unit.kept = false;
   const int64_t numel = plan_.buckets()[bucket].numel;
   // Whether no all-gather the host knows of can still write into the buffer (after any failure
   // the group is broken, and a buffer of it is never reused). One the stream waits for may
@@ -317,35 +319,19 @@ Status ShardedParams::DropPrefetched() {
     Unit& unit = units_[b.index];
     if (unit.persistent || unit.holders > 0 || unit.buffer.data() == nullptr) continue;
     const Status gathered = FinishGather(b.index);  // MPI may still be writing into it
+    if (!unit.kept) prefetched_elems_ -= b.numel;   // a kept unit was never in the window
     FreeUnit(b.index, /*failed=*/!gathered.ok());
-    prefetched_elems_ -= b.numel;
     ZERO_RETURN_IF_ERROR(gathered);
   }
   return absl::OkStatus();
 }
 
 void ShardedParams::Prefetch() {
-  // A held unit that the order gathers again (the last units of a forward, which its backward
-  // gathers first) keeps room in the window: a release until backward then keeps it, where
-  // prefetches of units needed after it would otherwise have filled the window first.
-  // Only room it could be kept in: within stage3.max_reuse_elems, and within the window.
-  std::vector<char> reserved(units_.size(), 0);
-  int64_t reserved_elems = 0;
-  int64_t traversed = 0;  // elements the trainer gathers before this entry
   for (size_t k = trace_position_; k < trace_.size(); ++k) {
     const int bucket = trace_[k];
     const Bucket& b = plan_.buckets()[bucket];
-    const bool reusable = traversed < config_.max_reuse_elems;
-    traversed += b.numel;
-    if (units_[bucket].buffer.data() != nullptr) {  // held or already on its way
-      if (units_[bucket].holders > 0 && !reserved[bucket] && reusable &&
-          FitsPrefetchWindow(reserved_elems + b.numel, 0)) {
-        reserved[bucket] = 1;
-        reserved_elems += b.numel;
-      }
-      continue;
-    }
-    if (!FitsPrefetchWindow(reserved_elems + b.numel, b.numel)) return;
+    if (units_[bucket].buffer.data() != nullptr) continue;  // held, kept or already on its way
+    if (!FitsPrefetchWindow(b.numel, b.numel)) return;
     if (!StartGather(bucket).ok()) return;  // on demand later reports the problem
     prefetched_elems_ += b.numel;
   }
@@ -387,9 +373,10 @@ Status ShardedParams::Gather(int unit) {
     ZERO_RETURN_IF_ERROR(DropPrefetched());
     trace_state_ = Trace::kOffTrace;
   }
-  if (u.buffer.data() != nullptr && u.holders == 0) {  // prefetched before the trainer asked
+  if (u.buffer.data() != nullptr && u.holders == 0) {  // prefetched (or kept) before the trainer asked
     ++counters_.gathers_prefetched;
-    prefetched_elems_ -= plan_.buckets()[bucket].numel;
+    if (!u.kept) prefetched_elems_ -= plan_.buckets()[bucket].numel;
+    u.kept = false;
   } else if (u.buffer.data() == nullptr) {
     ZERO_RETURN_IF_ERROR(StartGather(bucket));
     ++counters_.gathers_on_demand;
@@ -436,8 +423,8 @@ Status ShardedParams::Release(int unit, bool may_keep) {
     return absl::FailedPreconditionError(absl::StrCat("Release(", unit, "): unit ", unit, " is not gathered"));
   }
   if (--u.holders > 0) return absl::OkStatus();
-  if (may_keep && GatheredAgainSoon(bucket)) {  // kept as if prefetched: its next Gather is a hit
-    prefetched_elems_ += plan_.buckets()[bucket].numel;
+  if (may_keep && GatheredAgainSoon(bucket)) {  // kept: its next Gather is a hit
+    u.kept = true;
     ++counters_.releases_kept;
   } else {
     FreeUnit(bucket);
@@ -447,19 +434,11 @@ Status ShardedParams::Release(int unit, bool may_keep) {
 
 bool ShardedParams::GatheredAgainSoon(int bucket) const {
   if (trace_state_ != Trace::kValid) return false;
-  const int64_t numel = plan_.buckets()[bucket].numel;
-  int64_t ahead = 0;      // elements Prefetch would start before reaching `bucket`
   int64_t traversed = 0;  // elements the trainer gathers before `bucket` (the reuse distance)
   for (size_t k = trace_position_; k < trace_.size(); ++k) {
     if (traversed >= config_.max_reuse_elems) return false;
-    if (trace_[k] == bucket) {
-      return FitsPrefetchWindow(ahead + numel, ahead);  // `bucket`'s elements are live already
-    }
-    const Bucket& b = plan_.buckets()[trace_[k]];
-    traversed += b.numel;
-    if (units_[b.index].buffer.data() != nullptr) continue;  // held or on its way: costs nothing more
-    ahead += b.numel;
-    if (!FitsPrefetchWindow(ahead, ahead)) return false;
+    if (trace_[k] == bucket) return true;
+    traversed += plan_.buckets()[trace_[k]].numel;
   }
   return false;
 }

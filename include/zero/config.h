@@ -138,17 +138,16 @@ struct BucketConfig {
 };
 
 struct Stage3Config {
-  /// Elements of units gathered ahead of the trainer's Gather (a unit released until its
-  /// backward that the recorded order gathers again within them stays gathered, as if
-  /// prefetched: Engine::ReleaseUntilBackward); also the
-  /// most elements of released units' buffers kept for reuse by later gathers (within
-  /// max_live_elems with the gathered units). [0, 1e15]
+  /// Elements of units gathered ahead of the trainer's Gather (DeepSpeed's
+  /// stage3_prefetch_bucket_size); also the most elements of released units' buffers kept for
+  /// reuse by later gathers (within max_live_elems with the gathered units). [0, 1e15]
   int64_t prefetch_elems = 50'000'000;
   int64_t max_live_elems = 1'000'000'000;    ///< [1, 1e15]
   int64_t persistence_threshold = 100'000;   ///< [0, 1e15]
-  /// A unit released until its backward (Engine::ReleaseUntilBackward) stays gathered only
-  /// when the recorded order gathers fewer than this many elements of other units before
-  /// gathering it again (DeepSpeed's stage3_max_reuse_distance); 0 keeps none. [0, 1e15]
+  /// A unit released until its backward (Engine::ReleaseUntilBackward) stays gathered when
+  /// the recorded order gathers fewer than this many elements of other units before gathering
+  /// it again (DeepSpeed's stage3_max_reuse_distance), within max_live_elems; 0 keeps none.
+  /// [0, 1e15]
   int64_t max_reuse_elems = 1'000'000'000;
 };
 

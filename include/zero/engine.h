@@ -199,12 +199,12 @@ class Engine {
   virtual Status Release(int unit) = 0;
   /// Stage 3: Release at the end of `unit`'s forward when its backward follows (the forward's
   /// outputs need gradients), in any phase: a unit the recorded gather order gathers again
-  /// within the prefetch window, after fewer than stage3.max_reuse_elems elements of other
-  /// units, stays gathered for that backward instead of being freed and prefetched straight
-  /// back (counters().releases_kept; with a window smaller than the rest of the step the
-  /// prefetcher has filled it by then, and the unit is freed). The trainer must not write into
-  /// the unit's ParamData views until it gathers it again (SetParam and Step keep a kept unit
-  /// right).
+  /// after fewer than stage3.max_reuse_elems elements of other units (DeepSpeed's
+  /// stage3_max_reuse_distance) stays gathered for that backward instead of being freed and
+  /// gathered straight back (counters().releases_kept). Kept units count towards
+  /// stage3.max_live_elems, not stage3.prefetch_elems, and are dropped first when a gather
+  /// needs the room. The trainer must not write into the unit's ParamData views until it
+  /// gathers it again (SetParam and Step keep a kept unit right).
   virtual Status ReleaseUntilBackward(int unit) = 0;
 
   /// Stage 3: where `id`'s values sit in its unit's gathered memory (GatheredPlace). After

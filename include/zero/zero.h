@@ -171,9 +171,9 @@ ZERO_API zero_status zero_last_grad_norm(zero_engine* engine, float* norm);
 ZERO_API zero_status zero_gather(zero_engine* engine, int unit);
 ZERO_API zero_status zero_release(zero_engine* engine, int unit);
 /** Stage 3: zero_release at the end of a unit's forward whose backward follows: a unit the
- *  recorded gather order gathers again within the prefetch window stays gathered for that
- *  backward (Engine::ReleaseUntilBackward); write nothing into its views until the next
- *  zero_gather of it. zero_release always frees. */
+ *  recorded gather order gathers again before stage3.max_reuse_elems elements of other units
+ *  stays gathered for that backward (Engine::ReleaseUntilBackward); write nothing into its
+ *  views until the next zero_gather of it. zero_release always frees. */
 ZERO_API zero_status zero_release_until_backward(zero_engine* engine, int unit);
 /** Stage 3: where param `id`'s values sit in its unit's gathered memory: the unit, the byte
  *  offset, the unit's gathered bytes, and whether the unit is persistent (held by the engine,

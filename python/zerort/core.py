@@ -489,8 +489,8 @@ class Engine:
 
     def release_until_backward(self, unit):
         """Stage 3: release() at the end of a unit's forward whose backward follows: a unit
-        the recorded gather order gathers again within the prefetch window (and within
-        stage3.max_reuse_elems) stays gathered for that backward
+        the recorded gather order gathers again before stage3.max_reuse_elems elements of
+        other units (DeepSpeed's stage3_max_reuse_distance) stays gathered for that backward
         (counters()["releases_kept"]), in any phase. Nothing may write into its params
         until it is gathered again. release() always frees."""
         _check(library().zero_release_until_backward(self._handle, unit),

@@ -152,16 +152,15 @@ TEST(EngineStage3, PrefetchResumesAfterAnEvalPass) {
 }
 
 // A unit a forward releases until its backward where the recorded order gathers it again
-// within the prefetch window stays gathered (ReleaseUntilBackward keeps it as if prefetched):
-// with room for every unit, each one (backward gathers it again), whether the forward runs
-// inside the iteration or before BeginIteration (as PyTorch's hooks do). With room for one
-// unit, the last unit of the forward, which its backward gathers first: the prefetcher leaves
-// the room to it rather than filling it with the next unit, whose gather comes after; with
-// none, nothing; a plain Release keeps nothing. stage3.max_reuse_elems
-// keeps only the units gathered again before that many elements of others: unit u's backward
-// gather comes 2 × (3 - u) units after its forward's. The gathered memory stays within what
-// the prefetcher may hold, and the training is the same in all of them.
-TEST(EngineStage3, AReleasedUnitGatheredAgainWithinThePrefetchWindowStaysGathered) {
+// before stage3.max_reuse_elems elements of other units stays gathered (ReleaseUntilBackward
+// keeps it, as DeepSpeed's stage3_max_reuse_distance does): unit u's backward gather comes
+// 2 × (3 - u) units after its forward's, so the default distance keeps every unit, whatever
+// the prefetch window (which bounds gathers ahead of the trainer, not kept units), whether the
+// forward runs inside the iteration or before BeginIteration (as PyTorch's hooks do); shorter
+// distances keep the units that come back sooner, 0 keeps none, and a plain Release keeps
+// nothing. The gathered memory stays within the kept units and the window, and the training
+// is the same in all of them.
+TEST(EngineStage3, AReleasedUnitGatheredAgainWithinTheReuseDistanceStaysGathered) {
   constexpr int kWorld = 3, kUnits = 4, kSteps = 4;
   constexpr int64_t kUnitElems = 768;  // 700 elements padded to a multiple of 3 × 128
   struct Run {
@@ -221,28 +220,30 @@ TEST(EngineStage3, AReleasedUnitGatheredAgainWithinThePrefetchWindowStaysGathere
   const std::vector<Run> reuse_two = train(kUnits * kUnitElems, Forward::kInsideIteration, 2 * kUnitElems + 1);
   const std::vector<Run> reuse_one = train(kUnits * kUnitElems, Forward::kInsideIteration, 1);
   const std::vector<Run> reuse_none = train(kUnits * kUnitElems, Forward::kInsideIteration, 0);
+  const std::vector<Run> reuse_one_no_window = train(0, Forward::kInsideIteration, 1);
+  const std::vector<Run> minimal = train(0, Forward::kInsideIteration, 0);
   if (HasFailure()) return;
   for (int r = 0; r < kWorld; ++r) {
     SCOPED_TRACE("rank " + std::to_string(r));
     EXPECT_EQ(all[r].kept_last_step, kUnits);
+    EXPECT_EQ(one[r].kept_last_step, kUnits) << "the prefetch window limited the kept units";
+    EXPECT_EQ(none[r].kept_last_step, kUnits) << "the prefetch window limited the kept units";
     EXPECT_EQ(all_before[r].kept_last_step, kUnits) << "ReleaseUntilBackward outside an iteration";
+    EXPECT_EQ(one_before[r].kept_last_step, kUnits);
     EXPECT_EQ(all_plain[r].kept_last_step, 0) << "a plain Release keeps";
     EXPECT_EQ(reuse_two[r].kept_last_step, 2) << "units 3 and 2 come back within 2 units";
     EXPECT_EQ(reuse_one[r].kept_last_step, 1) << "unit 3 comes back at once";
+    EXPECT_EQ(reuse_one_no_window[r].kept_last_step, 1);
     EXPECT_EQ(reuse_none[r].kept_last_step, 0);
-    EXPECT_EQ(one[r].kept_last_step, 1) << "the turnaround unit, not a prefetch of the one after it";
-    EXPECT_EQ(one_before[r].kept_last_step, 1);
-    EXPECT_EQ(none[r].kept_last_step, 0);
+    EXPECT_EQ(minimal[r].kept_last_step, 0);
     EXPECT_LE(all[r].peak_gathered, kUnits * kUnitElems * 4);
-    EXPECT_LE(all_before[r].peak_gathered, kUnits * kUnitElems * 4);
-    EXPECT_LE(one[r].peak_gathered, 2 * kUnitElems * 4) << "one held, one prefetched";
-    EXPECT_LE(none[r].peak_gathered, kUnitElems * 4);
-    EXPECT_EQ(one[r].params, none[r].params);
-    EXPECT_EQ(all[r].params, none[r].params);
-    EXPECT_EQ(all_before[r].params, none[r].params);
-    EXPECT_EQ(one_before[r].params, none[r].params);
-    EXPECT_EQ(all_plain[r].params, none[r].params);
-    EXPECT_EQ(reuse_two[r].params, none[r].params);
+    EXPECT_LE(none[r].peak_gathered, kUnits * kUnitElems * 4);
+    EXPECT_LE(reuse_one_no_window[r].peak_gathered, 2 * kUnitElems * 4) << "one held, one kept";
+    EXPECT_LE(minimal[r].peak_gathered, kUnitElems * 4) << "nothing kept, nothing prefetched";
+    for (const std::vector<Run>* run : {&all, &one, &all_before, &one_before, &all_plain, &reuse_two, &reuse_one,
+                                        &reuse_none, &reuse_one_no_window, &minimal}) {
+      EXPECT_EQ((*run)[r].params, none[r].params);
+    }
   }
 }
 

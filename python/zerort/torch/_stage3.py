@@ -16,7 +16,7 @@ GPU the memory comes from PyTorch's caching allocator.
     forward hook        release them, unless gathered for backward; hook the outputs'
                         gradients. When an output needs a gradient the release is until
                         backward: the engine keeps a unit it would gather again within
-                        the prefetch window (engine.release_until_backward)
+                        stage3.max_reuse_elems (engine.release_until_backward)
     output grad hook    gather again, before the module's backward runs (a forward
                         recomputed inside backward by checkpointing gathers by itself)
     param grad hook     once every param of a unit has handed over its gradient, release
@@ -342,7 +342,7 @@ class UnitGathering:
         """Frees `units` (the engine gives their storages back), but not one a forward or a
         gathered() block holds. `until_backward`: the end of a forward whose backward
         follows; the engine keeps a unit gathered when its recorded order gathers it again
-        within the prefetch window (core.Engine.release_until_backward)."""
+        within stage3.max_reuse_elems (core.Engine.release_until_backward)."""
         release = (self._engine.release_until_backward if until_backward
                    else self._engine.release)
         for unit in units:
