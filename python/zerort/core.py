@@ -32,6 +32,9 @@ _lib_lock = threading.Lock()
 def library():
     """The loaded libzerort.so (loaded once, on first use)."""
     global _lib
+    lib = _lib  # every library call asks: no lock once it is loaded
+    if lib is not None:
+        return lib
     with _lib_lock:
         if _lib is None:
             _lib = load()

@@ -171,9 +171,7 @@ class TorchEngine:
                                                 unit_of, module_units, self._records,
                                                 self._passes)
             self._units.before_engine_call = self._flush_grads
-            if self._stream is not None:
-                self._units.follow_engine_stream = self._follow_engine_stream
-                self._units.engine_stream = self._stream
+            self._units.engine_stream = self._stream
             self._detacher.handles.append(self._units.handles)
             for sub, param in _gathered.declared_external(module):
                 self.register_external_parameter(sub, param)
@@ -388,7 +386,7 @@ class TorchEngine:
         """Hands the queued gradients to the engine (_handover.py): keeps the lent ones and
         records every arrival first, then lets stage 3 release the units they complete. An
         error waits for the end of the backward pass (raised at once outside one)."""
-        if not len(self._queue):  # before every stage-3 gather and release: mostly empty
+        if not self._queue.pids:  # before every stage-3 gather and release: mostly empty
             return
         handed, failure = self._queue.flush(self.lend_gradients)
         for item in handed:

@@ -50,16 +50,17 @@ class GradQueue:
         self._engine = engine
         self.limit = limit
         self._on_device = on_device
-        self._pids, self._addresses, self._grads, self._tags = [], [], [], []
+        # The queued params' ids, in order (empty: nothing to flush).
+        self.pids, self._addresses, self._grads, self._tags = [], [], [], []
         self._elems = 0
 
     def __len__(self):
-        return len(self._pids)
+        return len(self.pids)
 
     def add(self, pid, grad, tag=None):
         """Queues param `pid`'s gradient `grad` (contiguous, the param's dtype, shape and
         device); `tag` comes back with it. True when the queue is now due for flush()."""
-        self._pids.append(pid)
+        self.pids.append(pid)
         self._addresses.append(grad.data_ptr())
         self._grads.append(grad)
         self._tags.append(tag)
@@ -71,9 +72,9 @@ class GradQueue:
         accumulate_grads). Returns ([Handed] for each one the engine took, None), or on a
         failure ([Handed] for the ones before it, the engine's error with a `pid`
         attribute: the failed gradient's param); the gradients after it are dropped."""
-        if not self._pids:
+        if not self.pids:
             return [], None
-        pids, grads, tags, addresses = self._pids, self._grads, self._tags, self._addresses
+        pids, grads, tags, addresses = self.pids, self._grads, self._tags, self._addresses
         self.clear()
         failure = None
         try:
@@ -87,5 +88,5 @@ class GradQueue:
 
     def clear(self):
         """Drops every queued gradient."""
-        self._pids, self._addresses, self._grads, self._tags = [], [], [], []
+        self.pids, self._addresses, self._grads, self._tags = [], [], [], []
         self._elems = 0

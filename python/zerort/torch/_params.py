@@ -23,12 +23,10 @@ import torch
 from .. import errors
 
 
-def untyped_storage(tensor):
-    """The untyped storage (bytes) under `tensor`: untyped_storage() from PyTorch 2.0 on,
-    _storage() before (storage() builds a typed wrapper in Python: slower)."""
-    if hasattr(tensor, "untyped_storage"):
-        return tensor.untyped_storage()
-    return tensor._storage()
+# untyped_storage(tensor): the untyped storage (bytes) under `tensor`: untyped_storage()
+# from PyTorch 2.0 on, _storage() before (storage() builds a typed wrapper in Python: slower).
+# The method itself, chosen once: the hooks ask several times per param per step.
+untyped_storage = getattr(torch.Tensor, "untyped_storage", None) or torch.Tensor._storage
 
 
 def storage_bytes(tensor):
@@ -82,8 +80,8 @@ class Registered:
 
     def matches(self, param):
         """Whether `param` still has the registered dtype, shape and device."""
-        return (param.dtype == self.dtype and param.device == self.device
-                and tuple(param.shape) == self.shape)
+        return (param.dtype == self.dtype and param.shape == self.shape
+                and param.device == self.device)
 
     def changes(self, param):
         """What differs between `param` and what was registered: a list of phrases."""
@@ -176,7 +174,7 @@ class Inventory:
         of its params are trainable."""
         params = sub._parameters.values()
         return (tuple(map(id, params)), tuple(map(id, sub._modules.values())),
-                tuple(p is not None and p.requires_grad for p in params))
+                tuple([p is not None and p.requires_grad for p in params]))
 
     @classmethod
     def _layout_of(cls, module):

@@ -137,15 +137,14 @@ class UnitGathering:
     def __init__(self, engine, module, params, unit_of, module_units, records, passes):
         self._engine = engine
         self._records = records
-        # Called before a gathered unit is read on the current stream (device "cuda": it
-        # waits for the engine's stream, where the gather ran).
-        self.follow_engine_stream = lambda: None
         # Called before each gather or release: the gradients queued so far go to the engine
         # first (_handover.py), so it sees every call in the order the hooks made them.
         self.before_engine_call = lambda: None
         self._members = {}  # unit -> [(param, id)]
         for _, param, pid in params:
             self._members.setdefault(unit_of[param], []).append((param, pid))
+        self._member_ids = {unit: tuple(pid for _, pid in members)
+                            for unit, members in self._members.items()}
         self._frozen = {unit for unit, members in self._members.items()
                         if not any(param.requires_grad for param, _ in members)}
         passes.on_end.append(self._after_backward_pass)
@@ -329,14 +328,14 @@ class UnitGathering:
                 self._checked.add(unit)
             self.before_engine_call()
             self._engine.gather(unit)
-            self.follow_engine_stream()
             other = other_current_stream(self.engine_stream)
-            if other is not None:
-                self._flats[unit].record_stream(other)  # read there: not reused before
+            if other is not None:  # read there, after the gather: not reused before
+                other.wait_stream(self.engine_stream)
+                self._flats[unit].record_stream(other)
             self._gathered.add(unit)
             if unit not in self._frozen:
-                self._waiting[unit] = {pid for _, pid in self._members[unit]}
-                self._unqueued[unit] = set(self._waiting[unit])
+                self._waiting[unit] = set(self._member_ids[unit])
+                self._unqueued[unit] = set(self._member_ids[unit])
 
     def release(self, units, until_backward=False):
         """Frees `units` (the engine gives their storages back), but not one a forward or a
