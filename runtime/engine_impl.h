@@ -109,6 +109,9 @@ class EngineImpl final : public Engine {
   // clip decision taken on the device, and, where the host reads them, the norm into `info`
   // and last_grad_norm_. Returns whether the sum is not finite (false when not read).
   StatusOr<bool> DecideGradNorm(double divisor, StepInfo* info);
+  // Whether Step reads the norm on the host (synchronous ops, sync_grad_norm, or a loss
+  // scaler's overflow check): then it is decided before the step, which waits for nothing more.
+  bool ReadsNormOnHost() const;
   Status RequirePhase(Phase wanted, const char* call) const;
   // OK while the communicator's group works; once it broke, `call` fails with its first error
   // (the engine's state may differ from its peers', so nothing may go on).

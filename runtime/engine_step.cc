@@ -21,15 +21,17 @@ StatusOr<StepInfo> EngineImpl::Step() {
   // The global norm: the sum of squares of the rank's shard, summed over ranks (an Inf/NaN
   // anywhere makes the sum non-finite everywhere), and the clip decision, all on the engine's
   // device, where the optimizer kernels read the gradient scale. Where nothing waits for the
-  // norm (no clipping, no loss scaler that skips on overflow), the optimizer kernels sum the
-  // squares as they read the gradients (OptimizerState::Step), and the norm is decided after
-  // the step instead of costing a read of its own before it.
+  // norm (no clipping, no loss scaler that skips on overflow, no read by the host before Step
+  // returns) and the kernels can, the optimizer kernels sum the squares as they read the
+  // gradients (OptimizerState::Step), and the norm is decided after the step instead of
+  // costing a read of its own before it.
   last_grad_norm_.reset();  // until this step's norm is decided
   grad_norm_on_device_ = false;
   float* scalars = step_scalars_.as<float>();
   ZERO_RETURN_IF_ERROR(grads_->ZeroUnreduced());
   const double divisor = static_cast<double>(comm_.size()) * loss_scaler_.scale();
-  const bool norm_after_step = config_.clip_grad_norm <= 0.0f && !loss_scaler_.skips_on_overflow();
+  const bool norm_after_step = config_.clip_grad_norm <= 0.0f && !ReadsNormOnHost() &&
+                               optimizer_->squares_in_step();
   StepInfo info;
   bool overflow = false;
   if (!norm_after_step) {
@@ -96,6 +98,12 @@ StatusOr<StepInfo> EngineImpl::Step() {
   return info;
 }
 
+bool EngineImpl::ReadsNormOnHost() const {
+  // Only where it needs them: the loss scaler's overflow flag, or StepInfo::grad_norm under
+  // sync_grad_norm (free where the ops are synchronous).
+  return !ops_->asynchronous() || config_.sync_grad_norm || loss_scaler_.skips_on_overflow();
+}
+
 StatusOr<bool> EngineImpl::DecideGradNorm(double divisor, StepInfo* info) {
   float* scalars = step_scalars_.as<float>();
   if (comm_.size() > 1) {
@@ -106,12 +114,8 @@ StatusOr<bool> EngineImpl::DecideGradNorm(double divisor, StepInfo* info) {
   }
   ZERO_RETURN_IF_ERROR(ops_->DecideClip(scalars + kSqNorm, divisor, config_.clip_grad_norm, scalars + kGradNorm,
                                         scalars + kGradScale));
-  // The host reads the scalars only where it needs them: the loss scaler's overflow flag, or
-  // StepInfo::grad_norm under sync_grad_norm (free where the ops are synchronous).
-  const bool read_on_host =
-      !ops_->asynchronous() || config_.sync_grad_norm || loss_scaler_.skips_on_overflow();
-  grad_norm_on_device_ = !read_on_host;
-  if (!read_on_host) {
+  grad_norm_on_device_ = !ReadsNormOnHost();
+  if (grad_norm_on_device_) {
     info->grad_norm = std::numeric_limits<float>::quiet_NaN();
     return false;
   }

@@ -282,8 +282,10 @@ int64_t KernelStep(const std::vector<int64_t>& param_steps, int param) {
 
 Status OptimizerState::Step(const std::vector<OptimizerHyper>& groups, const std::vector<int64_t>& param_steps,
                             const kernels::StepCommon& common, float* sq_norm) {
-  const bool squares_in_step = sq_norm != nullptr && squares_.bytes() > 0;
-  if (sq_norm != nullptr && !squares_in_step) ZERO_RETURN_IF_ERROR(GradSquaredNorm(sq_norm));
+  const bool sum_squares = sq_norm != nullptr;
+  if (sum_squares && !squares_in_step()) {
+    return absl::InternalError("OptimizerState::Step: a squared norm asked of a step that cannot sum it");
+  }
   if (config_.optimizer.type == OptimizerType::kLamb) return LambStep(groups, param_steps, common);
   // Each batch in one launch where its params agree on the step count and read their
   // gradients from the shard (the usual case); otherwise per param: once guard.on_unused =
@@ -312,12 +314,12 @@ Status OptimizerState::Step(const std::vector<OptimizerHyper>& groups, const std
   int64_t partials = 0;  // the squares' partials written so far, one per block
   for (const Planned& launch : launches) {
     kernels::StepCommon launch_common = common;
-    if (squares_in_step) launch_common.grad_squares = squares_.as<double>() + partials;
+    if (sum_squares) launch_common.grad_squares = squares_.as<double>() + partials;
     partials += kernels::LaunchBlocks(*launch.segments);
     ZERO_RETURN_IF_ERROR(Launch(groups[launch.batch->group], launch.step, launch_common, launch.batch->types,
                                 *launch.segments));
   }
-  return squares_in_step ? ops_.SumPartials(squares_.as<double>(), partials, sq_norm) : absl::OkStatus();
+  return sum_squares ? ops_.SumPartials(squares_.as<double>(), partials, sq_norm) : absl::OkStatus();
 }
 
 template <typename Fn>

@@ -55,12 +55,15 @@ class OptimizerState {
   /// the step). A group's params that agree on the count take one launch over the group's
   /// long segments; once guard.on_unused = "zero" has left a param untouched the counts differ
   /// for good, and the group takes one launch per distinct count over per-param segments.
-  /// With `sq_norm` (memory of the ops' device), GradSquaredNorm's value into it too: summed
-  /// by the step's own kernels as they read the gradients where the ops can
-  /// (DeviceOps::squares_in_step, the rank's shard stepped, not LAMB), in a pass before
-  /// the step otherwise.
+  /// With `sq_norm` (memory of the ops' device; only where squares_in_step()),
+  /// GradSquaredNorm's value into it too, summed by the step's own kernels as they read the
+  /// gradients.
   Status Step(const std::vector<OptimizerHyper>& groups, const std::vector<int64_t>& param_steps,
               const kernels::StepCommon& common, float* sq_norm);
+  /// Whether Step can sum the gradients' squares as it steps: the ops' kernels can
+  /// (DeviceOps::squares_in_step), the rank steps its shard (not at stage 0 with several
+  /// ranks, where each steps every bucket whole), and the optimizer is not LAMB.
+  bool squares_in_step() const { return squares_.bytes() > 0; }
   /// A host copy of one part of a param this rank owns, in param coordinates: `numel` fp32
   /// weights followed by `numel` values of each moment buffer (state_count() of them).
   struct OwnedPart {

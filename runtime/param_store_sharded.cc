@@ -7,9 +7,10 @@
 // gathers, and the training step after it comes back to the trace at its first gather. A step
 // that never comes back (changed control flow) has the next step record the order again. A
 // unit released at the end of a forward whose backward follows (Engine::ReleaseUntilBackward),
-// where the order gathers it again within what the prefetcher would gather ahead, stays
-// gathered: freeing it would only have it prefetched straight back. Any other release (a
-// trainer's own look at the params, which may write into them) frees.
+// where the order gathers it again within stage3.max_reuse_elems (DeepSpeed's
+// stage3_max_reuse_distance), stays gathered: freeing it would only have it gathered straight
+// back. Any other release (a trainer's own look at the params, which may write into them)
+// frees.
 #include <algorithm>
 #include <memory>
 #include <vector>
@@ -174,10 +175,13 @@ class ShardedParams final : public ParamStore {
   StatusOr<base::Buffer> BorrowBuffer(const Bucket& b);
   // Drops prefetched units nobody asked for yet (after their all-gathers complete).
   Status DropPrefetched();
+  // Frees kept units, the one the recorded order gathers last first, until `numel` more
+  // elements fit within stage3.max_live_elems (or none is left).
+  void DropKept(int64_t numel);
   // Whether the recorded order gathers a unit released now again before stage3.max_reuse_elems
   // elements of other units (DeepSpeed's stage3_max_reuse_distance): Release with may_keep
-  // then keeps it gathered (live, within stage3.max_live_elems, outside the prefetch window)
-  // instead of freeing it and gathering it again.
+  // then keeps it gathered (live, outside the prefetch window, while a whole window still fits
+  // within stage3.max_live_elems) instead of freeing it and gathering it again.
   bool GatheredAgainSoon(int bucket) const;
   // Whether `more_prefetched` more prefetched elements, `more_live` of them not live yet, stay
   // within stage3.prefetch_elems and stage3.max_live_elems.
@@ -227,6 +231,7 @@ StatusOr<int> ShardedParams::BucketOfUnit(int unit, const char* call) const {
 
 Status ShardedParams::StartGather(int bucket) {
   const Bucket& b = plan_.buckets()[bucket];
+  if (live_elems_ + b.numel > config_.max_live_elems) DropKept(b.numel);
   if (live_elems_ + b.numel > config_.max_live_elems) ZERO_RETURN_IF_ERROR(DropPrefetched());
   if (live_elems_ + b.numel > config_.max_live_elems && !units_[bucket].persistent) {
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -326,6 +331,21 @@ Status ShardedParams::DropPrefetched() {
   return absl::OkStatus();
 }
 
+void ShardedParams::DropKept(int64_t numel) {
+  std::vector<std::pair<size_t, int>> kept;  // (the next gather's place in the order, bucket)
+  for (const Bucket& b : plan_.buckets()) {
+    if (!units_[b.index].kept) continue;
+    size_t next = trace_position_;
+    while (next < trace_.size() && trace_[next] != b.index) ++next;
+    kept.emplace_back(next, b.index);
+  }
+  std::sort(kept.rbegin(), kept.rend());
+  for (const auto& [next, bucket] : kept) {
+    if (live_elems_ + numel <= config_.max_live_elems) return;
+    FreeUnit(bucket);
+  }
+}
+
 void ShardedParams::Prefetch() {
   for (size_t k = trace_position_; k < trace_.size(); ++k) {
     const int bucket = trace_[k];
@@ -423,7 +443,8 @@ Status ShardedParams::Release(int unit, bool may_keep) {
     return absl::FailedPreconditionError(absl::StrCat("Release(", unit, "): unit ", unit, " is not gathered"));
   }
   if (--u.holders > 0) return absl::OkStatus();
-  if (may_keep && GatheredAgainSoon(bucket)) {  // kept: its next Gather is a hit
+  if (may_keep && live_elems_ + config_.prefetch_elems <= config_.max_live_elems && GatheredAgainSoon(bucket)) {
+    // kept: its next Gather is a hit
     u.kept = true;
     ++counters_.releases_kept;
   } else {

@@ -107,10 +107,9 @@ struct EngineCounters {
   /// the device such as SetParam, GetParam and checkpoints). Each such wait drains the GPU's
   /// queue. 0 on the CPU for a rank alone, which runs no collective.
   int64_t host_waits = 0;
-  /// stage 3: ReleaseUntilBackward calls that kept their unit gathered because the recorded gather order
-  /// gathers it again within what the prefetcher would gather ahead (stage3.prefetch_elems):
-  /// its next Gather then runs no all-gather (a forward's units, which backward gathers
-  /// again).
+  /// stage 3: ReleaseUntilBackward calls that kept their unit gathered because the recorded
+  /// gather order gathers it again within stage3.max_reuse_elems: its next Gather then runs no
+  /// all-gather (a forward's units, which backward gathers again).
   int64_t releases_kept = 0;
 };
 
@@ -185,7 +184,8 @@ class Engine {
   /// step that never does has the next step record the order again. Each gather's all-gather
   /// carries its unit as the collective's tag, so ranks gathering different units fail
   /// (kInvalidArgument naming both). Never holds more than stage3.max_live_elems
-  /// gathered elements: prefetched units are dropped first, then kResourceExhausted.
+  /// gathered elements: kept units (ReleaseUntilBackward) and then prefetched ones are dropped
+  /// first, then kResourceExhausted.
   /// Gathered and prefetched units count against the limit; buffers Release kept are freed to
   /// make room.
   /// A no-op at stages 0-2 and for persistent units (smaller than persistence_threshold, or
@@ -201,9 +201,10 @@ class Engine {
   /// outputs need gradients), in any phase: a unit the recorded gather order gathers again
   /// after fewer than stage3.max_reuse_elems elements of other units (DeepSpeed's
   /// stage3_max_reuse_distance) stays gathered for that backward instead of being freed and
-  /// gathered straight back (counters().releases_kept). Kept units count towards
-  /// stage3.max_live_elems, not stage3.prefetch_elems, and are dropped first when a gather
-  /// needs the room. The trainer must not write into the unit's ParamData views until it
+  /// gathered straight back (counters().releases_kept), while a whole prefetch window still
+  /// fits within stage3.max_live_elems beside the live units. Kept units count towards
+  /// max_live_elems, not stage3.prefetch_elems; a gather that needs their room frees them
+  /// first, the one gathered again last first. The trainer must not write into the unit's ParamData views until it
   /// gathers it again (SetParam and Step keep a kept unit right).
   virtual Status ReleaseUntilBackward(int unit) = 0;
 

@@ -148,7 +148,8 @@ StatusOr<std::vector<ParamId>> RegisterToyModel(Engine& engine, const ToyOptions
   std::vector<ParamId> ids;
   for (int p = 0; p < 4; ++p) {
     // Each layer is a stage-3 unit (ignored at stages 0-2).
-    ZERO_ASSIGN_OR_RETURN(ParamId id, engine.RegisterParam({names[p], dims[p], o.dtype, true, 0, p / 2}));
+    const int group = p % 2 == 1 ? o.bias_group : 0;
+    ZERO_ASSIGN_OR_RETURN(ParamId id, engine.RegisterParam({names[p], dims[p], o.dtype, true, group, p / 2}));
     ids.push_back(id);
   }
   ZERO_RETURN_IF_ERROR(engine.Finalize());
@@ -236,7 +237,10 @@ Status TrainToy(Engine& engine, const ToyOptions& o, ToyResult* result) {
     }
     ZERO_ASSIGN_OR_RETURN(StepInfo info, engine.Step());
     result->infos.push_back(info);
-    for (std::vector<char>& grad : lent) std::fill(grad.begin(), grad.end(), static_cast<char>(0xFF));  // NaN
+    if (!lent.empty()) {  // freed as a GPU trainer frees: after the work queued on the stream
+      ZERO_RETURN_IF_ERROR(DeviceWork(o));
+      for (std::vector<char>& grad : lent) std::fill(grad.begin(), grad.end(), static_cast<char>(0xFF));  // NaN
+    }
     if (step == o.save_after) ZERO_RETURN_IF_ERROR(engine.SaveCheckpoint(o.save_dir));
   }
   result->final_params.assign(4, {});

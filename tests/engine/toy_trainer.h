@@ -27,6 +27,9 @@ struct ToyOptions {
   std::string load_dir, save_dir;
   int save_after = -1;
   DType dtype = DType::kFP32;  ///< params and gradients
+  /// The biases' optimizer group (1: a second group, the usual no-decay one; the config needs
+  /// param_groups for it, and stages 0-2: a stage-3 unit, here a layer, has one group).
+  int bias_group = 0;
   uint64_t seed = 7;
   /// When set, called where the trainer's own work meets the engine's device work: before it
   /// reads a param or gradient view, and after it hands a gradient over (before that buffer
@@ -36,8 +39,9 @@ struct ToyOptions {
   /// When set, called once the model is registered and its values set (or loaded), before
   /// the first step: a test adds what it needs to the engine (a lender of gathered memory).
   std::function<Status(Engine&)> after_setup;
-  /// Hand every gradient over with LendGrad (host memory kept unchanged until Step returns,
-  /// then poisoned with NaN) instead of through GradBuffer and AccumulateGrad.
+  /// Hand every gradient over with LendGrad (host memory kept unchanged until Step returns
+  /// and the device work queued by then has run, then poisoned with NaN) instead of through
+  /// GradBuffer and AccumulateGrad.
   bool lend_grads = false;
 };
 

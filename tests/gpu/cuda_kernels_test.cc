@@ -192,10 +192,10 @@ TEST(CudaKernels, AStepSumsTheSquaresOfTheGradientsItReads) {
   // gradients as stored. The partials and the result are poisoned first, and the step itself
   // is bit-identical to one without squares.
   if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";
-  constexpr int64_t kTotal = 300007;
+  constexpr int64_t kTotal = 300007, kMostPartials = kTotal / kChunkElems + 64;
   double* partials = nullptr;
   float* sum = nullptr;
-  ASSERT_EQ(cudaMalloc(&partials, (kTotal / kChunkElems + 64) * sizeof(double)), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&partials, kMostPartials * sizeof(double)), cudaSuccess);
   ASSERT_EQ(cudaMalloc(&sum, sizeof(float)), cudaSuccess);
   for (SegmentTypes types : AllTypeCombinations()) {
     for (const char* optimizer : {"adamw", "sgd", "lion"}) {
@@ -208,6 +208,7 @@ TEST(CudaKernels, AStepSumsTheSquaresOfTheGradientsItReads) {
       const std::vector<Segment> segments = CutSegments(squared_device, kTotal, types.grad);
       ASSERT_GT(segments.size(), static_cast<size_t>(kSegmentsPerLaunch));
       const int64_t blocks = LaunchBlocks(segments);
+      ASSERT_LE(blocks, kMostPartials);
       ASSERT_EQ(cudaMemset(partials, 0xff, blocks * sizeof(double)), cudaSuccess);  // NaN
       ASSERT_EQ(cudaMemset(sum, 0xff, sizeof(float)), cudaSuccess);
       StepCommon common;
@@ -243,6 +244,7 @@ TEST(CudaKernels, AStepSumsTheSquaresOfTheGradientsItReads) {
       squared_device.Download(squared);
       EXPECT_EQ(squared.master, plain.master);
       EXPECT_EQ(squared.state0, plain.state0);
+      EXPECT_EQ(squared.state1, plain.state1);
       EXPECT_EQ(squared.model_param, plain.model_param);
     }
   }

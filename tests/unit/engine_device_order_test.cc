@@ -95,10 +95,9 @@ void ExpectSameNorm(float model, float cpu, const Config& config) {
 // `world` ranks trained for 2 and for 5 steps, on the model and on the CPU: the same bits each
 // time (and the model's last norm, read when asked, is the CPU's); the host waits of steps 3-5.
 int64_t WaitsOfThreeSteadySteps(const Config& config, int world = 1,
-                                Collectives collectives = Collectives::kUnordered) {
+                                Collectives collectives = Collectives::kUnordered, ToyOptions options = {}) {
   std::vector<int64_t> waits;
   for (int steps : {2, 5}) {
-    ToyOptions options;
     options.steps = steps;
     const ModelRun model = TrainOnModel(world, config, options, collectives);
     const ToyResult cpu = TrainOnCpu(world, config, options);
@@ -165,14 +164,25 @@ TEST(DeviceOrder, WithoutClippingTheStepsKernelsSumTheNormAndASteadyStepNeverWai
   // Nothing waits for the norm: the optimizer's kernels write the squares' partials as they
   // step, their sum is taken and summed over ranks after the step, and the norm read when
   // asked is the CPU's. Stage 0 at 3 ranks steps whole buckets: its norm keeps its own pass.
+  // Gradients lent where they are (ToyOptions::lend_grads, one rank) step per param, and
+  // biases in a group of their own (stages 0-2) take launches of their own: each launch's
+  // partials follow the previous one's.
   for (int world : {1, 3}) {
     for (int stage : {0, 1, 2, 3}) {
-      SCOPED_TRACE(::testing::Message() << "world " << world << " stage " << stage);
-      Config config = ClippedConfig(stage, /*sync_grad_norm=*/false);
-      config.clip_grad_norm = 0.0f;
-      EXPECT_EQ(WaitsOfThreeSteadySteps(config, world, Collectives::kStreamOrdered), 0);
-      config.sync_grad_norm = true;  // the norm on the host: one wait per step, after it
-      EXPECT_EQ(WaitsOfThreeSteadySteps(config, world, Collectives::kStreamOrdered), 3);
+      for (int variant = 0; variant < 3; ++variant) {
+        ToyOptions options;
+        options.lend_grads = variant == 1;
+        options.bias_group = variant == 2 ? 1 : 0;
+        if ((options.lend_grads && world > 1) || (options.bias_group > 0 && stage == 3)) continue;
+        SCOPED_TRACE(::testing::Message() << "world " << world << " stage " << stage << " variant " << variant);
+        Config config = ClippedConfig(stage, /*sync_grad_norm=*/false);
+        config.clip_grad_norm = 0.0f;
+        config.optimizer.param_groups.resize(2);
+        config.optimizer.param_groups[1].weight_decay = 0.0f;
+        EXPECT_EQ(WaitsOfThreeSteadySteps(config, world, Collectives::kStreamOrdered, options), 0);
+        config.sync_grad_norm = true;  // read on the host: taken before the step, as with clipping
+        EXPECT_EQ(WaitsOfThreeSteadySteps(config, world, Collectives::kStreamOrdered, options), 3);
+      }
     }
   }
 }

@@ -165,17 +165,20 @@ TEST(EngineStage3, AReleasedUnitGatheredAgainWithinTheReuseDistanceStaysGathered
   constexpr int64_t kUnitElems = 768;  // 700 elements padded to a multiple of 3 × 128
   struct Run {
     int64_t kept_last_step = 0;
+    int64_t on_demand_last_step = 0;
     int64_t peak_gathered = 0;
     std::vector<float> params;
   };
   enum class Forward { kInsideIteration, kBeforeIteration, kPlainRelease };
   auto train = [&](int64_t prefetch_elems, Forward forward = Forward::kInsideIteration,
-                   int64_t max_reuse_elems = Stage3Config().max_reuse_elems) {
+                   int64_t max_reuse_elems = Stage3Config().max_reuse_elems,
+                   int64_t max_live_elems = Stage3Config().max_live_elems) {
     const bool before = forward == Forward::kBeforeIteration;
     std::vector<Run> runs(kWorld);
     Config config = ToyConfig(3);
     config.stage3.prefetch_elems = prefetch_elems;
     config.stage3.max_reuse_elems = max_reuse_elems;
+    config.stage3.max_live_elems = max_live_elems;
     const std::vector<Status> results = RunOnRanks(kWorld, [&](int r, comm::Communicator& comm) -> Status {
       ZERO_ASSIGN_OR_RETURN(auto e, Engine::Create(config, comm));
       for (int u = 0; u < kUnits; ++u) {
@@ -185,6 +188,7 @@ TEST(EngineStage3, AReleasedUnitGatheredAgainWithinTheReuseDistanceStaysGathered
       std::vector<float> grad(700);
       for (int step = 0; step < kSteps; ++step) {
         const int64_t kept_before = e->counters().releases_kept;
+        const int64_t on_demand_before = e->counters().gathers_on_demand;
         if (!before) ZERO_RETURN_IF_ERROR(e->BeginIteration());
         for (int u = 0; u < kUnits; ++u) {  // forward
           ZERO_RETURN_IF_ERROR(e->Gather(u));
@@ -201,6 +205,7 @@ TEST(EngineStage3, AReleasedUnitGatheredAgainWithinTheReuseDistanceStaysGathered
         ZERO_RETURN_IF_ERROR(e->EndBackward());
         ZERO_RETURN_IF_ERROR(e->Step().status());
         runs[r].kept_last_step = e->counters().releases_kept - kept_before;
+        runs[r].on_demand_last_step = e->counters().gathers_on_demand - on_demand_before;
       }
       runs[r].peak_gathered = e->GetMemoryStats().Peak(MemoryCategory::kGathered);
       std::vector<float> values(700);
@@ -222,6 +227,7 @@ TEST(EngineStage3, AReleasedUnitGatheredAgainWithinTheReuseDistanceStaysGathered
   const std::vector<Run> reuse_none = train(kUnits * kUnitElems, Forward::kInsideIteration, 0);
   const std::vector<Run> reuse_one_no_window = train(0, Forward::kInsideIteration, 1);
   const std::vector<Run> minimal = train(0, Forward::kInsideIteration, 0);
+  const std::vector<Run> live_three = train(0, Forward::kInsideIteration, Stage3Config().max_reuse_elems, 3 * kUnitElems);
   if (HasFailure()) return;
   for (int r = 0; r < kWorld; ++r) {
     SCOPED_TRACE("rank " + std::to_string(r));
@@ -240,8 +246,13 @@ TEST(EngineStage3, AReleasedUnitGatheredAgainWithinTheReuseDistanceStaysGathered
     EXPECT_LE(none[r].peak_gathered, kUnits * kUnitElems * 4);
     EXPECT_LE(reuse_one_no_window[r].peak_gathered, 2 * kUnitElems * 4) << "one held, one kept";
     EXPECT_LE(minimal[r].peak_gathered, kUnitElems * 4) << "nothing kept, nothing prefetched";
+    // Room for 3 units: unit 3's gather drops the kept unit needed last (unit 0), and only
+    // unit 0's backward gathers again.
+    EXPECT_EQ(live_three[r].kept_last_step, kUnits);
+    EXPECT_EQ(live_three[r].on_demand_last_step, kUnits + 1);
+    EXPECT_LE(live_three[r].peak_gathered, 3 * kUnitElems * 4);
     for (const std::vector<Run>* run : {&all, &one, &all_before, &one_before, &all_plain, &reuse_two, &reuse_one,
-                                        &reuse_none, &reuse_one_no_window, &minimal}) {
+                                        &reuse_none, &reuse_one_no_window, &minimal, &live_three}) {
       EXPECT_EQ((*run)[r].params, none[r].params);
     }
   }
