@@ -77,8 +77,7 @@ TEST(EngineCuda, StagesAgreeOnOneGpuAndMatchTheCpu) {
             EXPECT_NEAR(gpu.losses[i], reference[i], 1e-4 * reference[i] + 1e-7) << "step " << i;
           }
         }
-        // No clipping: at world 1 and at stages 1-3 the optimizer kernels sum the squares as
-        // they step (OptimizerState::Step); stage 0 at world 3 takes its own pass.
+        // The norms read on the host (sync_grad_norm): taken before the step, as the CPU's.
         ASSERT_EQ(gpu.infos.size(), cpu.infos.size());
         for (size_t i = 0; i < gpu.infos.size(); ++i) {
           EXPECT_NEAR(gpu.infos[i].grad_norm, cpu.infos[i].grad_norm, 1e-5 * cpu.infos[i].grad_norm + 1e-7)
@@ -145,6 +144,45 @@ TEST(EngineCuda, ASteadyStepOnOneRankWaitsOnlyForAHostGradient) {
       EXPECT_NEAR(*norm, cpu.infos.back().grad_norm, 1e-5 * cpu.infos.back().grad_norm);
     }
     EXPECT_EQ(waits[1] - waits[0], 3) << "steps 3-5 waited for the GPU beyond the host gradient's copy";
+  }
+}
+
+TEST(EngineCuda, WithoutClippingTheNormComesFromTheStepsOwnKernels) {
+  // Nothing reads the norm before Step returns (sync_grad_norm false, no clipping): the AdamW
+  // kernel sums the gradients' squares as it steps, and LastGradNorm is the CPU's norm, with
+  // the CPU's trajectory. bf16 gradients too, and biases in a second optimizer group (stages
+  // 0-2: a launch of their own, whose partials follow the first launch's).
+  if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  for (DType dtype : {DType::kFP32, DType::kBF16}) {
+    for (int stage : {0, 1, 2, 3}) {
+      for (int bias_group : {0, 1}) {
+        if (bias_group == 1 && stage == 3) continue;
+        SCOPED_TRACE(::testing::Message() << DTypeName(dtype) << " stage " << stage << " bias group " << bias_group);
+        Config config = ToyConfig(stage);
+        config.sync_grad_norm = false;
+        config.precision.grad = config.precision.reduce = dtype;
+        config.optimizer.param_groups.resize(2);
+        config.optimizer.param_groups[1].weight_decay = 0.0f;
+        ToyOptions options;
+        options.steps = 6;
+        options.dtype = dtype;
+        options.bias_group = bias_group;
+        const ToyResult cpu = Train(1, config, options);
+        config.device = Device::kCuda;
+        auto group = comm::CreateLocalGroup(1);
+        ASSERT_THAT(group, IsOk());
+        auto engine = Engine::Create(config, *(*group)[0]);
+        ASSERT_THAT(engine, IsOk());
+        ToyResult gpu;
+        ASSERT_THAT(TrainToy(**engine, options, &gpu), IsOk());
+        for (size_t i = 0; i < gpu.losses.size(); ++i) {
+          EXPECT_NEAR(gpu.losses[i], cpu.losses[i], 1e-5 * cpu.losses[i] + 1e-7) << "step " << i;
+        }
+        auto norm = (*engine)->LastGradNorm();
+        ASSERT_THAT(norm, IsOk());
+        EXPECT_NEAR(*norm, cpu.infos.back().grad_norm, 1e-5 * cpu.infos.back().grad_norm);
+      }
+    }
   }
 }
 
