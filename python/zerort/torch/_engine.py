@@ -475,7 +475,8 @@ class TorchEngine:
         info = _step_info.StepInfo(info, pending, self._engine_steps,
                                    self._engine.last_grad_norm, lambda: self._engine_steps)
         self._last_info = info
-        self.optimizer.pull()
+        if self.lr_scheduler is not None:  # only the config's schedule moves a group in a step
+            self.optimizer.pull()
         return info
 
     def zero_grad(self, set_to_none=True):

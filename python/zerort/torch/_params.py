@@ -166,27 +166,24 @@ class Inventory:
                 self.trainable.append((name, param))
         self._frozen = {id(p): weakref.ref(p) for p in module.parameters()
                         if not p.requires_grad}
-        self._layout = self._layout_of(module)
+        modules = list(module.modules())
+        # Each module of `module` with its holdings: while they are unchanged, no trainable
+        # param can be new to the engine.
+        self._layout = (modules, self._holdings(modules))
 
     @staticmethod
-    def _holdings(sub):
-        """What module `sub` holds now: its params and submodules (by identity) and which
-        of its params are trainable."""
-        params = sub._parameters.values()
-        return (tuple(map(id, params)), tuple(map(id, sub._modules.values())),
-                tuple([p is not None and p.requires_grad for p in params]))
-
-    @classmethod
-    def _layout_of(cls, module):
-        """Each module of `module` with its holdings: while they are unchanged, no trainable
-        param can be new to the engine."""
-        return [(sub, cls._holdings(sub)) for sub in module.modules()]
+    def _holdings(modules):
+        """What each of `modules` holds now: its params and submodules (by identity) and
+        which of its params are trainable (one walk, no call per module: step() asks)."""
+        return [(tuple(map(id, sub._parameters.values())), tuple(map(id, sub._modules.values())),
+                 tuple([p is not None and p.requires_grad for p in sub._parameters.values()]))
+                for sub in modules]
 
     def _layout_unchanged(self, module):
         """Whether every module seen at initialize() holds what it held then (a walk of
         those modules: cheaper than naming every param)."""
-        return (bool(self._layout) and self._layout[0][0] is module
-                and all(self._holdings(sub) == held for sub, held in self._layout))
+        modules, held = self._layout
+        return bool(modules) and modules[0] is module and self._holdings(modules) == held
 
     def check(self, module, params, views_unit_memory, what):
         """Raises FailedPreconditionError naming the first param that changed since
