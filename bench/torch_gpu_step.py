@@ -21,7 +21,8 @@ Model: `layers` × (Linear(width, width) + Tanh) + Linear(width, 1), fp32 (100.7
 the defaults). Every configuration is built first, each with its own model, and the timed
 steps are interleaved: round after round, one step of each configuration in turn (forward,
 backward, optimizer step; CUDA synchronised before and after), so that a drift of the
-machine's clocks reaches all of them alike. Per configuration: the median step time over
+machine's clocks reaches all of them alike, each round in its own (seeded) order, so that no
+configuration always runs after the same one. Per configuration: the median step time over
 `steps` rounds after 3 untimed ones; the median host time until the step's last call
 returned (a step whose host time is near its step time is bound by the host's launches, not
 by the GPU); the engine's host waits per timed step (EngineCounters.host_waits: each one
@@ -32,6 +33,7 @@ from a first pass that runs each configuration alone for 3 steps.
 """
 import argparse
 import gc
+import random
 import statistics
 import time
 
@@ -142,10 +144,11 @@ def main():
             print(f"{name:<14} not run: {error}")
     configs = [Config(name, args) for name in names if name in memory]
     times = {config.name: [] for config in configs}
+    order = random.Random(0)  # each round in its own order: no row always follows the same one
     for round_ in range(args.steps + 3):
         if round_ == 3:
             before = {config.name: config.counters() for config in configs}
-        for config in configs:
+        for config in order.sample(configs, len(configs)):
             measured = config.step()
             if round_ >= 3:
                 times[config.name].append(measured)
