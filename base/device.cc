@@ -22,11 +22,16 @@ StatusOr<Device> ParseDevice(std::string_view name) {
 
 int CudaDeviceCount() {
 #if ZERO_HAVE_CUDA
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess) {
-    cudaGetLastError();  // clear the sticky "no driver" error
-    return 0;
-  }
+  // Counted once: the CUDA runtime fixes the visible devices at its first call, and
+  // PlacementOf asks for every pointer it is given.
+  static const int count = [] {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+      cudaGetLastError();  // clear the sticky "no driver" error
+      return 0;
+    }
+    return n;
+  }();
   return count;
 #else
   return 0;

@@ -23,6 +23,7 @@ StatusOr<Device> ParseDevice(std::string_view name);
 
 /// Number of CUDA devices visible to this process; 0 when the library was built without CUDA
 /// or no driver/device is present (never an error: callers decide whether a GPU is required).
+/// Counted at the first call, as the CUDA runtime fixes the visible devices then.
 int CudaDeviceCount();
 
 /// Where `pointer` points: kDevice or kPinnedHost for memory the CUDA runtime knows, kHost
