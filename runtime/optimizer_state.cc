@@ -287,37 +287,26 @@ Status OptimizerState::Step(const std::vector<OptimizerHyper>& groups, const std
     return absl::InternalError("OptimizerState::Step: a squared norm asked of a step that cannot sum it");
   }
   if (config_.optimizer.type == OptimizerType::kLamb) return LambStep(groups, param_steps, common);
-  // Each batch in one launch where its params agree on the step count and read their
-  // gradients from the shard (the usual case); otherwise per param: once guard.on_unused =
-  // "zero" has left a param untouched the counts differ for good, and a lent gradient is read
-  // where it is.
-  struct Planned {
-    const Batch* batch;
-    int64_t step;
-    const std::vector<kernels::Segment>* segments;
+  int64_t partials = 0;  // the squares' partials written so far, one per block (squares_ holds every plan's)
+  auto launch = [&](const Batch& batch, int64_t step, const std::vector<kernels::Segment>& segments) {
+    kernels::StepCommon launch_common = common;
+    if (sum_squares) launch_common.grad_squares = squares_.as<double>() + partials;
+    partials += kernels::LaunchBlocks(segments);
+    return Launch(groups[batch.group], step, launch_common, batch.types, segments);
   };
-  std::vector<std::map<int64_t, std::vector<kernels::Segment>>> cut(batches_.size());
-  std::vector<Planned> launches;
-  for (size_t i = 0; i < batches_.size(); ++i) {
-    const Batch& batch = batches_[i];
-    std::map<int64_t, std::vector<kernels::Segment>>& by_step = cut[i];
+  for (const Batch& batch : batches_) {
+    std::map<int64_t, std::vector<kernels::Segment>> by_step;
     for (const Fragment& f : batch.fragments) by_step[KernelStep(param_steps, f.param)];
-    if (by_step.size() <= 1 && !grads_.any_lent()) {
-      launches.push_back({&batch, by_step.empty() ? 1 : by_step.begin()->first, &batch.segments});
+    if (by_step.size() <= 1 && !grads_.any_lent()) {  // the usual case: the whole batch at one count
+      ZERO_RETURN_IF_ERROR(launch(batch, by_step.empty() ? 1 : by_step.begin()->first, batch.segments));
       continue;
     }
+    // Per param: once guard.on_unused = "zero" has left a param untouched the counts differ
+    // for good, and a lent gradient is read where it is.
     for (const Fragment& f : batch.fragments) {
       by_step[KernelStep(param_steps, f.param)].push_back(WithLentGrad(f.param, f.param_begin, f.segment));
     }
-    for (const auto& [step, segments] : by_step) launches.push_back({&batch, step, &segments});
-  }
-  int64_t partials = 0;  // the squares' partials written so far, one per block
-  for (const Planned& launch : launches) {
-    kernels::StepCommon launch_common = common;
-    if (sum_squares) launch_common.grad_squares = squares_.as<double>() + partials;
-    partials += kernels::LaunchBlocks(*launch.segments);
-    ZERO_RETURN_IF_ERROR(Launch(groups[launch.batch->group], launch.step, launch_common, launch.batch->types,
-                                *launch.segments));
+    for (const auto& [step, segments] : by_step) ZERO_RETURN_IF_ERROR(launch(batch, step, segments));
   }
   return sum_squares ? ops_.SumPartials(squares_.as<double>(), partials, sq_norm) : absl::OkStatus();
 }

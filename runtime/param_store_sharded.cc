@@ -173,7 +173,8 @@ class ShardedParams final : public ParamStore {
   // A buffer for `b`'s gathered values: lent by the trainer, a spare of its size, or a new one.
   StatusOr<base::Buffer> TakeBuffer(const Bucket& b);
   StatusOr<base::Buffer> BorrowBuffer(const Bucket& b);
-  // Drops prefetched units nobody asked for yet (after their all-gathers complete).
+  // Drops the units nobody holds: prefetched ones nobody asked for yet (after their
+  // all-gathers complete) and kept ones.
   Status DropPrefetched();
   // Frees kept units, the one the recorded order gathers last first, until `numel` more
   // elements fit within stage3.max_live_elems (or none is left).

@@ -5,6 +5,9 @@
 // "cuda" engine is a clear kUnavailable.
 #include <gtest/gtest.h>
 
+#include <memory>
+#include <vector>
+
 #include "tests/engine/run_on_ranks.h"
 #include "tests/engine/toy_trainer.h"
 #include "tests/status_matchers.h"
@@ -43,6 +46,30 @@ ToyResult Train(int world, const Config& config, const ToyOptions& options, bool
   EXPECT_THAT(statuses, Each(IsOk()));
   for (int r = 1; r < world; ++r) EXPECT_EQ(results[r].losses, results[0].losses) << "ranks disagree";
   return results[0];
+}
+
+// A GPU engine of one rank trained with `options`, kept for the test's own reads (its
+// communicator with it).
+struct GpuRun {
+  std::vector<std::unique_ptr<comm::Communicator>> group;
+  std::unique_ptr<Engine> engine;
+  ToyResult result;
+};
+
+// Trains `config` on the GPU at one rank (into `*run`) and checks its losses against `cpu`'s.
+void TrainOnOneGpuAsTheCpu(Config config, const ToyOptions& options, const ToyResult& cpu, GpuRun* run) {
+  config.device = Device::kCuda;
+  auto group = comm::CreateLocalGroup(1);
+  ASSERT_THAT(group, IsOk());
+  run->group = std::move(*group);
+  auto engine = Engine::Create(config, *run->group[0]);
+  ASSERT_THAT(engine, IsOk());
+  run->engine = std::move(*engine);
+  ASSERT_THAT(TrainToy(*run->engine, options, &run->result), IsOk());
+  ASSERT_EQ(run->result.losses.size(), cpu.losses.size());
+  for (size_t i = 0; i < cpu.losses.size(); ++i) {
+    EXPECT_NEAR(run->result.losses[i], cpu.losses[i], 1e-5 * cpu.losses[i] + 1e-7) << "step " << i;
+  }
 }
 
 TEST(EngineCuda, WithoutAGpuCreatingACudaEngineIsUnavailable) {
@@ -127,19 +154,11 @@ TEST(EngineCuda, ASteadyStepOnOneRankWaitsOnlyForAHostGradient) {
       ToyOptions options;
       options.steps = steps;
       const ToyResult cpu = Train(1, config, options);
-      Config gpu_config = config;
-      gpu_config.device = Device::kCuda;
-      auto group = comm::CreateLocalGroup(1);
-      ASSERT_THAT(group, IsOk());
-      auto engine = Engine::Create(gpu_config, *(*group)[0]);
-      ASSERT_THAT(engine, IsOk());
-      ToyResult gpu;
-      ASSERT_THAT(TrainToy(**engine, options, &gpu), IsOk());
-      waits.push_back((*engine)->counters().host_waits);
-      for (size_t i = 0; i < gpu.losses.size(); ++i) {
-        EXPECT_NEAR(gpu.losses[i], cpu.losses[i], 1e-5 * cpu.losses[i] + 1e-7) << "step " << i;
-      }
-      auto norm = (*engine)->LastGradNorm();
+      GpuRun gpu;
+      TrainOnOneGpuAsTheCpu(config, options, cpu, &gpu);
+      if (HasFatalFailure()) return;
+      waits.push_back(gpu.engine->counters().host_waits);
+      auto norm = gpu.engine->LastGradNorm();
       ASSERT_THAT(norm, IsOk());
       EXPECT_NEAR(*norm, cpu.infos.back().grad_norm, 1e-5 * cpu.infos.back().grad_norm);
     }
@@ -168,17 +187,10 @@ TEST(EngineCuda, WithoutClippingTheNormComesFromTheStepsOwnKernels) {
         options.dtype = dtype;
         options.bias_group = bias_group;
         const ToyResult cpu = Train(1, config, options);
-        config.device = Device::kCuda;
-        auto group = comm::CreateLocalGroup(1);
-        ASSERT_THAT(group, IsOk());
-        auto engine = Engine::Create(config, *(*group)[0]);
-        ASSERT_THAT(engine, IsOk());
-        ToyResult gpu;
-        ASSERT_THAT(TrainToy(**engine, options, &gpu), IsOk());
-        for (size_t i = 0; i < gpu.losses.size(); ++i) {
-          EXPECT_NEAR(gpu.losses[i], cpu.losses[i], 1e-5 * cpu.losses[i] + 1e-7) << "step " << i;
-        }
-        auto norm = (*engine)->LastGradNorm();
+        GpuRun gpu;
+        TrainOnOneGpuAsTheCpu(config, options, cpu, &gpu);
+        if (HasFatalFailure()) return;
+        auto norm = gpu.engine->LastGradNorm();
         ASSERT_THAT(norm, IsOk());
         EXPECT_NEAR(*norm, cpu.infos.back().grad_norm, 1e-5 * cpu.infos.back().grad_norm);
       }
