@@ -119,9 +119,11 @@ def run_configuration(script, mode, ranks, arguments):
     command = [os.path.join(ROOT, "tests", "mpi", "run_mpi.sh"), str(ranks),
                sys.executable, os.path.abspath(script), "--rank-mode", mode,
                *arguments, "--out", out]
-    # ZeroRT as a user runs it: the measured reduce-scatter choice (run_mpi.sh would force
-    # the ring), and one thread for its kernels, like PyTorch here.
-    env = dict(os.environ, ZERO_MPI_REDUCE_SCATTER="auto", ZERO_CPU_THREADS="1")
+    # ZeroRT as a user runs it: the measured reduce-scatter and all-reduce choices
+    # (run_mpi.sh would force the ring and the direct all-reduce), and one thread for its
+    # kernels, like PyTorch here.
+    env = dict(os.environ, ZERO_MPI_REDUCE_SCATTER="auto", ZERO_MPI_ALL_REDUCE="auto",
+               ZERO_CPU_THREADS="1")
     result = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
     reports = []
     for name in sorted(os.listdir(out)):

@@ -55,9 +55,10 @@ class OptimizerState {
   /// the step). A group's params that agree on the count take one launch over the group's
   /// long segments; once guard.on_unused = "zero" has left a param untouched the counts differ
   /// for good, and the group takes one launch per distinct count over per-param segments.
-  /// With `sq_norm` (memory of the ops' device; only where squares_in_step()),
-  /// GradSquaredNorm's value into it too, summed by the step's own kernels as they read the
-  /// gradients.
+  /// With `sq_norm` (memory of the ops' device; only where squares_in_step()), the same sum
+  /// of squares into it too, summed by the step's own kernels as they read the gradients: in a
+  /// fixed order, so the same on every run, but not always bit-identical to GradSquaredNorm's
+  /// (several groups or per-param launches cut the partial sums differently).
   Status Step(const std::vector<OptimizerHyper>& groups, const std::vector<int64_t>& param_steps,
               const kernels::StepCommon& common, float* sq_norm);
   /// Whether Step can sum the gradients' squares as it steps: the ops' kernels can

@@ -179,11 +179,17 @@ class ShardedParams final : public ParamStore {
   // Frees kept units, the one the recorded order gathers last first, until `numel` more
   // elements fit within stage3.max_live_elems (or none is left).
   void DropKept(int64_t numel);
+  // The trace position of `bucket`'s next gather (the trace's size when there is none).
+  int64_t NextGather(int bucket) const;
   // Whether the recorded order gathers a unit released now again before stage3.max_reuse_elems
   // elements of other units (DeepSpeed's stage3_max_reuse_distance): Release with may_keep
   // then keeps it gathered (live, outside the prefetch window, while a whole window still fits
-  // within stage3.max_live_elems) instead of freeing it and gathering it again.
+  // within stage3.max_live_elems, see RoomToKeep) instead of freeing it and gathering it again.
   bool GatheredAgainSoon(int bucket) const;
+  // Whether `bucket`, released and gathered again soon, may stay gathered: it is the next
+  // gather, or a whole prefetch window still fits within stage3.max_live_elems beside the
+  // units gathered now.
+  bool RoomToKeep(int bucket) const;
   // Whether `more_prefetched` more prefetched elements, `more_live` of them not live yet, stay
   // within stage3.prefetch_elems and stage3.max_live_elems.
   bool FitsPrefetchWindow(int64_t more_prefetched, int64_t more_live) const {
@@ -332,13 +338,16 @@ Status ShardedParams::DropPrefetched() {
   return absl::OkStatus();
 }
 
+int64_t ShardedParams::NextGather(int bucket) const {
+  size_t next = trace_position_;
+  while (next < trace_.size() && trace_[next] != bucket) ++next;
+  return static_cast<int64_t>(next);
+}
+
 void ShardedParams::DropKept(int64_t numel) {
-  std::vector<std::pair<size_t, int>> kept;  // (the next gather's place in the order, bucket)
+  std::vector<std::pair<int64_t, int>> kept;  // (the next gather's place in the order, bucket)
   for (const Bucket& b : plan_.buckets()) {
-    if (!units_[b.index].kept) continue;
-    size_t next = trace_position_;
-    while (next < trace_.size() && trace_[next] != b.index) ++next;
-    kept.emplace_back(next, b.index);
+    if (units_[b.index].kept) kept.emplace_back(NextGather(b.index), b.index);
   }
   std::sort(kept.rbegin(), kept.rend());
   for (const auto& [next, bucket] : kept) {
@@ -444,7 +453,7 @@ Status ShardedParams::Release(int unit, bool may_keep) {
     return absl::FailedPreconditionError(absl::StrCat("Release(", unit, "): unit ", unit, " is not gathered"));
   }
   if (--u.holders > 0) return absl::OkStatus();
-  if (may_keep && live_elems_ + config_.prefetch_elems <= config_.max_live_elems && GatheredAgainSoon(bucket)) {
+  if (may_keep && GatheredAgainSoon(bucket) && RoomToKeep(bucket)) {
     // kept: its next Gather is a hit
     u.kept = true;
     ++counters_.releases_kept;
@@ -452,6 +461,13 @@ Status ShardedParams::Release(int unit, bool may_keep) {
     FreeUnit(bucket);
   }
   return absl::OkStatus();
+}
+
+bool ShardedParams::RoomToKeep(int bucket) const {
+  // The very next gather (the forward's last unit, which its backward gathers first): freeing it
+  // would only gather it straight back into as much memory.
+  if (NextGather(bucket) == static_cast<int64_t>(trace_position_)) return true;
+  return live_elems_ + config_.prefetch_elems <= config_.max_live_elems;
 }
 
 bool ShardedParams::GatheredAgainSoon(int bucket) const {

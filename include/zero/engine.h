@@ -202,7 +202,8 @@ class Engine {
   /// after fewer than stage3.max_reuse_elems elements of other units (DeepSpeed's
   /// stage3_max_reuse_distance) stays gathered for that backward instead of being freed and
   /// gathered straight back (counters().releases_kept), while a whole prefetch window still
-  /// fits within stage3.max_live_elems beside the live units. Kept units count towards
+  /// fits within stage3.max_live_elems beside the live units (always when it is the very next
+  /// gather: the forward's last unit, which its backward gathers first). Kept units count towards
   /// max_live_elems, not stage3.prefetch_elems; a gather that needs their room frees them
   /// first, the one gathered again last first. The trainer must not write into the unit's ParamData views until it
   /// gathers it again (SetParam and Step keep a kept unit right).

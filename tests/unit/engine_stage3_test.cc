@@ -228,6 +228,7 @@ TEST(EngineStage3, AReleasedUnitGatheredAgainWithinTheReuseDistanceStaysGathered
   const std::vector<Run> reuse_one_no_window = train(0, Forward::kInsideIteration, 1);
   const std::vector<Run> minimal = train(0, Forward::kInsideIteration, 0);
   const std::vector<Run> live_three = train(0, Forward::kInsideIteration, Stage3Config().max_reuse_elems, 3 * kUnitElems);
+  const std::vector<Run> live_two = train(kUnitElems, Forward::kInsideIteration, Stage3Config().max_reuse_elems, 2 * kUnitElems);
   if (HasFailure()) return;
   for (int r = 0; r < kWorld; ++r) {
     SCOPED_TRACE("rank " + std::to_string(r));
@@ -251,6 +252,12 @@ TEST(EngineStage3, AReleasedUnitGatheredAgainWithinTheReuseDistanceStaysGathered
     EXPECT_EQ(live_three[r].kept_last_step, kUnits);
     EXPECT_EQ(live_three[r].on_demand_last_step, kUnits + 1);
     EXPECT_LE(live_three[r].peak_gathered, 3 * kUnitElems * 4);
+    // Room for 2 units with a window of 1: the forward's last unit, which its backward gathers
+    // first, stays gathered although no whole window fits beside it (freeing it would only
+    // gather it straight back); only unit 0's forward gathers on demand.
+    EXPECT_EQ(live_two[r].kept_last_step, 1);
+    EXPECT_EQ(live_two[r].on_demand_last_step, 1) << "the forward's last unit was freed and gathered straight back";
+    EXPECT_LE(live_two[r].peak_gathered, 2 * kUnitElems * 4);
     for (const std::vector<Run>* run : {&all, &one, &all_before, &one_before, &all_plain, &reuse_two, &reuse_one,
                                         &reuse_none, &reuse_one_no_window, &minimal, &live_three}) {
       EXPECT_EQ((*run)[r].params, none[r].params);
