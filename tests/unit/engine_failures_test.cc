@@ -24,6 +24,10 @@ using ::testing::Not;
 using testing::IsOk;
 using Clock = std::chrono::steady_clock;
 
+// A call that blocked waited for the 5 s timeout some rounds use (or forever); the bounds
+// below are half of it, far above what a loaded machine adds to a call that does not block.
+constexpr double kBlockedS = 2.5;
+
 struct RankOutcome {
   Status trained;
   size_t steps = 0;          // steps this rank completed
@@ -73,11 +77,11 @@ TEST(EngineFailures, RandomDelaysTimeoutsAndFailuresLeaveEveryRankInTheSameState
                                         << " ranks, timeout " << config.guard.timeout_s << " s, rank " << r);
       EXPECT_THAT(out.trained, any_failed ? Matcher<const Status&>(Not(IsOk())) : IsOk());
       EXPECT_EQ(out.steps, outcomes[0].steps) << "a rank completed a step another did not";
-      EXPECT_LT(out.destroy_s, 1.0) << "destroying the engine blocked";
+      EXPECT_LT(out.destroy_s, kBlockedS) << "destroying the engine blocked";
       if (!any_failed) continue;
       EXPECT_THAT(out.next_call, Not(IsOk()));
       EXPECT_NE(out.next_call.message().find("broken"), std::string::npos) << out.next_call;
-      EXPECT_LT(out.next_call_s, 0.5) << "the next call did not fail fast";
+      EXPECT_LT(out.next_call_s, kBlockedS) << "the next call did not fail fast";
     }
   }
   // The random schedule exercised both outcomes.
