@@ -2,6 +2,7 @@
 units, training equals single-process PyTorch, a tied output layer reads the embedding
 through F.linear (register_external_parameter), gathered() reads and writes full values,
 and an eval pass does not end prefetching."""
+import dataclasses
 import json
 import os
 import pathlib
@@ -421,6 +422,61 @@ def test_a_frozen_module_called_twice_in_a_row_keeps_its_unit_for_both_backwards
         engine.close()
         comm.close()
         return trainable(model)
+
+    assert_close(run(3), run(2))
+
+
+@dataclasses.dataclass
+class Hidden:
+    """A module output that is a dataclass."""
+    values: torch.Tensor
+
+
+class Boxed:
+    """A module output of a kind no traversal knows (the tensor in an attribute)."""
+
+    def __init__(self, values):
+        self.values = values
+
+
+@pytest.mark.parametrize("box", [Hidden, Boxed])
+def test_a_module_returning_its_output_in_an_object_keeps_its_unit_for_backward(box):
+    """A unit whose module returns a dataclass (walked into), or an object no walk can see
+    into (the unit stays gathered until its gradients arrive): its backward finds its params
+    (it found an empty storage), at 2 ranks, as at stage 2."""
+    class Middle(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = nn.Parameter(torch.randn(16, 16) / 4)
+
+        def forward(self, h):
+            return box(torch.tanh(h @ self.weight))
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(2)
+            self.first, self.middle, self.last = nn.Linear(16, 16), Middle(), nn.Linear(16, 1)
+
+        def forward(self, x):
+            return self.last(self.middle(self.first(x)).values).pow(2).sum()
+
+    def run(stage):
+        models = [Model() for _ in range(2)]  # built here: the ranks' threads share the RNG
+
+        def body(rank, comm):
+            model = models[rank]
+            engine = zerort.torch.initialize(
+                model, {"stage": stage, "optimizer": SGD,
+                        "stage3": {"persistence_threshold": 0}}, comm)
+            for step in range(3):
+                generator = torch.Generator().manual_seed(10 * step + rank)
+                model(torch.randn(4, 16, generator=generator)).backward()
+                engine.step()
+            engine.close()
+            comm.close()
+            return trainable(model)
+        return run_ranks(2, body)[0]
 
     assert_close(run(3), run(2))
 

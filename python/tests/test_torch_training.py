@@ -172,6 +172,51 @@ def test_bf16_params_accumulate_in_fp32_by_default(precision, close):
     assert max(bf16_ulps(in_bf16[n], want[n]).max().item() for n in want) > 2
 
 
+@pytest.mark.parametrize("stage", [0, 1, 2])
+@pytest.mark.parametrize("write", ["load_state_dict", "copy_"])
+def test_values_written_into_16_bit_params_reach_the_master(tmp_path, stage, write):
+    """A 16-bit param's view is not what the optimizer steps from (the fp32 master is): values
+    written in place after initialize() (pretrained weights loaded into the wrapped model)
+    must survive the next steps and reach a checkpoint (its trainable params: frozen ones are
+    saved only under checkpoint.save_frozen), not be overwritten from the master."""
+    torch.manual_seed(1)
+    written = {n: torch.randn_like(p) for n, p in bf16_model().named_parameters()}
+
+    def body(_rank, comm):
+        model = bf16_model()
+        engine = zerort.torch.initialize(model, {
+            "stage": stage, "optimizer": {"type": "sgd", "lr": 0.0, "weight_decay": 0.0}}, comm)
+
+        def write_values(values):
+            if write == "load_state_dict":
+                model.load_state_dict(values)
+                return
+            with torch.no_grad():
+                for name, param in model.named_parameters():
+                    param.copy_(values[name])
+
+        write_values(written)
+        for step in range(2):
+            loss_of(model, *batch(step)).backward()
+            engine.step()
+        after_steps = {n: p.detach().clone() for n, p in model.named_parameters()}
+        halved = {n: v / 2 for n, v in written.items()}
+        write_values(halved)  # between steps, then straight into a checkpoint
+        engine.save_checkpoint(str(tmp_path / "ckpt"))
+        write_values(written)
+        engine.load_checkpoint(str(tmp_path / "ckpt"))
+        loaded = {n: p.detach().clone() for n, p in model.named_parameters()
+                  if p.requires_grad}
+        engine.close()
+        comm.close()
+        return after_steps, loaded, halved
+
+    for after_steps, loaded, halved in run_ranks(2, body):
+        for name, values in written.items():
+            assert torch.equal(after_steps[name], values), name
+        assert loaded and all(torch.equal(loaded[n], halved[n]) for n in loaded)
+
+
 DEEPSPEED = {
     "train_batch_size": 8, "train_micro_batch_size_per_gpu": 2,
     "gradient_accumulation_steps": 2, "gradient_clipping": 0.5,

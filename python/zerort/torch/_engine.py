@@ -189,12 +189,13 @@ class TorchEngine:
         # replicas identical (rank 0's values broadcast into the views at stages 0-2), so
         # no rank computes with its own initial values. Later micro-batches start at their
         # first gradient.
+        self._written = module.register_forward_pre_hook(lambda _m, _i: self._before_forward())
         self._first_forward = module.register_forward_pre_hook(
             lambda _m, _i: self._start_first_micro_batch())
         # A backward pass begins at the gradient of the model's output (_backward.py).
         self._output_hook = module.register_forward_hook(
             lambda _m, _i, output: self._hook_outputs(output))
-        self._module_hooks += [self._first_forward, self._output_hook]
+        self._module_hooks += [self._written, self._first_forward, self._output_hook]
         if self._stream is not None:
             # Params change on the engine's stream (the step, the gathers): a forward on
             # another stream waits for it first.
@@ -225,6 +226,10 @@ class TorchEngine:
     def _start_first_micro_batch(self):
         self._first_forward.remove()
         self._begin_micro_batch()
+
+    def _before_forward(self):
+        if not self._in_micro_batch and self._units is None:
+            self._take_written_params()
 
     def _begin_micro_batch(self):
         if not self._in_micro_batch:
@@ -299,6 +304,25 @@ class TorchEngine:
                 param.data = _stage3.engine_view(address, record.shape, record.dtype,
                                                  record.device, owner)
                 record.address = address
+                record.version = param._version
+
+    def _take_written_params(self):
+        """Stages 0-2: the values of params written in place since the engine last set
+        them (param.copy_(values) under torch.no_grad(), model.load_state_dict(): their
+        version counter moved) go into the engine. The view holds them already, but the
+        optimizer steps from the engine's fp32 master (16-bit params, and each rank's part at
+        stages 1-2), which would write the old values back. Outside a micro-batch only
+        (before a forward, a save); a write through .data moves no counter and is not seen."""
+        for _, param, pid in self._params + self._frozen:
+            record = self._records[pid]
+            if record.version is None or param._version == record.version:
+                continue
+            record.check(param, "taking the values written into a param")
+            values = param.detach().clone()  # not the engine's own memory
+            if self._stream is not None:
+                self._wait_for_current_stream()  # the clone, queued there
+            self._engine.set_param(pid, values.data_ptr())
+            record.version = param._version
 
     def _add_grad_hook(self, param, pid, unit, position):
         """Hooks `param` (registered as `pid`, self._params[position], stage-3 `unit`)."""
@@ -612,6 +636,8 @@ class TorchEngine:
                 if self._stream is not None:
                     self._wait_for_current_stream()  # the clone, queued there
                 self._engine.set_param(pid, values.data_ptr())
+                if self._records[pid].version is not None:
+                    self._records[pid].version = param._version  # taken now
 
     def _check_model(self, what):
         """Raises FailedPreconditionError when the engine was closed, or naming the first
@@ -666,6 +692,8 @@ class TorchEngine:
         tensors; rank 0's is kept) is saved inside the same checkpoint, as DeepSpeed's
         client_state, so it can never disagree with it (_checkpoint.py)."""
         self._check_model("save_checkpoint()")
+        if not self._in_micro_batch and self._units is None:
+            self._take_written_params()
         self.optimizer.push()  # the groups' values as they are now (a scheduler's new lr)
         extras = {"global_steps": self.global_steps, "loss_scale": self.loss_scale}
         self._engine.set_checkpoint_user_data(_checkpoint.encode(client_state, extras))

@@ -53,7 +53,8 @@ class Registered:
     memory the param's `.data` views (None for a stage-3 param that is sharded). The param
     itself is held weakly (the engine keeps its own strong list)."""
 
-    __slots__ = ("name", "pid", "unit", "shape", "dtype", "device", "address", "_ref")
+    __slots__ = ("name", "pid", "unit", "shape", "dtype", "device", "address", "version",
+                 "_ref")
 
     def __init__(self, name, param, pid, unit=None):
         self.name = name
@@ -63,6 +64,9 @@ class Registered:
         self.dtype = param.dtype
         self.device = param.device
         self.address = None
+        # The param's version counter when its .data last became a view of `address` or the
+        # engine last took its values (None: not a view of engine memory).
+        self.version = None
         self._ref = weakref.ref(param)
 
     @property

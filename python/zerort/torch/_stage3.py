@@ -16,7 +16,11 @@ GPU the memory comes from PyTorch's caching allocator.
     forward hook        release them, unless gathered for backward; hook the outputs'
                         gradients. When an output needs a gradient the release is until
                         backward: the engine keeps a unit it would gather again within
-                        stage3.max_reuse_elems (engine.release_until_backward)
+                        stage3.max_reuse_elems (engine.release_until_backward). Outputs
+                        are walked through tuples, lists, sets, dicts and dataclasses; with
+                        autograd on and no output seen to need a gradient (an object the
+                        walk does not know), the trainable units stay gathered until their
+                        gradients arrive
     output grad hook    gather again, before the module's backward runs (a forward
                         recomputed inside backward by checkpointing gathers by itself)
     param grad hook     once every param of a unit has handed over its gradient, release
@@ -45,6 +49,7 @@ the backward, the write reaches it (gathered(modifier_rank=r) is the way to writ
 """
 import collections
 import ctypes
+import dataclasses
 import functools
 import weakref
 
@@ -84,15 +89,19 @@ def engine_view(address, shape, dtype, device, owner=None):
 
 
 def tensors_in(value):
-    """The tensors in a module's output (a tensor, or tuples, lists and dicts of them)."""
+    """The tensors in a module's output (a tensor, or tuples, lists, sets, dicts and
+    dataclass instances of them)."""
     if isinstance(value, torch.Tensor):
         yield value
-    elif isinstance(value, (tuple, list)):
+    elif isinstance(value, (tuple, list, set, frozenset)):
         for item in value:
             yield from tensors_in(item)
     elif isinstance(value, dict):
         for item in value.values():
             yield from tensors_in(item)
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        for field in dataclasses.fields(value):
+            yield from tensors_in(getattr(value, field.name))
 
 
 def assign_units(module, trainable, group_of=None, frozen=()):
@@ -382,6 +391,11 @@ class UnitGathering:
     def _after_forward(self, units, inputs, output):
         needing_grad = ([t for t in tensors_in(output) if t.requires_grad]
                         if torch.is_grad_enabled() else [])
+        if torch.is_grad_enabled() and not needing_grad:
+            # No output needs a gradient that this walk can see: the tensors may sit in an
+            # object it does not know, and their backward would find the params empty. The
+            # trainable units stay gathered until their gradients arrive (or the step).
+            self._for_backward.update(u for u in units if u not in self._frozen)
         self.unhold(units, until_backward=bool(needing_grad))
         if not torch.is_grad_enabled():
             return
