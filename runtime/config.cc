@@ -562,6 +562,12 @@ StatusOr<Config> Config::FromJson(std::string_view text) {
       {"batch", section(batch)}};
   const std::string root;
   ZERO_RETURN_IF_ERROR(ReadObject(Value{json, root, literals}, top));
+  // Without optimizer.weight_decay, the type's own default, as PyTorch's optimizers have it
+  // (AdamW 0.01; Adam and SGD 0) and Lion's and LAMB's reference ones (0).
+  const auto section_of_optimizer = json.find("optimizer");
+  if (section_of_optimizer == json.end() || !section_of_optimizer->contains("weight_decay")) {
+    o.weight_decay = o.type == OptimizerType::kAdamW ? 0.01f : 0.0f;
+  }
   ZERO_RETURN_IF_ERROR(c.Validate());
   return c;
 }

@@ -59,7 +59,9 @@ struct OptimizerHyper {
   float lr = 1e-3f;                    ///< [0, 1e6]
   float beta1 = 0.9f, beta2 = 0.999f;  ///< "betas", each in [0, 1); SGD ignores them
   float eps = 1e-8f;                   ///< (0, 1]
-  float weight_decay = 0.01f;          ///< [0, 1e6]
+  /// [0, 1e6]. 0.01 here (AdamW's); a JSON config that sets none gets its type's default:
+  /// 0.01 for AdamW, 0 for Adam, SGD, LAMB and Lion (PyTorch's and the reference ones).
+  float weight_decay = 0.01f;
   float momentum = 0.0f, dampening = 0.0f;  ///< SGD; each in [0, 1]
   bool nesterov = false;                    ///< SGD; needs momentum > 0 and dampening = 0
 };

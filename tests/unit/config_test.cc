@@ -8,6 +8,7 @@
 #include <functional>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -131,6 +132,24 @@ TEST(ConfigJson, EmptyTextIsRefusedAndBracesGiveTheDefaults) {
     EXPECT_THAT(NormalizeConfigJson(empty), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("empty")));
   }
   EXPECT_THAT(Config::FromJson("{}"), IsOk());
+}
+
+TEST(ConfigJson, EachOptimizerTypeHasPyTorchsDefaultWeightDecay) {
+  const std::vector<std::pair<std::string, float>> defaults = {
+      {"adamw", 0.01f}, {"adam", 0.0f}, {"sgd", 0.0f}, {"lamb", 0.0f}, {"lion", 0.0f}};
+  for (const auto& [type, decay] : defaults) {
+    SCOPED_TRACE(type);
+    const StatusOr<Config> plain = Config::FromJson(R"({"optimizer": {"type": ")" + type + R"("}})");
+    ASSERT_THAT(plain, IsOk());
+    EXPECT_EQ(plain->optimizer.weight_decay, decay);
+    const StatusOr<Config> set =
+        Config::FromJson(R"({"optimizer": {"type": ")" + type + R"(", "weight_decay": 0.25}})");
+    ASSERT_THAT(set, IsOk());
+    EXPECT_EQ(set->optimizer.weight_decay, 0.25f);
+  }
+  const StatusOr<Config> none = Config::FromJson("{}");
+  ASSERT_THAT(none, IsOk());
+  EXPECT_EQ(none->optimizer.weight_decay, 0.01f) << "the default type is adamw";
 }
 
 TEST(ConfigJson, AcceptsTheEdgesOfEveryRange) {
