@@ -4,6 +4,7 @@ Each rank is a thread with its own copy of the model (same seed), its own engine
 of every batch; the reference is one plain PyTorch model trained on the whole batch with
 torch.optim.AdamW. Final params must agree to a relative error of 1e-5 (fp32).
 """
+import os
 import signal
 import threading
 
@@ -162,7 +163,9 @@ def train_sharded(stage, world=2, guard=None, raise_first=True, steps=range(STEP
         model = models[rank]
         engine = zerort.torch.initialize(model, config, comm)
         if load is not None:
-            assert engine.load_checkpoint(load) == {"next_step": steps[0]}
+            path, client_state = engine.load_checkpoint(load)
+            assert client_state == {"next_step": steps[0]}
+            assert os.path.isfile(os.path.join(path, "meta.json"))  # the checkpoint itself
         mine = slice(bounds[rank], bounds[rank + 1])
         weight = (bounds[rank + 1] - bounds[rank]) * world / BATCH
         preempted = False

@@ -98,7 +98,7 @@ def train(world, config, steps=range(STEPS), groups=True, make_scheduler=None, l
             model, config, comm, model_parameters=param_groups(model) if groups else None)
         scheduler = make_scheduler(engine.optimizer) if make_scheduler else None
         if load is not None:
-            client_state = engine.load_checkpoint(load)
+            _, client_state = engine.load_checkpoint(load)
             assert client_state["next_step"] == steps[0]
             if scheduler is not None:
                 scheduler.load_state_dict(client_state["scheduler"])

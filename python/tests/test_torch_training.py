@@ -354,7 +354,8 @@ def test_client_state_with_rng_states_round_trips(tmp_path):
     engine.close()
 
     engine = zerort.torch.initialize(TinyLM(), {"stage": 2, "optimizer": OPTIMIZER}, comm)
-    loaded = engine.load_checkpoint(tmp_path / "ckpt")
+    path, loaded = engine.load_checkpoint(tmp_path / "ckpt")
+    assert path == str(tmp_path / "ckpt")
     assert sorted(loaded) == sorted(state) and loaded["epoch"] == 7
     assert torch.equal(loaded["rng"], state["rng"]) and torch.equal(loaded["weights"],
                                                                       state["weights"])
@@ -371,7 +372,7 @@ def test_checkpoint_with_plain_json_client_state_still_loads(tmp_path):
     engine = zerort.torch.initialize(TinyLM(), {"stage": 1}, comm)
     engine.engine.set_checkpoint_user_data(json.dumps({"next_step": 4}))
     engine.engine.save_checkpoint(tmp_path / "ckpt")
-    assert engine.load_checkpoint(tmp_path / "ckpt") == {"next_step": 4}
+    assert engine.load_checkpoint(tmp_path / "ckpt")[1] == {"next_step": 4}
     engine.close()
     comm.close()
 

@@ -25,7 +25,8 @@ def main():
     engine = zerort.torch.initialize(model, CONFIG, model_parameters=param_groups(model))
     start = 0
     if args.resume:
-        start = engine.load_checkpoint(args.checkpoint)["step"]
+        _, client_state = engine.load_checkpoint(args.checkpoint)
+        start = client_state["step"]
     for step in range(start, args.steps):
         for micro in range(engine.gradient_accumulation_steps):
             loss = model(*batch(data, step, micro, engine.rank, engine.world_size))

@@ -13,6 +13,7 @@ import base64
 import inspect
 import io
 import json
+import os
 
 import torch
 
@@ -40,3 +41,15 @@ def decode(text):
     if "weights_only" in inspect.signature(torch.load).parameters:
         options["weights_only"] = False  # RNG states and the trainer's own objects
     return torch.load(data, **options), value.get("extras", {})
+
+
+def resolve_latest(directory):
+    """The checkpoint directory a load of `directory` reads: directory/<tag> where
+    directory/latest names one (a series, save_checkpoint with a tag), else `directory`."""
+    directory = os.fspath(directory).rstrip("/") or "/"
+    try:
+        with open(os.path.join(directory, "latest"), encoding="utf-8") as file:
+            tag = file.readline().strip()
+    except OSError:
+        return directory
+    return os.path.join(directory, tag) if tag else directory

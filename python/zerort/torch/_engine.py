@@ -709,11 +709,13 @@ class TorchEngine:
         """Loads params, optimizer state, every group's hyperparameters and the config
         schedule's position (the model's params and engine.optimizer.param_groups show the
         loaded values) from `directory` (directory/tag with a tag), or from the checkpoint
-        directory/latest names; returns the client_state saved with it ({} if none).
-        Unpickles the client state: load only checkpoints you trust."""
+        directory/latest names. Returns, as DeepSpeed's load_checkpoint does, (the path of
+        the checkpoint loaded, the client_state saved with it ({} if none)). Unpickles the
+        client state: load only checkpoints you trust."""
         if tag is not None:
             directory = f"{directory}/{tag}"
         self._check_model("load_checkpoint()")
+        loaded_path = _checkpoint.resolve_latest(directory)
         self._engine.load_checkpoint(directory)
         text = self._engine.checkpoint_user_data()
         if self._units is None:
@@ -724,7 +726,7 @@ class TorchEngine:
         # dynamically (a static or no loss scale stays what this config says).
         self.loss_scale = self._engine.loss_scale
         self.optimizer.pull()
-        return client_state
+        return loaded_path, client_state
 
     def close(self):
         """Frees the engine; the model keeps its params' last values (its own copies) and
