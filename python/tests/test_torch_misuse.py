@@ -569,3 +569,21 @@ def test_frozen_state_of_another_shape_on_one_rank_is_named_on_every_rank():
         message = str(failure)
         assert "mask: shape (80,)" in message and "mask: shape (81,)" in message
         assert "rank 1" in message
+
+
+# 18. engine.step() and optimizer.step() both called -------------------------------------
+
+def test_a_second_step_with_nothing_between_names_the_double_step():
+    """accelerate's DeepSpeed flow: engine.step() and then the loop's own optimizer.step().
+    The second finds no gradient at all: the error says two steps were called (it blamed
+    every param as unused, and its fix, guard.on_unused = "zero", stepped twice)."""
+    model = bias_model()
+    engine, comm = one_rank(model, {"stage": 2, "optimizer": SGD})
+    x = torch.randn(8, 4, generator=torch.Generator().manual_seed(1))
+    model(x).mean().backward()
+    engine.step()
+    with pytest.raises(zerort.FailedPreconditionError) as raised:
+        engine.optimizer.step()
+    assert "not both" in str(raised.value) and "optimizer.step()" in str(raised.value)
+    engine.close()
+    comm.close()

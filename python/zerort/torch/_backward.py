@@ -34,6 +34,17 @@ UNUSED_HINT = (
     "(set guard.on_unused = \"zero\"), or a param that is not used at all (freeze it).")
 
 
+def step_without_backward_error():
+    """The error for a step() that follows another with no forward or gradient between."""
+    return errors.FailedPreconditionError(
+        "zerort.torch: step() was called with no forward and no gradient since the last "
+        "step() (or optimizer.step()): nothing of this micro-batch reached the engine. "
+        "engine.step() already ends the micro-batch and steps the optimizer every "
+        "gradient_accumulation_steps calls, so a loop calls either engine.step() (DeepSpeed "
+        "style) or engine.optimizer.step() (PyTorch style) once per backward, not both: drop "
+        "the optimizer.step() after engine.step().", errors.FailedPreconditionError.status)
+
+
 def second_backward_error(name, first_pass, this_pass, accumulation_steps):
     """The DuplicateGradientError for a param whose gradient came again from a later
     backward pass of the same micro-batch."""

@@ -180,6 +180,7 @@ class TorchEngine:
         self._micro_batches = 0
         self._closed = False
         self._in_micro_batch = False
+        self._ran_forward = False  # the model's forward ran since the last micro-batch ended
         # guard.on_unused = "zero": params the graph of the model's outputs does not reach
         # are marked ready as backward comes to them (_reach.py).
         self._reach = _reach.Reach() if guard.get("on_unused") == "zero" else None
@@ -228,6 +229,7 @@ class TorchEngine:
         self._begin_micro_batch()
 
     def _before_forward(self):
+        self._ran_forward = True
         if not self._in_micro_batch and self._units is None:
             self._take_written_params()
 
@@ -460,7 +462,9 @@ class TorchEngine:
 
     def _end_micro_batch(self):
         """Ends the micro-batch; True when it is the last one before an optimizer step."""
+        ran_forward, self._ran_forward = self._ran_forward, False
         self._flush_grads()  # gradients handed over outside a backward pass
+        arrived = self._in_micro_batch
         self._check_model("step()")
         for _, param in self._empty:
             param.grad = None  # zero-element params train as no-ops
@@ -474,6 +478,8 @@ class TorchEngine:
         try:
             self._engine.end_backward()
         except errors.UnusedParametersError as error:
+            if not ran_forward and not arrived:
+                raise _backward.step_without_backward_error() from None
             raise errors.UnusedParametersError(error.message + _backward.UNUSED_HINT,
                                                error.status) from None
         self._in_micro_batch = False
