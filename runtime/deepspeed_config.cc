@@ -251,6 +251,7 @@ const Table& TopLevel() {
       {"reduce_scatter", Ignored("ZeroRT reduce-scatters each bucket into the shards (all-reduce at stage 0)")},
       {"stage3_max_reuse_distance", Tuning("stage3.max_reuse_elems")},
       {"stage3_gather_16bit_weights_on_model_save", Ignored(masters)},
+      {"stage3_gather_fp16_weights_on_model_save", Ignored(masters)},  // its older name
       {"elastic_checkpoint", Ignored("ZeroRT checkpoints load at any world size")},
       {"load_from_fp32_weights", Ignored("ZeroRT checkpoints always restore the fp32 master")},
   };
@@ -288,6 +289,8 @@ const Table& TopLevel() {
       {"amp", RequiresMember("enabled", false, "Apex AMP is not supported; remove it and use \"bf16\" or \"fp16\"")},
       {"steps_per_print", Ignored("ZeroRT prints no progress; Step() returns the step's StepInfo")},
       {"wall_clock_breakdown", Ignored("ZeroRT does not time the trainer's phases")},
+      {"memory_breakdown", Ignored("ZeroRT reports its memory in MemoryStats(), per category")},
+      {"sparse_gradients", Requires(false, "ZeroRT reduces dense gradients only; use nn.Embedding(sparse=False)")},
       {"dump_state", Ignored("it prints DeepSpeed's engine state")},
       {"tensorboard", Ignored(monitor)}, {"wandb", Ignored(monitor)}, {"csv_monitor", Ignored(monitor)},
       {"comet", Ignored(monitor)}, {"comms_logger", Ignored(monitor)},

@@ -293,6 +293,33 @@ def test_deepspeed_reference_depends_on_clipping():
         assert_close(unclipped, clipped)
 
 
+def test_deepspeed_accumulation_steps_are_derived_from_the_batch_sizes():
+    """train_batch_size and train_micro_batch_size_per_gpu without gradient_accumulation_steps:
+    DeepSpeed derives it with the world size (16 / (4 × 2 ranks) = 2); sizes that do not
+    divide are an error naming train_batch_size."""
+    base = {"zero_optimization": {"stage": 1},
+            "optimizer": {"type": "AdamW", "params": {"lr": 0.01}}}
+
+    def accumulation(_rank, comm):
+        engine = zerort.torch.initialize(
+            TinyLM(), dict(base, train_batch_size=16, train_micro_batch_size_per_gpu=4), comm)
+        steps = engine.gradient_accumulation_steps
+        engine.close()
+        comm.close()
+        return steps
+
+    assert run_ranks(2, accumulation) == [2, 2]
+
+    def uneven(_rank, comm):
+        with pytest.raises(zerort.InvalidArgumentError, match="train_batch_size 12"):
+            zerort.torch.initialize(
+                TinyLM(), dict(base, train_batch_size=12, train_micro_batch_size_per_gpu=4),
+                comm)
+        comm.close()
+
+    run_ranks(2, uneven)
+
+
 def test_unsupported_deepspeed_key_is_named():
     comm = zerort.local_group(1)[0]
     config = dict(DEEPSPEED, train_batch_size=4, train_micro_batch_size_per_gpu=2,

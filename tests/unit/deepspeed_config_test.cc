@@ -204,6 +204,17 @@ TEST(DeepSpeedConfig, EveryUnsupportedKeyInOneError) {
                     HasSubstr("sparse_attention: not a DeepSpeed key that ZeroRT supports; remove it")));
 }
 
+TEST(DeepSpeedConfig, KeysOfDeepSpeedWithoutAKnobHereAreNoted) {
+  std::vector<std::string> notes;
+  Translate(R"({"memory_breakdown": true, "sparse_gradients": false,
+                "zero_optimization": {"stage": 3, "stage3_gather_fp16_weights_on_model_save": true}})",
+            &notes);
+  EXPECT_THAT(notes, Contains(HasSubstr("memory_breakdown: ignored")));
+  EXPECT_THAT(notes, Contains(HasSubstr("stage3_gather_fp16_weights_on_model_save: ignored")));
+  EXPECT_THAT(Error(R"({"sparse_gradients": true})"),
+              HasSubstr("sparse_gradients: true is not supported; ZeroRT reduces dense gradients only"));
+}
+
 TEST(DeepSpeedConfig, AutoIsResolvedWhereDerivableAndNamedOtherwise) {
   // What Hugging Face's Trainer leaves for itself: lr, dtypes, steps, clipping, accumulation.
   const std::string message = Error(R"({

@@ -18,15 +18,29 @@ from .. import core, errors
 GROUP_KEYS = ("lr", "betas", "eps", "weight_decay", "momentum", "dampening", "nesterov")
 
 
-def load(config):
+def load(config, world_size):
     """(the normalized ZeroRT config, the config as the user gave it), both dicts. What the
     user's own config says matters where the normalized one cannot tell a default from a
-    choice (the device: a config that names none lets the model's params decide)."""
+    choice (the device: a config that names none lets the model's params decide). A
+    DeepSpeed config with train_batch_size and train_micro_batch_size_per_gpu but no
+    gradient_accumulation_steps gets it derived with `world_size`, as DeepSpeed does."""
     raw = core.config_dict(config)
     if not isinstance(raw, dict):
         raise errors.InvalidArgumentError(
             f"zerort.torch: the config must be a JSON object, not {type(raw).__name__}")
-    return core.normalize_config(raw), raw
+    return core.normalize_config(_with_derived_accumulation(raw, world_size)), raw
+
+
+def _with_derived_accumulation(raw, world_size):
+    """`raw` with DeepSpeed's gradient_accumulation_steps = train_batch_size /
+    (train_micro_batch_size_per_gpu × world size) where it leaves that out and the division
+    is whole (else as it is: the engine names what does not fit)."""
+    train, micro = raw.get("train_batch_size"), raw.get("train_micro_batch_size_per_gpu")
+    if ("gradient_accumulation_steps" in raw or not isinstance(train, int)
+            or not isinstance(micro, int) or isinstance(train, bool) or micro <= 0
+            or train <= 0 or train % (micro * world_size) != 0):
+        return raw
+    return dict(raw, gradient_accumulation_steps=train // (micro * world_size))
 
 
 def refuse_sparse_gradients(module):

@@ -49,7 +49,8 @@ class TorchEngine:
 
     def __init__(self, module, config, comm, model_parameters=None):
         self.module = module
-        self.config, raw = _config.load(config)  # nothing is read before it is checked
+        # Nothing is read before it is checked.
+        self.config, raw = _config.load(config, comm.size)
         # Refusals first, so that a refused initialize() leaves the model as it was.
         _params.claim_check((n, p) for n, p in module.named_parameters() if p.requires_grad)
         _config.refuse_sparse_gradients(module)
