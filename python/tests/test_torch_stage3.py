@@ -722,3 +722,28 @@ def test_a_healthy_close_gives_all_lent_memory_back():
     assert not any(_params.storage_bytes(flat) for flat in flats)
     assert engine.engine.closed
     comm.close()
+
+
+def test_model_state_dict_between_uses_is_refused_and_names_the_ways():
+    """model.state_dict() of sharded params between uses would save tensors without storage
+    (a file torch.load cannot read); load_state_dict() would write into an empty storage.
+    Both are errors naming the ways; inside gathered() and after close() they work."""
+    comm = zerort.local_group(1)[0]
+    torch.manual_seed(3)
+    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 2))
+    engine = zerort.torch.initialize(
+        model, {"stage": 3, "optimizer": SGD, "stage3": {"persistence_threshold": 0}}, comm)
+    model(torch.randn(4, 8)).sum().backward()
+    engine.step()
+    full = engine.state_dict()
+    with pytest.raises(zerort.FailedPreconditionError, match="engine.state_dict()"):
+        model.state_dict()
+    with pytest.raises(zerort.FailedPreconditionError, match="modifier_rank"):
+        model.load_state_dict(full)
+    with zerort.torch.gathered(list(model.parameters()), modifier_rank=0):
+        inside = {n: v.clone() for n, v in model.state_dict().items()}
+        model.load_state_dict({n: v * 2 for n, v in full.items()})
+    assert_close(inside, full)
+    engine.close()
+    comm.close()
+    assert_close(model.state_dict(), {n: v * 2 for n, v in full.items()})

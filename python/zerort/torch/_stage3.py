@@ -126,6 +126,21 @@ def assign_units(module, trainable, group_of=None, frozen=()):
     return unit_of, module_units
 
 
+def _refuse_released_in_state_dict(_module, state_dict, prefix, _metadata):
+    """A state_dict hook: raises when an entry is a sharded stage-3 param between uses (its
+    storage holds fewer bytes than its values: a file saved with it would not load)."""
+    released = [name for name, value in state_dict.items()
+                if name.startswith(prefix) and isinstance(value, torch.Tensor)
+                and storage_bytes(value) < value.numel() * value.element_size()]
+    if released:
+        raise errors.FailedPreconditionError(
+            f"zerort.torch: model.state_dict() at stage 3 holds {len(released)} sharded "
+            f"params between uses (first: \"{released[0]}\"), which have no storage (as in "
+            "FSDP): a file saved from it would not load. Use engine.state_dict() (collective: "
+            "every rank calls it) for full values, or engine.save_checkpoint(); or read inside "
+            "`with zerort.torch.gathered(params):`.", errors.FailedPreconditionError.status)
+
+
 # Gathered memory an engine still held when it closed with its group broken: kept for good,
 # as a collective that failed may still write into it.
 _KEPT_AFTER_CLOSE = []
@@ -192,6 +207,11 @@ class UnitGathering:
         self._unit_of_param = {id(param): unit for param, unit in sharded}
         # (a handle: the engine's close, or its communicator's, removes it with the hooks)
         self.handles.append(watch(module, [param for param, _ in sharded], self._read_released))
+        # model.state_dict() and load_state_dict() between uses: an error naming the way,
+        # not a file that cannot be loaded or a write into an empty storage.
+        self.handles.append(module._register_state_dict_hook(_refuse_released_in_state_dict))
+        self.handles.append(module._register_load_state_dict_pre_hook(
+            lambda *args: self._refuse_load_into_released(args[0], args[1])))
         # Torch stream the engine's work follows (device "cuda"), set by the engine: memory
         # lent on another stream is kept for it until its work there is done.
         self.engine_stream = None
@@ -240,6 +260,22 @@ class UnitGathering:
     def _give_back(self, unit):
         """The engine's give_back: `unit`'s flat storage is freed."""
         resize_storage(self._flats[unit], 0)
+
+    def _refuse_load_into_released(self, state_dict, prefix):
+        """A load_state_dict pre-hook of the model: raises before a value is written into a
+        sharded param between uses (its storage is empty)."""
+        for unit, members in self._members.items():
+            if unit in self._persistent or unit in self._gathered:
+                continue
+            for _, pid in members:
+                name = self._records[pid].name
+                if prefix + name in state_dict:
+                    raise errors.FailedPreconditionError(
+                        f"zerort.torch: model.load_state_dict() at stage 3 would write param "
+                        f"\"{name}\", which is sharded and has no storage between uses. Load "
+                        "inside `with zerort.torch.gathered(params, modifier_rank=0):` (every "
+                        "rank enters it; rank 0's values reach every rank), or resume with "
+                        "engine.load_checkpoint().", errors.FailedPreconditionError.status)
 
     def views_unit_memory(self, pid, param):
         """Whether `param` (registered as `pid`, in a sharded unit) still views its unit's
