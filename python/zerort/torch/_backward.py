@@ -56,7 +56,11 @@ def second_backward_error(name, first_pass, this_pass, accumulation_steps):
         f"every gradient_accumulation_steps = {accumulation_steps} micro-batches; set that "
         "in the config to accumulate, and use engine.backward(loss), which divides the loss "
         "by it), or run the backwards before the last one inside `with engine.no_sync():`; "
-        "several losses of one forward: one backward of their sum.",
+        "several losses of one forward: one backward of their sum. A backward that must not "
+        "train this model's params at all (a GAN's generator loss through its "
+        "discriminator) hands them gradients all the same (optimizer.zero_grad() does not "
+        "take back what the engine holds): freeze them for that backward "
+        "(requires_grad_(False), then True again before their own).",
         errors.DuplicateGradientError.status)
 
 
