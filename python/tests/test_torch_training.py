@@ -700,3 +700,39 @@ def test_counters_and_memory_stats_show_prefetching_and_what_each_rank_holds(wor
         else:
             assert counters["reductions_launched"] > 0
         assert memory["optimizer"][0] > 0 and memory["params"][1] >= memory["params"][0] > 0
+
+
+def test_deepspeed_engine_calls_of_a_ported_script(tmp_path):
+    """What a DeepSpeed script calls on its engine: engine(inputs), train()/eval(), the
+    rank attributes, gradient_accumulation_steps() and the accumulation boundary, the batch
+    sizes, and the checkpoint calls' keyword arguments (non-default ones are named)."""
+    comm = zerort.local_group(1)[0]
+    model = TinyLM()
+    config = {"train_batch_size": 4, "train_micro_batch_size_per_gpu": 2,
+              "zero_optimization": {"stage": 2},
+              "optimizer": {"type": "AdamW", "params": {"lr": 0.01}}}
+    engine = zerort.torch.initialize(model, config, comm)
+    assert engine.gradient_accumulation_steps() == 2 == engine.gradient_accumulation_steps
+    assert (engine.global_rank, engine.zero_optimization_stage()) == (0, 2)
+    assert (engine.train_micro_batch_size_per_gpu(), engine.train_batch_size()) == (2, 4)
+    assert engine.eval() is engine and not model.training
+    assert engine.train() is engine and model.training
+    boundaries = []
+    for step in range(4):
+        tokens, targets = batch(step)
+        logits = engine(tokens)
+        assert torch.equal(logits, model(tokens))
+        boundaries.append(engine.is_gradient_accumulation_boundary())
+        engine.backward(torch.nn.functional.cross_entropy(logits.flatten(0, 1),
+                                                          targets.flatten()))
+        engine.step()
+    assert boundaries == [False, True, False, True]
+    engine.save_checkpoint(str(tmp_path), tag="s2", save_latest=True)
+    with pytest.raises(zerort.UnimplementedError, match="save_latest=False"):
+        engine.save_checkpoint(str(tmp_path), tag="s3", save_latest=False)
+    path, _ = engine.load_checkpoint(str(tmp_path), load_optimizer_states=True)
+    assert path == str(tmp_path / "s2")
+    with pytest.raises(zerort.UnimplementedError, match="load_module_only=True"):
+        engine.load_checkpoint(str(tmp_path), load_module_only=True)
+    engine.close()
+    comm.close()

@@ -8,6 +8,7 @@ import torch
 from .. import core, errors
 from . import (_backward, _checkpoint, _config, _device, _gathered, _handover, _init_context,
                _params, _reach, _stage3, _step_info)
+from ._deepspeed_api import AccumulationSteps, DeepSpeedAPI, refuse_unless_default
 from ._optimizer import ZeroOptimizer
 from ._schedulers import EngineLRScheduler
 
@@ -15,7 +16,7 @@ _DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 _REDUCE_OPS = ("sum", "mean", "max", "min")
 
 
-class TorchEngine:
+class TorchEngine(DeepSpeedAPI):
     """One rank's engine driving `module`'s trainable params. Build it with initialize().
 
     The loop, as DeepSpeed's:
@@ -58,7 +59,7 @@ class TorchEngine:
         device = _device.device_of(module, raw.get("device"))
         _config.cast_to_precision(module, self.config, _init_context.cast)
         self.stage = _config.stage(self.config)
-        self.gradient_accumulation_steps = int(
+        self.gradient_accumulation_steps = AccumulationSteps(
             self.config.get("gradient_accumulation_steps", 1))
         self.loss_scale = _config.initial_loss_scale(self.config)
         self.global_steps = 0  # optimizer steps, skipped ones included (as DeepSpeed's)
@@ -689,7 +690,7 @@ class TorchEngine:
             result[name] = torch.empty(param.shape, dtype=param.dtype, device=param.device)
         return result
 
-    def save_checkpoint(self, directory, tag=None, client_state=None):
+    def save_checkpoint(self, directory, tag=None, client_state=None, save_latest=True):
         """Every rank saves its part; loadable at any world size and stage. With a `tag`
         (as DeepSpeed's save_checkpoint(save_dir, tag)): into directory/tag, then
         directory/latest names it and only the newest `checkpoint.keep_last` stay. The
@@ -697,7 +698,11 @@ class TorchEngine:
         now) and the config schedule's position.
         `client_state` (anything torch.save stores: data position, torch.get_rng_state(),
         tensors; rank 0's is kept) is saved inside the same checkpoint, as DeepSpeed's
-        client_state, so it can never disagree with it (_checkpoint.py)."""
+        client_state, so it can never disagree with it (_checkpoint.py). `save_latest`:
+        DeepSpeed's, True only (a tagged save always points directory/latest at itself)."""
+        refuse_unless_default("save_checkpoint", {"save_latest": save_latest}, {
+            "save_latest": (True, "a tagged save always points directory/latest at itself "
+                                  "once it is complete")})
         self._check_model("save_checkpoint()")
         if not self._in_micro_batch and self._units is None:
             self._take_written_params()
@@ -712,13 +717,27 @@ class TorchEngine:
         every rank, so all of them save and exit together."""
         return self._engine.preemption_requested()
 
-    def load_checkpoint(self, directory, tag=None):
+    def load_checkpoint(self, directory, tag=None, load_module_strict=True,
+                        load_optimizer_states=True, load_lr_scheduler_states=True,
+                        load_module_only=False):
         """Loads params, optimizer state, every group's hyperparameters and the config
         schedule's position (the model's params and engine.optimizer.param_groups show the
         loaded values) from `directory` (directory/tag with a tag), or from the checkpoint
         directory/latest names. Returns, as DeepSpeed's load_checkpoint does, (the path of
         the checkpoint loaded, the client_state saved with it ({} if none)). Unpickles the
-        client state: load only checkpoints you trust."""
+        client state: load only checkpoints you trust. DeepSpeed's keyword arguments are
+        taken at their defaults only (a ZeroRT checkpoint loads whole)."""
+        whole = "a ZeroRT checkpoint loads whole: params, optimizer state and schedule"
+        refuse_unless_default("load_checkpoint", {
+            "load_module_strict": load_module_strict,
+            "load_optimizer_states": load_optimizer_states,
+            "load_lr_scheduler_states": load_lr_scheduler_states,
+            "load_module_only": load_module_only}, {
+            "load_module_strict": (True, "every registered param must be in the checkpoint"),
+            "load_optimizer_states": (True, whole),
+            "load_lr_scheduler_states": (True, whole),
+            "load_module_only": (False, whole + " (for weights alone, read them from "
+                                 "engine.state_dict() of a run that loaded it)")})
         if tag is not None:
             directory = f"{directory}/{tag}"
         self._check_model("load_checkpoint()")

@@ -1,0 +1,79 @@
+"""The parts of DeepSpeed's engine API a ported training script calls that are no more than
+names for what TorchEngine already does: calling the engine runs the model, train()/eval(),
+the rank attributes, the accumulation boundary and DeepSpeed's keyword arguments of the
+checkpoint calls. TorchEngine inherits them (DeepSpeedAPI)."""
+import os
+
+from .. import errors
+
+
+class AccumulationSteps(int):
+    """gradient_accumulation_steps as an int (range(engine.gradient_accumulation_steps)) that
+    is also callable, as DeepSpeed's engine.gradient_accumulation_steps() is a method."""
+
+    def __call__(self):
+        return int(self)
+
+
+def refuse_unless_default(call, given, defaults):
+    """Raises UnimplementedError naming the first of DeepSpeed's keyword arguments `given`
+    ({name: value}) that differs from its default in `defaults` ({name: (default, why)})."""
+    for name, value in given.items():
+        default, why = defaults[name]
+        if value != default:
+            raise errors.UnimplementedError(
+                f"zerort.torch: {call}({name}={value!r}) is not supported: {why}",
+                errors.UnimplementedError.status)
+
+
+class DeepSpeedAPI:
+    """DeepSpeed's names on TorchEngine (which sets module, config, stage, rank and
+    _micro_batches)."""
+
+    def __call__(self, *args, **kwargs):
+        """DeepSpeed's engine(inputs): the model's forward."""
+        return self.module(*args, **kwargs)
+
+    def forward(self, *args, **kwargs):
+        """DeepSpeed's engine.forward(inputs): the model's forward."""
+        return self.module(*args, **kwargs)
+
+    def train(self, mode=True):
+        """The model's train(mode); returns the engine, as DeepSpeed's does."""
+        self.module.train(mode)
+        return self
+
+    def eval(self):
+        """The model's eval(); returns the engine."""
+        return self.train(False)
+
+    @property
+    def global_rank(self):
+        """DeepSpeed's global_rank: this rank's index."""
+        return self.rank
+
+    @property
+    def local_rank(self):
+        """DeepSpeed's local_rank: the launcher's LOCAL_RANK (Open MPI's
+        OMPI_COMM_WORLD_LOCAL_RANK under mpirun), else the rank's index."""
+        for name in ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK"):
+            if name in os.environ:
+                return int(os.environ[name])
+        return self.rank
+
+    def zero_optimization_stage(self):
+        """DeepSpeed's zero_optimization_stage(): the ZeRO stage."""
+        return self.stage
+
+    def train_micro_batch_size_per_gpu(self):
+        """DeepSpeed's: the config's micro-batch size per rank (None when it sets none)."""
+        return self.config.get("batch", {}).get("micro_batch_size_per_rank") or None
+
+    def train_batch_size(self):
+        """DeepSpeed's: the config's train_batch_size (None when it sets none)."""
+        return self.config.get("batch", {}).get("train_batch_size") or None
+
+    def is_gradient_accumulation_boundary(self):
+        """DeepSpeed's: whether the next step() steps the optimizer (it ends the last
+        micro-batch of gradient_accumulation_steps)."""
+        return self._micro_batches + 1 >= self.gradient_accumulation_steps
