@@ -217,6 +217,56 @@ def test_values_written_into_16_bit_params_reach_the_master(tmp_path, stage, wri
         assert loaded and all(torch.equal(loaded[n], halved[n]) for n in loaded)
 
 
+def test_a_write_inside_a_micro_batch_is_not_taken_into_the_master():
+    """A write between backward and step (here one that changes nothing, as a forward's own
+    nn.Embedding(max_norm=...) renorm often does) is not taken: taking the view after the
+    step would round the fp32 master to bf16 every step."""
+    def run(write):
+        def body(_rank, comm):
+            model = bf16_model()
+            engine = zerort.torch.initialize(model, {"stage": 1, "optimizer": SGD}, comm)
+            for step in range(3):
+                loss_of(model, *batch(step)).backward()
+                if write:
+                    with torch.no_grad():
+                        for param in model.parameters():
+                            param.mul_(1.0)
+                engine.step()
+            values = bf16_params(model)
+            engine.close()
+            comm.close()
+            return values
+        return run_ranks(2, body)[0]
+
+    assert_close(run(True), run(False))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_values_written_into_persistent_stage3_units_reach_the_engine(dtype):
+    """Stage-3 units small enough to stay gathered are views of the engine's gathered copy,
+    not of the shards the step updates: a load_state_dict() between steps reaches them."""
+    models = [TinyLM() if dtype == torch.float32 else bf16_model() for _ in range(2)]
+
+    def body(rank, comm):
+        model = models[rank]  # built here: the ranks' threads share the RNG
+        engine = zerort.torch.initialize(model, {
+            "stage": 3, "optimizer": {"type": "sgd", "lr": 0.0},
+            "stage3": {"persistence_threshold": 10**9}}, comm)
+        loss_of(model, *batch(0)).backward()
+        engine.step()
+        written = {n: torch.full_like(p, 0.5) for n, p in model.named_parameters()}
+        model.load_state_dict(written, strict=False)
+        loss_of(model, *batch(1)).backward()
+        engine.step()
+        after = {n: p.detach().clone() for n, p in model.named_parameters()}
+        engine.close()
+        comm.close()
+        return after, written
+
+    for after, written in run_ranks(2, body):
+        assert_close(after, written)
+
+
 DEEPSPEED = {
     "train_batch_size": 8, "train_micro_batch_size_per_gpu": 2,
     "gradient_accumulation_steps": 2, "gradient_clipping": 0.5,
@@ -708,10 +758,10 @@ def test_deepspeed_engine_calls_of_a_ported_script(tmp_path):
     sizes, and the checkpoint calls' keyword arguments (non-default ones are named)."""
     comm = zerort.local_group(1)[0]
     model = TinyLM()
-    config = {"train_batch_size": 4, "train_micro_batch_size_per_gpu": 2,
-              "zero_optimization": {"stage": 2},
+    config = {"zero_optimization": {"stage": 2},
               "optimizer": {"type": "AdamW", "params": {"lr": 0.01}}}
-    engine = zerort.torch.initialize(model, config, comm)
+    engine = zerort.torch.initialize(
+        model, dict(config, train_batch_size=4, train_micro_batch_size_per_gpu=2), comm)
     assert engine.gradient_accumulation_steps() == 2 == engine.gradient_accumulation_steps
     assert (engine.global_rank, engine.zero_optimization_stage()) == (0, 2)
     assert (engine.train_micro_batch_size_per_gpu(), engine.train_batch_size()) == (2, 4)
@@ -735,4 +785,11 @@ def test_deepspeed_engine_calls_of_a_ported_script(tmp_path):
     with pytest.raises(zerort.UnimplementedError, match="load_module_only=True"):
         engine.load_checkpoint(str(tmp_path), load_module_only=True)
     engine.close()
+    # The batch size a config leaves out is derived, as DeepSpeed does.
+    for given, sizes in (({"train_batch_size": 8, "gradient_accumulation_steps": 2}, (4, 8)),
+                         ({"train_micro_batch_size_per_gpu": 4,
+                           "gradient_accumulation_steps": 2}, (4, 8))):
+        engine = zerort.torch.initialize(TinyLM(), dict(config, **given), comm)
+        assert (engine.train_micro_batch_size_per_gpu(), engine.train_batch_size()) == sizes
+        engine.close()
     comm.close()

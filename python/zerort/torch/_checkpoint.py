@@ -49,7 +49,7 @@ def resolve_latest(directory):
     directory = os.fspath(directory).rstrip("/") or "/"
     try:
         with open(os.path.join(directory, "latest"), encoding="utf-8") as file:
-            tag = file.readline().strip()
+            tag = file.read().split("\n")[0]  # the first line as it is, as the engine reads it
     except OSError:
         return directory
     return os.path.join(directory, tag) if tag else directory

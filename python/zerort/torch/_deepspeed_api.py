@@ -14,6 +14,9 @@ class AccumulationSteps(int):
     def __call__(self):
         return int(self)
 
+    def __reduce__(self):
+        return int, (int(self),)  # pickled (torch.save) as the plain int
+
 
 def refuse_unless_default(call, given, defaults):
     """Raises UnimplementedError naming the first of DeepSpeed's keyword arguments `given`
@@ -27,8 +30,8 @@ def refuse_unless_default(call, given, defaults):
 
 
 class DeepSpeedAPI:
-    """DeepSpeed's names on TorchEngine (which sets module, config, stage, rank and
-    _micro_batches)."""
+    """DeepSpeed's names on TorchEngine (which sets module, config, stage, rank, world_size,
+    gradient_accumulation_steps and _micro_batches)."""
 
     def __call__(self, *args, **kwargs):
         """DeepSpeed's engine(inputs): the model's forward."""
@@ -66,12 +69,24 @@ class DeepSpeedAPI:
         return self.stage
 
     def train_micro_batch_size_per_gpu(self):
-        """DeepSpeed's: the config's micro-batch size per rank (None when it sets none)."""
-        return self.config.get("batch", {}).get("micro_batch_size_per_rank") or None
+        """DeepSpeed's: the micro-batch size per rank, the config's or, as DeepSpeed derives
+        it, train_batch_size / (gradient_accumulation_steps × world size) (None when the
+        config sets neither)."""
+        batch = self.config.get("batch", {})
+        if batch.get("micro_batch_size_per_rank"):
+            return batch["micro_batch_size_per_rank"]
+        ranks_steps = self.gradient_accumulation_steps * self.world_size
+        train = batch.get("train_batch_size")
+        return train // ranks_steps if train and train % ranks_steps == 0 else None
 
     def train_batch_size(self):
-        """DeepSpeed's: the config's train_batch_size (None when it sets none)."""
-        return self.config.get("batch", {}).get("train_batch_size") or None
+        """DeepSpeed's: the config's train_batch_size or, as DeepSpeed derives it, micro
+        batch × gradient_accumulation_steps × world size (None when it sets neither)."""
+        batch = self.config.get("batch", {})
+        if batch.get("train_batch_size"):
+            return batch["train_batch_size"]
+        micro = batch.get("micro_batch_size_per_rank")
+        return micro * self.gradient_accumulation_steps * self.world_size if micro else None
 
     def is_gradient_accumulation_boundary(self):
         """DeepSpeed's: whether the next step() steps the optimizer (it ends the last

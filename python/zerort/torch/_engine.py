@@ -232,8 +232,13 @@ class TorchEngine(DeepSpeedAPI):
 
     def _before_forward(self):
         self._ran_forward = True
-        if not self._in_micro_batch and self._units is None:
+        if self._between_steps():
             self._take_written_params()
+
+    def _between_steps(self):
+        """Whether no micro-batch of the next optimizer step has begun (the engine is idle:
+        SetParam's phase)."""
+        return not self._in_micro_batch and self._micro_batches == 0
 
     def _begin_micro_batch(self):
         if not self._in_micro_batch:
@@ -311,12 +316,18 @@ class TorchEngine(DeepSpeedAPI):
                 record.version = param._version
 
     def _take_written_params(self):
-        """Stages 0-2: the values of params written in place since the engine last set
-        them (param.copy_(values) under torch.no_grad(), model.load_state_dict(): their
-        version counter moved) go into the engine. The view holds them already, but the
-        optimizer steps from the engine's fp32 master (16-bit params, and each rank's part at
-        stages 1-2), which would write the old values back. Outside a micro-batch only
-        (before a forward, a save); a write through .data moves no counter and is not seen."""
+        """Between steps (before the step's first forward, or a save): the values of params
+        written in place since the last step (param.copy_(values) under torch.no_grad(),
+        model.load_state_dict(): their version counter moved) go into the engine. The view
+        (stages 0-2, stage-3 persistent units) holds them already, but the optimizer steps
+        from the engine's own copy (the fp32 master of a 16-bit param, a unit's shards),
+        which would write the old values back. Every rank must write the same values (as
+        load_state_dict on every rank does): a rank that sets a param compares the replicas
+        at its next iteration. A write inside a micro-batch (a forward's own, such as
+        nn.Embedding(max_norm=...)'s) is not taken; nor is a write through .data, which
+        moves no counter."""
+        if self._stream is not None:
+            self._follow_engine_stream()  # the step's writes, before the views are read
         for _, param, pid in self._params + self._frozen:
             record = self._records[pid]
             if record.version is None or param._version == record.version:
@@ -327,6 +338,14 @@ class TorchEngine(DeepSpeedAPI):
                 self._wait_for_current_stream()  # the clone, queued there
             self._engine.set_param(pid, values.data_ptr())
             record.version = param._version
+
+    def _forget_writes(self):
+        """The views' version counters as they are now: writes made so far are not taken
+        (those inside a micro-batch, and the step's own)."""
+        for _, param, pid in self._params + self._frozen:
+            record = self._records[pid]
+            if record.version is not None:
+                record.version = param._version
 
     def _add_grad_hook(self, param, pid, unit, position):
         """Hooks `param` (registered as `pid`, self._params[position], stage-3 `unit`)."""
@@ -485,6 +504,7 @@ class TorchEngine(DeepSpeedAPI):
             raise errors.UnusedParametersError(error.message + _backward.UNUSED_HINT,
                                                error.status) from None
         self._in_micro_batch = False
+        self._forget_writes()
         self._passes.reset()
         self._micro_batches += 1
         if self._micro_batches < self.gradient_accumulation_steps:
@@ -704,7 +724,7 @@ class TorchEngine(DeepSpeedAPI):
             "save_latest": (True, "a tagged save always points directory/latest at itself "
                                   "once it is complete")})
         self._check_model("save_checkpoint()")
-        if not self._in_micro_batch and self._units is None:
+        if self._between_steps():
             self._take_written_params()
         self.optimizer.push()  # the groups' values as they are now (a scheduler's new lr)
         extras = {"global_steps": self.global_steps, "loss_scale": self.loss_scale}

@@ -17,10 +17,10 @@ GPU the memory comes from PyTorch's caching allocator.
                         gradients. When an output needs a gradient the release is until
                         backward: the engine keeps a unit it would gather again within
                         stage3.max_reuse_elems (engine.release_until_backward). Outputs
-                        are walked through tuples, lists, sets, dicts and dataclasses; with
-                        autograd on and no output seen to need a gradient (an object the
-                        walk does not know), the trainable units stay gathered until their
-                        gradients arrive
+                        are walked through tuples, lists, sets, dicts and dataclasses; an
+                        output holding another kind of object, with no tensor seen to need a
+                        gradient, keeps the units gathered until their gradients arrive
+                        (frozen ones: until their inputs' gradient is computed)
     output grad hook    gather again, before the module's backward runs (a forward
                         recomputed inside backward by checkpointing gathers by itself)
     param grad hook     once every param of a unit has handed over its gradient, release
@@ -88,20 +88,33 @@ def engine_view(address, shape, dtype, device, owner=None):
     return torch.frombuffer(buffer, dtype=dtype, count=numel).view(shape)
 
 
-def tensors_in(value):
+# Values that hold no tensor.
+_PLAIN = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device)
+
+
+def tensors_in(value, unknown=None, seen=None):
     """The tensors in a module's output (a tensor, or tuples, lists, sets, dicts and
-    dataclass instances of them)."""
+    dataclass instances of them). Any other object (which may hold tensors this walk cannot
+    see) is appended to the list `unknown` when one is given."""
+    seen = set() if seen is None else seen
     if isinstance(value, torch.Tensor):
         yield value
-    elif isinstance(value, (tuple, list, set, frozenset)):
-        for item in value:
-            yield from tensors_in(item)
+        return
+    if isinstance(value, _PLAIN) or id(value) in seen:
+        return
+    seen.add(id(value))
+    if isinstance(value, (tuple, list, set, frozenset)):
+        items = value
     elif isinstance(value, dict):
-        for item in value.values():
-            yield from tensors_in(item)
+        items = value.values()
     elif dataclasses.is_dataclass(value) and not isinstance(value, type):
-        for field in dataclasses.fields(value):
-            yield from tensors_in(getattr(value, field.name))
+        items = [getattr(value, field.name, None) for field in dataclasses.fields(value)]
+    else:
+        if unknown is not None:
+            unknown.append(value)
+        return
+    for item in items:
+        yield from tensors_in(item, unknown, seen)
 
 
 def assign_units(module, trainable, group_of=None, frozen=()):
@@ -126,19 +139,12 @@ def assign_units(module, trainable, group_of=None, frozen=()):
     return unit_of, module_units
 
 
-def _refuse_released_in_state_dict(_module, state_dict, prefix, _metadata):
-    """A state_dict hook: raises when an entry is a sharded stage-3 param between uses (its
-    storage holds fewer bytes than its values: a file saved with it would not load)."""
-    released = [name for name, value in state_dict.items()
-                if name.startswith(prefix) and isinstance(value, torch.Tensor)
-                and storage_bytes(value) < value.numel() * value.element_size()]
-    if released:
-        raise errors.FailedPreconditionError(
-            f"zerort.torch: model.state_dict() at stage 3 holds {len(released)} sharded "
-            f"params between uses (first: \"{released[0]}\"), which have no storage (as in "
-            "FSDP): a file saved from it would not load. Use engine.state_dict() (collective: "
-            "every rank calls it) for full values, or engine.save_checkpoint(); or read inside "
-            "`with zerort.torch.gathered(params):`.", errors.FailedPreconditionError.status)
+_SAVE_WAYS = ("a file saved from it would not load. Use engine.state_dict() (collective: "
+              "every rank calls it) for full values, or engine.save_checkpoint(); or read "
+              "inside `with zerort.torch.gathered(params):`")
+_LOAD_WAYS = ("load inside `with zerort.torch.gathered(params, modifier_rank=0):` (every rank "
+              "enters it; rank 0's values reach every rank), or resume with "
+              "engine.load_checkpoint()")
 
 
 # Gathered memory an engine still held when it closed with its group broken: kept for good,
@@ -195,12 +201,14 @@ class UnitGathering:
                 for (param, pid), address in zip(members, addresses):
                     param.data = self._view(pid, address)
                     records[pid].address = address
+                    records[pid].version = param._version  # a write is taken (_engine.py)
         self._holds = collections.Counter()  # unit -> forwards and blocks using it now
         self._module_units = {}  # module -> the list of units its hooks gather
         for sub, units in module_units.items():
             self.add_units(sub, units)
         # Params read in another module's forward: found as they are read (_access.py).
         self._model_modules = weakref.WeakSet(module.modules())
+        self._model = weakref.ref(module)
         self._unhold_after_forward = []  # units held for a read in a call without hooks
         sharded = [(param, unit) for unit, members in self._members.items()
                    if unit not in self._persistent for param, _ in members]
@@ -209,9 +217,14 @@ class UnitGathering:
         self.handles.append(watch(module, [param for param, _ in sharded], self._read_released))
         # model.state_dict() and load_state_dict() between uses: an error naming the way,
         # not a file that cannot be loaded or a write into an empty storage.
-        self.handles.append(module._register_state_dict_hook(_refuse_released_in_state_dict))
+        self.handles.append(module._register_state_dict_hook(
+            lambda _module, state_dict, prefix, _metadata: self._refuse_released_in(
+                state_dict, prefix, "model.state_dict() holds", _SAVE_WAYS)))
         self.handles.append(module._register_load_state_dict_pre_hook(
-            lambda *args: self._refuse_load_into_released(args[0], args[1])))
+            lambda *args: self._refuse_released_in(
+                {name: self._param_named(name[len(args[1]):]) for name in args[0]
+                 if name.startswith(args[1])}, "", "model.load_state_dict() would write",
+                _LOAD_WAYS)))
         # Torch stream the engine's work follows (device "cuda"), set by the engine: memory
         # lent on another stream is kept for it until its work there is done.
         self.engine_stream = None
@@ -261,21 +274,26 @@ class UnitGathering:
         """The engine's give_back: `unit`'s flat storage is freed."""
         resize_storage(self._flats[unit], 0)
 
-    def _refuse_load_into_released(self, state_dict, prefix):
-        """A load_state_dict pre-hook of the model: raises before a value is written into a
-        sharded param between uses (its storage is empty)."""
-        for unit, members in self._members.items():
-            if unit in self._persistent or unit in self._gathered:
-                continue
-            for _, pid in members:
-                name = self._records[pid].name
-                if prefix + name in state_dict:
-                    raise errors.FailedPreconditionError(
-                        f"zerort.torch: model.load_state_dict() at stage 3 would write param "
-                        f"\"{name}\", which is sharded and has no storage between uses. Load "
-                        "inside `with zerort.torch.gathered(params, modifier_rank=0):` (every "
-                        "rank enters it; rank 0's values reach every rank), or resume with "
-                        "engine.load_checkpoint().", errors.FailedPreconditionError.status)
+    def _param_named(self, name):
+        """The model's param or buffer under its state-dict key `name` (None if none)."""
+        path = name.split(".")
+        owner = self._model()
+        for part in path[:-1]:
+            owner = getattr(owner, part, None)
+        return getattr(owner, path[-1], None) if owner is not None else None
+
+    def _refuse_released_in(self, tensors, prefix, what, ways):
+        """Raises when a value of `tensors` ({state-dict key: tensor}) is a view of a sharded
+        unit's storage between uses (compared by storage, so tied names count too): `what`
+        it, and the `ways` to do it instead."""
+        released = [self._flats[unit] for unit in self._flats if unit not in self._gathered]
+        for name, value in tensors.items():
+            if (name.startswith(prefix) and isinstance(value, torch.Tensor)
+                    and any(same_storage(value, flat) for flat in released)):
+                raise errors.FailedPreconditionError(
+                    f"zerort.torch: {what} \"{name}\", a stage-3 param that is sharded and has "
+                    f"no storage between uses (as in FSDP): {ways}.",
+                    errors.FailedPreconditionError.status)
 
     def views_unit_memory(self, pid, param):
         """Whether `param` (registered as `pid`, in a sharded unit) still views its unit's
@@ -425,21 +443,27 @@ class UnitGathering:
             self.release([unit])
 
     def _after_forward(self, units, inputs, output):
-        needing_grad = ([t for t in tensors_in(output) if t.requires_grad]
-                        if torch.is_grad_enabled() else [])
-        if torch.is_grad_enabled() and not needing_grad:
-            # No output needs a gradient that this walk can see: the tensors may sit in an
-            # object it does not know, and their backward would find the params empty. The
-            # trainable units stay gathered until their gradients arrive (or the step).
-            self._for_backward.update(u for u in units if u not in self._frozen)
-        self.unhold(units, until_backward=bool(needing_grad))
         if not torch.is_grad_enabled():
+            self.unhold(units)
             return
+        # Units with no param that trains now (frozen at initialize() or since): their
+        # backward computes only the inputs' gradient.
+        frozen = [u for u in units if u in self._frozen or not self._trains_now(u)]
+        needing = [t for t in tensors_in(inputs) if t.requires_grad] if frozen else []
+        unknown = []
+        needing_grad = [t for t in tensors_in(output, unknown) if t.requires_grad]
+        if unknown and not needing_grad:
+            # The output holds objects this walk does not know, which may hold tensors whose
+            # backward would find the params empty: units that train stay gathered until
+            # their gradients arrive (or the step), the others, when the inputs need a
+            # gradient, until it is computed (below).
+            self._for_backward.update(u for u in units if u not in frozen)
+            if needing:
+                self._for_backward.update(frozen)
+        self.unhold(units, until_backward=bool(needing_grad))
         for tensor in needing_grad:
             tensor.register_hook(lambda grad, units=units: self._before_backward(
                 units, grad))
-        frozen = [u for u in units if u in self._frozen]
-        needing = [t for t in tensors_in(inputs) if t.requires_grad] if frozen else []
         if needing:
             # One more call whose backward needs these units: released when no such call is
             # left (f(f(x)): the second call's input hook fires before the first's backward).
@@ -448,6 +472,10 @@ class UnitGathering:
             for tensor in needing:
                 tensor.register_hook(lambda grad, frozen=frozen, done=done: self._after_backward(
                     frozen, done, grad))
+
+    def _trains_now(self, unit):
+        """Whether some param of `unit` requires a gradient now (not frozen since)."""
+        return any(param.requires_grad for param, _ in self._members[unit])
 
     def _before_backward(self, units, grad):
         self.gather(units)
