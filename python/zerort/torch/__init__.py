@@ -36,10 +36,12 @@ What happens to the model:
 - What initialize() registered must stay: a param cast or moved (model.half(), .to()), a
   `.data` replaced by another tensor, a trainable param added or unfrozen after it, are
   errors naming the param (at the next step, forward or gradient; before anything of that
-  param reaches the C ABI). Copy new values in place (param.copy_ under torch.no_grad(),
-  or model.load_state_dict()): at stages 0-2 the engine takes them into its fp32 master
-  before the next forward or save_checkpoint() (the param's version counter moved); a write
-  through `.data` moves no counter and a 16-bit param's master never sees it.
+  param reaches the C ABI). Copy new values in place between steps, the same on every rank
+  (param.copy_ under torch.no_grad(), or model.load_state_dict()): the engine takes them
+  into what its step updates (a 16-bit param's fp32 master, a stage-3 persistent unit's
+  shards) before the step's first forward or save_checkpoint() (the param's version counter
+  moved). A write inside a micro-batch, or through `.data` (which moves no counter), is
+  not taken; a write on some ranks only is a collective mismatch at the next iteration.
 - close(), or the garbage collector when nobody called it, gives every param its own copy
   of its last value (stage 3: close() gathers them; the garbage collector cannot, so a
   sharded stage-3 param then reads as NaN). A tensor that still aliases the engine's memory

@@ -313,15 +313,18 @@ class TorchEngine(DeepSpeedAPI):
                 param.data = _stage3.engine_view(address, record.shape, record.dtype,
                                                  record.device, owner)
                 record.address = address
-                record.version = param._version
+                # A 16-bit param's view is not what the step updates (its fp32 master is):
+                # a write into it is taken between steps (_take_written_params).
+                record.version = param._version if record.dtype != torch.float32 else None
 
     def _take_written_params(self):
         """Between steps (before the step's first forward, or a save): the values of params
         written in place since the last step (param.copy_(values) under torch.no_grad(),
         model.load_state_dict(): their version counter moved) go into the engine. The view
-        (stages 0-2, stage-3 persistent units) holds them already, but the optimizer steps
-        from the engine's own copy (the fp32 master of a 16-bit param, a unit's shards),
-        which would write the old values back. Every rank must write the same values (as
+        (a 16-bit param at stages 0-2, a stage-3 persistent unit) holds them already, but the
+        optimizer steps from the engine's own copy (the fp32 master, a unit's shards), which
+        would write the old values back (an fp32 param's view at stages 0-2 is what the step
+        updates: nothing to take). Every rank must write the same values (as
         load_state_dict on every rank does): a rank that sets a param compares the replicas
         at its next iteration. A write inside a micro-batch (a forward's own, such as
         nn.Embedding(max_norm=...)'s) is not taken; nor is a write through .data, which
