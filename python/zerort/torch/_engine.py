@@ -179,6 +179,9 @@ class TorchEngine(DeepSpeedAPI):
                 self.register_external_parameter(sub, param)
         else:
             self._bind_views()
+        # The params whose writes are taken between steps (_take_written_params).
+        self._versioned = [(param, self._records[pid]) for _, param, pid in
+                           self._params + self._frozen if self._records[pid].version is not None]
         self._micro_batches = 0
         self._closed = False
         self._in_micro_batch = False
@@ -329,26 +332,23 @@ class TorchEngine(DeepSpeedAPI):
         at its next iteration. A write inside a micro-batch (a forward's own, such as
         nn.Embedding(max_norm=...)'s) is not taken; nor is a write through .data, which
         moves no counter."""
-        if self._stream is not None:
+        written = [(param, record) for param, record in self._versioned
+                   if param._version != record.version]
+        if written and self._stream is not None:
             self._follow_engine_stream()  # the step's writes, before the views are read
-        for _, param, pid in self._params + self._frozen:
-            record = self._records[pid]
-            if record.version is None or param._version == record.version:
-                continue
+        for param, record in written:
             record.check(param, "taking the values written into a param")
             values = param.detach().clone()  # not the engine's own memory
             if self._stream is not None:
                 self._wait_for_current_stream()  # the clone, queued there
-            self._engine.set_param(pid, values.data_ptr())
+            self._engine.set_param(record.pid, values.data_ptr())
             record.version = param._version
 
     def _forget_writes(self):
         """The views' version counters as they are now: writes made so far are not taken
         (those inside a micro-batch, and the step's own)."""
-        for _, param, pid in self._params + self._frozen:
-            record = self._records[pid]
-            if record.version is not None:
-                record.version = param._version
+        for param, record in self._versioned:
+            record.version = param._version
 
     def _add_grad_hook(self, param, pid, unit, position):
         """Hooks `param` (registered as `pid`, self._params[position], stage-3 `unit`)."""
