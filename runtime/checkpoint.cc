@@ -21,6 +21,7 @@
 #include <tuple>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
@@ -60,6 +61,7 @@ std::vector<SeriesEntry> SeriesCheckpoints(const std::string& root) {
 // keep_last deletes only tags that end in a number (step-1000, global_step1000,
 // checkpoint-500): a tag such as "best" or "final" is the trainer's to keep.
 bool IsNumberedTag(const std::string& tag) { return !tag.empty() && absl::ascii_isdigit(tag.back()); }
+
 
 }  // namespace
 
@@ -142,6 +144,7 @@ Status EngineImpl::SaveCheckpointAs(const std::string& target, int64_t series_se
     std::filesystem::create_directories(ParentOf(dir), error);  // its lock needs it; an error shows below
     created = LockForSave(ParentOf(dir), &lock);
   }
+  if (comm_.rank() == 0 && created.ok()) created = RefuseToReplaceOtherData(dir, "SaveCheckpoint");
   if (comm_.rank() == 0 && created.ok()) {  // a fresh DIR.partial (what a crashed save left is discarded)
     std::error_code error;
     std::filesystem::remove_all(partial, error);
@@ -178,10 +181,12 @@ Status EngineImpl::SaveCheckpointAs(const std::string& target, int64_t series_se
 }
 
 Status EngineImpl::SaveCheckpoint(const std::string& root_dir, const std::string& tag) {
-  if (tag.empty() || tag.find('/') != std::string::npos || tag == "." || tag == ".." || tag == "latest" ||
-      tag.size() > 200 || (tag.size() > 8 && tag.compare(tag.size() - 8, 8, ".partial") == 0)) {
-    return absl::InvalidArgumentError(absl::StrCat("SaveCheckpoint: tag \"", tag, "\" must be a plain file name "
-                                                   "(no '/', not \"latest\", not ending in .partial)"));
+  const bool printable = std::all_of(tag.begin(), tag.end(), [](char c) { return c >= 0x20 && c != 0x7f; });
+  if (tag.empty() || !printable || tag.find('/') != std::string::npos || tag == "." || tag == ".." ||
+      tag == "latest" || tag.size() > 200 || (tag.size() > 8 && tag.compare(tag.size() - 8, 8, ".partial") == 0)) {
+    return absl::InvalidArgumentError(absl::StrCat("SaveCheckpoint: tag \"", absl::CHexEscape(tag),
+                                                   "\" must be a plain file name (printable, no '/', not "
+                                                   "\"latest\", not ending in .partial)"));
   }
   const std::string root = TrimmedDir(root_dir);
   Status created;

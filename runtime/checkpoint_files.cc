@@ -189,6 +189,19 @@ Status ReplaceFileAtomically(const std::string& path, const std::string& text) {
   return SyncDirectory(ParentOf(path));
 }
 
+Status RefuseToReplaceOtherData(const std::string& dir, const std::string& what) {
+  std::error_code error;
+  if (!std::filesystem::exists(dir, error)) return absl::OkStatus();
+  const bool directory = std::filesystem::is_directory(dir, error);
+  if (directory && (std::filesystem::exists(dir + "/meta.json", error) || std::filesystem::is_empty(dir, error))) {
+    return absl::OkStatus();
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      what, ": ", dir, " exists and is ", directory ? "a directory that holds no ZeroRT checkpoint" : "not a directory",
+      "; a checkpoint replaces its directory whole, so this one would be lost. Write into a new or empty directory, "
+      "or (SaveCheckpoint) give a tag: root/tag is written and root/latest points at it, beside what root holds"));
+}
+
 Status PublishDirectory(const std::string& partial, const std::string& dir) {
   ZERO_RETURN_IF_ERROR(SyncDirectory(partial));
   std::error_code error;

@@ -67,6 +67,11 @@ class DirectoryLock {
 /// The directory holding `path` ("." for a bare name).
 std::string ParentOf(const std::string& path);
 
+/// kFailedPrecondition (its message starting with `what`) when `dir` exists and is neither an
+/// earlier checkpoint (a directory holding meta.json) nor an empty directory: a file, or a
+/// directory of other data, that publishing a checkpoint there would delete.
+Status RefuseToReplaceOtherData(const std::string& dir, const std::string& what);
+
 /// Makes the finished directory `partial` visible as `dir`: `dir`'s previous contents are
 /// replaced in one atomic step (renameat2 RENAME_EXCHANGE, then the old contents are deleted;
 /// on file systems without it, `dir` is renamed aside first, so a crash in between leaves

@@ -157,6 +157,7 @@ Status ReshardCheckpoint(const std::string& target, int world, const std::string
   ZERO_ASSIGN_OR_RETURN(const partition::PartitionPlan plan, partition::PartitionPlan::Build(infos, layout));
 
   const std::string destination = runtime::TrimmedDir(out);
+  ZERO_RETURN_IF_ERROR(runtime::RefuseToReplaceOtherData(destination, "reshard"));
   const std::string partial = destination + ".partial";
   std::error_code error;
   std::filesystem::remove_all(partial, error);

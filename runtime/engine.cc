@@ -2,6 +2,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "base/env.h"
 #include "runtime/engine_impl.h"
 
@@ -148,11 +149,20 @@ StatusOr<ParamId> EngineImpl::RegisterParam(const ParamSpec& spec) {
   if (spec.shape.empty()) {
     return absl::InvalidArgumentError(absl::StrCat("param \"", spec.name, "\": shape is empty"));
   }
+  // At most 2^40 elements (a checkpoint's bound on a size), so that no product wraps around.
+  constexpr int64_t kMaxParamElems = int64_t{1} << 40;
+  int64_t numel = 1;
   for (int64_t d : spec.shape) {
     if (d < 1) {
       return absl::InvalidArgumentError(absl::StrCat("param \"", spec.name, "\": dimension ", d,
                                                      " is not ≥ 1"));
     }
+    if (d > kMaxParamElems / numel) {
+      return absl::InvalidArgumentError(absl::StrCat("param \"", spec.name, "\": shape [",
+                                                     absl::StrJoin(spec.shape, ", "),
+                                                     "] has more than 2^40 elements, the most a param may have"));
+    }
+    numel *= d;
   }
   if (spec.group < 0 || spec.group >= kMaxOptimizerGroups) {
     return absl::InvalidArgumentError(absl::StrCat("param \"", spec.name, "\": group ", spec.group,

@@ -364,6 +364,20 @@ def check_killed_while_saving(kills=6, launcher=()):
                            f"checkpoint always loads ({loaded} of {kills})")
 
 
+def check_killed_in_its_first_save():
+    """What a job killed inside its first save leaves (the series' lock file and
+    step-1.partial) holds no checkpoint: --resume starts at step 0 (a requeued job failed for
+    good on the lock file)."""
+    with tempfile.TemporaryDirectory() as root:
+        ckpt = os.path.join(root, "ckpt")
+        os.makedirs(os.path.join(ckpt, "step-1.partial"))
+        open(os.path.join(ckpt, ".zerort-lock"), "w", encoding="utf-8").close()
+        resumed = train(["--steps", "2", "--ranks", "2", "--width", "64", "--checkpoint_dir", ckpt,
+                         "--resume"])
+        check(resumed is not None and len(resumed[0]) == 2,
+              "--resume after a kill inside the first save starts at step 0")
+
+
 def check_flags():
     """Flags checked at the door: help, nonsense numbers, values that are values, checkpoints."""
     for tool, own in (("zero-train", ("--steps", "--checkpoint_dir", "--save_every", "--keep_last")),
@@ -431,6 +445,7 @@ if MODE == "local":
               and (resumed[1]["final_loss"], resumed[1]["checksum"]) == (whole[1]["final_loss"], whole[1]["checksum"]),
               "checkpoint after 20 steps, resume at stage 3 to 40: identical to the uninterrupted run (fp16 scaler included)")
     check_killed_while_saving()
+    check_killed_in_its_first_save()
     check_preempted(signal.SIGTERM, flags=["--ranks", "2"])
     check_zero_ckpt()
     check_lr_schedule()

@@ -389,5 +389,41 @@ TEST(CheckpointMisuse, BinaryUserDataAndAFifoAreErrorsNotACrashOrAHang) {
   std::filesystem::remove_all(root);
 }
 
+// A save replaces its directory whole: only an earlier checkpoint or an empty directory may
+// be there. A directory of other data (a trainer's output directory) or a file is refused on
+// every rank and left as it was; a tag that the series' `latest` could not name is refused.
+TEST(CheckpointMisuse, ASaveNeverReplacesOtherDataAndATagIsPrintable) {
+  const std::string root = testing::ScratchDir("zerort-ckpt-clobber");
+  std::filesystem::create_directories(root + "/output/logs");
+  { std::ofstream(root + "/output/logs/train.log") << "epoch 1\n"; }
+  { std::ofstream(root + "/model.bin") << "weights"; }
+  std::filesystem::create_directories(root + "/empty");
+  const std::vector<Status> statuses = RunOnRanks(2, [&](int rank, comm::Communicator& c) -> Status {
+    ZERO_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(ToyConfig(2), c));
+    testing::ToyOptions o;
+    o.steps = 1;
+    testing::ToyResult result;
+    ZERO_RETURN_IF_ERROR(testing::TrainToy(*engine, o, &result));
+    for (const char* other : {"/output", "/model.bin"}) {
+      const Status refused = engine->SaveCheckpoint(root + other);  // rank 0 looks; the rest hear why
+      if (refused.ok() || (rank == 0 && !absl::StrContains(refused.message(), "would be lost"))) {
+        return absl::InternalError(absl::StrCat("saving over ", other, ": ", refused.ToString()));
+      }
+    }
+    ZERO_RETURN_IF_ERROR(engine->SaveCheckpoint(root + "/empty"));
+    ZERO_RETURN_IF_ERROR(engine->SaveCheckpoint(root + "/empty"));  // over its own checkpoint
+    const Status newline = engine->SaveCheckpoint(root + "/series", "step-2\n");
+    if (newline.code() != absl::StatusCode::kInvalidArgument) {
+      return absl::InternalError(absl::StrCat("a tag with a newline: ", newline.ToString()));
+    }
+    return absl::OkStatus();
+  });
+  ASSERT_THAT(statuses, ::testing::Each(IsOk()));
+  EXPECT_TRUE(std::filesystem::exists(root + "/output/logs/train.log"));
+  EXPECT_TRUE(std::filesystem::is_regular_file(root + "/model.bin"));
+  EXPECT_TRUE(std::filesystem::exists(root + "/empty/meta.json"));
+  std::filesystem::remove_all(root);
+}
+
 }  // namespace
 }  // namespace zero

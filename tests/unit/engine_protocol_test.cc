@@ -26,6 +26,9 @@ TEST(EngineProtocol, CallsOutOfOrderAreClearErrorsAndLoseNothing) {
   const ParamId b = *e.RegisterParam({"b", {3, 3}});
   EXPECT_THAT(e.RegisterParam({"a", {4}}), StatusIs(absl::StatusCode::kInvalidArgument));
   EXPECT_THAT(e.RegisterParam({"bad", {0}}), StatusIs(absl::StatusCode::kInvalidArgument));
+  // A shape whose element count would wrap around int64 (to 4 here) is refused, not trained.
+  EXPECT_THAT(e.RegisterParam({"huge", {(int64_t{1} << 62) + 1, 4}}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("more than 2^40 elements")));
   EXPECT_THAT(e.RegisterParam({"counter", {4}, DType::kInt64, false}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("int64")));
   ASSERT_THAT(e.Finalize(), IsOk());

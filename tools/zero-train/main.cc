@@ -264,11 +264,13 @@ StatusOr<std::vector<RankMemory>> GatherMemory(comm::Communicator& comm, const E
 // first run of a job that always passes --resume);
 // a `dir` holding no loadable checkpoint is an error, never a silent restart.
 StatusOr<int> Resume(Engine& engine, const std::string& dir, bool reports) {
-  // Absent, empty, or holding only what an interrupted first save left (*.partial).
+  // Absent, empty, or holding only what an interrupted first save left: its *.partial
+  // directory and the series' lock file (.zerort-lock, Engine::SaveCheckpoint's).
   std::error_code error;
   bool fresh = true;
   for (const auto& entry : std::filesystem::directory_iterator(dir, error)) {
-    fresh = fresh && absl::EndsWith(entry.path().filename().string(), ".partial");
+    const std::string name = entry.path().filename().string();
+    fresh = fresh && (absl::EndsWith(name, ".partial") || name == ".zerort-lock");
   }
   if (fresh) {
     if (reports) std::fprintf(stderr, "zero-train: no checkpoint in %s yet: starting at step 0\n", dir.c_str());
