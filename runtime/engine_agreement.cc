@@ -118,7 +118,30 @@ size_t FirstDifference(const std::vector<uint64_t>& all, int world, size_t count
 
 }  // namespace
 
-// One all-gather of (param count, registry hash, stage) when the ranks agree. Otherwise every
+// What every rank's optimizer step must agree on, as text: the optimizer and each group's
+// hyperparameters, clipping, accumulation, the schedule, the loss scale, the gradient dtype.
+std::string StepSettings(const Config& c) {
+  auto hyper = [](const OptimizerHyper& h) {
+    return absl::StrCat("lr ", h.lr, " betas ", h.beta1, "/", h.beta2, " eps ", h.eps, " wd ", h.weight_decay,
+                        " momentum ", h.momentum, " dampening ", h.dampening, h.nesterov ? " nesterov" : "");
+  };
+  std::string text = absl::StrCat(OptimizerTypeName(c.optimizer.type), " ", hyper(c.optimizer));
+  for (size_t g = 0; g < c.optimizer.param_groups.size(); ++g) {
+    absl::StrAppend(&text, "; group ", g, ": ", hyper(c.optimizer.Group(static_cast<int>(g))));
+  }
+  const SchedulerConfig& s = c.scheduler;
+  absl::StrAppend(&text, "; clip ", c.clip_grad_norm, ", accumulation ", c.gradient_accumulation_steps,
+                  ", schedule ", static_cast<int>(s.type), " ", s.warmup_min_lr, "/", s.warmup_max_lr.value_or(-1),
+                  "/", s.warmup_num_steps, "/", static_cast<int>(s.warmup_type), "/", s.total_num_steps, "/",
+                  s.warmup_min_ratio, "/", s.cos_min_ratio);
+  const LossScaleConfig& l = c.loss_scale;
+  absl::StrAppend(&text, ", loss scale ", static_cast<int>(l.mode), " ", l.initial_power, "/", l.window, "/",
+                  l.hysteresis, "/", l.min, ", gradients ", DTypeName(c.precision.grad));
+  return text;
+}
+
+// One all-gather of (param count, registry hash, stage, step settings' hash) when the ranks
+// agree. Otherwise every
 // rank gets the same gathered values and so takes the same path: the stages, or the first
 // differing index (from all hashes) and each rank's param there (one fixed-size all-gather),
 // so that any rank's message tells both sides.
@@ -130,21 +153,32 @@ Status EngineImpl::CheckRegistryAgrees() {
     hashes.push_back(HashSpec(s));
     total = Mix(total, hashes.back());
   }
+  const std::string settings = StepSettings(config_);
+  const uint64_t settings_hash = Mix(0xcbf29ce484222325ull, settings.data(), settings.size());
   std::vector<uint64_t> summaries;
-  const std::vector<uint64_t> summary = {hashes.size(), total, static_cast<uint64_t>(config_.stage)};
+  const std::vector<uint64_t> summary = {hashes.size(), total, static_cast<uint64_t>(config_.stage), settings_hash};
   ZERO_RETURN_IF_ERROR(GatherWords(host_, world, summary, &summaries));
-  bool agree = true, same_stage = true;
+  bool agree = true, same_stage = true, same_settings = true;
   uint64_t most = 0;
   std::vector<std::string> stages;
   for (int r = 0; r < world; ++r) {
-    agree &= summaries[3 * r] == hashes.size() && summaries[3 * r + 1] == total;
-    same_stage &= summaries[3 * r + 2] == static_cast<uint64_t>(config_.stage);
-    most = std::max(most, summaries[3 * r]);
-    stages.push_back(absl::StrCat("stage ", summaries[3 * r + 2]));
+    agree &= summaries[4 * r] == hashes.size() && summaries[4 * r + 1] == total;
+    same_stage &= summaries[4 * r + 2] == static_cast<uint64_t>(config_.stage);
+    same_settings &= summaries[4 * r + 3] == settings_hash;
+    most = std::max(most, summaries[4 * r]);
+    stages.push_back(absl::StrCat("stage ", summaries[4 * r + 2]));
   }
   if (!same_stage) {
     return absl::InvalidArgumentError(absl::StrCat("ranks use different ZeRO stages: ", DescribeSides(stages),
                                                    " (this is rank ", rank, "); every rank must use the same config"));
+  }
+  if (!same_settings) {  // each rank would step its shard its own way
+    std::vector<std::string> sides;
+    ZERO_RETURN_IF_ERROR(GatherDescriptions(host_, world, settings, &sides));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ranks use different optimizer settings: ", DescribeSides(sides), " (this is rank ", rank,
+        "); every rank must use the same optimizer, hyperparameters, clipping, accumulation, schedule and loss "
+        "scale (the same config)"));
   }
   if (agree) return absl::OkStatus();
   std::vector<uint64_t> padded(most, 0), all;

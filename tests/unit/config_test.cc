@@ -245,11 +245,12 @@ TEST(ConfigSteps, EveryAcceptedConfigSteps) {
 
 // Each rank registers `specs`, then Finalize; returns each rank's Finalize status.
 std::vector<Status> FinalizeOnRanks(const std::vector<std::vector<ParamSpec>>& specs,
-                                    const std::vector<int>& stages = {}) {
+                                    const std::vector<int>& stages = {}, const std::vector<float>& lrs = {}) {
   return testing::RunOnRanks(static_cast<int>(specs.size()), [&](int r, comm::Communicator& comm) -> Status {
     Config config;
     config.guard.timeout_s = 60;
     if (!stages.empty()) config.stage = stages[r];
+    if (!lrs.empty()) config.optimizer.lr = lrs[r];
     ZERO_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(config, comm));
     for (const ParamSpec& spec : specs[r]) ZERO_RETURN_IF_ERROR(engine->RegisterParam(spec).status());
     return engine->Finalize();
@@ -299,6 +300,14 @@ TEST(RegistryMismatch, DifferentStagesAreNamed) {
   const ParamSpec a{"a", {4}};
   ExpectEveryRankSays(FinalizeOnRanks({{a}, {a}, {a}}, {2, 1, 2}),
                       {"different ZeRO stages", "ranks 0, 2 have stage 2", "rank 1 has stage 1"});
+}
+
+// Ranks launched with different optimizer settings (an MPMD launch, a config read per rank)
+// would each step their shard their own way: refused, naming both sides.
+TEST(RegistryMismatch, DifferentOptimizerSettingsAreNamed) {
+  const ParamSpec a{"a", {4}};
+  ExpectEveryRankSays(FinalizeOnRanks({{a}, {a}, {a}}, {}, {0.001f, 0.002f, 0.001f}),
+                      {"different optimizer settings", "ranks 0, 2 have adamw lr 0.001", "rank 1 has adamw lr 0.002"});
 }
 
 TEST(RegistryMismatch, AgreeingRanksFinalize) {
