@@ -426,13 +426,16 @@ def test_client_state_with_rng_states_round_trips(tmp_path):
     torch.manual_seed(1234)
     state = {"rng": torch.get_rng_state(), "weights": torch.arange(5.0), "epoch": 7,
              "generator": torch.Generator().manual_seed(5).get_state()}
-    engine.save_checkpoint(tmp_path / "ckpt", client_state=state)
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "notes.txt").write_text("the trainer's own")  # left alone
+    engine.save_checkpoint(tmp_path / "ckpt", client_state=state)  # as DeepSpeed: global_step3
     expected_draw = torch.rand(4)
     engine.close()
 
     engine = zerort.torch.initialize(TinyLM(), {"stage": 2, "optimizer": OPTIMIZER}, comm)
     path, loaded = engine.load_checkpoint(tmp_path / "ckpt")
-    assert path == str(tmp_path / "ckpt")
+    assert path == str(tmp_path / "ckpt" / "global_step3")
+    assert (tmp_path / "ckpt" / "notes.txt").read_text() == "the trainer's own"
     assert sorted(loaded) == sorted(state) and loaded["epoch"] == 7
     assert torch.equal(loaded["rng"], state["rng"]) and torch.equal(loaded["weights"],
                                                                       state["weights"])

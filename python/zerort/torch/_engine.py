@@ -714,11 +714,12 @@ class TorchEngine(DeepSpeedAPI):
         return result
 
     def save_checkpoint(self, directory, tag=None, client_state=None, save_latest=True):
-        """Every rank saves its part; loadable at any world size and stage. With a `tag`
-        (as DeepSpeed's save_checkpoint(save_dir, tag)): into directory/tag, then
-        directory/latest names it and only the newest `checkpoint.keep_last` stay. The
-        engine saves every group's hyperparameters (engine.optimizer.param_groups' values
-        now) and the config schedule's position.
+        """Every rank saves its part; loadable at any world size and stage. As DeepSpeed's
+        save_checkpoint(save_dir, tag): into directory/tag (tag "global_step<N>" when none
+        is given, N = global_steps), then directory/latest names it and only the newest
+        `checkpoint.keep_last` stay; what else `directory` holds is left alone. The engine
+        saves every group's hyperparameters (engine.optimizer.param_groups' values now) and
+        the config schedule's position.
         `client_state` (anything torch.save stores: data position, torch.get_rng_state(),
         tensors; rank 0's is kept) is saved inside the same checkpoint, as DeepSpeed's
         client_state, so it can never disagree with it (_checkpoint.py). `save_latest`:
@@ -732,7 +733,8 @@ class TorchEngine(DeepSpeedAPI):
         self.optimizer.push()  # the groups' values as they are now (a scheduler's new lr)
         extras = {"global_steps": self.global_steps, "loss_scale": self.loss_scale}
         self._engine.set_checkpoint_user_data(_checkpoint.encode(client_state, extras))
-        self._engine.save_checkpoint(directory, tag)
+        self._engine.save_checkpoint(directory,
+                                     f"global_step{self.global_steps}" if tag is None else tag)
 
     def preemption_requested(self):
         """After zerort.install_preemption_handler(): whether any rank got SIGTERM or
