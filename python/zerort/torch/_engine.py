@@ -235,7 +235,7 @@ class TorchEngine(DeepSpeedAPI):
 
     def _before_forward(self):
         self._ran_forward = True
-        if self._between_steps():
+        if self._versioned and self._between_steps():
             self._take_written_params()
 
     def _between_steps(self):

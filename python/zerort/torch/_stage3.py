@@ -96,11 +96,14 @@ def tensors_in(value, unknown=None, seen=None):
     """The tensors in a module's output (a tensor, or tuples, lists, sets, dicts and
     dataclass instances of them). Any other object (which may hold tensors this walk cannot
     see) is appended to the list `unknown` when one is given."""
-    seen = set() if seen is None else seen
     if isinstance(value, torch.Tensor):
         yield value
         return
-    if isinstance(value, _PLAIN) or id(value) in seen:
+    if isinstance(value, _PLAIN):
+        return
+    if seen is None:  # (a plain tensor output allocates nothing)
+        seen = set()
+    elif id(value) in seen:
         return
     seen.add(id(value))
     if isinstance(value, (tuple, list, set, frozenset)):
@@ -475,7 +478,10 @@ class UnitGathering:
 
     def _trains_now(self, unit):
         """Whether some param of `unit` requires a gradient now (not frozen since)."""
-        return any(param.requires_grad for param, _ in self._members[unit])
+        for param, _ in self._members[unit]:
+            if param.requires_grad:
+                return True
+        return False
 
     def _before_backward(self, units, grad):
         self.gather(units)
