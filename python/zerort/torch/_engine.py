@@ -338,10 +338,16 @@ class TorchEngine(DeepSpeedAPI):
             self._follow_engine_stream()  # the step's writes, before the views are read
         for param, record in written:
             record.check(param, "taking the values written into a param")
-            values = param.detach().clone()  # not the engine's own memory
-            if self._stream is not None:
-                self._wait_for_current_stream()  # the clone, queued there
-            self._engine.set_param(record.pid, values.data_ptr())
+            self._set_from(param, record)
+
+    def _set_from(self, param, record):
+        """The engine's copy of the param of `record` becomes `param`'s values (a copy of
+        them: the view may be the engine's own memory); a tracked write is taken."""
+        values = param.detach().clone()
+        if self._stream is not None:
+            self._wait_for_current_stream()  # the clone, queued there
+        self._engine.set_param(record.pid, values.data_ptr())
+        if record.version is not None:
             record.version = param._version
 
     def _forget_writes(self):
@@ -663,12 +669,7 @@ class TorchEngine(DeepSpeedAPI):
         for param, pid in zip(params, pids):
             _device.broadcast_tensor(param.data, self._comm, rank, self._timeout)
             if pid is not None:
-                values = param.detach().clone()  # not the engine's own memory
-                if self._stream is not None:
-                    self._wait_for_current_stream()  # the clone, queued there
-                self._engine.set_param(pid, values.data_ptr())
-                if self._records[pid].version is not None:
-                    self._records[pid].version = param._version  # taken now
+                self._set_from(param, self._records[pid])
 
     def _check_model(self, what):
         """Raises FailedPreconditionError when the engine was closed, or naming the first
