@@ -182,8 +182,10 @@ def test_values_written_into_16_bit_params_reach_the_master(tmp_path, stage, wri
     torch.manual_seed(1)
     written = {n: torch.randn_like(p) for n, p in bf16_model().named_parameters()}
 
-    def body(_rank, comm):
-        model = bf16_model()
+    models = [bf16_model() for _ in range(2)]  # here: TinyLM seeds the shared RNG
+
+    def body(rank, comm):
+        model = models[rank]
         engine = zerort.torch.initialize(model, {
             "stage": stage, "optimizer": {"type": "sgd", "lr": 0.0, "weight_decay": 0.0}}, comm)
 
@@ -222,8 +224,10 @@ def test_a_write_inside_a_micro_batch_is_not_taken_into_the_master():
     nn.Embedding(max_norm=...) renorm often does) is not taken: taking the view after the
     step would round the fp32 master to bf16 every step."""
     def run(write):
-        def body(_rank, comm):
-            model = bf16_model()
+        models = [bf16_model() for _ in range(2)]  # here: TinyLM seeds the shared RNG
+
+        def body(rank, comm):
+            model = models[rank]
             engine = zerort.torch.initialize(model, {"stage": 1, "optimizer": SGD}, comm)
             for step in range(3):
                 loss_of(model, *batch(step)).backward()
