@@ -77,7 +77,7 @@ Status EngineImpl::AgreeOnOutcome(const Status& local, const std::string& what) 
   return absl::OkStatus();
 }
 
-Status EngineImpl::WriteRankFile(const std::string& path) {
+Status EngineImpl::WriteRankFile(const std::string& path, uint64_t* index_checksum) {
   // Where every rank owns everything (stage 0), rank 0 alone writes it. Records stream to the
   // file (one param's part in memory at a time).
   const bool writes = plan_->ranks_own_shards() || comm_.rank() == 0;
@@ -107,7 +107,9 @@ Status EngineImpl::WriteRankFile(const std::string& path) {
       }
     }
   }
-  return out->Close();
+  ZERO_RETURN_IF_ERROR(out->Close());
+  *index_checksum = out->index_checksum();
+  return absl::OkStatus();
 }
 
 Status EngineImpl::LockForSave(const std::string& dir, std::optional<DirectoryLock>* lock) {
@@ -152,7 +154,12 @@ Status EngineImpl::SaveCheckpointAs(const std::string& target, int64_t series_se
     if (error) created = absl::UnavailableError(absl::StrCat("checkpoint: cannot create ", partial, ": ", error.message()));
   }
   ZERO_RETURN_IF_ERROR(AgreeOnOutcome(created, "SaveCheckpoint"));
-  Status written = WriteRankFile(RankFilePath(partial, comm_.rank(), comm_.size()));
+  uint64_t index_checksum = 0;
+  Status written = WriteRankFile(RankFilePath(partial, comm_.rank(), comm_.size()), &index_checksum);
+  ZERO_RETURN_IF_ERROR(AgreeOnOutcome(written, "SaveCheckpoint"));
+  // meta.json names each rank file by its index checksum: a file of another save is refused.
+  std::vector<uint64_t> rank_files(static_cast<size_t>(comm_.size()));
+  written = host_.AllGather(&index_checksum, rank_files.data(), 1, DType::kInt64);
   if (written.ok() && comm_.rank() == 0) {
     CheckpointMeta meta;
     meta.world = comm_.size();
@@ -164,6 +171,7 @@ Status EngineImpl::SaveCheckpointAs(const std::string& target, int64_t series_se
     meta.user_data = user_data_;
     meta.scaler = loss_scaler_.state();
     meta.groups = groups_;
+    meta.rank_files = std::move(rank_files);
     for (const ParamSpec& s : specs_) {
       const bool saved = s.requires_grad || config_.checkpoint.save_frozen;
       meta.params.push_back(
@@ -337,7 +345,7 @@ StatusOr<EngineImpl::CheckpointShard> EngineImpl::ReadCheckpointShard(const std:
   std::vector<float> values;
   for (int q = 0; q < meta.world; ++q) {
     ZERO_ASSIGN_OR_RETURN(std::unique_ptr<RankFileReader> file,
-                          RankFileReader::Open(RankFilePath(dir, q, meta.world), meta));
+                          RankFileReader::Open(RankFilePath(dir, q, meta.world), meta, q));
     for (size_t k = 0; k < file->records().size(); ++k) {
       const RankFileReader::Record& r = file->records()[k];
       const int param = registered[r.param];  // trainable params have records: all matched

@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "runtime/checkpoint_files.h"
@@ -139,6 +140,26 @@ Status ReadParams(const nlohmann::json& json, const std::string& path, Checkpoin
 
 // "groups": each optimizer group's hyperparameters (absent in older files). The values are
 // checked against the config's ranges, so a damaged file cannot hand the kernels a bad one.
+// meta.json's "rank_files": one 16-digit hex checksum per rank file (absent in older files).
+Status ReadRankFiles(const nlohmann::json& json, const std::string& path, CheckpointMeta* meta) {
+  const auto files = json.find("rank_files");
+  if (files == json.end()) return absl::OkStatus();
+  constexpr char kExpected[] = "an array of one 16-digit hex checksum per rank file";
+  if (!files->is_array() || files->size() != static_cast<size_t>(meta->world)) {
+    return FieldError(path, "rank_files", kExpected);
+  }
+  for (const nlohmann::json& entry : *files) {
+    uint64_t checksum = 0;
+    const std::string text = entry.is_string() ? entry.get<std::string>() : "";
+    if (text.size() != 16 || text.find_first_not_of("0123456789abcdef") != std::string::npos ||
+        !absl::SimpleHexAtoi(text, &checksum)) {
+      return FieldError(path, "rank_files", kExpected);
+    }
+    meta->rank_files.push_back(checksum);
+  }
+  return absl::OkStatus();
+}
+
 Status ReadGroups(const nlohmann::json& json, const std::string& path, CheckpointMeta* meta) {
   const auto groups = json.find("groups");
   if (groups == json.end()) return absl::OkStatus();
@@ -312,6 +333,7 @@ StatusOr<CheckpointMeta> ReadCheckpointMeta(const std::string& dir) {
   }
   ZERO_RETURN_IF_ERROR(ReadGroups(json, path, &meta));
   ZERO_RETURN_IF_ERROR(ReadParams(json, path, &meta));
+  ZERO_RETURN_IF_ERROR(ReadRankFiles(json, path, &meta));
   // Last: a field that is damaged beyond reading is named above; any other change is here.
   // Required from format 4; checked in any file that has one (a format changed to 3 too).
   if (meta.format >= 4 || json.contains("checksum")) ZERO_RETURN_IF_ERROR(CheckMetaChecksum(path, &json));
@@ -351,6 +373,10 @@ StatusOr<std::string> CheckpointMetaJson(const CheckpointMeta& meta) {
   for (const CheckpointMeta::Param& p : meta.params) {
     json["params"].push_back({{"name", p.name}, {"shape", p.shape}, {"dtype", p.dtype},
                               {"requires_grad", p.requires_grad}, {"saved", p.saved}, {"steps", p.steps}});
+  }
+  if (!meta.rank_files.empty()) {
+    json["rank_files"] = nlohmann::json::array();
+    for (const uint64_t checksum : meta.rank_files) json["rank_files"].push_back(absl::StrFormat("%016x", checksum));
   }
   if (meta.format >= 4) json["checksum"] = MetaChecksum(json);
   try {  // nlohmann throws on a string that is not UTF-8; the library never throws
@@ -417,7 +443,8 @@ Status RankFileWriter::Close() {
     put(checksums_[k]);
     offset += static_cast<uint64_t>(PayloadFloats(records_[k], moments_)) * sizeof(float);
   }
-  put(Checksum(header.data(), header.size() - 8));
+  index_checksum_ = Checksum(header.data(), header.size() - 8);
+  put(index_checksum_);
   if (::lseek(fd_, 0, SEEK_SET) != 0) return SystemError("seek in", path_);
   ZERO_RETURN_IF_ERROR(WriteAll(fd_, header.data(), header.size(), path_));
   if (::fsync(fd_) != 0) return SystemError("sync", path_);
@@ -432,7 +459,7 @@ Status RankFileWriter::Close() {
 RankFileReader::~RankFileReader() { ::close(fd_); }
 
 StatusOr<std::unique_ptr<RankFileReader>> RankFileReader::Open(const std::string& path,
-                                                              const CheckpointMeta& meta) {
+                                                              const CheckpointMeta& meta, int rank) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     if (errno == ENOENT) {
@@ -451,6 +478,7 @@ StatusOr<std::unique_ptr<RankFileReader>> RankFileReader::Open(const std::string
   if (std::memcmp(magic, kMagicV3, sizeof magic) == 0) {
     reader->format_ = 3;
     ZERO_RETURN_IF_ERROR(reader->ReadIndex(meta));
+    ZERO_RETURN_IF_ERROR(reader->CheckSameSave(meta, rank));
   } else if (std::memcmp(magic, kMagicV2, sizeof magic) == 0 || std::memcmp(magic, kMagicV1, sizeof magic) == 0) {
     reader->format_ = magic[7] - '0';
     if (reader->format_ == 2) {
@@ -461,7 +489,27 @@ StatusOr<std::unique_ptr<RankFileReader>> RankFileReader::Open(const std::string
   } else {
     return absl::InvalidArgumentError(absl::StrCat("checkpoint: ", path, " is not a ZeroRT rank file"));
   }
+  if (reader->format_ != 3 && !meta.rank_files.empty()) {  // meta.json names a format-3 index
+    return absl::DataLossError(absl::StrCat("checkpoint: ", path, " is a rank file of format ", reader->format_,
+                                            ", not the one this checkpoint's meta.json describes (a file "
+                                            "copied from another save?)"));
+  }
   return reader;
+}
+
+Status RankFileReader::CheckSameSave(const CheckpointMeta& meta, int rank) const {
+  if (meta.rank_files.empty()) return absl::OkStatus();  // written before it was recorded
+  if (rank < 0 || static_cast<size_t>(rank) >= meta.rank_files.size()) {
+    return absl::InternalError(absl::StrCat("checkpoint: rank file ", rank, " asked of a checkpoint of ",
+                                            meta.rank_files.size()));
+  }
+  if (index_checksum_ == meta.rank_files[rank]) return absl::OkStatus();
+  return absl::DataLossError(absl::StrFormat(
+      "checkpoint: %s is not the file this checkpoint saved: its index hashes to %016x, and meta.json "
+      "records %016x for rank %d. It comes from another save (a rank file copied, or left over, from "
+      "another checkpoint or step); nothing was loaded. Copy a checkpoint as a whole directory, or "
+      "load an older one",
+      path_, index_checksum_, meta.rank_files[rank], rank));
 }
 
 Status RankFileReader::ReadAt(void* out, int64_t bytes, int64_t offset) {
@@ -521,6 +569,7 @@ Status RankFileReader::ReadIndex(const CheckpointMeta& meta) {
         "checkpoint: %s is corrupt: its index hashes to %016x but records %016x (a damaged or partly "
         "written file); load an older checkpoint", path_, computed, stored));
   }
+  index_checksum_ = stored;
   const char* at = header.data() + kHeaderBytes;
   auto get = [&at](auto* value) {
     std::memcpy(value, at, sizeof *value);

@@ -5,8 +5,9 @@
 //   DIR/meta.json        format, world, stage, step, optimizer, moment count, loss scaler,
 //                        the trainer's user_data, each optimizer group's hyperparameters,
 //                        each param's name, shape, dtype, requires_grad, whether it has
-//                        records (saved) and own step count (rank 0 writes it; the lr
-//                        schedule's position is the step - 1)
+//                        records (saved) and own step count, and each rank file's index
+//                        checksum (rank 0 writes it; the lr schedule's position is the
+//                        step - 1)
 //   DIR/rank-R-of-N.bin  format 3:
 //       "ZRTCKPT3", int64 record count n,
 //       n index entries {int32 param, int32 0, int64 begin, int64 numel, uint64 offset,
@@ -75,6 +76,10 @@ struct CheckpointMeta {
   /// groups were saved (the config's then apply).
   std::vector<OptimizerHyper> groups;
   std::vector<Param> params;
+  /// Each rank file's index checksum (the XXH3-64 stored at the end of its index, which covers
+  /// every record's checksum), by rank: a rank file from another save is refused. Empty in
+  /// files written before it was recorded (their rank files are not matched to the save).
+  std::vector<uint64_t> rank_files;
 };
 
 /// The format a checkpoint of `meta`'s params is written in: kCheckpointFormatWithFrozen when
@@ -135,6 +140,8 @@ class RankFileWriter {
   /// Writes the index with every record's checksum, syncs the file to disk and closes it.
   /// kFailedPrecondition when fewer records were appended than announced.
   Status Close();
+  /// The index's checksum Close() wrote (CheckpointMeta::rank_files); 0 before.
+  uint64_t index_checksum() const { return index_checksum_; }
 
  private:
   RankFileWriter(int fd, std::string path, std::vector<RecordExtent> records, int moments);
@@ -143,6 +150,7 @@ class RankFileWriter {
   std::vector<RecordExtent> records_;
   std::vector<uint64_t> checksums_;
   int moments_;
+  uint64_t index_checksum_ = 0;
 };
 
 /// Reads one rank file of any format, record by record.
@@ -155,12 +163,14 @@ class RankFileReader {
     uint64_t checksum = 0;
   };
 
-  /// Opens `path` and reads its index (format 2: checks the whole file's checksum first;
-  /// format 1: scans it). Every record must be of a saved param, lie inside it (`meta`'s
-  /// shapes) and inside the file; a frozen param's records are weights_only. kDataLoss names the file for damage (checksums, truncation); kInvalidArgument
-  /// for a file that is not a rank file.
-  static StatusOr<std::unique_ptr<RankFileReader>> Open(const std::string& path,
-                                                        const CheckpointMeta& meta);
+  /// Opens `path`, rank `rank`'s file of the checkpoint described by `meta`, and reads its
+  /// index (format 2: checks the whole file's checksum first; format 1: scans it). Every
+  /// record must be of a saved param, lie inside it (`meta`'s shapes) and inside the file; a
+  /// frozen param's records are weights_only. kDataLoss names the file for damage (checksums,
+  /// truncation) and for a file of another save (its index checksum is not meta.rank_files'
+  /// for `rank`); kInvalidArgument for a file that is not a rank file.
+  static StatusOr<std::unique_ptr<RankFileReader>> Open(const std::string& path, const CheckpointMeta& meta,
+                                                        int rank);
   ~RankFileReader();
   RankFileReader(const RankFileReader&) = delete;
   RankFileReader& operator=(const RankFileReader&) = delete;
@@ -180,6 +190,8 @@ class RankFileReader {
   // Reads exactly `bytes` at `offset`; kDataLoss if the file ends first.
   Status ReadAt(void* out, int64_t bytes, int64_t offset);
   Status ReadIndex(const CheckpointMeta& meta);
+  // kDataLoss unless the index checksum is the one `meta` recorded for `rank` (if any).
+  Status CheckSameSave(const CheckpointMeta& meta, int rank) const;
   Status ScanLegacy(const CheckpointMeta& meta);
   // Checks where record `k` lies and marks a frozen param's record weights_only.
   Status CheckExtent(RecordExtent* extent, const CheckpointMeta& meta, int64_t k) const;
@@ -189,6 +201,7 @@ class RankFileReader {
   int moments_;
   int64_t file_bytes_;
   int format_ = 0;
+  uint64_t index_checksum_ = 0;  // format 3
   std::vector<Record> records_;
   int64_t bytes_read_ = 0;
 };

@@ -43,7 +43,7 @@ StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(const std::st
     std::error_code error;
     file.bytes = static_cast<int64_t>(std::filesystem::file_size(file.path, error));
     if (error) file.bytes = 0;
-    StatusOr<std::unique_ptr<RankFileReader>> reader = RankFileReader::Open(file.path, state->meta);
+    StatusOr<std::unique_ptr<RankFileReader>> reader = RankFileReader::Open(file.path, state->meta, r);
     file.status = reader.status();
     if (reader.ok()) file.records = static_cast<int64_t>((*reader)->records().size());
     state->files.push_back(std::move(file));

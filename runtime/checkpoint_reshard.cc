@@ -38,7 +38,7 @@ class OldRecords {
   static StatusOr<std::unique_ptr<OldRecords>> Open(const std::string& dir, const CheckpointMeta& meta) {
     std::unique_ptr<OldRecords> old(new OldRecords(dir, meta));
     for (int q = 0; q < meta.world; ++q) {
-      ZERO_ASSIGN_OR_RETURN(std::unique_ptr<RankFileReader> reader, RankFileReader::Open(old->Path(q), meta));
+      ZERO_ASSIGN_OR_RETURN(std::unique_ptr<RankFileReader> reader, RankFileReader::Open(old->Path(q), meta, q));
       const std::vector<RankFileReader::Record>& records = reader->records();
       for (size_t k = 0; k < records.size(); ++k) old->of_param_[records[k].param].push_back({q, k, records[k]});
     }
@@ -85,7 +85,7 @@ class OldRecords {
     if (located.file != open_file_) {
       reader_.reset();
       open_file_ = -1;
-      ZERO_ASSIGN_OR_RETURN(reader_, RankFileReader::Open(Path(located.file), meta_));
+      ZERO_ASSIGN_OR_RETURN(reader_, RankFileReader::Open(Path(located.file), meta_, located.file));
       open_file_ = located.file;
     }
     ZERO_RETURN_IF_ERROR(reader_->Read(located.index, &values_));
@@ -164,6 +164,7 @@ Status ReshardCheckpoint(const std::string& target, int world, const std::string
   std::filesystem::create_directories(partial, error);
   if (error) return absl::UnavailableError(absl::StrCat("reshard: cannot create ", partial, ": ", error.message()));
   std::vector<float> part;
+  std::vector<uint64_t> rank_files;  // the new files' (meta, read through `old`, names the old ones)
   for (int rank = 0; rank < world; ++rank) {
     const std::vector<RecordExtent> parts = OwnedParts(plan, meta, rank);
     ZERO_ASSIGN_OR_RETURN(std::unique_ptr<runtime::RankFileWriter> writer,
@@ -174,9 +175,11 @@ Status ReshardCheckpoint(const std::string& target, int world, const std::string
       ZERO_RETURN_IF_ERROR(writer->Append(part.data()));
     }
     ZERO_RETURN_IF_ERROR(writer->Close());
+    rank_files.push_back(writer->index_checksum());
   }
   meta.format = runtime::FormatFor(meta);
   meta.world = world;
+  meta.rank_files = std::move(rank_files);
   meta.stage = 1;
   ZERO_ASSIGN_OR_RETURN(const std::string text, runtime::CheckpointMetaJson(meta));
   ZERO_RETURN_IF_ERROR(runtime::WriteFileDurably(partial + "/meta.json", text));

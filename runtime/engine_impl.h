@@ -152,7 +152,8 @@ class EngineImpl final : public Engine {
   // After a step every rank took on its own (writing or reading its part): `local` on this
   // rank, kAborted naming a failing rank on the others, OK only if every rank succeeded.
   Status AgreeOnOutcome(const Status& local, const std::string& what);
-  Status WriteRankFile(const std::string& path);
+  // Writes this rank's file of a checkpoint at `path`; its index checksum in `index_checksum`.
+  Status WriteRankFile(const std::string& path, uint64_t* index_checksum);
   // SaveCheckpoint(dir), recording `series_seq` (its place in a series; 0 outside one). Rank 0
   // holds the lock of dir's parent while it saves, unless `parent_locked` (a series root).
   Status SaveCheckpointAs(const std::string& dir, int64_t series_seq, bool parent_locked);

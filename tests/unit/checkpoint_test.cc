@@ -8,18 +8,22 @@
 #include <fstream>
 #include <iterator>
 
+#include <nlohmann/json.hpp>
+
 #include "tests/engine/run_on_ranks.h"
 #include "tests/engine/scratch_dir.h"
 #include "tests/engine/toy_trainer.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "tests/status_matchers.h"
+#include "zero/checkpoint.h"
 #include "zero/communicator.h"
 #include "zero/engine.h"
 
 namespace zero {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::AnyOf;
 using ::testing::Each;
 using ::testing::HasSubstr;
@@ -220,6 +224,58 @@ TEST_F(Checkpoint, DamageAnywhereIsAnErrorNamingTheFileAndLoadsNothing) {
   std::filesystem::remove(victim);
   EXPECT_THAT(toy.engine->LoadCheckpoint(copy), StatusIs(absl::StatusCode::kDataLoss, HasSubstr("missing")));
   std::filesystem::remove_all(copy);
+}
+
+// meta.json's text as a save before rank files were named wrote it: no "rank_files", and as
+// format 3, which has no checksum to recompute.
+std::string StripMetaChecksumAndRankFiles(const std::string& text) {
+  nlohmann::json json = nlohmann::json::parse(text);
+  json.erase("rank_files");
+  json.erase("checksum");
+  json["format"] = 3;
+  return json.dump(1);
+}
+
+// Every rank file of another save has the same layout (same world, stage and params), so its
+// records tile the params exactly as the right file's would: meta.json names each rank file by
+// its index checksum, and a loader, the reader and a reshard refuse a file it does not name.
+TEST_F(Checkpoint, ARankFileOfAnotherSaveIsRefusedAndLoadsNothing) {
+  const std::string later = dir_ + "-later", mixed = dir_ + "-mixed", out = dir_ + "-resharded";
+  ToyOptions o = Resume();
+  o.save_dir = later;
+  o.save_after = 14;
+  std::vector<Status> statuses;
+  Train(2, ToyConfig(2), o, &statuses);
+  ASSERT_THAT(statuses, Each(IsOk()));
+  std::filesystem::copy(dir_, mixed);
+  std::filesystem::copy_file(later + "/rank-1-of-2.bin", mixed + "/rank-1-of-2.bin",
+                             std::filesystem::copy_options::overwrite_existing);
+  LoadedToy toy = ToyEngine(dir_);
+  const std::vector<float> before = Param0(*toy.engine);
+  EXPECT_THAT(toy.engine->LoadCheckpoint(mixed),
+              StatusIs(absl::StatusCode::kDataLoss, AllOf(HasSubstr("rank-1-of-2.bin"), HasSubstr("another save"))));
+  EXPECT_EQ(Param0(*toy.engine), before) << "half loaded";
+  auto reader = CheckpointReader::Open(mixed);
+  ASSERT_THAT(reader, IsOk());
+  EXPECT_THAT((*reader)->files()[0].status, IsOk());
+  EXPECT_THAT((*reader)->files()[1].status, StatusIs(absl::StatusCode::kDataLoss, HasSubstr("another save")));
+  EXPECT_THAT(ReshardCheckpoint(mixed, 3, out), StatusIs(absl::StatusCode::kDataLoss, HasSubstr("another save")));
+  EXPECT_FALSE(std::filesystem::exists(out));
+  // A resharded checkpoint names its own files, and loads.
+  ASSERT_THAT(ReshardCheckpoint(dir_, 3, out), IsOk());
+  EXPECT_THAT(toy.engine->LoadCheckpoint(out), IsOk());
+  EXPECT_EQ(Param0(*toy.engine), before);
+  // meta.json written before files were named (no "rank_files"; format 3, no checksum) loads.
+  std::ifstream meta_in(dir_ + "/meta.json");
+  std::string meta((std::istreambuf_iterator<char>(meta_in)), std::istreambuf_iterator<char>());
+  ASSERT_NE(meta.find("\"rank_files\""), std::string::npos);
+  const std::string stripped = StripMetaChecksumAndRankFiles(meta);
+  std::filesystem::remove_all(mixed);
+  std::filesystem::copy(dir_, mixed);
+  std::ofstream(mixed + "/meta.json") << stripped;
+  EXPECT_THAT(toy.engine->LoadCheckpoint(mixed), IsOk());
+  EXPECT_EQ(Param0(*toy.engine), before);
+  for (const std::string& d : {later, mixed, out}) std::filesystem::remove_all(d);
 }
 
 TEST_F(Checkpoint, ADamagedMetaFieldIsNamedNeverThrown) {
