@@ -79,6 +79,9 @@ void zero_comm_destroy(zero_comm* comm) { delete comm; }
 zero_status zero_comm_broadcast_bytes(zero_comm* comm, void* data, int64_t bytes, int root, double timeout_s) {
   ZERO_C_REQUIRE(comm, "zero_comm_broadcast_bytes");
   if (bytes < 0) return Report(absl::InvalidArgumentError("zero_comm_broadcast_bytes: bytes is negative"));
+  if (!(timeout_s >= 0)) {  // NaN too; a negative one waited forever
+    return Report(absl::InvalidArgumentError("zero_comm_broadcast_bytes: timeout_s must be ≥ 0 (0: no limit)"));
+  }
   if (bytes == 0) return ZERO_OK;
   ZERO_C_REQUIRE(data, "zero_comm_broadcast_bytes");
   // In pieces of at most 1 GiB: MPI counts are ints.

@@ -102,6 +102,13 @@ int main(void) {
   CHECK_OK(zero_comm_all_reduce_f32(comm, metrics, 3, 0, 10.0));
   CHECK(metrics[0] == 1.5f && metrics[1] == -2.0f && metrics[2] == 4.0f, "sum over one rank changed values");
   CHECK(zero_comm_all_reduce_f32(comm, metrics, 3, 7, 10.0) == ZERO_INVALID_ARGUMENT, "op 7 accepted");
+  CHECK(zero_comm_all_reduce_f32(comm, metrics, 3, 0, -1.0) == ZERO_INVALID_ARGUMENT, "timeout -1 accepted");
+  /* A broadcast's timeout too (a negative one waited forever), checked before any byte moves. */
+  unsigned char bytes[4] = {1, 2, 3, 4};
+  CHECK(zero_comm_broadcast_bytes(comm, bytes, 4, 0, -1.0) == ZERO_INVALID_ARGUMENT, "timeout -1 accepted");
+  CHECK(strstr(zero_last_error(), "timeout_s") != NULL, "message: %s", zero_last_error());
+  CHECK_OK(zero_comm_broadcast_bytes(comm, bytes, 4, 0, 10.0));
+  CHECK(bytes[0] == 1 && bytes[3] == 4, "a broadcast from the one rank changed its bytes");
 
   /* A DeepSpeed config comes back as ZeroRT's JSON; one with unsupported keys names them all. */
   const char* normalized = NULL;
