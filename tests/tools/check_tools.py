@@ -19,6 +19,7 @@ import json
 import os
 import random
 import resource
+import shutil
 import signal
 import struct
 import subprocess
@@ -230,6 +231,15 @@ def check_zero_ckpt():
         os.remove(victim)
         check(refused("zero-ckpt", ["verify", damaged], "rank-1-of-2.bin", "missing"),
               "zero-ckpt verify: a missing rank file is a non-zero exit naming it")
+        series = os.path.join(root, "series")  # saved after steps 3 and 6
+        train(["--steps", "6", "--save_every", "3"] + flags + ["--checkpoint_dir", series])
+        mixed = os.path.join(root, "mixed")
+        shutil.copytree(os.path.join(series, "step-6"), mixed)
+        shutil.copy(os.path.join(series, "step-3", "rank-1-of-2.bin"), mixed)
+        check(refused("zero-ckpt", ["verify", mixed], "rank-1-of-2.bin", "another save")
+              and refused("zero-train", ["--steps", "9", "--resume", "--checkpoint_dir", mixed]
+                          + flags, "rank-1-of-2.bin", "another save"),
+              "a rank file copied from another save (same layout): verify and --resume refuse it")
         for dtype in ("fp32", "bf16"):
             out = os.path.join(root, f"model-{dtype}.safetensors")
             made = run([tool, "consolidate", ckpt, "--out", out, "--dtype", dtype])
@@ -240,6 +250,9 @@ def check_zero_ckpt():
         check(refused("zero-ckpt", ["consolidate", ckpt, "--out", inside], "inside the checkpoint")
               and run([tool, "verify", ckpt]).returncode == 0,
               "zero-ckpt consolidate --out CK/meta.json: refused, and the checkpoint still verifies")
+        check(refused("zero-ckpt", ["consolidate", ckpt, "--out", root], "is a directory",
+                      "model.safetensors"),
+              "zero-ckpt consolidate --out DIR: refused, naming a file to write instead")
         wide = os.path.join(root, "wide")
         with open(tool, "rb") as binary:  # AddressSanitizer reserves terabytes of address space
             sanitized = b"__asan_init" in binary.read()
@@ -486,6 +499,19 @@ if MODE == "local":
         rows = [line.split(",") for line in measure.stdout.splitlines()[1:]]
         check(measure.returncode == 0 and len(rows) == 8, "zero-mem measure --csv gives a row per stage 0-3 and rank count")
         check(os.path.exists(png) and os.path.getsize(png) > 1000, "zero-mem --plot draws a PNG with gnuplot")
+        quoted = os.path.join(scratch, "it's.svg")
+        drawn = run([os.path.join(BIN, "zero-mem"), "estimate", "--params", "1e9", "--ranks", "1,2",
+                     "--plot", quoted])
+        check(drawn.returncode == 0 and os.path.getsize(quoted) > 1000,
+              "zero-mem --plot into a path with a quote in it draws it")
+        missing = os.path.join(scratch, "no", "m.png")
+        check(refused("zero-mem", ["estimate", "--params", "1e9", "--plot", missing],
+                      "cannot create", "No such file"),
+              "zero-mem --plot into a missing directory says so (not that gnuplot is missing)")
+    check(refused("zero-train", ["4"], 'unexpected argument "4"')
+          and refused("zero-mem", ["estimate", "--params", "1e9", "64"],
+                      'unexpected argument "64"'),
+          "a word no tool expects (a flag's value without its flag) is refused, not ignored")
     # A LoRA job: the frozen base holds only its 2-byte copy, replicated below stage 3 and
     # sharded at stage 3 (7e9 params, 99 % frozen: 0.07e9 × 16 B + 6.93e9 × 2 B = 14.98 GB at
     # 1 rank; stage 3 at 4 ranks a quarter of it).

@@ -1,5 +1,6 @@
 #include "common/command_line.h"
 
+#include <cstdio>
 #include <string>
 
 #include "absl/flags/parse.h"
@@ -32,6 +33,13 @@ std::vector<char*> ParseToolCommandLine(int argc, char** argv, const char* dir) 
   HelpShowsOwnFlags(dir);
   std::vector<char*> args = HelpAliases(argc, argv);
   return absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
+}
+
+bool NoExtraArguments(const std::vector<char*>& positional, size_t allowed, const char* tool) {
+  if (positional.size() <= allowed) return true;
+  std::fprintf(stderr, "%s: unexpected argument \"%s\" (flags are written --name value or --name=value; see --help)\n",
+               tool, positional[allowed]);
+  return false;
 }
 
 }  // namespace zero::tools

@@ -2,6 +2,7 @@
 #ifndef ZERO_TOOLS_COMMON_COMMAND_LINE_H_
 #define ZERO_TOOLS_COMMON_COMMAND_LINE_H_
 
+#include <cstddef>
 #include <vector>
 
 namespace zero::tools {
@@ -17,6 +18,11 @@ std::vector<char*> HelpAliases(int argc, char** argv);
 /// HelpShowsOwnFlags(dir), then abseil's parse of the arguments (with -h as --help): the
 /// positional arguments, the program name first.
 std::vector<char*> ParseToolCommandLine(int argc, char** argv, const char* dir);
+
+/// Whether `positional` (ParseToolCommandLine's) holds no more than `allowed` entries, the
+/// program name included; if it holds more, says on stderr which word `tool` did not expect (a
+/// flag's value given without its flag, "zero-train 4" for "--ranks 4", would be ignored).
+bool NoExtraArguments(const std::vector<char*>& positional, size_t allowed, const char* tool);
 
 }  // namespace zero::tools
 

@@ -5,7 +5,9 @@
 // [begin, end]}, ..., "__metadata__": {string: string}} (offsets relative to the data, which
 // follows the header; the header is padded with spaces to a multiple of 8), then the data.
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <memory>
 #include <set>
@@ -39,6 +41,11 @@ Status Consolidate(const std::string& dir, const std::string& out, DType dtype) 
   }
   ZERO_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader, CheckpointReader::Open(dir));
   ZERO_RETURN_IF_ERROR(OutputOutsideCheckpoint(reader->dir(), out));
+  std::error_code error;
+  if (std::filesystem::is_directory(out, error)) {
+    return absl::InvalidArgumentError(absl::StrCat("--out ", out, " is a directory; name the file to write (e.g. ",
+                                                   (std::filesystem::path(out) / "model.safetensors").string(), ")"));
+  }
   // Every record checked first: the sizes below are then backed by the files' real bytes.
   ZERO_RETURN_IF_ERROR(reader->Verify());
   std::set<std::string> names;
@@ -89,7 +96,11 @@ Status Consolidate(const std::string& dir, const std::string& out, DType dtype) 
     }
   }
   if (!written || std::fclose(file.release()) != 0) return absl::UnavailableError(absl::StrCat("cannot write ", partial));
-  if (std::rename(partial.c_str(), out.c_str()) != 0) return absl::UnavailableError(absl::StrCat("cannot rename into ", out));
+  if (std::rename(partial.c_str(), out.c_str()) != 0) {
+    const std::string why = std::strerror(errno);
+    std::remove(partial.c_str());
+    return absl::UnavailableError(absl::StrCat("cannot rename ", partial, " to ", out, ": ", why));
+  }
   std::printf("%s: %zu params, %lld bytes of %s data (step %lld)%s\n", out.c_str(),
               reader->params().size() - skipped, static_cast<long long>(offset), DTypeName(dtype),
               static_cast<long long>(reader->step()),

@@ -28,6 +28,7 @@ int main(int argc, char** argv) {
       "  zero-ckpt reshard DIR --world N --out DIR2   # files for a job at N ranks\n\n"
       "DIR is a checkpoint directory, or a series root whose `latest` file names one.");
   const std::vector<char*> positional = zero::tools::ParseToolCommandLine(argc, argv, "zero-ckpt/");
+  if (!zero::tools::NoExtraArguments(positional, 3, "zero-ckpt")) return 2;
   if (positional.size() != 3) {
     std::fprintf(stderr, "usage: zero-ckpt inspect|verify|consolidate|reshard DIR [flags] (see --help)\n");
     return 2;

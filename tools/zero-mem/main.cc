@@ -10,8 +10,12 @@
 // them; `measure` runs the engine on in-process ranks and reports the accounting allocator's
 // peak bytes per category next to the formula, so the extra (bucket buffers, gathered units)
 // is visible. `--plot FILE.png|FILE.svg` draws per-rank memory against rank count with gnuplot.
+#include <sys/wait.h>
+
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <cstdlib>
 #include <fstream>
 #include <map>
@@ -27,7 +31,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "estimate.h"
 #include "measure.h"
 
@@ -78,11 +84,34 @@ StatusOr<std::vector<int>> RankList(const std::string& fallback, int most) {
   return ranks;
 }
 
+// `text` inside single quotes for the shell, and for gnuplot (which doubles a quote).
+std::string ShellQuoted(const std::string& text) { return "'" + absl::StrReplaceAll(text, {{"'", "'\\''"}}) + "'"; }
+std::string GnuplotQuoted(const std::string& text) { return "'" + absl::StrReplaceAll(text, {{"'", "''"}}) + "'"; }
+
+// Runs gnuplot on `script`: its own message when it fails, or that it is not installed.
+Status RunGnuplot(const std::string& script, const std::string& path) {
+  const std::string command = absl::StrCat("gnuplot ", ShellQuoted(script), " 2>&1");
+  std::FILE* pipe = ::popen(command.c_str(), "r");
+  if (pipe == nullptr) return absl::UnavailableError(absl::StrCat("cannot run gnuplot: ", std::strerror(errno)));
+  std::string said;
+  char chunk[512];
+  for (size_t got; (got = std::fread(chunk, 1, sizeof chunk, pipe)) > 0;) said.append(chunk, got);
+  const int rc = ::pclose(pipe);
+  if (rc == 0) return absl::OkStatus();
+  if (WIFEXITED(rc) && WEXITSTATUS(rc) == 127) {
+    return absl::UnavailableError("gnuplot is not installed (scripts/setup.sh installs gnuplot-nox); --plot needs it");
+  }
+  return absl::UnavailableError(absl::StrCat("gnuplot could not draw ", path, ": ", absl::StripAsciiWhitespace(said)));
+}
+
 // Rows of (ranks, per-stage bytes) drawn as one line per stage; `measured` adds points.
 Status Plot(const std::string& path, const std::vector<int>& ranks, const std::vector<std::vector<double>>& bytes,
             const std::vector<std::vector<double>>& measured, const std::string& title) {
   const std::string data = path + ".dat", script = path + ".gp";
   std::ofstream out(data);
+  if (!out.is_open()) {
+    return absl::UnavailableError(absl::StrCat("--plot ", path, ": cannot create ", data, ": ", std::strerror(errno)));
+  }
   for (size_t i = 0; i < ranks.size(); ++i) {
     out << ranks[i];
     for (double b : bytes[i]) out << " " << b / 1e9;
@@ -90,22 +119,26 @@ Status Plot(const std::string& path, const std::vector<int>& ranks, const std::v
     out << "\n";
   }
   out.close();
+  if (!out) return absl::UnavailableError(absl::StrCat("--plot ", path, ": cannot write ", data));
   const bool svg = path.size() > 4 && path.substr(path.size() - 4) == ".svg";
   std::ofstream gp(script);
   gp << "set terminal " << (svg ? "svg size 900,560" : "pngcairo size 900,560") << "\n"
-     << "set output '" << path << "'\nset title '" << title << "'\n"
+     << "set output " << GnuplotQuoted(path) << "\nset title " << GnuplotQuoted(title) << "\n"
      << "set xlabel 'data-parallel ranks'\nset ylabel 'GB per rank (model states)'\n"
      << "set logscale x 2\nset logscale y\nset grid\nset key outside right\n"
-     << "plot for [s=0:3] '" << data << "' using 1:(column(s+2)) with linespoints lw 2 lc (s+1) title sprintf('stage %d (formula)', s)";
-  if (!measured.empty()) gp << ", for [s=0:3] '" << data << "' using 1:(column(s+6)) with points pt 7 ps 1.5 lc (s+1) title sprintf('stage %d (measured)', s)";
+     << "plot for [s=0:3] " << GnuplotQuoted(data)
+     << " using 1:(column(s+2)) with linespoints lw 2 lc (s+1) title sprintf('stage %d (formula)', s)";
+  if (!measured.empty()) {
+    gp << ", for [s=0:3] " << GnuplotQuoted(data)
+       << " using 1:(column(s+6)) with points pt 7 ps 1.5 lc (s+1) title sprintf('stage %d (measured)', s)";
+  }
   gp << "\n";
   gp.close();
-  const std::string command = absl::StrCat("gnuplot '", script, "' 2>&1");
-  if (std::system(command.c_str()) != 0) {
-    return absl::UnavailableError("gnuplot failed or is not installed (scripts/setup.sh installs gnuplot-nox)");
-  }
+  Status drawn = gp ? RunGnuplot(script, path)
+                    : absl::UnavailableError(absl::StrCat("--plot ", path, ": cannot write ", script));
   std::remove(data.c_str());
   std::remove(script.c_str());
+  ZERO_RETURN_IF_ERROR(drawn);
   std::fprintf(stderr, "zero-mem: wrote %s\n", path.c_str());
   return absl::OkStatus();
 }
@@ -273,6 +306,7 @@ int main(int argc, char** argv) {
       "  zero-mem measure --layers 8 --width 1024 --ranks 1,2,4 [--csv]   # the engine's peaks\n"
       "  zero-mem estimate --params 7e9 --frozen_fraction 0.99 / measure --lora_rank 8   # a LoRA job");
   const std::vector<char*> positional = zero::tools::ParseToolCommandLine(argc, argv, "zero-mem/");
+  if (!zero::tools::NoExtraArguments(positional, 2, "zero-mem")) return 2;
   const std::string command = positional.size() > 1 ? positional[1] : "";
   zero::Status status;
   if (command == "estimate") {

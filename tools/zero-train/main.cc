@@ -424,6 +424,7 @@ int main(int argc, char** argv) {
   zero::tools::HelpShowsOwnFlags("zero-train/");
   std::vector<char*> args = zero::tools::HelpAliases(argc, argv);
   const zero::tools::GivenFlags given = zero::tools::FindGivenFlags(static_cast<int>(args.size()), args.data());
-  absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
+  const std::vector<char*> positional = absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
+  if (!zero::tools::NoExtraArguments(positional, 1, "zero-train")) return 2;
   return zero::tools::Main(given);
 }
