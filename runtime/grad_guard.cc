@@ -17,7 +17,7 @@ GradGuard::GradGuard(const GuardConfig& config, std::vector<std::string> names,
                      std::vector<int> bucket_of)
     : config_(config), names_(std::move(names)), bucket_of_(std::move(bucket_of)),
       count_(names_.size(), 0), first_arrival_(names_.size(), -1), complete_(names_.size(), 0),
-      expected_(names_.size(), 0), used_in_step_(names_.size(), 0) {}
+      expected_(names_.size(), kNotLearned), used_in_step_(names_.size(), 0) {}
 
 std::string GradGuard::Label(int param) const {
   return absl::StrCat("\"", names_[param], "\" (index ", param, ")");
@@ -58,6 +58,10 @@ Status GradGuard::GraphChanged(int param) const {
       "iteration, like DDP's static graph); nothing was changed"));
 }
 
+bool GradGuard::LearnsAtEnd(int param) const {
+  return learning_ || (config_.on_duplicate == DuplicatePolicy::kCount && expected_[param] == kNotLearned);
+}
+
 Status GradGuard::Arrive(int param, bool bucket_launched, bool* complete) {
   *complete = false;
   const int position = arrivals_;
@@ -69,14 +73,8 @@ Status GradGuard::Arrive(int param, bool bucket_launched, bool* complete) {
   if (first_arrival_[param] < 0) first_arrival_[param] = position;
   ++count_[param];
   used_in_step_[param] = 1;
-  const bool counting = config_.on_duplicate == DuplicatePolicy::kCount;
-  if (learning_) return absl::OkStatus();  // completes at EndBackward
-  if (counting && count_[param] > expected_[param]) {  // a param unused in the first iteration
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the graph changed: param ", Label(param), " received a gradient in iteration ", iteration_,
-        " but none in the first iteration (guard.on_duplicate = \"count\" learns the graph once)"));
-  }
-  if (!counting || count_[param] == expected_[param]) {
+  if (LearnsAtEnd(param)) return absl::OkStatus();  // completes at EndBackward
+  if (config_.on_duplicate != DuplicatePolicy::kCount || count_[param] == expected_[param]) {
     complete_[param] = 1;
     *complete = true;
   }
@@ -91,7 +89,7 @@ Status GradGuard::AtEndBackward(int rank, std::vector<int>* to_complete) {
     if (bucket_of_[p] < 0) continue;  // frozen
     if (count_[p] == 0) {
       if (++unused_count <= kListedParams) unused.push_back(Label(static_cast<int>(p)));
-    } else if (!learning_ && !complete_[p] && partial.size() < kListedParams) {
+    } else if (!LearnsAtEnd(static_cast<int>(p)) && !complete_[p] && partial.size() < kListedParams) {
       partial.push_back(absl::StrCat(Label(static_cast<int>(p)), ": ", count_[p], " of ", expected_[p]));
     }
   }
@@ -111,7 +109,8 @@ Status GradGuard::AtEndBackward(int rank, std::vector<int>* to_complete) {
   }
   for (size_t p = 0; p < names_.size(); ++p) {
     if (bucket_of_[p] < 0 || complete_[p]) continue;
-    if (learning_) expected_[p] = count_[p];  // 0 for unused params under on_unused = zero
+    // Learned where it arrived (an unused param, under on_unused = zero, is learned later).
+    if (LearnsAtEnd(static_cast<int>(p)) && count_[p] > 0) expected_[p] = count_[p];
     complete_[p] = 1;
     to_complete->push_back(static_cast<int>(p));
   }

@@ -9,7 +9,10 @@
 //                         iteration, both positions and the fixes; nothing is corrupted.
 //   on_duplicate = count  the first micro-batch learns each param's number of arrivals (its
 //                         reductions wait for EndBackward); later ones complete a param when
-//                         that count is reached; a different count is "the graph changed".
+//                         that count is reached; a different count is "the graph changed". A
+//                         param unused so far (on_unused = zero: a branch not taken yet, or
+//                         not since a resume) is learned in the first micro-batch that uses
+//                         it, its bucket then waiting for EndBackward.
 //   on_unused = error     params without a gradient at EndBackward: UnusedParameters.
 //   on_unused = zero      they contribute zeros; a param no rank used in a whole step is left
 //                         untouched by it (the engine asks UsedThisStep()).
@@ -61,6 +64,11 @@ class GradGuard {
   Status Duplicate(int param, bool bucket_launched) const;
   // The count policy's message when a param gets more gradients than it did at first.
   Status GraphChanged(int param) const;
+  // Whether `param`'s arrivals this micro-batch complete it only at EndBackward, which learns
+  // their count: the first micro-batch under the count policy, or a param not learned yet.
+  bool LearnsAtEnd(int param) const;
+
+  static constexpr int kNotLearned = -1;
 
   const GuardConfig config_;
   const std::vector<std::string> names_;
@@ -72,7 +80,7 @@ class GradGuard {
   std::vector<int> count_;          // arrivals this micro-batch
   std::vector<int> first_arrival_;  // position of the first arrival, or -1
   std::vector<char> complete_;
-  std::vector<int> expected_;       // count policy: learned arrivals per micro-batch
+  std::vector<int> expected_;       // count policy: learned arrivals per micro-batch, or kNotLearned
   std::vector<char> used_in_step_;
 };
 

@@ -450,6 +450,14 @@ if MODE == "local":
     patterns = train(["--steps", "60", "--tied", "--branch", "--recompute", "--precision", "bf16"])
     check(patterns is not None and patterns[1]["final_loss"] < patterns[0][0]["loss"],
           "tied weights, an unused branch and re-fired gradients train under the guard policies")
+    with tempfile.TemporaryDirectory() as ckpt:  # resumed at a step that skips the branch
+        odd = ["--tied", "--branch", "--ranks", "2", "--checkpoint_dir", ckpt]
+        train(["--steps", "5"] + odd)
+        resumed, whole = train(["--steps", "8", "--resume"] + odd), train(["--steps", "8"] + odd[:-2])
+        check(resumed is not None and whole is not None
+              and resumed[1]["checksum"] == whole[1]["checksum"],
+              "--tied --branch resumed at a step that skips the branch: the count policy learns the "
+              "branch where it is first used, and the run equals the uninterrupted one")
     with tempfile.TemporaryDirectory() as ckpt:
         first = train(["--steps", "20", "--precision", "fp16", "--checkpoint_dir", ckpt, "--save_every", "10"])
         resumed = train(["--steps", "40", "--precision", "fp16", "--checkpoint_dir", ckpt, "--resume", "--stage", "3"])

@@ -110,5 +110,38 @@ TEST(GradGuard, CountLearnsTheArrivalsOnceThenHoldsEveryIterationToThem) {
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("fc.weight\" (index 0): 1 of 2")));
 }
 
+// A branch not taken in the first iteration (or since a resume) under on_unused = "zero": the
+// first iteration that uses it learns its count; its bucket then waits for EndBackward.
+TEST(GradGuard, CountLearnsAParamInTheFirstIterationThatUsesIt) {
+  GradGuard guard = Guard(DuplicatePolicy::kCount, UnusedPolicy::kZero);
+  guard.BeginMicroBatch(1);
+  EXPECT_FALSE(Arrives(guard, 0));
+  EXPECT_FALSE(Arrives(guard, 1));
+  std::vector<int> to_complete;
+  ASSERT_THAT(guard.AtEndBackward(0, &to_complete), IsOk());
+  EXPECT_EQ(to_complete, (std::vector<int>{0, 1, 2}));  // head.weight unused: zeros
+  guard.BeginMicroBatch(2);  // head.weight's first use: twice, learned at EndBackward
+  EXPECT_FALSE(Arrives(guard, 2));
+  EXPECT_TRUE(Arrives(guard, 0));  // learned in iteration 1: complete at once
+  EXPECT_FALSE(Arrives(guard, 2));
+  EXPECT_TRUE(Arrives(guard, 1));
+  ASSERT_THAT(guard.AtEndBackward(0, &to_complete), IsOk());
+  EXPECT_EQ(to_complete, (std::vector<int>{2}));
+  guard.BeginMicroBatch(3);  // unused again: zeros, as before
+  EXPECT_TRUE(Arrives(guard, 0));
+  ASSERT_THAT(guard.AtEndBackward(0, &to_complete), IsOk());
+  EXPECT_EQ(to_complete, (std::vector<int>{1, 2}));
+  guard.BeginMicroBatch(4);  // now held to its learned two arrivals
+  EXPECT_FALSE(Arrives(guard, 2));
+  EXPECT_TRUE(Arrives(guard, 2));
+  bool complete = false;
+  EXPECT_THAT(guard.Arrive(2, false, &complete),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("the graph changed")));
+  guard.BeginMicroBatch(5);
+  Arrives(guard, 2);
+  EXPECT_THAT(guard.AtEndBackward(0, &to_complete),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("head.weight\" (index 2): 1 of 2")));
+}
+
 }  // namespace
 }  // namespace zero::runtime
