@@ -240,6 +240,11 @@ zero_status zero_end_backward(zero_engine* engine) {
   return Report(engine->engine->EndBackward());
 }
 
+zero_status zero_drop_gradients(zero_engine* engine) {
+  ZERO_C_REQUIRE(engine, "zero_drop_gradients");
+  return Report(engine->engine->DropGradients());
+}
+
 zero_status zero_step(zero_engine* engine, zero_step_info* info) {
   ZERO_C_REQUIRE(engine, "zero_step");
   auto step = engine->engine->Step();

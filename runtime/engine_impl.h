@@ -68,6 +68,7 @@ class EngineImpl final : public Engine {
   StatusOr<bool> LendGrad(ParamId id, const void* grad, Placement placement) override;
   Status EndBackward() override;
   StatusOr<StepInfo> Step() override;
+  Status DropGradients() override;
   StatusOr<float> LastGradNorm() override;
   Status SaveCheckpoint(const std::string& dir) override;
   Status SaveCheckpoint(const std::string& root, const std::string& tag) override;

@@ -98,6 +98,18 @@ StatusOr<StepInfo> EngineImpl::Step() {
   return info;
 }
 
+Status EngineImpl::DropGradients() {
+  ZERO_RETURN_IF_ERROR(RequireHealthyGroup("DropGradients"));
+  ZERO_RETURN_IF_ERROR(RequirePhase(Phase::kIdle, "DropGradients"));
+  if (micro_batch_ == 0) return absl::OkStatus();
+  // As a step skipped on overflow, but for the loss scaler and the step count.
+  micro_batch_ = 0;
+  guard_->EndStep();
+  ZERO_RETURN_IF_ERROR(params_->AfterStep(/*updated=*/false));
+  ZERO_LOG(logger_, kInfo) << "gradients dropped: the next micro-batch starts step " << step_ + 1;
+  return grads_->Zero();
+}
+
 bool EngineImpl::ReadsNormOnHost() const {
   // Only where it needs them: the loss scaler's overflow flag, or StepInfo::grad_norm under
   // sync_grad_norm (free where the ops are synchronous).

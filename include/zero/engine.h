@@ -269,6 +269,14 @@ class Engine {
   virtual Status EndBackward() = 0;
   /// Unscales, checks for overflow, clips, steps the rank's shard and gathers the params.
   virtual StatusOr<StepInfo> Step() = 0;
+  /// Drops the gradients of every micro-batch ended since the last Step (the trainer skips
+  /// this step: a batch it rejects after its backward, or gradients a GAN's generator pass
+  /// left in the discriminator's engine): the next micro-batch starts a new step, and the
+  /// params, moments, step count and loss scale are as they were. Collective: every rank
+  /// calls it (stage 3 gathers its persistent units again, as after a step).
+  /// kFailedPrecondition inside a micro-batch (call EndBackward first). No-op with nothing
+  /// to drop.
+  virtual Status DropGradients() = 0;
   /// The global gradient norm of the last Step (StepInfo::grad_norm), read from the device
   /// when Step left it there (Config::sync_grad_norm false: one wait for the device, then
   /// kept). kFailedPrecondition before the first Step.

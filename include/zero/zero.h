@@ -164,6 +164,9 @@ ZERO_API zero_status zero_accumulate_grads(zero_engine* engine, int64_t count, c
 ZERO_API zero_status zero_begin_iteration(zero_engine* engine);
 ZERO_API zero_status zero_end_backward(zero_engine* engine);
 ZERO_API zero_status zero_step(zero_engine* engine, zero_step_info* info);
+/** Drops the gradients of the micro-batches ended since the last step (the trainer skips
+ *  it); collective. See Engine::DropGradients. */
+ZERO_API zero_status zero_drop_gradients(zero_engine* engine);
 /** The last step's global gradient norm, read from the device when the step left it there
  *  ("sync_grad_norm": false; one wait for the device). ZERO_FAILED_PRECONDITION before a step. */
 ZERO_API zero_status zero_last_grad_norm(zero_engine* engine, float* norm);

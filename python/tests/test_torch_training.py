@@ -2,6 +2,7 @@
 gradient accumulation, bf16 params with fp32 accumulation, a DeepSpeed config, all_reduce,
 client_state in checkpoints, and the errors that name a loop's mistakes. The ranks are
 threads (zerort.local_group)."""
+import copy
 import json
 import os
 import subprocess
@@ -9,6 +10,7 @@ import sys
 
 import pytest
 import torch
+from torch import nn
 
 import zerort
 import zerort.torch
@@ -488,6 +490,83 @@ def test_second_backward_before_step_names_the_fix(stage, micro):
     assert "reentrant" not in message
     engine.close()
     comm.close()
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_zero_grad_drops_a_backward_no_step_followed(stage):
+    """optimizer.zero_grad() after a backward no step() followed (a batch rejected once its
+    loss is seen) drops it, and with accumulation the window's earlier micro-batches too, as
+    PyTorch's zero_grad does; zero_grad() after step() drops nothing. The params trained are
+    bit-for-bit those of a run that never saw the rejected batches, on 2 ranks."""
+    config = {"stage": stage, "optimizer": OPTIMIZER, "gradient_accumulation_steps": 2,
+              "stage3": {"persistence_threshold": 0}}
+
+    def run(reject):
+        models = [TinyLM() for _ in range(2)]  # here: TinyLM seeds the shared RNG
+
+        def body(rank, comm):
+            model = models[rank]
+            engine = zerort.torch.initialize(model, config, comm)
+            optimizer = engine.optimizer
+            for step in range(3):
+                if reject:  # a rejected micro-batch alone, then one after an accepted one
+                    loss_of(model, *batch(50 + step)).backward()
+                    optimizer.zero_grad()
+                    loss_of(model, *batch(2 * step)).backward()
+                    optimizer.step()
+                    optimizer.zero_grad()  # after step(): the accumulation is kept
+                    loss_of(model, *batch(60 + step)).backward()
+                    optimizer.zero_grad()  # drops micro-batch 2 * step as well
+                for micro in range(2):
+                    optimizer.zero_grad()
+                    loss_of(model, *batch(2 * step + micro)).backward()
+                    optimizer.step()
+            state = engine.state_dict()
+            steps = engine.global_steps
+            engine.close()
+            comm.close()
+            return state, steps
+
+        return run_ranks(2, body)
+
+    for (dropped, steps), (kept, kept_steps) in zip(run(True), run(False)):
+        assert steps == kept_steps == 3
+        assert dropped.keys() == kept.keys()
+        assert all(torch.equal(dropped[name], kept[name]) for name in kept)
+
+
+def test_zero_grad_drops_a_generator_pass_through_the_discriminator():
+    """A GAN's loop as written for PyTorch: the generator's loss runs backward through the
+    discriminator, whose engine receives those gradients; d_optimizer.zero_grad() before the
+    discriminator's own backward drops them (before, the second backward was an error)."""
+    torch.manual_seed(3)
+    generator, discriminator = nn.Linear(4, 6), nn.Sequential(nn.Linear(6, 5), nn.Tanh(),
+                                                               nn.Linear(5, 1))
+    plain_g, plain_d = copy.deepcopy(generator), copy.deepcopy(discriminator)
+    g_comm, d_comm = zerort.local_group(1)[0], zerort.local_group(1)[0]
+    g_engine = zerort.torch.initialize(generator, {"stage": 2, "optimizer": OPTIMIZER}, g_comm)
+    d_engine = zerort.torch.initialize(discriminator, {"stage": 2, "optimizer": OPTIMIZER}, d_comm)
+    plain = [torch.optim.AdamW(m.parameters(), lr=OPTIMIZER["lr"], betas=OPTIMIZER["betas"],
+                               eps=OPTIMIZER["eps"], weight_decay=OPTIMIZER["weight_decay"])
+             for m in (plain_g, plain_d)]
+    for step in range(3):
+        noise = torch.randn(8, 4, generator=torch.Generator().manual_seed(step))
+        real = torch.randn(8, 6, generator=torch.Generator().manual_seed(10 + step))
+        for (g, d), (g_opt, d_opt) in (((generator, discriminator),
+                                        (g_engine.optimizer, d_engine.optimizer)),
+                                       ((plain_g, plain_d), plain)):
+            d_opt.zero_grad()
+            (d(real).mean() - d(g(noise).detach()).mean()).backward()
+            d_opt.step()
+            g_opt.zero_grad()
+            d(g(noise)).mean().backward()  # reaches the discriminator's params too
+            g_opt.step()
+    for ours, theirs in ((generator, plain_g), (discriminator, plain_d)):
+        for mine, want in zip(ours.parameters(), theirs.parameters()):
+            assert torch.allclose(mine, want, rtol=1e-5, atol=1e-6)
+    for engine, comm in ((g_engine, g_comm), (d_engine, d_comm)):
+        engine.close()
+        comm.close()
 
 
 @pytest.mark.parametrize("lend", [False, True])

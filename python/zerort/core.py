@@ -408,6 +408,11 @@ class Engine:
         return {"step": info.step, "skipped": bool(info.skipped),
                 "grad_norm": info.grad_norm, "loss_scale": info.loss_scale}
 
+    def drop_gradients(self):
+        """Drops the gradients of the micro-batches ended since the last step (collective);
+        the next micro-batch starts a new step."""
+        _check(library().zero_drop_gradients(self._handle), "zero_drop_gradients")
+
     def gather(self, unit):
         """Stage 3: makes a unit's full params available."""
         self._check_lent(library().zero_gather(self._handle, unit), "zero_gather")

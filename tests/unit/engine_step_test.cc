@@ -57,6 +57,57 @@ TEST(EngineStep, LossScalingSkipsOverflowAndClippingBoundsTheNorm) {
   });
 }
 
+// DropGradients: a micro-batch the trainer rejects after its backward (or, with accumulation,
+// a whole window) leaves no trace; the step that follows equals one that never saw it.
+TEST(EngineStep, DroppedGradientsLeaveNoTraceInTheNextStep) {
+  for (const int stage : {0, 1, 2, 3}) {
+    for (const int accumulation : {1, 2}) {
+      std::vector<std::vector<float>> kept(2), dropped(2);
+      std::vector<int64_t> steps(2);
+      RunOnRanks(3, [&](int r, comm::Communicator& comm) {
+        Config config = ToyConfig(stage);
+        config.gradient_accumulation_steps = accumulation;
+        for (const bool drop : {false, true}) {
+          auto engine = Engine::Create(config, comm);
+          ASSERT_THAT(engine, IsOk());
+          const ParamId id = *(*engine)->RegisterParam({"w", {1001}});
+          ASSERT_THAT((*engine)->Finalize(), IsOk());
+          std::vector<float> values(1001), junk(1001, 1e3f);
+          for (int i = 0; i < 1001; ++i) values[i] = 0.01f * static_cast<float>((i * 7) % 13);
+          ASSERT_THAT((*engine)->SetParam(id, values.data()), IsOk());
+          EXPECT_THAT((*engine)->DropGradients(), IsOk());  // nothing to drop yet
+          auto micro_batch = [&](const std::vector<float>& grad) {
+            ASSERT_THAT((*engine)->BeginIteration(), IsOk());
+            ASSERT_THAT((*engine)->AccumulateGrad(id, grad.data()), IsOk());
+            if (drop && r == 0) {  // inside a micro-batch: refused, nothing changes
+              EXPECT_THAT((*engine)->DropGradients(),
+                          testing::StatusIs(absl::StatusCode::kFailedPrecondition));
+            }
+            ASSERT_THAT((*engine)->EndBackward(), IsOk());
+          };
+          if (drop) {  // a rejected window (all of its micro-batches, or the first only)
+            for (int m = 0; m < accumulation; ++m) micro_batch(junk);
+            ASSERT_THAT((*engine)->DropGradients(), IsOk());
+            micro_batch(junk);
+            ASSERT_THAT((*engine)->DropGradients(), IsOk());
+          }
+          std::vector<float> grad(1001);
+          for (int i = 0; i < 1001; ++i) grad[i] = 0.1f * static_cast<float>((i + 3 * r) % 5) - 0.2f;
+          for (int m = 0; m < accumulation; ++m) micro_batch(grad);
+          auto info = (*engine)->Step();
+          ASSERT_THAT(info, IsOk());
+          if (drop) steps[r == 0 ? 0 : 1] = info->step;
+          std::vector<float>& out = (drop ? dropped : kept)[r == 0 ? 0 : 1];
+          out.resize(1001);
+          ASSERT_THAT((*engine)->GetParam(id, out.data()), IsOk());
+        }
+      });
+      EXPECT_EQ(dropped, kept) << "stage " << stage << ", accumulation " << accumulation;
+      EXPECT_EQ(steps, (std::vector<int64_t>{1, 1})) << "stage " << stage;
+    }
+  }
+}
+
 // A caller that says where its gradient lives skips the pointer query; a device gradient for a
 // CPU engine is refused and nothing arrives, so the same param can still be handed over.
 TEST(EngineStep, AGradientWhosePlacementIsGivenIsTakenAsSaid) {

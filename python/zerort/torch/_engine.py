@@ -185,6 +185,7 @@ class TorchEngine(DeepSpeedAPI):
         self._micro_batches = 0
         self._closed = False
         self._in_micro_batch = False
+        self._handed_since_step_call = False  # gradients reached the engine since step()
         self._ran_forward = False  # the model's forward ran since the last micro-batch ended
         # guard.on_unused = "zero": params the graph of the model's outputs does not reach
         # are marked ready as backward comes to them (_reach.py).
@@ -445,6 +446,7 @@ class TorchEngine(DeepSpeedAPI):
         if not self._queue.pids:  # before every stage-3 gather and release: mostly empty
             return
         handed, failure = self._queue.flush(self.lend_gradients)
+        self._handed_since_step_call = True
         for item in handed:
             if item.kept:
                 self._lent_grads.append(item.grad)  # read where it is until the step
@@ -494,6 +496,7 @@ class TorchEngine(DeepSpeedAPI):
         """Ends the micro-batch; True when it is the last one before an optimizer step."""
         ran_forward, self._ran_forward = self._ran_forward, False
         self._flush_grads()  # gradients handed over outside a backward pass
+        self._handed_since_step_call = False
         arrived = self._in_micro_batch
         self._check_model("step()")
         for _, param in self._empty:
@@ -541,8 +544,22 @@ class TorchEngine(DeepSpeedAPI):
         return info
 
     def zero_grad(self, set_to_none=True):
-        """Clears any `.grad` left on trainable params (the engine zeroes its own)."""
+        """engine.optimizer.zero_grad: drops the gradients of a backward no step() followed
+        (and of the whole accumulation window, as PyTorch's zero_grad does); clears `.grad`."""
         self.optimizer.zero_grad(set_to_none)
+
+    def _drop_unstepped_gradients(self):
+        """optimizer.zero_grad(): when gradients reached the engine since the last step()
+        call (a batch the trainer rejects after its backward, a GAN's generator pass through
+        this discriminator), ends that micro-batch and drops every gradient the engine holds
+        for the next optimizer step (core.Engine.drop_gradients; collective). Otherwise
+        nothing: after step(), the engine already holds only the window's accumulation."""
+        if not self._handed_since_step_call:
+            return
+        self._end_micro_batch()
+        self._engine.drop_gradients()
+        self._micro_batches = 0
+        self._lent_grads.clear()
 
     def get_lr(self):
         """Each group's learning rate for the next optimizer step."""

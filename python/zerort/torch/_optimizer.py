@@ -88,10 +88,15 @@ class ZeroOptimizer(torch.optim.Optimizer):
     as before; call engine.step() or optimizer.step() once per micro-batch, not both.
     Returns the closure's loss (None without one), as PyTorch's optimizers do.
 
-    zero_grad(set_to_none=True): the engine zeroes its own gradients when it steps, and a
-    param's gradient goes to the engine as soon as autograd has it, so this only clears any
-    `.grad` left on the params; it does not take back gradients already handed to the
-    engine in this accumulation window.
+    zero_grad(set_to_none=True): a param's gradient goes to the engine as soon as autograd
+    has it, and the engine zeroes its gradients when it steps. After step() this only clears
+    any `.grad` left on the params, so `backward(); step(); zero_grad()` accumulates over
+    gradient_accumulation_steps micro-batches as before. After a backward that no step()
+    followed (a batch rejected once its loss or gradients are seen, a GAN's generator loss
+    through this model), it drops what the engine holds for the next optimizer step: that
+    backward's gradients and those of the accumulation window's earlier micro-batches, as
+    PyTorch's zero_grad drops everything accumulated. Every rank must make the same call
+    (the drop is collective).
 
     state_dict()/load_state_dict(): PyTorch's, holding the param groups' hyperparameters
     (lr schedulers' keys included) and no optimizer state: the moments and fp32 masters are
@@ -148,6 +153,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
     def zero_grad(self, set_to_none=True):
         """See the class docstring."""
         del set_to_none  # always None: the engine holds the gradients
+        self._engine._drop_unstepped_gradients()
         for group in self.param_groups:
             for param in group["params"]:
                 param.grad = None
