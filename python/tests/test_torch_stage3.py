@@ -4,6 +4,7 @@ through F.linear (register_external_parameter), gathered() reads and writes full
 and an eval pass does not end prefetching."""
 import dataclasses
 import json
+import math
 import os
 import pathlib
 import subprocess
@@ -198,8 +199,7 @@ def test_gathered_reads_full_values_and_writes_from_the_modifier_rank():
         model = models[rank]
         engine = zerort.torch.initialize(model, CONFIG, comm)
         weight = model.blocks[1].base.weight
-        assert weight.untyped_storage().nbytes() == 0 if hasattr(
-            weight, "untyped_storage") else weight.storage().size() == 0
+        assert torch.isnan(weight).all()  # between uses: a placeholder, no values
         with zerort.torch.gathered(weight) as (values,):
             read = values.detach().clone()
         with zerort.torch.gathered([weight, model.blocks[1].lora_a.weight],
@@ -760,3 +760,43 @@ def test_model_state_dict_between_uses_is_refused_and_names_the_ways():
     comm.close()
     after = {n: v for n, v in model.state_dict().items() if n in full}
     assert_close(after, {n: v * 2 for n, v in full.items()})
+
+
+def test_reading_or_casting_a_sharded_param_between_uses_is_never_a_crash():
+    """Between uses a sharded param's .data is a placeholder of its shape: what a trainer
+    does there with plain PyTorch (log norms, clone, keep an EMA, cast for evaluation, re-init
+    a bias) reads NaN or is a clear error, never a read past a storage of no bytes (it was a
+    segmentation fault). Nothing the engine holds changes, and training goes on."""
+    comm = zerort.local_group(1)[0]
+    torch.manual_seed(3)
+    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 2))
+    engine = zerort.torch.initialize(
+        model, {"stage": 3, "optimizer": SGD, "stage3": {"persistence_threshold": 0}}, comm)
+    x = torch.randn(4, 8)
+
+    def train_step():
+        model(x).sum().backward()
+        engine.step()
+
+    train_step()
+    full = engine.state_dict()
+    norms = [p.norm().item() for p in model.parameters()]
+    assert all(math.isnan(n) for n in norms)
+    assert torch.isnan(model[0].weight.detach().clone()).all()
+    assert torch.isnan(nn.utils.parameters_to_vector(model.parameters())).all()
+    assert "nan" in str(model[2].bias)
+    ema = [torch.zeros(p.shape) for p in model.parameters()]
+    with torch.no_grad():
+        for average, param in zip(ema, model.parameters()):
+            average.mul_(0.9).add_(param, alpha=0.1)  # NaN: read gathered() instead
+    assert_close(engine.state_dict(), full)  # the engine's values are untouched
+    with torch.no_grad():
+        nn.init.zeros_(model[0].bias)  # a write between uses: lost, and said so
+    with pytest.raises(zerort.FailedPreconditionError, match="written in place between uses"):
+        train_step()
+    train_step()  # said once; training goes on
+    model.half()  # a cast between uses: the next use names it
+    with pytest.raises(zerort.FailedPreconditionError, match="float32 -> torch.float16"):
+        train_step()
+    engine.close()
+    comm.close()

@@ -58,7 +58,8 @@ What happens to the model:
   marked ready as backward comes to them, as DDP's find_unused_parameters (_reach.py).
 - Stage 3: one unit per module (and optimizer group) that owns trainable params, and one
   for its frozen ones, gathered before its forward and again before its backward, released
-  after each (_stage3.py); between uses the params' storage is freed, as FSDP does. A module
+  after each (_stage3.py); between uses the unit's storage is freed, as FSDP does (the
+  params read as NaN placeholders of their shape then). A module
   that uses another module's param (F.linear(h, self.embed.weight)) gathers it too, found as
   it reads it (_access.py) or declared with register_external_parameter(module, param); code
   outside forward reads or writes full values inside

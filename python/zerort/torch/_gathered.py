@@ -1,6 +1,6 @@
 """Full values of stage-3 params in user code, and params used outside their module.
 
-At stage 3 a param's storage is empty between its module's uses (_stage3.py). Two things
+At stage 3 a param holds no values between its module's uses (_stage3.py). Two things
 need its values elsewhere:
 
 - a module that reads another module's param (a tied output layer computing

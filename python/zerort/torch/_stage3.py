@@ -4,13 +4,17 @@ Each module that directly owns trainable params is one unit per optimizer group 
 params (a bucket holds params of one group; a param shared by several modules belongs to the
 first; the others gather that unit too). Its frozen float params (a LoRA model's base
 weights) are one more unit, sharded the same way and gathered with the others, never reduced
-or stepped. A unit's params are views of one flat storage laid out as the engine's gathered
-unit (core.Engine.gathered_place). Between uses that storage is resized to zero bytes, as
-FSDP does: the tensors autograd saved in forward refer to the same storage, which is refilled
-before the module's backward. The engine gathers straight into it: the storage is the memory
-the engine borrows for the unit (core.Engine.lend_gathered_memory; lent when a gather or a
-prefetch starts, freed when the engine gives it back), so a gather makes no copy, and on a
-GPU the memory comes from PyTorch's caching allocator.
+or stepped. A gathered unit's params are views of one flat storage laid out as the engine's
+gathered unit (core.Engine.gathered_place). Between uses that storage is resized to zero
+bytes, as FSDP does: the tensors autograd saved in forward refer to the same storage, which
+is refilled before the module's backward. The engine gathers straight into it: the storage
+is the memory the engine borrows for the unit (core.Engine.lend_gathered_memory; lent when a
+gather or a prefetch starts, freed when the engine gives it back), so a gather makes no copy,
+and on a GPU the memory comes from PyTorch's caching allocator. While the memory is given
+back, each param's .data is a placeholder of its shape (_params.placeholder: reads give NaN,
+in-place writes are refused) rather than a view of no bytes, which PyTorch's kernels would
+read past (a crash, not an error): p.norm(), model.half() or a copy between steps read NaN;
+gathered() reads the values.
 
     forward pre-hook    gather the module's units (engine.gather), fill the storages
     forward hook        release them, unless gathered for backward; hook the outputs'
@@ -58,7 +62,7 @@ import torch
 from .. import errors
 from ._access import innermost_running_module, runs_forward_hooks, watch
 from ._device import other_current_stream
-from ._params import resize_storage, same_storage, storage_bytes
+from ._params import placeholder, resize_storage, same_storage, storage_bytes
 
 
 class _DeviceBytes:
@@ -232,6 +236,9 @@ class UnitGathering:
         # lent on another stream is kept for it until its work there is done.
         self.engine_stream = None
         self._flats = {}  # sharded unit -> its gathered memory, a flat byte tensor
+        self._views = {}  # id of a sharded unit's param -> its view of the unit's flat
+        self._placeholders = {}  # such an id -> its .data while the memory is given back
+        self._placeholder_versions = {}  # such an id -> its version counter when it got it
         with torch.no_grad():
             for unit, members in self._members.items():
                 if unit not in self._persistent:
@@ -252,7 +259,10 @@ class UnitGathering:
         for (param, pid), (_, offset, _, _) in zip(members, places):
             record = self._records[pid]
             nbytes = record.numel * param.element_size()
-            param.data = flat[offset:offset + nbytes].view(record.dtype).view(record.shape)
+            self._views[pid] = flat[offset:offset + nbytes].view(record.dtype).view(record.shape)
+            self._placeholders[pid] = placeholder(param)
+            param.data = self._placeholders[pid]
+            self._placeholder_versions[pid] = param._version
         resize_storage(flat, 0)
         return flat
 
@@ -274,7 +284,12 @@ class UnitGathering:
         return flat.data_ptr()
 
     def _give_back(self, unit):
-        """The engine's give_back: `unit`'s flat storage is freed."""
+        """The engine's give_back: `unit`'s flat storage is freed; its params that view it
+        get their placeholders."""
+        for param, pid in self._members[unit]:
+            if param.data_ptr() == self._views[pid].data_ptr():
+                param.data = self._placeholders[pid]
+                self._placeholder_versions[pid] = param._version
         resize_storage(self._flats[unit], 0)
 
     def _param_named(self, name):
@@ -290,9 +305,11 @@ class UnitGathering:
         unit's storage between uses (compared by storage, so tied names count too): `what`
         it, and the `ways` to do it instead."""
         released = [self._flats[unit] for unit in self._flats if unit not in self._gathered]
+        released += [self._placeholders[pid] for unit in self._flats if unit not in self._gathered
+                     for _, pid in self._members[unit]]
         for name, value in tensors.items():
             if (name.startswith(prefix) and isinstance(value, torch.Tensor)
-                    and any(same_storage(value, flat) for flat in released)):
+                    and any(same_storage(value, other) for other in released)):
                 raise errors.FailedPreconditionError(
                     f"zerort.torch: {what} \"{name}\", a stage-3 param that is sharded and has "
                     f"no storage between uses (as in FSDP): {ways}.",
@@ -300,9 +317,10 @@ class UnitGathering:
 
     def views_unit_memory(self, pid, param):
         """Whether `param` (registered as `pid`, in a sharded unit) still views its unit's
-        flat storage: False once its .data was replaced by another tensor."""
+        flat storage, or its placeholder: False once its .data was replaced by another
+        tensor."""
         flat = self._flats[self._records[pid].unit]
-        return same_storage(param, flat)
+        return same_storage(param, flat) or same_storage(param, self._placeholders[pid])
 
     def add_units(self, module, units):
         """Makes `module`'s forward (and backward) gather `units` as well: its own units, or
@@ -377,12 +395,23 @@ class UnitGathering:
 
     def check(self, unit, what):
         """Raises when a param of a sharded `unit` changed since initialize() (another
-        dtype or shape, or a .data replaced: no longer a view of the unit's memory)."""
+        dtype or shape, or a .data replaced: no longer a view of the unit's memory), or was
+        written in place between uses (said once: the write is lost either way)."""
         for param, pid in self._members[unit]:
             record = self._records[pid]
             record.check(param, what)
             if not self.views_unit_memory(pid, param):
                 raise record.replaced_error(what)
+            if (param._version != self._placeholder_versions[pid]
+                    and same_storage(param, self._placeholders[pid])):
+                self._placeholder_versions[pid] = param._version
+                raise errors.FailedPreconditionError(
+                    f"zerort.torch: {what}: param \"{record.name}\" was written in place "
+                    "between uses (nn.init, copy_, fill_ ...), when a stage-3 param that is "
+                    "sharded holds no values on this rank: the write reached a placeholder and "
+                    "is lost. Write inside `with zerort.torch.gathered(params, "
+                    "modifier_rank=0):` (every rank enters it; rank 0's values reach every "
+                    "rank), or before initialize().", errors.FailedPreconditionError.status)
 
     def gather(self, units):
         """Makes `units` usable: the engine gathers them into their flat storages."""
@@ -394,6 +423,8 @@ class UnitGathering:
                 self._checked.add(unit)
             self.before_engine_call()
             self._engine.gather(unit)
+            for param, pid in self._members[unit]:
+                param.data = self._views[pid]
             other = other_current_stream(self.engine_stream)
             if other is not None:  # read there, after the gather: not reused before
                 other.wait_stream(self.engine_stream)
