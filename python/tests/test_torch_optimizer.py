@@ -172,8 +172,12 @@ def test_optimizer_is_a_torch_optimizer_with_the_engines_groups():
     assert engine.lr_scheduler is None
     with pytest.raises(zerort.UnimplementedError, match="model_parameters"):
         optimizer.add_param_group({"params": [torch.nn.Parameter(torch.zeros(2))]})
-    state = optimizer.state_dict()
+    with pytest.warns(UserWarning, match="engine.save_checkpoint"):  # no moments in it
+        state = optimizer.state_dict()
     assert [g["lr"] for g in state["param_groups"]] == [WEIGHT_LR, OTHER_LR]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # said once
+        optimizer.load_state_dict(state)
     engine.close()
     comm.close()
 

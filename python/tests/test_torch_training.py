@@ -879,3 +879,44 @@ def test_deepspeed_engine_calls_of_a_ported_script(tmp_path):
         assert (engine.train_micro_batch_size_per_gpu(), engine.train_batch_size()) == sizes
         engine.close()
     comm.close()
+
+
+@pytest.mark.parametrize("stage,call", [(2, "save_checkpoint"), (3, "state_dict"),
+                                        (3, "forward")])
+def test_a_collective_call_on_rank_0_only_names_what_every_rank_must_call(stage, call,
+                                                                          tmp_path):
+    """The porting mistake `if rank == 0: engine.save_checkpoint(...)` (or state_dict(), or
+    an evaluation forward at stage 3): rank 0's error says which of its calls every rank
+    must make, beside the collective that did not match."""
+    config = {"stage": stage, "optimizer": OPTIMIZER, "guard": {"timeout_s": 10},
+              "stage3": {"persistence_threshold": 0}}
+    models = [TinyLM() for _ in range(2)]  # here: TinyLM seeds the shared RNG
+
+    def body(rank, comm):
+        model = models[rank]
+        engine = zerort.torch.initialize(model, config, comm)
+        try:
+            loss_of(model, *batch(rank)).backward()
+            engine.step()
+            if rank == 0 and call == "save_checkpoint":
+                engine.save_checkpoint(str(tmp_path))
+            elif rank == 0 and call == "state_dict":
+                engine.state_dict()
+            elif rank == 0:
+                with torch.no_grad():
+                    loss_of(model, *batch(5))
+            loss_of(model, *batch(2 + rank)).backward()
+            engine.step()
+        except zerort.ZeroError as error:
+            return error
+        finally:
+            try:
+                engine.close()
+            except zerort.ZeroError:
+                pass  # the group is broken: close says so too
+        return None
+
+    failures = run_ranks(2, body)
+    what = {"save_checkpoint": "engine.save_checkpoint()", "state_dict": "engine.state_dict()",
+            "forward": "a stage-3 gather (each module's forward and backward)"}[call]
+    assert failures[0] is not None and f"{what} is collective" in str(failures[0])

@@ -8,6 +8,7 @@ import torch
 from .. import core, errors
 from . import (_backward, _checkpoint, _config, _device, _gathered, _handover, _init_context,
                _params, _reach, _stage3, _step_info)
+from ._collective import every_rank_calls
 from ._deepspeed_api import AccumulationSteps, DeepSpeedAPI, refuse_unless_default
 from ._optimizer import ZeroOptimizer
 from ._schedulers import EngineLRScheduler
@@ -720,13 +721,14 @@ class TorchEngine(DeepSpeedAPI):
         at any stage)."""
         self._check_model("state_dict()")
         result = {}
-        for name, param, pid in self._params + self._frozen:
-            record = self._records[pid]
-            full = torch.empty(record.shape, dtype=record.dtype, device=record.device)
-            if self._stream is not None:
-                self._wait_for_current_stream()  # the memory's last use there
-            self._engine.get_param(pid, full.data_ptr())
-            result[name] = full
+        with every_rank_calls("engine.state_dict()"):
+            for name, param, pid in self._params + self._frozen:
+                record = self._records[pid]
+                full = torch.empty(record.shape, dtype=record.dtype, device=record.device)
+                if self._stream is not None:
+                    self._wait_for_current_stream()  # the memory's last use there
+                self._engine.get_param(pid, full.data_ptr())
+                result[name] = full
         for name, param in self._empty:
             result[name] = torch.empty(param.shape, dtype=param.dtype, device=param.device)
         return result
@@ -751,8 +753,9 @@ class TorchEngine(DeepSpeedAPI):
         self.optimizer.push()  # the groups' values as they are now (a scheduler's new lr)
         extras = {"global_steps": self.global_steps, "loss_scale": self.loss_scale}
         self._engine.set_checkpoint_user_data(_checkpoint.encode(client_state, extras))
-        self._engine.save_checkpoint(directory,
-                                     f"global_step{self.global_steps}" if tag is None else tag)
+        with every_rank_calls("engine.save_checkpoint()", "; each rank saves its own part"):
+            self._engine.save_checkpoint(
+                directory, f"global_step{self.global_steps}" if tag is None else tag)
 
     def preemption_requested(self):
         """After zerort.install_preemption_handler(): whether any rank got SIGTERM or
@@ -785,7 +788,8 @@ class TorchEngine(DeepSpeedAPI):
             directory = f"{directory}/{tag}"
         self._check_model("load_checkpoint()")
         loaded_path = _checkpoint.resolve_latest(directory)
-        self._engine.load_checkpoint(directory)
+        with every_rank_calls("engine.load_checkpoint()"):
+            self._engine.load_checkpoint(directory)
         text = self._engine.checkpoint_user_data()
         if self._units is None:
             self._bind_views()

@@ -19,6 +19,7 @@ CosineAnnealingLR, OneCycleLR, SequentialLR, ...) works on it unchanged:
   optimizer.step()" warning.
 """
 import struct
+import warnings
 
 import torch
 
@@ -100,7 +101,10 @@ class ZeroOptimizer(torch.optim.Optimizer):
 
     state_dict()/load_state_dict(): PyTorch's, holding the param groups' hyperparameters
     (lr schedulers' keys included) and no optimizer state: the moments and fp32 masters are
-    in the engine, saved by engine.save_checkpoint.
+    in the engine, saved by engine.save_checkpoint. Both warn once (UserWarning) that a
+    resume from them alone restarts the moments: a loop that saves
+    `optimizer.state_dict()` beside the model (as PyTorch's, FSDP's and HF's do) would
+    otherwise resume on another trajectory without a word.
 
     add_param_group(): after initialize, params cannot join the engine (UnimplementedError);
     give every group to initialize(model_parameters=...).
@@ -111,6 +115,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
         _config.ParamGroups."""
         self._engine = engine
         self._from_engine = False  # engine.step() is stepping through self.step
+        self._warned_no_moments = False
         core_engine = engine.engine
         self._keys = _SGD_KEYS if _config.optimizer_type(config) == "sgd" else _ADAM_KEYS
         optimizer = config.get("optimizer", {})
@@ -149,6 +154,27 @@ class ZeroOptimizer(torch.optim.Optimizer):
         if self._from_engine or engine._end_micro_batch():
             engine._optimizer_step()
         return loss
+
+    def state_dict(self):
+        """See the class docstring (the param groups only; warns once)."""
+        self._warn_no_moments("state_dict()")
+        return super().state_dict()
+
+    def load_state_dict(self, state_dict):
+        """See the class docstring (the param groups only; warns once)."""
+        self._warn_no_moments("load_state_dict()")
+        super().load_state_dict(state_dict)
+
+    def _warn_no_moments(self, call):
+        if self._warned_no_moments:
+            return
+        self._warned_no_moments = True
+        warnings.warn(
+            f"zerort.torch: engine.optimizer.{call} holds the param groups' hyperparameters "
+            "only: the optimizer's moments and fp32 master weights are sharded in the engine, "
+            "so a resume from this state dict alone restarts them (another trajectory). Save "
+            "and resume with engine.save_checkpoint(dir) / engine.load_checkpoint(dir) "
+            "(every rank calls them), which hold everything.", UserWarning, stacklevel=3)
 
     def zero_grad(self, set_to_none=True):
         """See the class docstring."""

@@ -61,6 +61,7 @@ import torch
 
 from .. import errors
 from ._access import innermost_running_module, runs_forward_hooks, watch
+from ._collective import every_rank_calls
 from ._device import other_current_stream
 from ._params import placeholder, resize_storage, same_storage, storage_bytes
 
@@ -152,6 +153,12 @@ _SAVE_WAYS = ("a file saved from it would not load. Use engine.state_dict() (col
 _LOAD_WAYS = ("load inside `with zerort.torch.gathered(params, modifier_rank=0):` (every rank "
               "enters it; rank 0's values reach every rank), or resume with "
               "engine.load_checkpoint()")
+
+
+# What every_rank_calls() says of a failed gather or release.
+_GATHERS = ("a stage-3 gather (each module's forward and backward)",
+            "; evaluate on every rank (each rank its own batch), or read full values with "
+            "engine.state_dict()")
 
 
 # Gathered memory an engine still held when it closed with its group broken: kept for good,
@@ -422,7 +429,8 @@ class UnitGathering:
                 self.check(unit, "gathering a stage-3 unit")
                 self._checked.add(unit)
             self.before_engine_call()
-            self._engine.gather(unit)
+            with every_rank_calls(*_GATHERS):
+                self._engine.gather(unit)
             for param, pid in self._members[unit]:
                 param.data = self._views[pid]
             other = other_current_stream(self.engine_stream)
@@ -445,7 +453,8 @@ class UnitGathering:
             if unit not in self._gathered or self._holds[unit] > 0:
                 continue
             self.before_engine_call()
-            release(unit)
+            with every_rank_calls(*_GATHERS):  # a gather's failure may show here
+                release(unit)
             self._gathered.discard(unit)
             self._for_backward.discard(unit)
 
