@@ -11,6 +11,7 @@
 // deepspeed/runtime/zero/config.py and the optimizers in deepspeed/ops/.
 #include "runtime/deepspeed_config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <map>
@@ -121,6 +122,37 @@ Handler RequiresMember(std::string member, Json accepted, std::string otherwise)
   };
 }
 
+/// The number of single-character edits (insert, delete, replace) from `a` to `b`.
+size_t EditDistance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t above = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = above;
+    }
+  }
+  return row[b.size()];
+}
+
+/// "; did you mean \"K\"?" for the key of `table` nearest to `key` (a misspelling: at most
+/// 2 edits, and fewer than a third of its length), or "".
+std::string NearestKey(const std::string& key, const Table& table) {
+  std::string nearest;
+  size_t best = std::min<size_t>(3, (key.size() + 2) / 3);
+  for (const auto& [name, unused] : table) {
+    const size_t distance = EditDistance(key, name);
+    if (distance < best) {
+      best = distance;
+      nearest = name;
+    }
+  }
+  return nearest.empty() ? "" : "; did you mean \"" + nearest + "\"?";
+}
+
 /// Walks `object`'s keys through `table`. A key outside the table, or outside `allowed` when
 /// given (the keys that `owner`, e.g. "Lion", takes), is unsupported.
 void Walk(const Json& object, const std::string& prefix, const Table& table, Translation& t,
@@ -132,7 +164,7 @@ void Walk(const Json& object, const std::string& prefix, const Table& table, Tra
     const std::string key = prefix.empty() ? it.key() : prefix + "." + it.key();
     auto handler = table.find(it.key());
     if (handler == table.end()) {
-      t.Unsupported(key, "not a DeepSpeed key that ZeroRT supports; remove it");
+      t.Unsupported(key, "not a DeepSpeed key that ZeroRT supports; remove it" + NearestKey(it.key(), table));
     } else if (allowed != nullptr && allowed->count(it.key()) == 0) {
       t.Unsupported(key, owner + " takes no " + it.key() + "; remove it");
     } else {

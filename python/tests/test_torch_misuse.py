@@ -587,3 +587,61 @@ def test_a_second_step_with_nothing_between_names_the_double_step():
     assert "not both" in str(raised.value) and "optimizer.step()" in str(raised.value)
     engine.close()
     comm.close()
+
+
+# 19. step() after a forward alone; params frozen after initialize ------------------------
+
+def test_a_step_after_a_forward_without_backward_says_no_backward_ran():
+    """It listed every param as unused, with the reentrant-checkpointing hint."""
+    model = bias_model()
+    engine, comm = one_rank(model, {"stage": 2, "optimizer": SGD})
+    x = torch.randn(8, 4, generator=torch.Generator().manual_seed(1))
+    model(x).mean()  # the loss is never backpropagated
+    with pytest.raises(zerort.FailedPreconditionError, match="no backward has run"):
+        engine.step()
+    engine.close()
+    comm.close()
+
+
+def test_params_frozen_after_initialize_are_named_with_the_way_to_freeze():
+    """The unused-parameters error for params frozen after initialize() names them and
+    guard.on_unused = "zero" (not "freeze them", which the trainer just did); with it, they
+    stay unchanged, as PyTorch's optimizers leave a param without a gradient."""
+    for on_unused in ("error", "zero"):
+        model = bias_model()
+        engine, comm = one_rank(model, {"stage": 2, "optimizer": SGD,
+                                        "guard": {"on_unused": on_unused}})
+        x = torch.randn(8, 4, generator=torch.Generator().manual_seed(1))
+        model(x).mean().backward()
+        engine.step()
+        model.bias.requires_grad_(False)
+        before = model.bias.detach().clone()
+        model(x).mean().backward()
+        if on_unused == "error":
+            with pytest.raises(zerort.UnusedParametersError) as raised:
+                engine.step()
+            message = str(raised.value)
+            assert '("bias") were frozen after initialize()' in message
+            assert 'guard.on_unused = "zero"' in message and "use_reentrant" not in message
+        else:
+            engine.step()
+            assert torch.equal(model.bias.detach(), before)
+        engine.close()
+        comm.close()
+
+
+def test_a_save_inside_an_accumulation_window_names_the_boundary(tmp_path):
+    model = bias_model()
+    engine, comm = one_rank(model, {"stage": 2, "optimizer": SGD,
+                                    "gradient_accumulation_steps": 2})
+    x = torch.randn(8, 4, generator=torch.Generator().manual_seed(1))
+    model(x).mean().backward()
+    engine.step()
+    with pytest.raises(zerort.FailedPreconditionError, match="accumulation boundary") as raised:
+        engine.save_checkpoint(str(tmp_path))
+    assert "1 of 2 micro-batches" in str(raised.value)
+    model(x).mean().backward()
+    engine.step()
+    engine.save_checkpoint(str(tmp_path))  # at the boundary
+    engine.close()
+    comm.close()

@@ -202,6 +202,14 @@ TEST(DeepSpeedConfig, EveryUnsupportedKeyInOneError) {
   EXPECT_THAT(Error(R"({"train_batch_size": 8, "sparse_attention": {"mode": "fixed"}})"),
               AllOf(StartsWith("DeepSpeed config: 1 key is not supported:\n"),
                     HasSubstr("sparse_attention: not a DeepSpeed key that ZeroRT supports; remove it")));
+  // A misspelt key names the one meant, at any depth; a key near none names none.
+  EXPECT_THAT(Error(R"({"gradient_acumulation_steps": 2, "zero_optimization": {"stagee": 2}})"),
+              AllOf(HasSubstr("gradient_acumulation_steps: not a DeepSpeed key that ZeroRT supports; remove "
+                              "it; did you mean \"gradient_accumulation_steps\"?"),
+                    HasSubstr("zero_optimization.stagee: not a DeepSpeed key that ZeroRT supports; remove it; "
+                              "did you mean \"stage\"?")));
+  EXPECT_THAT(Error(R"({"zero_optimization": {"stage": 1}, "sparse_attention": {}})"),
+              Not(HasSubstr("did you mean")));
 }
 
 TEST(DeepSpeedConfig, KeysOfDeepSpeedWithoutAKnobHereAreNoted) {

@@ -45,6 +45,27 @@ def step_without_backward_error():
         "the optimizer.step() after engine.step().", errors.FailedPreconditionError.status)
 
 
+def forward_without_backward_error():
+    """The error for a step() after a forward whose backward never ran (no gradient)."""
+    return errors.FailedPreconditionError(
+        "zerort.torch: step() was called after a forward, but no backward has run through "
+        "the model's outputs since the last step(): call engine.backward(loss) or "
+        "loss.backward() before step(). An evaluation forward needs no step(): run it under "
+        "torch.no_grad().", errors.FailedPreconditionError.status)
+
+
+def frozen_after_initialize_hint(names):
+    """What to add to UnusedParametersError when `names` (registered trainable) were frozen
+    since initialize()."""
+    listed = ", ".join(f'"{name}"' for name in names[:5]) + (", ..." if len(names) > 5 else "")
+    return (f"\n{len(names)} of them ({listed}) were frozen after initialize() "
+            "(requires_grad_(False)): the engine registered them as trainable and expects "
+            "their gradients. To freeze params during training, set guard.on_unused = \"zero\" "
+            "(DeepSpeed: \"ignore_unused_parameters\": true), which leaves a param that no rank "
+            "computed a gradient for unchanged by the step; or close() the engine and "
+            "initialize() again with them frozen.")
+
+
 def second_backward_error(name, first_pass, this_pass, accumulation_steps):
     """The DuplicateGradientError for a param whose gradient came again from a later
     backward pass of the same micro-batch."""

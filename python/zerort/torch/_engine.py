@@ -497,7 +497,7 @@ class TorchEngine(DeepSpeedAPI):
         """Ends the micro-batch; True when it is the last one before an optimizer step."""
         ran_forward, self._ran_forward = self._ran_forward, False
         self._flush_grads()  # gradients handed over outside a backward pass
-        self._handed_since_step_call = False
+        handed, self._handed_since_step_call = self._handed_since_step_call, False
         arrived = self._in_micro_batch
         self._check_model("step()")
         for _, param in self._empty:
@@ -514,8 +514,12 @@ class TorchEngine(DeepSpeedAPI):
         except errors.UnusedParametersError as error:
             if not ran_forward and not arrived:
                 raise _backward.step_without_backward_error() from None
-            raise errors.UnusedParametersError(error.message + _backward.UNUSED_HINT,
-                                               error.status) from None
+            if not handed and self._passes.current == 0:  # no backward reached the outputs
+                raise _backward.forward_without_backward_error() from None
+            frozen = [name for name, param, _ in self._params if not param.requires_grad]
+            hint = (_backward.frozen_after_initialize_hint(frozen) if frozen
+                    else _backward.UNUSED_HINT)
+            raise errors.UnusedParametersError(error.message + hint, error.status) from None
         self._in_micro_batch = False
         self._forget_writes()
         self._passes.reset()
@@ -748,6 +752,15 @@ class TorchEngine(DeepSpeedAPI):
             "save_latest": (True, "a tagged save always points directory/latest at itself "
                                   "once it is complete")})
         self._check_model("save_checkpoint()")
+        if self._micro_batches or self._handed_since_step_call:
+            raise errors.FailedPreconditionError(
+                f"zerort.torch: save_checkpoint(): {self._micro_batches} of "
+                f"{self.gradient_accumulation_steps} micro-batches of the next optimizer step "
+                "have run" + (" (and a backward since)" if self._handed_since_step_call else "")
+                + ": the engine holds their gradients, which a checkpoint does not keep. Save "
+                "at an accumulation boundary, right after the step() that steps the optimizer "
+                "(engine.is_gradient_accumulation_boundary() is true before it).",
+                errors.FailedPreconditionError.status)
         if self._between_steps():
             self._take_written_params()
         self.optimizer.push()  # the groups' values as they are now (a scheduler's new lr)
