@@ -62,6 +62,27 @@ std::vector<SeriesEntry> SeriesCheckpoints(const std::string& root) {
 // checkpoint-500): a tag such as "best" or "final" is the trainer's to keep.
 bool IsNumberedTag(const std::string& tag) { return !tag.empty() && absl::ascii_isdigit(tag.back()); }
 
+// Before rank 0 publishes `partial`: every rank's file is there as that rank wrote it (its
+// index checksum is `meta`'s), seen from rank 0. Ranks whose paths name different
+// directories (node-local storage) each wrote their file where rank 0 cannot see it.
+Status CheckEveryRankFileIsHere(const std::string& partial, CheckpointMeta meta) {
+  for (CheckpointMeta::Param& p : meta.params) {
+    p.numel = 1;
+    for (const int64_t size : p.shape) p.numel *= size;
+  }
+  for (int r = 0; r < meta.world; ++r) {
+    const StatusOr<std::unique_ptr<RankFileReader>> file = RankFileReader::Open(RankFilePath(partial, r, meta.world),
+                                                                                  meta, r);
+    if (!file.ok()) {
+      return Status(file.status().code(), absl::StrCat(
+          "SaveCheckpoint: rank 0 does not find rank ", r, "'s file as that rank wrote it (", file.status().message(),
+          "): every rank must save into one directory that all of them share (a node-local path saves each "
+          "rank's part on its own node); nothing was published"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 
 }  // namespace
 
@@ -178,8 +199,9 @@ Status EngineImpl::SaveCheckpointAs(const std::string& target, int64_t series_se
           {s.name, s.shape, DTypeName(s.dtype), s.requires_grad, saved, 0, param_steps_[meta.params.size()]});
     }
     meta.format = FormatFor(meta);
+    written = CheckEveryRankFileIsHere(partial, meta);
     StatusOr<std::string> text = CheckpointMetaJson(meta);
-    written = text.ok() ? WriteFileDurably(partial + "/meta.json", *text) : text.status();
+    if (written.ok()) written = text.ok() ? WriteFileDurably(partial + "/meta.json", *text) : text.status();
   }
   // Every rank's file is durable: rank 0 makes the whole directory visible at once.
   ZERO_RETURN_IF_ERROR(AgreeOnOutcome(written, "SaveCheckpoint"));

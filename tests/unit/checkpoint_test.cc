@@ -448,6 +448,28 @@ TEST(CheckpointMisuse, BinaryUserDataAndAFifoAreErrorsNotACrashOrAHang) {
 // A save replaces its directory whole: only an earlier checkpoint or an empty directory may
 // be there. A directory of other data (a trainer's output directory) or a file is refused on
 // every rank and left as it was; a tag that the series' `latest` could not name is refused.
+// Ranks whose checkpoint paths are different directories (node-local storage; here rank 1's
+// path holds a stale DIR.partial, so its own write succeeds): rank 0 does not find rank 1's
+// file, and nothing is published, where it published a checkpoint without that file.
+TEST(CheckpointMisuse, ASaveWhoseRankFilesAreNotAllInOneDirectoryPublishesNothing) {
+  const std::string root = testing::ScratchDir("zerort-ckpt-local");
+  std::filesystem::create_directories(root + "/node1/ckpt.partial");
+  const std::vector<Status> statuses = RunOnRanks(2, [&](int rank, comm::Communicator& c) -> Status {
+    ZERO_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(ToyConfig(2), c));
+    testing::ToyOptions o;
+    o.steps = 1;
+    testing::ToyResult result;
+    ZERO_RETURN_IF_ERROR(testing::TrainToy(*engine, o, &result));
+    return engine->SaveCheckpoint(root + (rank == 0 ? "/node0/ckpt" : "/node1/ckpt"));
+  });
+  EXPECT_THAT(statuses[0], StatusIs(absl::StatusCode::kDataLoss,
+                                    AllOf(HasSubstr("rank-1-of-2.bin"), HasSubstr("one directory that all of them share"))));
+  EXPECT_THAT(statuses[1], StatusIs(absl::StatusCode::kAborted, HasSubstr("rank 0 failed")));
+  EXPECT_FALSE(std::filesystem::exists(root + "/node0/ckpt"));
+  EXPECT_FALSE(std::filesystem::exists(root + "/node1/ckpt"));
+  std::filesystem::remove_all(root);
+}
+
 TEST(CheckpointMisuse, ASaveNeverReplacesOtherDataAndATagIsPrintable) {
   const std::string root = testing::ScratchDir("zerort-ckpt-clobber");
   std::filesystem::create_directories(root + "/output/logs");
