@@ -65,11 +65,7 @@ bool IsNumberedTag(const std::string& tag) { return !tag.empty() && absl::ascii_
 // Before rank 0 publishes `partial`: every rank's file is there as that rank wrote it (its
 // index checksum is `meta`'s), seen from rank 0. Ranks whose paths name different
 // directories (node-local storage) each wrote their file where rank 0 cannot see it.
-Status CheckEveryRankFileIsHere(const std::string& partial, CheckpointMeta meta) {
-  for (CheckpointMeta::Param& p : meta.params) {
-    p.numel = 1;
-    for (const int64_t size : p.shape) p.numel *= size;
-  }
+Status CheckEveryRankFileIsHere(const std::string& partial, const CheckpointMeta& meta) {
   for (int r = 0; r < meta.world; ++r) {
     const StatusOr<std::unique_ptr<RankFileReader>> file = RankFileReader::Open(RankFilePath(partial, r, meta.world),
                                                                                   meta, r);
@@ -82,7 +78,6 @@ Status CheckEveryRankFileIsHere(const std::string& partial, CheckpointMeta meta)
   }
   return absl::OkStatus();
 }
-
 
 }  // namespace
 
@@ -193,15 +188,18 @@ Status EngineImpl::SaveCheckpointAs(const std::string& target, int64_t series_se
     meta.scaler = loss_scaler_.state();
     meta.groups = groups_;
     meta.rank_files = std::move(rank_files);
-    for (const ParamSpec& s : specs_) {
+    for (size_t p = 0; p < specs_.size(); ++p) {
+      const ParamSpec& s = specs_[p];
       const bool saved = s.requires_grad || config_.checkpoint.save_frozen;
       meta.params.push_back(
-          {s.name, s.shape, DTypeName(s.dtype), s.requires_grad, saved, 0, param_steps_[meta.params.size()]});
+          {s.name, s.shape, DTypeName(s.dtype), s.requires_grad, saved, plan_->params()[p].numel, param_steps_[p]});
     }
     meta.format = FormatFor(meta);
     written = CheckEveryRankFileIsHere(partial, meta);
-    StatusOr<std::string> text = CheckpointMetaJson(meta);
-    if (written.ok()) written = text.ok() ? WriteFileDurably(partial + "/meta.json", *text) : text.status();
+    if (written.ok()) {
+      StatusOr<std::string> text = CheckpointMetaJson(meta);
+      written = text.ok() ? WriteFileDurably(partial + "/meta.json", *text) : text.status();
+    }
   }
   // Every rank's file is durable: rank 0 makes the whole directory visible at once.
   ZERO_RETURN_IF_ERROR(AgreeOnOutcome(written, "SaveCheckpoint"));

@@ -138,9 +138,7 @@ Status ReadParams(const nlohmann::json& json, const std::string& path, Checkpoin
   return absl::OkStatus();
 }
 
-// "groups": each optimizer group's hyperparameters (absent in older files). The values are
-// checked against the config's ranges, so a damaged file cannot hand the kernels a bad one.
-// meta.json's "rank_files": one 16-digit hex checksum per rank file (absent in older files).
+// "rank_files": one 16-digit hex checksum per rank file (absent in older files).
 Status ReadRankFiles(const nlohmann::json& json, const std::string& path, CheckpointMeta* meta) {
   const auto files = json.find("rank_files");
   if (files == json.end()) return absl::OkStatus();
@@ -160,6 +158,8 @@ Status ReadRankFiles(const nlohmann::json& json, const std::string& path, Checkp
   return absl::OkStatus();
 }
 
+// "groups": each optimizer group's hyperparameters (absent in older files). The values are
+// checked against the config's ranges, so a damaged file cannot hand the kernels a bad one.
 Status ReadGroups(const nlohmann::json& json, const std::string& path, CheckpointMeta* meta) {
   const auto groups = json.find("groups");
   if (groups == json.end()) return absl::OkStatus();

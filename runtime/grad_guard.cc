@@ -29,7 +29,6 @@ void GradGuard::BeginMicroBatch(int64_t iteration) {
   std::fill(count_.begin(), count_.end(), 0);
   std::fill(first_arrival_.begin(), first_arrival_.end(), -1);
   std::fill(complete_.begin(), complete_.end(), 0);
-  learning_ = config_.on_duplicate == DuplicatePolicy::kCount && !learned_;
 }
 
 Status GradGuard::Duplicate(int param, bool bucket_launched) const {
@@ -53,13 +52,13 @@ Status GradGuard::CheckWritable(int param, bool bucket_launched) const {
 Status GradGuard::GraphChanged(int param) const {
   return absl::FailedPreconditionError(absl::StrCat(
       "the graph changed: param ", Label(param), " received gradient #", count_[param] + 1,
-      " in iteration ", iteration_, " but the first iteration delivered ", expected_[param],
+      " in iteration ", iteration_, " but the iteration that learned its count delivered ", expected_[param],
       " (guard.on_duplicate = \"count\" needs the same number of gradients per param in every "
       "iteration, like DDP's static graph); nothing was changed"));
 }
 
 bool GradGuard::LearnsAtEnd(int param) const {
-  return learning_ || (config_.on_duplicate == DuplicatePolicy::kCount && expected_[param] == kNotLearned);
+  return config_.on_duplicate == DuplicatePolicy::kCount && expected_[param] == kNotLearned;
 }
 
 Status GradGuard::Arrive(int param, bool bucket_launched, bool* complete) {
@@ -96,7 +95,7 @@ Status GradGuard::AtEndBackward(int rank, std::vector<int>* to_complete) {
   if (!partial.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "the graph changed: in iteration ", iteration_, " these params received fewer gradients than "
-        "in the first iteration (guard.on_duplicate = \"count\"): ", absl::StrJoin(partial, ", ")));
+        "the iteration that learned their count (guard.on_duplicate = \"count\"): ", absl::StrJoin(partial, ", ")));
   }
   if (unused_count > 0 && config_.on_unused == UnusedPolicy::kError) {
     return UnusedParametersError(absl::StrCat(
@@ -114,10 +113,6 @@ Status GradGuard::AtEndBackward(int rank, std::vector<int>* to_complete) {
     complete_[p] = 1;
     to_complete->push_back(static_cast<int>(p));
   }
-  if (learning_) {
-    learned_ = true;
-    learning_ = false;
-  }
   return absl::OkStatus();
 }
 
@@ -131,7 +126,6 @@ Status GradGuard::Absent(int param, bool* complete) {
     return absl::FailedPreconditionError(absl::StrCat("GradAbsent(", Label(param), "): it already received a gradient "
                                                       "in iteration ", iteration_));
   }
-  if (learning_) return absl::OkStatus();  // the first micro-batch of on_duplicate = "count": at EndBackward
   complete_[param] = 1;
   *complete = true;
   return absl::OkStatus();

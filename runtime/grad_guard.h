@@ -7,12 +7,12 @@
 //
 //   on_duplicate = error  a second arrival is DuplicateGradient, naming the param, bucket,
 //                         iteration, both positions and the fixes; nothing is corrupted.
-//   on_duplicate = count  the first micro-batch learns each param's number of arrivals (its
-//                         reductions wait for EndBackward); later ones complete a param when
-//                         that count is reached; a different count is "the graph changed". A
-//                         param unused so far (on_unused = zero: a branch not taken yet, or
-//                         not since a resume) is learned in the first micro-batch that uses
-//                         it, its bucket then waiting for EndBackward.
+//   on_duplicate = count  the first micro-batch that gives a param gradients learns their
+//                         number (its reduction waits for EndBackward): the first micro-batch
+//                         for most, a later one for a param unused until then (on_unused =
+//                         zero: a branch not taken yet, or not since a resume); later ones
+//                         complete the param when that count is reached; a different count
+//                         is "the graph changed".
 //   on_unused = error     params without a gradient at EndBackward: UnusedParameters.
 //   on_unused = zero      they contribute zeros; a param no rank used in a whole step is left
 //                         untouched by it (the engine asks UsedThisStep()).
@@ -65,7 +65,7 @@ class GradGuard {
   // The count policy's message when a param gets more gradients than it did at first.
   Status GraphChanged(int param) const;
   // Whether `param`'s arrivals this micro-batch complete it only at EndBackward, which learns
-  // their count: the first micro-batch under the count policy, or a param not learned yet.
+  // their count: under the count policy, until a micro-batch gave it gradients.
   bool LearnsAtEnd(int param) const;
 
   static constexpr int kNotLearned = -1;
@@ -74,8 +74,6 @@ class GradGuard {
   const std::vector<std::string> names_;
   const std::vector<int> bucket_of_;
   int64_t iteration_ = 0;
-  bool learning_ = false;
-  bool learned_ = false;
   int arrivals_ = 0;
   std::vector<int> count_;          // arrivals this micro-batch
   std::vector<int> first_arrival_;  // position of the first arrival, or -1

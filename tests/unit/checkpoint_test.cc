@@ -372,6 +372,16 @@ TEST_F(Checkpoint, AnUnfinishedSaveNeverHidesTheLastCheckpoint) {
   std::filesystem::remove_all(dir_ + ".partial");
 }
 
+// A stage-2 engine of the toy model on `comm`, one step trained.
+StatusOr<std::unique_ptr<Engine>> ToyEngineAfterOneStep(comm::Communicator& comm) {
+  ZERO_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(ToyConfig(2), comm));
+  ToyOptions o;
+  o.steps = 1;
+  ToyResult result;
+  ZERO_RETURN_IF_ERROR(testing::TrainToy(*engine, o, &result));
+  return engine;
+}
+
 // A checkpoint of another optimizer whose state means something else (Lion's momentum read as
 // SGD's) is refused naming both; "" is not a directory; a symlinked directory stays a symlink.
 TEST(CheckpointMisuse, AnotherOptimizerAnEmptyNameAndASymlinkedDirectory) {
@@ -404,11 +414,7 @@ TEST(CheckpointMisuse, AnotherOptimizerAnEmptyNameAndASymlinkedDirectory) {
   std::filesystem::create_directories(root + "/real");
   std::filesystem::create_directory_symlink(root + "/real", root + "/link");
   const std::vector<Status> saved = RunOnRanks(2, [&](int, comm::Communicator& c) -> Status {
-    ZERO_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(ToyConfig(2), c));
-    testing::ToyOptions o;
-    o.steps = 1;
-    testing::ToyResult result;
-    ZERO_RETURN_IF_ERROR(testing::TrainToy(*engine, o, &result));
+    ZERO_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, ToyEngineAfterOneStep(c));
     return engine->SaveCheckpoint(root + "/link");
   });
   ASSERT_THAT(saved, ::testing::Each(IsOk()));
@@ -422,11 +428,7 @@ TEST(CheckpointMisuse, AnotherOptimizerAnEmptyNameAndASymlinkedDirectory) {
 TEST(CheckpointMisuse, BinaryUserDataAndAFifoAreErrorsNotACrashOrAHang) {
   const std::string root = testing::ScratchDir("zerort-ckpt-binary");
   const std::vector<Status> statuses = RunOnRanks(2, [&](int, comm::Communicator& c) -> Status {
-    ZERO_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(ToyConfig(2), c));
-    testing::ToyOptions o;
-    o.steps = 1;
-    testing::ToyResult result;
-    ZERO_RETURN_IF_ERROR(testing::TrainToy(*engine, o, &result));
+    ZERO_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, ToyEngineAfterOneStep(c));
     engine->set_checkpoint_user_data(std::string("\xff\xfe rng", 6));
     return engine->SaveCheckpoint(root + "/ckpt");
   });
@@ -455,11 +457,7 @@ TEST(CheckpointMisuse, ASaveWhoseRankFilesAreNotAllInOneDirectoryPublishesNothin
   const std::string root = testing::ScratchDir("zerort-ckpt-local");
   std::filesystem::create_directories(root + "/node1/ckpt.partial");
   const std::vector<Status> statuses = RunOnRanks(2, [&](int rank, comm::Communicator& c) -> Status {
-    ZERO_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(ToyConfig(2), c));
-    testing::ToyOptions o;
-    o.steps = 1;
-    testing::ToyResult result;
-    ZERO_RETURN_IF_ERROR(testing::TrainToy(*engine, o, &result));
+    ZERO_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, ToyEngineAfterOneStep(c));
     return engine->SaveCheckpoint(root + (rank == 0 ? "/node0/ckpt" : "/node1/ckpt"));
   });
   EXPECT_THAT(statuses[0], StatusIs(absl::StatusCode::kDataLoss,
@@ -477,11 +475,7 @@ TEST(CheckpointMisuse, ASaveNeverReplacesOtherDataAndATagIsPrintable) {
   { std::ofstream(root + "/model.bin") << "weights"; }
   std::filesystem::create_directories(root + "/empty");
   const std::vector<Status> statuses = RunOnRanks(2, [&](int rank, comm::Communicator& c) -> Status {
-    ZERO_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(ToyConfig(2), c));
-    testing::ToyOptions o;
-    o.steps = 1;
-    testing::ToyResult result;
-    ZERO_RETURN_IF_ERROR(testing::TrainToy(*engine, o, &result));
+    ZERO_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, ToyEngineAfterOneStep(c));
     for (const char* other : {"/output", "/model.bin"}) {
       const Status refused = engine->SaveCheckpoint(root + other);  // rank 0 looks; the rest hear why
       if (refused.ok() || (rank == 0 && !absl::StrContains(refused.message(), "would be lost"))) {

@@ -61,7 +61,7 @@ import torch
 
 from .. import errors
 from ._access import innermost_running_module, runs_forward_hooks, watch
-from ._collective import every_rank_calls
+from ._collective import hinted
 from ._device import other_current_stream
 from ._params import placeholder, resize_storage, same_storage, storage_bytes
 
@@ -155,7 +155,7 @@ _LOAD_WAYS = ("load inside `with zerort.torch.gathered(params, modifier_rank=0):
               "engine.load_checkpoint()")
 
 
-# What every_rank_calls() says of a failed gather or release.
+# What hinted() says of a failed gather or release.
 _GATHERS = ("a stage-3 gather (each module's forward and backward)",
             "; evaluate on every rank (each rank its own batch), or read full values with "
             "engine.state_dict()")
@@ -429,8 +429,10 @@ class UnitGathering:
                 self.check(unit, "gathering a stage-3 unit")
                 self._checked.add(unit)
             self.before_engine_call()
-            with every_rank_calls(*_GATHERS):
+            try:
                 self._engine.gather(unit)
+            except errors.ZeroError as error:
+                raise hinted(error, *_GATHERS) from error.__cause__
             for param, pid in self._members[unit]:
                 param.data = self._views[pid]
             other = other_current_stream(self.engine_stream)
@@ -453,8 +455,10 @@ class UnitGathering:
             if unit not in self._gathered or self._holds[unit] > 0:
                 continue
             self.before_engine_call()
-            with every_rank_calls(*_GATHERS):  # a gather's failure may show here
+            try:
                 release(unit)
+            except errors.ZeroError as error:  # a gather's failure may show here
+                raise hinted(error, *_GATHERS) from error.__cause__
             self._gathered.discard(unit)
             self._for_backward.discard(unit)
 
