@@ -35,17 +35,24 @@ bool CollectiveSignature::operator==(const CollectiveSignature& o) const {
 }
 
 std::string CollectiveSignature::ToString() const {
+  std::string tagged;  // ", tag=4", ", host values", ", trainer values"
+  if (tag == kHostValuesTag) {
+    tagged = ", host values";
+  } else if (tag == kTrainerValuesTag) {
+    tagged = ", trainer values";
+  } else if (tag >= 0) {
+    tagged = absl::StrCat(", tag=", tag);
+  }
   switch (kind) {
     case CollectiveKind::kBarrier:
       return "Barrier()";
     case CollectiveKind::kBroadcast:
-      return absl::StrCat("Broadcast(count=", count, ", ", DTypeName(dtype), ", root=", root, ")");
+      return absl::StrCat("Broadcast(count=", count, ", ", DTypeName(dtype), ", root=", root, tagged, ")");
     case CollectiveKind::kAllGather:
-      return absl::StrCat("AllGather(count=", count, ", ", DTypeName(dtype), tag >= 0 ? absl::StrCat(", tag=", tag) : "",
-                          ")");
+      return absl::StrCat("AllGather(count=", count, ", ", DTypeName(dtype), tagged, ")");
     default:
       return absl::StrCat(KindName(kind), "(count=", count, ", ", DTypeName(dtype), ", ",
-                          op == ReduceOp::kSum ? "sum" : "max", ")");
+                          op == ReduceOp::kSum ? "sum" : "max", tagged, ")");
   }
 }
 

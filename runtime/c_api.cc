@@ -88,7 +88,8 @@ zero_status zero_comm_broadcast_bytes(zero_comm* comm, void* data, int64_t bytes
   constexpr int64_t kPiece = int64_t{1} << 30;
   for (int64_t first = 0; first < bytes; first += kPiece) {
     const zero::Status status = comm->comm->Broadcast(static_cast<char*>(data) + first, std::min(kPiece, bytes - first),
-                                                      zero::DType::kUInt8, root)->Wait(timeout_s);
+                                                      zero::DType::kUInt8, root, zero::comm::kTrainerValuesTag)
+                                     ->Wait(timeout_s);
     if (!status.ok()) return Report(status);
   }
   return ZERO_OK;
@@ -338,6 +339,8 @@ zero_status zero_load_checkpoint(zero_engine* engine, const char* dir) {
   return Report(engine->engine->LoadCheckpoint(dir));
 }
 
+zero_status zero_abort_mpi_job(int exit_code) { return Report(zero::comm::AbortMpiJob(exit_code)); }
+
 zero_status zero_install_preemption_handler(void) { return Report(zero::InstallPreemptionHandler()); }
 
 zero_status zero_preemption_requested(zero_engine* engine, int* requested) {
@@ -488,7 +491,8 @@ zero_status zero_comm_all_reduce_f32(zero_comm* comm, float* data, int64_t count
   for (int64_t first = 0; first < count; first += kPiece) {
     float* piece = scratch.get() + first;
     const zero::Status status =
-        comm->comm->AllReduce(piece, piece, std::min(kPiece, count - first), zero::DType::kFP32, reduce)
+        comm->comm->AllReduce(piece, piece, std::min(kPiece, count - first), zero::DType::kFP32, reduce,
+                              zero::comm::kTrainerValuesTag)
             ->Wait(timeout_s);
     if (!status.ok()) {
       if (comm->comm->AbandonedWorkMayTouchBuffers()) scratch.release();  // a deliberate leak

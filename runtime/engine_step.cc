@@ -120,7 +120,8 @@ StatusOr<bool> EngineImpl::DecideGradNorm(double divisor, StepInfo* info) {
   float* scalars = step_scalars_.as<float>();
   if (comm_.size() > 1) {
     comm::WorkPtr sum = path_.Start([&](comm::Communicator& c) {
-      return c.AllReduce(scalars + kSqNorm, scalars + kSqNorm, 1, DType::kFP32, comm::ReduceOp::kSum);
+      return c.AllReduce(scalars + kSqNorm, scalars + kSqNorm, 1, DType::kFP32, comm::ReduceOp::kSum,
+                         comm::kHostValuesTag);
     });
     ZERO_RETURN_IF_ERROR(path_.WaitOnStream(sum, [] { return std::string("Step: the global gradient norm"); }));
   }

@@ -39,7 +39,7 @@ Status HostCollectives::AllReduce(float* values, int64_t count, comm::ReduceOp o
   ZERO_ASSIGN_OR_RETURN(char* scratch, Scratch(bytes));
   ZERO_RETURN_IF_ERROR(CopyIn(scratch, values, bytes));
   ZERO_RETURN_IF_ERROR(path_.RunOnHostMemory([&](comm::Communicator& comm) {
-    return comm.AllReduce(scratch, scratch, count, DType::kFP32, op);
+    return comm.AllReduce(scratch, scratch, count, DType::kFP32, op, comm::kHostValuesTag);
   }, "all-reduce of host values"));
   return CopyOut(values, scratch, bytes);
 }
@@ -54,7 +54,7 @@ Status HostCollectives::AllGather(const void* send, void* recv, int64_t count, D
   char* own = scratch + bytes * path_.comm().size();
   ZERO_RETURN_IF_ERROR(CopyIn(own, send, bytes));
   ZERO_RETURN_IF_ERROR(path_.RunOnHostMemory([&](comm::Communicator& comm) {
-    return comm.AllGather(own, scratch, count, dtype);
+    return comm.AllGather(own, scratch, count, dtype, comm::kHostValuesTag);
   }, "all-gather of host values"));
   return CopyOut(recv, scratch, bytes * path_.comm().size());
 }

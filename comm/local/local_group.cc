@@ -273,11 +273,11 @@ class LocalCommunicator final : public Communicator {
     return Post({CollectiveKind::kAllGather, count, dtype, ReduceOp::kSum, 0, tag}, send, recv);
   }
   WorkPtr AllReduce(const void* send, void* recv, int64_t count, DType dtype,
-                    ReduceOp op) override {
-    return Post({CollectiveKind::kAllReduce, count, dtype, op, 0}, send, recv);
+                    ReduceOp op, int64_t tag = -1) override {
+    return Post({CollectiveKind::kAllReduce, count, dtype, op, 0, tag}, send, recv);
   }
-  WorkPtr Broadcast(void* data, int64_t count, DType dtype, int root) override {
-    return Post({CollectiveKind::kBroadcast, count, dtype, ReduceOp::kSum, root}, data, data);
+  WorkPtr Broadcast(void* data, int64_t count, DType dtype, int root, int64_t tag = -1) override {
+    return Post({CollectiveKind::kBroadcast, count, dtype, ReduceOp::kSum, root, tag}, data, data);
   }
   WorkPtr Barrier() override {
     return Post({CollectiveKind::kBarrier, 0, DType::kFP32, ReduceOp::kSum, 0}, nullptr, nullptr);

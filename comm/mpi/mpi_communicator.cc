@@ -52,6 +52,7 @@ constexpr int kPointToPointTags = 30000;  // tags of collectives built from poin
 struct Operation {
   enum class Phase { kQueued, kChecking, kRunning };
   CollectiveSignature signature;
+  MPI_Comm comm = MPI_COMM_NULL;  // the communicator it runs on: tagged ones have their own
   int64_t sequence = 0;
   std::vector<MpiRound> rounds;   // the collective (mpi_rounds.h)
   size_t next_round = 0;
@@ -120,10 +121,10 @@ MpiRound OneCall(std::function<int(MPI_Request*)> call) {
 
 class MpiCommunicator final : public Communicator {
  public:
-  MpiCommunicator(MPI_Comm comm, MPI_Comm control, int rank, int size, int ranks_on_this_host,
-                  UserOps ops, MpiOptions options, ReduceScatterChoice reduce_scatter,
-                  AllReduceChoice all_reduce)
-      : comm_(comm), control_(control), rank_(rank), size_(size),
+  MpiCommunicator(MPI_Comm comm, MPI_Comm tagged, MPI_Comm control, int rank, int size,
+                  int ranks_on_this_host, UserOps ops, MpiOptions options,
+                  ReduceScatterChoice reduce_scatter, AllReduceChoice all_reduce)
+      : comm_(comm), tagged_(tagged), control_(control), rank_(rank), size_(size),
         ranks_on_this_host_(ranks_on_this_host), ops_(ops), options_(options),
         reduce_scatter_(std::move(reduce_scatter)), all_reduce_(std::move(all_reduce)),
         cuda_aware_(MpiIsCudaAware()),
@@ -151,6 +152,7 @@ class MpiCommunicator final : public Communicator {
       if (EveryRankHealthyAtDestroy()) {
         ops_.Free();
         MPI_Comm_free(&comm_);
+        MPI_Comm_free(&tagged_);
         MPI_Comm_free(&control_);
       }  // else kept: a peer's abandoned collectives and notices may still arrive on them, and
          // a freed communicator's late messages hung the job's next MPI_Comm_dup
@@ -235,7 +237,7 @@ class MpiCommunicator final : public Communicator {
     const size_t bytes = static_cast<size_t>(count) * DTypeSize(dtype);
     const Status staged = StageIfOnDevice(o, &send, &recv, bytes * size_, bytes, /*only_mpi_touches_buffers=*/false);
     if (!staged.ok()) return CompletedWork(staged);
-    const ReduceScatterCall call = Call(send, recv, count, dtype, op);
+    const ReduceScatterCall call = Call(o, send, recv);
     const ReduceScatterAlgorithm algorithm = reduce_scatter_.For(static_cast<int64_t>(bytes) * size_);
     o.scratch = scratch_.Take(ReduceScatterScratchBytes(algorithm, call));
     o.rounds = ReduceScatterRounds(algorithm, call, o.scratch.data.get());
@@ -252,16 +254,17 @@ class MpiCommunicator final : public Communicator {
     const bool in_place = static_cast<const char*>(recv) + rank_ * bytes == send;
     const void* source = in_place ? MPI_IN_PLACE : send;
     const MPI_Datatype type = Type(dtype);
-    (*operation)->rounds.push_back(OneCall([this, source, recv, count, type](MPI_Request* request) {
+    const MPI_Comm comm = (*operation)->comm;
+    (*operation)->rounds.push_back(OneCall([source, recv, count, type, comm](MPI_Request* request) {
       return MPI_Iallgather(source, static_cast<int>(count), type, recv, static_cast<int>(count),
-                            type, comm_, request);
+                            type, comm, request);
     }));
     return Submit(std::move(*operation));
   }
 
   WorkPtr AllReduce(const void* send, void* recv, int64_t count, DType dtype,
-                    ReduceOp op) override {
-    const CollectiveSignature s{CollectiveKind::kAllReduce, count, dtype, op, 0};
+                    ReduceOp op, int64_t tag = -1) override {
+    const CollectiveSignature s{CollectiveKind::kAllReduce, count, dtype, op, 0, tag};
     auto operation = Prepare(s, send, recv);
     if (!operation.ok()) return CompletedWork(operation.status());
     const size_t bytes = static_cast<size_t>(count) * DTypeSize(dtype);
@@ -269,15 +272,15 @@ class MpiCommunicator final : public Communicator {
     const AllReduceAlgorithm algorithm = all_reduce_.For(static_cast<int64_t>(bytes));
     const Status staged = StageIfOnDevice(o, &send, &recv, bytes, bytes, algorithm == AllReduceAlgorithm::kNative);
     if (!staged.ok()) return CompletedWork(staged);
-    const AllReduceCall call = Call(send, recv, count, dtype, op);
+    const AllReduceCall call = Call(o, send, recv);
     const int64_t piece_bytes = kProbeBytes[kProbeRanges - 1];
     o.scratch = scratch_.Take(AllReduceScratchBytes(algorithm, call, piece_bytes));
     o.rounds = AllReduceRounds(algorithm, call, piece_bytes, o.scratch.data.get());
     return Submit(std::move(*operation));
   }
 
-  WorkPtr Broadcast(void* data, int64_t count, DType dtype, int root) override {
-    const CollectiveSignature s{CollectiveKind::kBroadcast, count, dtype, ReduceOp::kSum, root};
+  WorkPtr Broadcast(void* data, int64_t count, DType dtype, int root, int64_t tag = -1) override {
+    const CollectiveSignature s{CollectiveKind::kBroadcast, count, dtype, ReduceOp::kSum, root, tag};
     auto operation = Prepare(s, data, data);
     if (!operation.ok()) return CompletedWork(operation.status());
     const size_t bytes = static_cast<size_t>(count) * DTypeSize(dtype);
@@ -287,8 +290,9 @@ class MpiCommunicator final : public Communicator {
     if (!staged.ok()) return CompletedWork(staged);
     if (target != data) std::memcpy(target, source, bytes);  // staged: broadcast the host copy
     const MPI_Datatype type = Type(dtype);
-    (*operation)->rounds.push_back(OneCall([this, target, count, type, root](MPI_Request* request) {
-      return MPI_Ibcast(target, static_cast<int>(count), type, root, comm_, request);
+    const MPI_Comm comm = (*operation)->comm;
+    (*operation)->rounds.push_back(OneCall([target, count, type, root, comm](MPI_Request* request) {
+      return MPI_Ibcast(target, static_cast<int>(count), type, root, comm, request);
     }));
     return Submit(std::move(*operation));
   }
@@ -321,18 +325,19 @@ class MpiCommunicator final : public Communicator {
   }
   MPI_Op Op(DType dtype, ReduceOp op) const { return ops_.Get(dtype, op); }
 
-  // The arguments of a reduce-scatter or all-reduce built from rounds, for the collective
+  // The arguments of `o`, a reduce-scatter or all-reduce built from rounds, for the collective
   // Submit will number next (its point-to-point tag).
-  ReduceScatterCall Call(const void* send, void* recv, int64_t count, DType dtype, ReduceOp op) const {
+  ReduceScatterCall Call(const Operation& o, const void* send, void* recv) const {
+    const CollectiveSignature& s = o.signature;
     ReduceScatterCall call;
     call.send = send;
     call.recv = recv;
-    call.count = count;
-    call.dtype = dtype;
-    call.op = op;
-    call.mpi_type = Type(dtype);
-    call.mpi_op = Op(dtype, op);
-    call.comm = comm_;
+    call.count = s.count;
+    call.dtype = s.dtype;
+    call.op = s.op;
+    call.mpi_type = Type(s.dtype);
+    call.mpi_op = Op(s.dtype, s.op);
+    call.comm = o.comm;
     call.rank = rank_;
     call.size = size_;
     call.tag = static_cast<int>(next_sequence_ % kPointToPointTags);
@@ -353,6 +358,7 @@ class MpiCommunicator final : public Communicator {
     }
     auto operation = std::make_unique<Operation>();
     operation->signature = s;
+    operation->comm = s.tag >= 0 ? tagged_ : comm_;
     return operation;
   }
 
@@ -415,7 +421,7 @@ class MpiCommunicator final : public Communicator {
       o.phase = Operation::Phase::kChecking;
       o.requests.assign(1, MPI_REQUEST_NULL);
       const int rc = MPI_Iallgather(o.mine, kSignatureWords, MPI_INT64_T, o.everyone.data(),
-                                    kSignatureWords, MPI_INT64_T, comm_, &o.requests[0]);
+                                    kSignatureWords, MPI_INT64_T, o.comm, &o.requests[0]);
       if (rc != MPI_SUCCESS) Fail(o, MpiStatus(rc, "launching", o));
       return;
     }
@@ -628,7 +634,8 @@ class MpiCommunicator final : public Communicator {
     }
   }
 
-  MPI_Comm comm_;
+  MPI_Comm comm_;      // untagged collectives: gradients and params
+  MPI_Comm tagged_;    // tagged collectives (CollectiveSignature::tag), signature-checked
   MPI_Comm control_;  // broken-group notices only
   const int rank_, size_, ranks_on_this_host_;
   UserOps ops_;
@@ -660,9 +667,10 @@ StatusOr<std::unique_ptr<Communicator>> CreateMpiCommunicator(const void* mpi_co
   ZERO_RETURN_IF_ERROR(EnsureMpiInitialized());
   const MPI_Comm parent = mpi_comm != nullptr ? *static_cast<const MPI_Comm*>(mpi_comm)
                                               : MPI_COMM_WORLD;
-  MPI_Comm comm, control;
+  MPI_Comm comm, tagged, control;
   ZERO_MPI_RETURN_IF_ERROR(MPI_Comm_dup(parent, &comm));
   ZERO_MPI_RETURN_IF_ERROR(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN));
+  ZERO_MPI_RETURN_IF_ERROR(MPI_Comm_dup(comm, &tagged));
   ZERO_MPI_RETURN_IF_ERROR(MPI_Comm_dup(comm, &control));
   int rank = 0, size = 0;
   ZERO_MPI_RETURN_IF_ERROR(MPI_Comm_rank(comm, &rank));
@@ -678,10 +686,11 @@ StatusOr<std::unique_ptr<Communicator>> CreateMpiCommunicator(const void* mpi_co
   if (!created.ok()) {
     ops.Free();
     MPI_Comm_free(&comm);
+    MPI_Comm_free(&tagged);
     MPI_Comm_free(&control);
     return created;
   }
-  auto communicator = std::make_unique<MpiCommunicator>(comm, control, rank, size, *ranks_on_this_host, ops,
+  auto communicator = std::make_unique<MpiCommunicator>(comm, tagged, control, rank, size, *ranks_on_this_host, ops,
                                                         options, std::move(reduce_scatter), std::move(all_reduce));
   MpiCommunicator* stoppable = communicator.get();
   ZERO_RETURN_IF_ERROR(RegisterProgressThread(stoppable, [stoppable] { stoppable->StopBeforeFinalize(); }));

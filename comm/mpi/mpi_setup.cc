@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_converters.h"
+#include "zero/communicator.h"
 
 namespace zero::comm {
 namespace {
@@ -84,6 +85,18 @@ Status EnsureMpiInitialized() {
         "MPI_THREAD_SERIALIZED or higher: initialise MPI with MPI_Init_thread(..., "
         "MPI_THREAD_MULTIPLE, ...) (mpi4py does by default)"));
   }
+  return absl::OkStatus();
+}
+
+Status AbortMpiJob(int exit_code) {
+  int initialized = 0, finalized = 0;
+  ZERO_MPI_RETURN_IF_ERROR(MPI_Initialized(&initialized));
+  ZERO_MPI_RETURN_IF_ERROR(MPI_Finalized(&finalized));
+  if (!initialized || finalized) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "MPI is ", initialized ? "already finalised" : "not initialised", ": there is no MPI job to end"));
+  }
+  ZERO_MPI_RETURN_IF_ERROR(MPI_Abort(MPI_COMM_WORLD, exit_code));
   return absl::OkStatus();
 }
 

@@ -11,4 +11,8 @@ StatusOr<std::unique_ptr<Communicator>> CreateMpiCommunicator(const void*, MpiOp
       "-DZERO_MPI=AUTO or ON");
 }
 
+Status AbortMpiJob(int) {
+  return absl::UnimplementedError("this build of ZeroRT has no MPI backend: there is no MPI job to end");
+}
+
 }  // namespace zero::comm

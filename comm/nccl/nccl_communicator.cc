@@ -173,13 +173,13 @@ class NcclCommunicator final : public Communicator {
     });
   }
   WorkPtr AllReduce(const void* send, void* recv, int64_t count, DType dtype,
-                    ReduceOp op) override {
-    return Run({CollectiveKind::kAllReduce, count, dtype, op, 0}, send, recv, [&] {
+                    ReduceOp op, int64_t tag = -1) override {
+    return Run({CollectiveKind::kAllReduce, count, dtype, op, 0, tag}, send, recv, [&] {
       return ncclAllReduce(send, recv, count, NcclType(dtype), NcclOp(op), comm_, own_);
     });
   }
-  WorkPtr Broadcast(void* data, int64_t count, DType dtype, int root) override {
-    return Run({CollectiveKind::kBroadcast, count, dtype, ReduceOp::kSum, root}, data, data, [&] {
+  WorkPtr Broadcast(void* data, int64_t count, DType dtype, int root, int64_t tag = -1) override {
+    return Run({CollectiveKind::kBroadcast, count, dtype, ReduceOp::kSum, root, tag}, data, data, [&] {
       return ncclBroadcast(data, data, count, NcclType(dtype), root, comm_, own_);
     });
   }

@@ -67,6 +67,17 @@ struct CollectiveSignature {
   std::string ToString() const;
 };
 
+/// The tags of collectives that carry values rather than gradients or params: the engine's own
+/// (the step's norm and flags, registry hashes, a checkpoint's checksums) and a trainer's
+/// through the C ABI (zero_comm_all_reduce_f32, zero_comm_broadcast_bytes). Tagged, they are
+/// checked like a stage-3 gather, and the MPI communicator runs every tagged collective on a
+/// communicator of its own: a call that only some ranks make (rank 0 alone saving a
+/// checkpoint) or with another size on each rank gets an error naming both sides, or waits
+/// for its timeout, and is never matched with a peer's gradient collective of another size
+/// (which OpenMPI's single-copy transport turned into heap corruption).
+inline constexpr int64_t kHostValuesTag = int64_t{1} << 40;
+inline constexpr int64_t kTrainerValuesTag = kHostValuesTag + 1;
+
 /// Waits forever (the default of Wait()).
 inline constexpr double kNoTimeout = 0.0;
 /// Longer timeouts are waited as this many seconds (about 31 years), so that converting them to
@@ -143,12 +154,13 @@ class Communicator {
   /// communicators check that every rank passed the same one (MPI: one small all-gather
   /// first), so ranks that gather different things of one size get kInvalidArgument naming
   /// both tags and ranks. NCCL does not check. MPI decides per rank: a rank whose collective is
-  /// untagged where a peer's is tagged runs a different MPI collective than that peer, which
-  /// fails (a truncation error) or times out (guard.timeout_s) rather than naming both.
+  /// untagged where a peer's is tagged runs it on another MPI communicator than that peer's,
+  /// so both wait for their timeout (guard.timeout_s) rather than naming each other.
   virtual WorkPtr AllGather(const void* send, void* recv, int64_t count, DType dtype, int64_t tag = -1) = 0;
+  /// `tag` as AllGather's: kHostValuesTag and kTrainerValuesTag mark values, not gradients.
   virtual WorkPtr AllReduce(const void* send, void* recv, int64_t count, DType dtype,
-                            ReduceOp op) = 0;
-  virtual WorkPtr Broadcast(void* data, int64_t count, DType dtype, int root) = 0;
+                            ReduceOp op, int64_t tag = -1) = 0;
+  virtual WorkPtr Broadcast(void* data, int64_t count, DType dtype, int root, int64_t tag = -1) = 0;
   virtual WorkPtr Barrier() = 0;
 
   /// Ends every process of the job with `exit_code` (MPI_Abort), so a batch job with one
@@ -185,6 +197,14 @@ struct MpiOptions {
 /// awareness and the reduction is a built-in one (fp32). kUnimplemented in builds without MPI.
 StatusOr<std::unique_ptr<Communicator>> CreateMpiCommunicator(const void* mpi_comm,
                                                               MpiOptions options = {});
+
+/// Ends every process of the MPI job with `exit_code` (MPI_Abort on MPI_COMM_WORLD), whether or
+/// not a communicator is alive: for a trainer whose rank fails outside any collective (an
+/// exception before or between steps), so that its peers, waiting in a collective or in
+/// MPI_Finalize for it, end at once instead of after their timeout or never. The library
+/// itself never calls it. kFailedPrecondition when MPI is not initialised or already
+/// finalised (there is no job to end), kUnimplemented in builds without MPI.
+Status AbortMpiJob(int exit_code);
 
 /// Options of the NCCL communicator.
 struct NcclOptions {

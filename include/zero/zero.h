@@ -106,6 +106,12 @@ ZERO_API void zero_comm_destroy(zero_comm* comm);
  *  timeout_s seconds (0: forever). */
 ZERO_API zero_status zero_comm_broadcast_bytes(zero_comm* comm, void* data, int64_t bytes, int root,
                                                double timeout_s);
+/** Ends every process of the MPI job with `exit_code` (MPI_Abort on MPI_COMM_WORLD), for a
+ *  rank that fails outside any collective (an uncaught exception), so its peers end at once
+ *  instead of waiting for it in a collective or in MPI_Finalize. Never called by the library.
+ *  ZERO_FAILED_PRECONDITION when MPI is not initialised or already finalised,
+ *  ZERO_UNIMPLEMENTED in builds without MPI. */
+ZERO_API zero_status zero_abort_mpi_job(int exit_code);
 
 /** An engine for this rank; `comm` must outlive it. */
 ZERO_API zero_status zero_engine_create(const char* config_json, zero_comm* comm, zero_engine** out);

@@ -100,6 +100,7 @@ _PROTOTYPES = {
     "zero_save_checkpoint_tagged": ([ctypes.c_void_p, ctypes.c_char_p, ctypes.c_char_p],
                                     ctypes.c_int),
     "zero_load_checkpoint": ([ctypes.c_void_p, ctypes.c_char_p], ctypes.c_int),
+    "zero_abort_mpi_job": ([ctypes.c_int], ctypes.c_int),
     "zero_install_preemption_handler": ([], ctypes.c_int),
     "zero_preemption_requested": ([ctypes.c_void_p, ctypes.POINTER(ctypes.c_int)],
                                   ctypes.c_int),

@@ -212,12 +212,13 @@ comm::WorkPtr StreamOrderedCommunicator::AllGather(const void* send, void* recv,
 }
 
 comm::WorkPtr StreamOrderedCommunicator::AllReduce(const void* send, void* recv, int64_t count, DType dtype,
-                                                   comm::ReduceOp op) {
-  return OnStream([=](comm::Communicator& c) { return c.AllReduce(send, recv, count, dtype, op); });
+                                                   comm::ReduceOp op, int64_t tag) {
+  return OnStream([=](comm::Communicator& c) { return c.AllReduce(send, recv, count, dtype, op, tag); });
 }
 
-comm::WorkPtr StreamOrderedCommunicator::Broadcast(void* data, int64_t count, DType dtype, int root) {
-  return OnStream([=](comm::Communicator& c) { return c.Broadcast(data, count, dtype, root); });
+comm::WorkPtr StreamOrderedCommunicator::Broadcast(void* data, int64_t count, DType dtype, int root,
+                                                   int64_t tag) {
+  return OnStream([=](comm::Communicator& c) { return c.Broadcast(data, count, dtype, root, tag); });
 }
 
 comm::WorkPtr StreamOrderedCommunicator::Barrier() {

@@ -97,8 +97,9 @@ class StreamOrderedCommunicator final : public comm::Communicator {
   Status Health() const override { return inner_.Health(); }
   comm::WorkPtr ReduceScatter(const void* send, void* recv, int64_t count, DType dtype, comm::ReduceOp op) override;
   comm::WorkPtr AllGather(const void* send, void* recv, int64_t count, DType dtype, int64_t tag = -1) override;
-  comm::WorkPtr AllReduce(const void* send, void* recv, int64_t count, DType dtype, comm::ReduceOp op) override;
-  comm::WorkPtr Broadcast(void* data, int64_t count, DType dtype, int root) override;
+  comm::WorkPtr AllReduce(const void* send, void* recv, int64_t count, DType dtype, comm::ReduceOp op,
+                          int64_t tag = -1) override;
+  comm::WorkPtr Broadcast(void* data, int64_t count, DType dtype, int root, int64_t tag = -1) override;
   comm::WorkPtr Barrier() override;
 
  private:

@@ -35,11 +35,12 @@ class FaultyCommunicator final : public comm::Communicator {
   comm::WorkPtr AllGather(const void* send, void* recv, int64_t count, DType dtype, int64_t tag = -1) override {
     return inner_.AllGather(Disturb(send), recv, count, dtype, tag);
   }
-  comm::WorkPtr AllReduce(const void* send, void* recv, int64_t count, DType dtype, comm::ReduceOp op) override {
-    return inner_.AllReduce(Disturb(send), recv, count, dtype, op);
+  comm::WorkPtr AllReduce(const void* send, void* recv, int64_t count, DType dtype, comm::ReduceOp op,
+                          int64_t tag = -1) override {
+    return inner_.AllReduce(Disturb(send), recv, count, dtype, op, tag);
   }
-  comm::WorkPtr Broadcast(void* data, int64_t count, DType dtype, int root) override {
-    return inner_.Broadcast(const_cast<void*>(Disturb(data)), count, dtype, root);
+  comm::WorkPtr Broadcast(void* data, int64_t count, DType dtype, int root, int64_t tag = -1) override {
+    return inner_.Broadcast(const_cast<void*>(Disturb(data)), count, dtype, root, tag);
   }
   comm::WorkPtr Barrier() override {
     Disturb(nullptr);

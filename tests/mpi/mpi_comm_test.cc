@@ -243,6 +243,51 @@ TEST(MpiComm, TaggedAllGathersOfOneSizeButDifferentTagsAreAnError) {
   }
 }
 
+// Values (host values, a trainer's all-reduce) are tagged: of another size on each rank they
+// are an error naming both sizes on every rank, and nothing is written.
+TEST(MpiComm, TaggedValuesOfAnotherSizeOnEachRankAreAnError) {
+  auto comm = NewComm();
+  ASSERT_NE(comm, nullptr);
+  if (comm->size() == 1) GTEST_SKIP() << "needs two ranks";
+  const int64_t count = comm->rank() == 0 ? 3 : 5;  // a per-rank-sized trainer all-reduce
+  std::vector<float> values(5, 2.0f);
+  const Status diverged =
+      comm->AllReduce(values.data(), values.data(), count, DType::kFP32, ReduceOp::kSum, kTrainerValuesTag)->Wait(30);
+  EXPECT_THAT(diverged, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("count=3, fp32, sum, trainer values")));
+  EXPECT_THAT(diverged, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("count=5, fp32, sum, trainer values")));
+  EXPECT_EQ(values, std::vector<float>(5, 2.0f));
+}
+
+// A tagged collective never meets an untagged one: rank 0 alone gathering host values (a
+// checkpoint's checksums) while its peers gather params ten thousand times larger used to be
+// matched with them (a truncated receive; heap corruption under OpenMPI's single-copy
+// transport). Now every rank waits for its timeout.
+TEST(MpiComm, ATaggedCollectiveOnOneRankNeverMeetsItsPeersUntaggedOne) {
+  auto comm = NewComm();
+  auto side = NewComm();  // a second channel on which the ranks meet again
+  ASSERT_NE(comm, nullptr);
+  ASSERT_NE(side, nullptr);
+  if (comm->size() == 1) GTEST_SKIP() << "needs two ranks";
+  constexpr int64_t kShard = 10000;
+  std::vector<float> shard(kShard, 1.0f), params(kShard * comm->size(), -5.0f);
+  const int64_t checksum = 42;
+  std::vector<int64_t> checksums(comm->size(), -5);
+  Status outcome;
+  if (comm->rank() == 0) {
+    outcome = comm->AllGather(&checksum, checksums.data(), 1, DType::kInt64, kHostValuesTag)->Wait(0.5);
+  } else {
+    outcome = comm->AllGather(shard.data(), params.data(), kShard, DType::kFP32)->Wait(0.5);
+  }
+  // Its own timeout, or a peer's notice of it (it breaks every rank's group): never an MPI error.
+  EXPECT_THAT(outcome.code(), ::testing::AnyOf(absl::StatusCode::kDeadlineExceeded, absl::StatusCode::kAborted))
+      << outcome;
+  EXPECT_NE(outcome.message().find("did not complete within 0.5 s"), std::string::npos) << outcome;
+  // Rank 0's values are untouched (the peers' params may hold what the others sent each other:
+  // MPI cannot take back a collective that started).
+  EXPECT_EQ(checksums, std::vector<int64_t>(comm->size(), -5));
+  ASSERT_THAT(side->Barrier()->Wait(30), IsOk());
+}
+
 TEST(MpiComm, InvalidArgumentsAreReportedWithoutCallingMpi) {
   auto comm = NewComm();
   ASSERT_NE(comm, nullptr);

@@ -54,11 +54,12 @@ class CountingCommunicator final : public comm::Communicator {
   comm::WorkPtr AllGather(const void* send, void* recv, int64_t count, DType dtype, int64_t tag = -1) override {
     return Counted(inner_.AllGather(send, recv, count, dtype, tag));
   }
-  comm::WorkPtr AllReduce(const void* send, void* recv, int64_t count, DType dtype, comm::ReduceOp op) override {
-    return Counted(inner_.AllReduce(send, recv, count, dtype, op));
+  comm::WorkPtr AllReduce(const void* send, void* recv, int64_t count, DType dtype, comm::ReduceOp op,
+                          int64_t tag = -1) override {
+    return Counted(inner_.AllReduce(send, recv, count, dtype, op, tag));
   }
-  comm::WorkPtr Broadcast(void* data, int64_t count, DType dtype, int root) override {
-    return Counted(inner_.Broadcast(data, count, dtype, root));
+  comm::WorkPtr Broadcast(void* data, int64_t count, DType dtype, int root, int64_t tag = -1) override {
+    return Counted(inner_.Broadcast(data, count, dtype, root, tag));
   }
   comm::WorkPtr Barrier() override {
     return Counted(inner_.Barrier());

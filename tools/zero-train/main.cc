@@ -248,7 +248,8 @@ Status CheckToolFlags(int accumulation) {
 StatusOr<std::vector<RankMemory>> GatherMemory(comm::Communicator& comm, const Engine& engine, double timeout_s) {
   const MemoryStats stats = engine.GetMemoryStats();
   std::vector<int64_t> mine(stats.peak.begin(), stats.peak.end()), all(mine.size() * comm.size());
-  ZERO_RETURN_IF_ERROR(comm.AllGather(mine.data(), all.data(), static_cast<int64_t>(mine.size()), DType::kInt64)
+  ZERO_RETURN_IF_ERROR(comm.AllGather(mine.data(), all.data(), static_cast<int64_t>(mine.size()), DType::kInt64,
+                                     comm::kTrainerValuesTag)
                            ->Wait(timeout_s));
   std::vector<RankMemory> memory(comm.size());
   for (int r = 0; r < comm.size(); ++r) {
@@ -311,7 +312,9 @@ Status RunRank(comm::Communicator& comm, const Config& config, const MlpOptions&
     ZERO_ASSIGN_OR_RETURN(StepInfo info, engine->Step());
     loss_scale = info.loss_scale;
     float summed = static_cast<float>(local_loss);
-    ZERO_RETURN_IF_ERROR(comm.AllReduce(&summed, &summed, 1, DType::kFP32, comm::ReduceOp::kSum)->Wait(config.guard.timeout_s));
+    ZERO_RETURN_IF_ERROR(
+        comm.AllReduce(&summed, &summed, 1, DType::kFP32, comm::ReduceOp::kSum, comm::kTrainerValuesTag)
+            ->Wait(config.guard.timeout_s));
     loss = summed / comm.size();
     if (report != nullptr) {
       RankMemory mine;

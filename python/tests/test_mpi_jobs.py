@@ -1,0 +1,33 @@
+"""MPI jobs as a batch system runs them, through mpirun (CTest: python.mpi_jobs, labels
+python and mpi; skipped unless ZERO_RUN_MPI names tests/mpi/run_mpi.sh).
+
+A rank that ends with an uncaught exception outside any collective ends the whole job at
+once (zerort.mpi_communicator's abort_job_on_exception), instead of leaving its peers to wait
+for it: forever where they create a communicator, guard.timeout_s in a step.
+"""
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+RUN_MPI = os.environ.get("ZERO_RUN_MPI")
+RANK_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mpi_job_rank.py")
+
+pytestmark = pytest.mark.skipif(not RUN_MPI, reason="needs ZERO_RUN_MPI (tests/mpi/run_mpi.sh)")
+
+
+@pytest.mark.parametrize("scenario", ["fails_before_second_communicator",
+                                      "fails_between_steps"])
+def test_a_rank_failing_outside_a_collective_ends_the_job_at_once(scenario):
+    start = time.monotonic()
+    job = subprocess.run([RUN_MPI, "3", sys.executable, RANK_SCRIPT, scenario],
+                         capture_output=True, text=True, timeout=240)
+    seconds = time.monotonic() - start
+    output = job.stdout + job.stderr
+    assert job.returncode != 0, output
+    assert "rank 1 of 3 ends with an uncaught FileNotFoundError" in output, output
+    assert "finished" not in output, output
+    # The peers wait 300 s in a step (guard.timeout_s) and forever creating a communicator.
+    assert seconds < 120, output
