@@ -138,6 +138,26 @@ Status EngineImpl::LockForSave(const std::string& dir, std::optional<DirectoryLo
   return absl::OkStatus();
 }
 
+namespace {
+
+// The key of `dir` among an engine's series locks: its canonical path.
+std::string LockKey(const std::string& dir) {
+  std::error_code error;
+  std::string key = std::filesystem::weakly_canonical(dir, error).string();
+  return error ? dir : key;
+}
+
+}  // namespace
+
+Status EngineImpl::HoldSeriesLock(const std::string& root) {
+  std::string key = LockKey(root);
+  if (series_locks_.count(key) != 0) return absl::OkStatus();
+  std::optional<DirectoryLock> lock;
+  ZERO_RETURN_IF_ERROR(LockForSave(root, &lock));
+  series_locks_.emplace(std::move(key), std::move(*lock));
+  return absl::OkStatus();
+}
+
 Status EngineImpl::SaveCheckpoint(const std::string& target) { return SaveCheckpointAs(target, 0, false); }
 
 Status EngineImpl::SaveCheckpointAs(const std::string& target, int64_t series_seq, bool parent_locked) {
@@ -157,7 +177,8 @@ Status EngineImpl::SaveCheckpointAs(const std::string& target, int64_t series_se
   const std::string partial = dir + ".partial";
   Status created;
   std::optional<DirectoryLock> lock;  // two jobs saving here would mix their rank files
-  if (comm_.rank() == 0 && !parent_locked) {
+  // A series root this engine saved into is locked already (by this engine).
+  if (comm_.rank() == 0 && !parent_locked && series_locks_.count(LockKey(ParentOf(dir))) == 0) {
     std::error_code error;
     std::filesystem::create_directories(ParentOf(dir), error);  // its lock needs it; an error shows below
     created = LockForSave(ParentOf(dir), &lock);
@@ -223,11 +244,9 @@ Status EngineImpl::SaveCheckpoint(const std::string& root_dir, const std::string
     std::filesystem::create_directories(root, error);
     if (error) created = absl::UnavailableError(absl::StrCat("checkpoint: cannot create ", root, ": ", error.message()));
   }
-  // The series is one job's while it saves: its checkpoint, `latest` and keep_last.
-  std::optional<DirectoryLock> lock;
-  if (comm_.rank() == 0 && created.ok()) {
-    created = LockForSave(root, &lock);
-  }
+  // The series is one job's from its first save into it until its engine goes: two jobs
+  // saving the same tags into one root would replace each other's checkpoints.
+  if (comm_.rank() == 0 && created.ok()) created = HoldSeriesLock(root);
   ZERO_RETURN_IF_ERROR(AgreeOnOutcome(created, "SaveCheckpoint"));
   // Only rank 0 writes meta.json, so only its view of the series matters.
   int64_t series_seq = 1;

@@ -64,12 +64,25 @@ StatusOr<DirectoryLock> DirectoryLock::Acquire(const std::string& dir, double ti
       return failed;
     }
     if (timeout_s > 0 && std::chrono::steady_clock::now() >= deadline) {
+      char holder[256] = {};
+      const ssize_t got = ::pread(fd, holder, sizeof(holder) - 1, 0);
       ::close(fd);
+      const std::string who = got > 0 ? std::string(holder, static_cast<size_t>(got)) : "another process";
       return absl::FailedPreconditionError(absl::StrCat(
-          "checkpoint: another job has been saving into ", dir, " for ", timeout_s, " s (it holds ", path,
-          "); give each job a checkpoint directory of its own"));
+          "checkpoint: another job (", who, ") has held ", path, " for ", timeout_s, " s: it is saving into ",
+          dir, ", or saved a series there and is still running; give each job (and each engine) a "
+          "checkpoint directory of its own"));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  // Who holds it, for the message of a job that waits for it (best effort: only that message
+  // would lack the name).
+  char host[256] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  const std::string holder = absl::StrCat("pid ", ::getpid(), " on ", host);
+  if (::ftruncate(fd, 0) == 0) {
+    const ssize_t written = ::pwrite(fd, holder.data(), holder.size(), 0);
+    static_cast<void>(written);
   }
   return DirectoryLock(fd, "");
 }

@@ -37,12 +37,13 @@ Status WriteFileDurably(const std::string& path, const std::string& text);
 /// text, never a mix (`path`.tmp is written and synced first; the directory after).
 Status ReplaceFileAtomically(const std::string& path, const std::string& text);
 
-/// An exclusive lock on a directory, held while one job saves a checkpoint into it so that two
-/// jobs saving into the same place never mix their files: the second waits for the first to
-/// finish. It is an flock on the regular file DIR/.zerort-lock (a directory's own fd cannot be
-/// locked on NFS); on a file system without flock (Lustre without -o flock) saving goes on
-/// unlocked, and unlocked_because() says why. Released when destroyed, and by the system if
-/// the process dies.
+/// An exclusive lock on a directory, held while one job saves a checkpoint into it (and, for a
+/// series root, for as long as the job's engine lives) so that two jobs saving into the same
+/// place never mix or replace each other's files: the second waits for the first. It is an
+/// flock on the regular file DIR/.zerort-lock (a directory's own fd cannot be locked on NFS),
+/// which names its holder (pid and host) for the waiting job's message; on a file system
+/// without flock (Lustre without -o flock) saving goes on unlocked, and unlocked_because() says
+/// why. Released when destroyed, and by the system if the process dies.
 class DirectoryLock {
  public:
   /// Locks `dir` (which must exist), waiting up to `timeout_s` seconds (0: forever) for

@@ -162,6 +162,9 @@ class EngineImpl final : public Engine {
   // up to half of guard.timeout_s (0: forever), so that the ranks waiting for rank 0 in the
   // next collective hear why instead of timing out; warns where the file system cannot lock.
   Status LockForSave(const std::string& dir, std::optional<DirectoryLock>* lock);
+  // Rank 0: holds the lock of series root `root` from this engine's first save into it (which
+  // waits as LockForSave) until the engine goes.
+  Status HoldSeriesLock(const std::string& root);
   // The registered trainable params (in order) and the optimizer are the checkpoint's; else
   // names the difference. Frozen params are matched by name: a frozen param registered here
   // and not in the checkpoint (or the other way round: a stage-3 run shards a model's frozen
@@ -246,6 +249,9 @@ class EngineImpl final : public Engine {
   Status diverged_;  // set once guard.consistency_check found ranks apart; later checks fail fast
   bool replicas_synced_ = false;   // SyncReplicas ran
   std::string user_data_;  // trainer state saved in and loaded from checkpoints
+  // Rank 0: the locks of the series roots this engine saved into, held until it is destroyed
+  // (or the process ends), so that another job never saves into them meanwhile.
+  std::map<std::string, DirectoryLock> series_locks_;
 };
 
 }  // namespace zero::runtime

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "tests/engine/run_on_ranks.h"
 #include "tests/engine/scratch_dir.h"
 #include "tests/engine/toy_trainer.h"
@@ -160,6 +161,48 @@ TEST_F(CheckpointSeries, ASecondJobWaitsForTheRootsLockAndSaysWhy) {
   ::close(held);  // the other job finished
   EXPECT_THAT(save(), ::testing::Each(IsOk()));
   EXPECT_TRUE(std::filesystem::exists(root_ + "/step-1/meta.json"));
+}
+
+// A job holds its series root from its first save into it until its engine goes: a second job
+// saving the same tags there would replace its checkpoints between two of its saves. The job's
+// own later saves, tagged or into a directory of the root, go on.
+TEST_F(CheckpointSeries, AJobHoldsItsSeriesRootUntilItsEngineGoes) {
+  Config config = ToyConfig(2);
+  config.guard.timeout_s = 60;
+  Config other = ToyConfig(2);
+  other.guard.timeout_s = 0.5;
+  auto train_and_save = [&](const Config& c, comm::Communicator& comm, const char* tag)
+      -> StatusOr<std::unique_ptr<Engine>> {
+    ZERO_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(c, comm));
+    ToyOptions o;
+    o.steps = 1;
+    testing::ToyResult result;
+    ZERO_RETURN_IF_ERROR(testing::TrainToy(*engine, o, &result));
+    ZERO_RETURN_IF_ERROR(engine->SaveCheckpoint(root_, tag));
+    return engine;
+  };
+  auto other_job = [&]() {
+    return RunOnRanks(2, [&](int, comm::Communicator& c) -> Status {
+      return train_and_save(other, c, "step-1").status();
+    });
+  };
+  std::vector<Status> refused;
+  const std::vector<Status> first = RunOnRanks(2, [&](int r, comm::Communicator& c) -> Status {
+    ZERO_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, train_and_save(config, c, "step-1"));
+    if (r == 0) refused = other_job();  // between two saves of the first job
+    ZERO_RETURN_IF_ERROR(engine->SaveCheckpoint(root_, "step-2"));
+    return engine->SaveCheckpoint(root_ + "/exported");
+  });
+  EXPECT_THAT(first, ::testing::Each(IsOk()));
+  ASSERT_EQ(refused.size(), 2u);
+  EXPECT_THAT(refused[0], testing::StatusIs(absl::StatusCode::kFailedPrecondition, ::testing::HasSubstr("another")));
+  EXPECT_THAT(refused[0], testing::StatusIs(absl::StatusCode::kFailedPrecondition,
+                                            ::testing::HasSubstr(absl::StrCat("pid ", ::getpid()))));
+  EXPECT_EQ(Latest(root_), "step-2");
+  EXPECT_TRUE(std::filesystem::exists(root_ + "/exported/meta.json"));
+  // The first job's engines are gone: the root is free.
+  EXPECT_THAT(other_job(), ::testing::Each(IsOk()));
+  EXPECT_EQ(Latest(root_), "step-1");
 }
 
 }  // namespace
