@@ -2,7 +2,9 @@
 units, training equals single-process PyTorch, a tied output layer reads the embedding
 through F.linear (register_external_parameter), gathered() reads and writes full values,
 and an eval pass does not end prefetching."""
+import copy
 import dataclasses
+import io
 import json
 import math
 import os
@@ -800,3 +802,50 @@ def test_reading_or_casting_a_sharded_param_between_uses_is_never_a_crash():
         train_step()
     engine.close()
     comm.close()
+
+
+@pytest.mark.parametrize("stage", [0, 2, 3])
+def test_a_copy_of_the_model_carries_none_of_the_engine(stage):
+    """copy.deepcopy(model) (an EMA or evaluation copy) and torch.save(model) after
+    initialize(): the copy holds the values and runs none of the engine's hooks, so it
+    evaluates and trains on its own while the engine trains on as if it did not exist. At
+    stage 3 a copy between uses would hold NaN placeholders: refused, naming gathered()."""
+    comm = zerort.local_group(1)[0]
+    torch.manual_seed(3)
+    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 2))
+    twin = copy.deepcopy(model)  # trained alone, with no copy made
+    config = {"stage": stage, "optimizer": SGD, "stage3": {"persistence_threshold": 0}}
+    engine = zerort.torch.initialize(model, config, comm)
+    twin_comm = zerort.local_group(1)[0]
+    twin_engine = zerort.torch.initialize(twin, config, twin_comm)
+    x = torch.randn(4, 8)
+    for m, e in ((model, engine), (twin, twin_engine)):
+        m(x).sum().backward()
+        e.step()
+    if stage == 3:
+        with pytest.raises(zerort.FailedPreconditionError, match="gathered"):
+            copy.deepcopy(model)
+        with pytest.raises(zerort.FailedPreconditionError, match="gathered"):
+            torch.save(model, io.BytesIO())
+    with zerort.torch.gathered(list(model.parameters())):
+        ema = copy.deepcopy(model)
+        saved = io.BytesIO()
+        torch.save(model, saved)
+        expected = model(x).detach()
+    loaded = torch.load(io.BytesIO(saved.getvalue()))
+    for other in (ema, loaded):
+        torch.testing.assert_close(other(x), expected)
+        other(x).sum().backward()  # trains alone: no engine call
+        with torch.no_grad():
+            for p in other.parameters():
+                p.sub_(p.grad)
+    for _ in range(2):
+        for m, e in ((model, engine), (twin, twin_engine)):
+            m(x).sum().backward()
+            e.step()
+    trained, alone = engine.state_dict(), twin_engine.state_dict()
+    for name, value in alone.items():
+        assert torch.equal(trained[name], value), name
+    for e, c in ((engine, comm), (twin_engine, twin_comm)):
+        e.close()
+        c.close()

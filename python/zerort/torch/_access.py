@@ -19,6 +19,8 @@ import sys
 
 import torch
 
+from . import _copies
+
 # The code of nn.Module's call: a frame running it is a module call in progress.
 _MODULE_CALL = torch.nn.Module._call_impl.__code__
 
@@ -53,6 +55,7 @@ class _WatchedParameters(collections.OrderedDict):
     callback(param)}) to their callback."""
 
     watched = {}
+    kind = dict  # the type of the dict it replaced
 
     def __getitem__(self, name):
         param = super().__getitem__(name)
@@ -60,6 +63,13 @@ class _WatchedParameters(collections.OrderedDict):
         if callback is not None:
             callback(param)
         return param
+
+    def __deepcopy__(self, memo):
+        return _copies.plain_copy(self, self.kind, memo)
+
+    def __reduce__(self):
+        _copies.check_holds_values(self)
+        return (self.kind, (list(self.items()),))
 
 
 class _Unwatch:
@@ -88,6 +98,7 @@ def watch(model, params, callback):
             continue
         replacement = _WatchedParameters(own)
         replacement.watched = watched
+        replacement.kind = type(own)
         swapped.append((module, type(own)))
         module.__dict__["_parameters"] = replacement
 

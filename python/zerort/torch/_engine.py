@@ -9,6 +9,7 @@ from .. import core, errors
 from . import (_backward, _checkpoint, _config, _device, _gathered, _handover, _init_context,
                _params, _reach, _stage3, _step_info)
 from ._collective import every_rank_calls
+from ._copies import EngineHook
 from ._deepspeed_api import AccumulationSteps, DeepSpeedAPI, refuse_unless_default
 from ._optimizer import ZeroOptimizer
 from ._schedulers import EngineLRScheduler
@@ -197,18 +198,20 @@ class TorchEngine(DeepSpeedAPI):
         # replicas identical (rank 0's values broadcast into the views at stages 0-2), so
         # no rank computes with its own initial values. Later micro-batches start at their
         # first gradient.
-        self._written = module.register_forward_pre_hook(lambda _m, _i: self._before_forward())
+        # The hooks are EngineHooks: a copy of the model runs none of them (_copies.py).
+        self._written = module.register_forward_pre_hook(
+            EngineHook(lambda _m, _i: self._before_forward()))
         self._first_forward = module.register_forward_pre_hook(
-            lambda _m, _i: self._start_first_micro_batch())
+            EngineHook(lambda _m, _i: self._start_first_micro_batch()))
         # A backward pass begins at the gradient of the model's output (_backward.py).
         self._output_hook = module.register_forward_hook(
-            lambda _m, _i, output: self._hook_outputs(output))
+            EngineHook(lambda _m, _i, output: self._hook_outputs(output)))
         self._module_hooks += [self._written, self._first_forward, self._output_hook]
         if self._stream is not None:
             # Params change on the engine's stream (the step, the gathers): a forward on
             # another stream waits for it first.
             self._module_hooks.append(module.register_forward_pre_hook(
-                lambda _m, _i: self._follow_engine_stream()))
+                EngineHook(lambda _m, _i: self._follow_engine_stream())))
         self.optimizer = ZeroOptimizer(self, self.config, groups)
         self.lr_scheduler = (EngineLRScheduler(self, self.config)
                              if _config.has_scheduler(self.config) else None)

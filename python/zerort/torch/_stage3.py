@@ -62,6 +62,7 @@ import torch
 from .. import errors
 from ._access import innermost_running_module, runs_forward_hooks, watch
 from ._collective import hinted
+from ._copies import EngineHook
 from ._device import other_current_stream
 from ._params import placeholder, resize_storage, same_storage, storage_bytes
 
@@ -231,14 +232,14 @@ class UnitGathering:
         self.handles.append(watch(module, [param for param, _ in sharded], self._read_released))
         # model.state_dict() and load_state_dict() between uses: an error naming the way,
         # not a file that cannot be loaded or a write into an empty storage.
-        self.handles.append(module._register_state_dict_hook(
+        self.handles.append(module._register_state_dict_hook(EngineHook(
             lambda _module, state_dict, prefix, _metadata: self._refuse_released_in(
-                state_dict, prefix, "model.state_dict() holds", _SAVE_WAYS)))
-        self.handles.append(module._register_load_state_dict_pre_hook(
+                state_dict, prefix, "model.state_dict() holds", _SAVE_WAYS))))
+        self.handles.append(module._register_load_state_dict_pre_hook(EngineHook(
             lambda *args: self._refuse_released_in(
                 {name: self._param_named(name[len(args[1]):]) for name in args[0]
                  if name.startswith(args[1])}, "", "model.load_state_dict() would write",
-                _LOAD_WAYS)))
+                _LOAD_WAYS))))
         # Torch stream the engine's work follows (device "cuda"), set by the engine: memory
         # lent on another stream is kept for it until its work there is done.
         self.engine_stream = None
@@ -341,10 +342,10 @@ class UnitGathering:
             return
         hooked = self._module_units[module] = list(units)
         self.handles.append(module.register_forward_pre_hook(
-            lambda _m, _i, units=hooked: self.hold(units)))
+            EngineHook(lambda _m, _i, units=hooked: self.hold(units))))
         self.handles.append(module.register_forward_hook(
-            lambda _m, inputs, output, units=hooked: self._after_forward(
-                units, inputs, output)))
+            EngineHook(lambda _m, inputs, output, units=hooked: self._after_forward(
+                units, inputs, output))))
 
     def _read_released(self, param):
         """A sharded param was read through its module: when its unit is released and a
