@@ -475,9 +475,15 @@ class MpiCommunicator final : public Communicator {
     char text[MPI_MAX_ERROR_STRING] = {0};
     int length = 0;
     MPI_Error_string(rc, text, &length);
+    int error_class = rc;
+    MPI_Error_class(rc, &error_class);
+    const char* hint = error_class == MPI_ERR_TRUNCATE
+                           ? " (a peer sent more than this rank's collective receives: the ranks called "
+                             "collectives of different sizes, so they have diverged)"
+                           : "";
     return absl::InternalError(absl::StrCat("MPI error while ", doing, " ", o.signature.ToString(),
                                             " (collective #", o.sequence, ") on rank ", rank_,
-                                            ": ", text));
+                                            ": ", text, hint));
   }
 
   // After the signature all-gather: the first rank whose signature differs, if any.
@@ -498,8 +504,16 @@ class MpiCommunicator final : public Communicator {
   // something happened.
   bool Advance(Operation& o) {
     int flag = 0;
-    const int rc = MPI_Testall(static_cast<int>(o.requests.size()), o.requests.data(), &flag,
-                               MPI_STATUSES_IGNORE);
+    statuses_.resize(o.requests.size());
+    int rc = MPI_Testall(static_cast<int>(o.requests.size()), o.requests.data(), &flag, statuses_.data());
+    if (rc == MPI_ERR_IN_STATUS) {  // the failed request's own error says what went wrong
+      for (const MPI_Status& status : statuses_) {
+        if (status.MPI_ERROR != MPI_SUCCESS && status.MPI_ERROR != MPI_ERR_PENDING) {
+          rc = status.MPI_ERROR;
+          break;
+        }
+      }
+    }
     if (rc != MPI_SUCCESS) {
       Fail(o, MpiStatus(rc, "running", o));
       return true;
@@ -652,6 +666,7 @@ class MpiCommunicator final : public Communicator {
   bool finalizing_ = false;  // MPI_Finalize has begun (StopBeforeFinalize)
   std::shared_ptr<GroupHealth> health_ = std::make_shared<GroupHealth>();
   ScratchPool scratch_;
+  std::vector<MPI_Status> statuses_;                  // Advance's, reused (progress thread only)
   Notices notices_;                                   // progress thread (and destructor) only
   std::vector<std::unique_ptr<Operation>> abandoned_;  // never freed: MPI may still use them
   std::mutex stop_mutex_;  // StopProgress, from the destructor or MPI_Finalize's hook

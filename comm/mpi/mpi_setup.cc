@@ -76,6 +76,10 @@ Status EnsureMpiInitialized() {
     int provided = 0;
     ZERO_MPI_RETURN_IF_ERROR(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided));
     std::atexit(FinalizeMpiAtExit);
+    // OpenMPI reports a failed non-blocking collective's request (MPI_Testall) on
+    // MPI_COMM_WORLD, whose default handler aborts the job: an error then reaches the caller
+    // instead. A host program that initialised MPI keeps its own handler.
+    ZERO_MPI_RETURN_IF_ERROR(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
   }
   int level = 0;
   ZERO_MPI_RETURN_IF_ERROR(MPI_Query_thread(&level));

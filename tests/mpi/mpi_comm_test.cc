@@ -288,6 +288,27 @@ TEST(MpiComm, ATaggedCollectiveOnOneRankNeverMeetsItsPeersUntaggedOne) {
   ASSERT_THAT(side->Barrier()->Wait(30), IsOk());
 }
 
+// Untagged collectives of another size on each rank (ranks that diverged where nothing checks
+// them) are an error, never MPI's default abort of the job (MPI_ERRORS_ARE_FATAL on
+// MPI_COMM_WORLD, where OpenMPI reports a failed request). Rank 0's receive is truncated; a
+// peer's longer receive may complete, but the group is broken for every rank from then on.
+// Where the host program initialised MPI, its error handler is its own: the test runs where
+// ZeroRT initialises it.
+TEST(MpiComm, UntaggedCollectivesOfAnotherSizeOnEachRankAreAnErrorNotAnAbort) {
+  if (ZERO_TEST_INIT_MPI) GTEST_SKIP() << "the host program's MPI error handler applies";
+  auto comm = NewComm();
+  ASSERT_NE(comm, nullptr);
+  if (comm->size() == 1) GTEST_SKIP() << "needs two ranks";
+  const int64_t count = comm->rank() == 0 ? 1 : 1000;
+  std::vector<float> mine(1000, 1.0f), all(1000 * comm->size(), -5.0f);
+  const Status diverged = comm->AllGather(mine.data(), all.data(), count, DType::kFP32)->Wait(5);
+  if (comm->rank() == 0) {
+    EXPECT_THAT(diverged, StatusIs(absl::StatusCode::kInternal, HasSubstr("MPI_ERR_TRUNCATE")));
+    EXPECT_THAT(diverged, StatusIs(absl::StatusCode::kInternal, HasSubstr("diverged")));
+  }
+  EXPECT_THAT(comm->Barrier()->Wait(5), Not(IsOk()));
+}
+
 TEST(MpiComm, InvalidArgumentsAreReportedWithoutCallingMpi) {
   auto comm = NewComm();
   ASSERT_NE(comm, nullptr);
