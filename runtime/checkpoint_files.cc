@@ -40,6 +40,13 @@ Status SyncDirectory(const std::string& path) {
   return absl::OkStatus();
 }
 
+// This process as a lock file names its holder: "pid 4242 on node17".
+std::string HolderName() {
+  char host[256] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  return absl::StrCat("pid ", ::getpid(), " on ", host);
+}
+
 }  // namespace
 
 std::string ParentOf(const std::string& path) {
@@ -52,6 +59,7 @@ StatusOr<DirectoryLock> DirectoryLock::Acquire(const std::string& dir, double ti
   const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (fd < 0) return SystemError("create the lock file", path);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  const std::string holder = HolderName();
   while (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
     if (errno == ENOLCK || errno == ENOSYS || errno == EOPNOTSUPP || errno == EBADF || errno == EINVAL) {
       std::string reason = std::strerror(errno);
@@ -63,11 +71,17 @@ StatusOr<DirectoryLock> DirectoryLock::Acquire(const std::string& dir, double ti
       ::close(fd);
       return failed;
     }
-    if (timeout_s > 0 && std::chrono::steady_clock::now() >= deadline) {
-      char holder[256] = {};
-      const ssize_t got = ::pread(fd, holder, sizeof(holder) - 1, 0);
+    char held_by[256] = {};
+    const ssize_t got = ::pread(fd, held_by, sizeof(held_by) - 1, 0);
+    const std::string who = got > 0 ? std::string(held_by, static_cast<size_t>(got)) : "another process";
+    if (who == holder) {  // another engine of this process: waiting for it would never end
       ::close(fd);
-      const std::string who = got > 0 ? std::string(holder, static_cast<size_t>(got)) : "another process";
+      return absl::FailedPreconditionError(absl::StrCat(
+          "checkpoint: another engine of this process (", who, ") holds ", path, ": it saved a series into ", dir,
+          " and is still open; give each engine a checkpoint directory of its own, or close the other first"));
+    }
+    if (timeout_s > 0 && std::chrono::steady_clock::now() >= deadline) {
+      ::close(fd);
       return absl::FailedPreconditionError(absl::StrCat(
           "checkpoint: another job (", who, ") has held ", path, " for ", timeout_s, " s: it is saving into ",
           dir, ", or saved a series there and is still running; give each job (and each engine) a "
@@ -77,9 +91,6 @@ StatusOr<DirectoryLock> DirectoryLock::Acquire(const std::string& dir, double ti
   }
   // Who holds it, for the message of a job that waits for it (best effort: only that message
   // would lack the name).
-  char host[256] = {};
-  ::gethostname(host, sizeof(host) - 1);
-  const std::string holder = absl::StrCat("pid ", ::getpid(), " on ", host);
   if (::ftruncate(fd, 0) == 0) {
     const ssize_t written = ::pwrite(fd, holder.data(), holder.size(), 0);
     static_cast<void>(written);

@@ -1,4 +1,8 @@
 // The MPI communicator: a progress thread launching and testing non-blocking collectives.
+// Untagged collectives (gradients, params at stages 0-2) run on one duplicate of the parent
+// communicator, tagged ones (stage-3 gathers, values: CollectiveSignature::tag) on another,
+// after a signature check, so that a rank's tagged collective is never matched with a peer's
+// untagged one of another size.
 //
 // Failure semantics (zero/communicator.h): when a collective fails, times out or is abandoned,
 // this rank's group breaks. The progress thread then fails every collective in flight with the
@@ -412,7 +416,9 @@ class MpiCommunicator final : public Communicator {
   }
 
   // Starts the next phase of `o`: the signature all-gather (every collective with
-  // check_signatures, a tagged one always), or the collective's first round.
+  // check_signatures, a tagged one always), or the collective's first round. Every signature
+  // check runs on tagged_, so with check_signatures a rank whose collective is untagged where a
+  // peer's is tagged is named too.
   void Launch(Operation& o) {
     const bool check = options_.check_signatures || o.signature.tag >= 0;
     if (check && o.phase == Operation::Phase::kQueued) {
@@ -421,7 +427,7 @@ class MpiCommunicator final : public Communicator {
       o.phase = Operation::Phase::kChecking;
       o.requests.assign(1, MPI_REQUEST_NULL);
       const int rc = MPI_Iallgather(o.mine, kSignatureWords, MPI_INT64_T, o.everyone.data(),
-                                    kSignatureWords, MPI_INT64_T, o.comm, &o.requests[0]);
+                                    kSignatureWords, MPI_INT64_T, tagged_, &o.requests[0]);
       if (rc != MPI_SUCCESS) Fail(o, MpiStatus(rc, "launching", o));
       return;
     }
@@ -648,8 +654,8 @@ class MpiCommunicator final : public Communicator {
     }
   }
 
-  MPI_Comm comm_;      // untagged collectives: gradients and params
-  MPI_Comm tagged_;    // tagged collectives (CollectiveSignature::tag), signature-checked
+  MPI_Comm comm_;      // untagged collectives: gradients, and params at stages 0-2
+  MPI_Comm tagged_;    // tagged ones (stage-3 gathers, values) and every signature check
   MPI_Comm control_;  // broken-group notices only
   const int rank_, size_, ranks_on_this_host_;
   UserOps ops_;

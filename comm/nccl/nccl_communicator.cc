@@ -270,7 +270,7 @@ StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(Communicator& boo
   if (options.device >= 0) ZERO_CUDA_RETURN_IF_ERROR(cudaSetDevice(options.device));
   ncclUniqueId id{};
   if (bootstrap.rank() == 0) ZERO_NCCL_RETURN_IF_ERROR(ncclGetUniqueId(&id));
-  ZERO_RETURN_IF_ERROR(bootstrap.Broadcast(&id, sizeof(ncclUniqueId), DType::kUInt8, 0)->Wait());
+  ZERO_RETURN_IF_ERROR(bootstrap.Broadcast(&id, sizeof(ncclUniqueId), DType::kUInt8, 0, kHostValuesTag)->Wait());
   ncclComm_t comm = nullptr;
   ZERO_NCCL_RETURN_IF_ERROR(ncclCommInitRank(&comm, bootstrap.size(), id, bootstrap.rank()));
   cudaStream_t own = nullptr;

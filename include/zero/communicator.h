@@ -160,6 +160,7 @@ class Communicator {
   /// `tag` as AllGather's: kHostValuesTag and kTrainerValuesTag mark values, not gradients.
   virtual WorkPtr AllReduce(const void* send, void* recv, int64_t count, DType dtype,
                             ReduceOp op, int64_t tag = -1) = 0;
+  /// From rank `root` to every rank, in place; `tag` as AllGather's.
   virtual WorkPtr Broadcast(void* data, int64_t count, DType dtype, int root, int64_t tag = -1) = 0;
   virtual WorkPtr Barrier() = 0;
 

@@ -103,7 +103,8 @@ ZERO_API int zero_comm_size(const zero_comm* comm);
 ZERO_API void zero_comm_destroy(zero_comm* comm);
 /** Copies `bytes` bytes at `data` (host memory) from rank `root` to every rank, bit for bit
  *  (any element type: frozen weights, buffers, RNG states). Collective; waits at most
- *  timeout_s seconds (0: forever). */
+ *  timeout_s seconds (0: forever). Ranks that pass different sizes (in-process and MPI
+ *  communicators) get ZERO_INVALID_ARGUMENT naming both. */
 ZERO_API zero_status zero_comm_broadcast_bytes(zero_comm* comm, void* data, int64_t bytes, int root,
                                                double timeout_s);
 /** Ends every process of the MPI job with `exit_code` (MPI_Abort on MPI_COMM_WORLD), for a
@@ -257,8 +258,9 @@ ZERO_API zero_status zero_loss_scale(const zero_engine* engine, float* scale);
 ZERO_API zero_status zero_lr_schedule_iteration(const zero_engine* engine, int64_t* iteration);
 /** Reduces `count` fp32 values at `data` (host memory) over every rank of `comm`, in place:
  *  op 0 sum, 1 max (a trainer's metrics: loss, token counts). Collective; waits at most
- *  timeout_s seconds (0: forever); `data` is never written after the call returns.
- *  ZERO_UNIMPLEMENTED for an NCCL communicator (device memory only). */
+ *  timeout_s seconds (0: forever); `data` is never written after the call returns. Ranks
+ *  that pass different counts (in-process and MPI communicators) get ZERO_INVALID_ARGUMENT
+ *  naming both. ZERO_UNIMPLEMENTED for an NCCL communicator (device memory only). */
 ZERO_API zero_status zero_comm_all_reduce_f32(zero_comm* comm, float* data, int64_t count, int op,
                                               double timeout_s);
 /** Translates `config_json` (ZeroRT or DeepSpeed JSON text; a DeepSpeed config is recognised

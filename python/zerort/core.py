@@ -183,10 +183,12 @@ def local_group(world):
 def mpi_communicator(abort_job_on_exception=True):
     """This process's rank of MPI_COMM_WORLD (one process per rank under mpirun).
 
-    `abort_job_on_exception`: from now on an exception that ends this process (uncaught)
+    `abort_job_on_exception`: from now on an uncaught exception that ends this process
     ends every rank of the job too (MPI_Abort, after its traceback is printed), as
     `python -m mpi4py` does. Otherwise its peers would wait for it: in a collective until
-    guard.timeout_s, or forever where they create a communicator or finalise MPI."""
+    guard.timeout_s, or forever where they create a communicator or finalise MPI. Not in an
+    interactive session (where an uncaught exception ends nothing), and not for sys.exit()
+    or os._exit(), which are no exceptions reaching sys.excepthook."""
     handle = ctypes.c_void_p()
     _check(library().zero_comm_mpi(None, ctypes.byref(handle)), "zero_comm_mpi")
     comm = Communicator(handle.value, "mpi")
@@ -199,18 +201,20 @@ def _abort_job_on_uncaught_exception(rank, world):
     """Chains a sys.excepthook (once per process) that prints the exception as before, then
     ends the MPI job."""
     previous = sys.excepthook
-    if getattr(previous, "ends_the_mpi_job", False):
+    if getattr(previous, "ends_the_mpi_job", False) or hasattr(sys, "ps1") or sys.flags.interactive:
         return
 
     def end_the_job(kind, value, traceback):
-        previous(kind, value, traceback)
-        sys.stderr.write(
-            f"zerort: rank {rank} of {world} ends with an uncaught {kind.__name__}; ending "
-            "every rank of the MPI job (MPI_Abort) so that none waits for it (pass "
-            "abort_job_on_exception=False to zerort.mpi_communicator() to keep them)\n")
-        sys.stdout.flush()
-        sys.stderr.flush()
-        library().zero_abort_mpi_job(1)  # returns only when MPI is already finalised
+        try:
+            previous(kind, value, traceback)
+        finally:
+            sys.stderr.write(
+                f"zerort: rank {rank} of {world} ends with an uncaught {kind.__name__}; ending "
+                "every rank of the MPI job (MPI_Abort) so that none waits for it (pass "
+                "abort_job_on_exception=False to zerort.mpi_communicator() to keep them)\n")
+            sys.stdout.flush()
+            sys.stderr.flush()
+            library().zero_abort_mpi_job(1)  # returns only when MPI is already finalised
 
     end_the_job.ends_the_mpi_job = True
     sys.excepthook = end_the_job

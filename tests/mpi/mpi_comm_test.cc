@@ -288,6 +288,21 @@ TEST(MpiComm, ATaggedCollectiveOnOneRankNeverMeetsItsPeersUntaggedOne) {
   ASSERT_THAT(side->Barrier()->Wait(30), IsOk());
 }
 
+// With check_signatures every collective's signature is checked where the tagged ones' are, so
+// a rank whose collective is tagged where a peer's is not is named too (they run on different
+// MPI communicators, and would otherwise both wait for their timeout).
+TEST(MpiComm, SignatureChecksNameATaggedCollectiveAgainstAnUntaggedOne) {
+  auto comm = NewComm({/*check_signatures=*/true});
+  ASSERT_NE(comm, nullptr);
+  if (comm->size() == 1) GTEST_SKIP() << "needs two ranks";
+  float value = 1.0f;
+  const int64_t tag = comm->rank() == 0 ? kHostValuesTag : -1;
+  const Status diverged = comm->AllReduce(&value, &value, 1, DType::kFP32, ReduceOp::kSum, tag)->Wait(30);
+  EXPECT_THAT(diverged, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("mismatch")));
+  EXPECT_THAT(diverged, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("host values")));
+  EXPECT_EQ(value, 1.0f);
+}
+
 // Untagged collectives of another size on each rank (ranks that diverged where nothing checks
 // them) are an error, never MPI's default abort of the job (MPI_ERRORS_ARE_FATAL on
 // MPI_COMM_WORLD, where OpenMPI reports a failed request). Rank 0's receive is truncated; a

@@ -165,12 +165,14 @@ TEST_F(CheckpointSeries, ASecondJobWaitsForTheRootsLockAndSaysWhy) {
 
 // A job holds its series root from its first save into it until its engine goes: a second job
 // saving the same tags there would replace its checkpoints between two of its saves. The job's
-// own later saves, tagged or into a directory of the root, go on.
+// own later saves, tagged or into a directory of the root, go on. Here the second job is
+// another engine of the same process: it is refused at once (waiting would never end), naming
+// the holder; another process waits as ASecondJobWaitsForTheRootsLockAndSaysWhy shows.
 TEST_F(CheckpointSeries, AJobHoldsItsSeriesRootUntilItsEngineGoes) {
   Config config = ToyConfig(2);
   config.guard.timeout_s = 60;
   Config other = ToyConfig(2);
-  other.guard.timeout_s = 0.5;
+  other.guard.timeout_s = 0;  // waits forever for another process: never for its own
   auto train_and_save = [&](const Config& c, comm::Communicator& comm, const char* tag)
       -> StatusOr<std::unique_ptr<Engine>> {
     ZERO_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(c, comm));
@@ -195,7 +197,8 @@ TEST_F(CheckpointSeries, AJobHoldsItsSeriesRootUntilItsEngineGoes) {
   });
   EXPECT_THAT(first, ::testing::Each(IsOk()));
   ASSERT_EQ(refused.size(), 2u);
-  EXPECT_THAT(refused[0], testing::StatusIs(absl::StatusCode::kFailedPrecondition, ::testing::HasSubstr("another")));
+  EXPECT_THAT(refused[0],
+              testing::StatusIs(absl::StatusCode::kFailedPrecondition, ::testing::HasSubstr("another engine")));
   EXPECT_THAT(refused[0], testing::StatusIs(absl::StatusCode::kFailedPrecondition,
                                             ::testing::HasSubstr(absl::StrCat("pid ", ::getpid()))));
   EXPECT_EQ(Latest(root_), "step-2");

@@ -103,8 +103,8 @@ def initialize(model, config=None, comm=None, *, model_parameters=None):
     (checked and translated by the library). `comm`: a zerort.core.Communicator
     (zerort.local_group(n)[r] for in-process ranks); None means this process's MPI rank (run
     under mpirun), as zerort.mpi_communicator() makes it: an uncaught exception on one rank
-    then ends the whole job. `model_parameters`: None (every trainable param, one group), an iterable
-    of params, or a list of PyTorch param-group dicts with keys "params" and any of "lr",
+    then ends the whole job. `model_parameters`: None (every trainable param, one group), an
+    iterable of params, or a list of PyTorch param-group dicts with keys "params" and any of "lr",
     "betas", "eps", "weight_decay", "momentum", "dampening", "nesterov" (group i overrides
     the config optimizer's values for its params); every trainable param of `model` must be
     in exactly one group.
