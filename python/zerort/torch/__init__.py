@@ -79,7 +79,8 @@ came from; errors raised as a backward ends), _checkpoint.py (client_state in ch
 _params.py (what was registered, and what happens before the engine goes), _reach.py
 (guard.on_unused = "zero" marking unreached params), _gathered.py (gathered() and
 register_external_parameter), _access.py (params read in another module's forward, found),
-_init_context.py (init_context: a model built sharded).
+_init_context.py (init_context: a model built sharded), _copies.py (copies of the model carry
+none of the engine), _collective.py (which calls every rank must make).
 
 Every failure is a zerort exception carrying the status and the library's message
 (zerort.errors): DuplicateGradientError, UnusedParametersError, DeadlineExceededError, ...
