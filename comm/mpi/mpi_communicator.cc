@@ -34,6 +34,7 @@
 #include "comm/completion.h"
 #include "comm/group_health.h"
 #include "comm/mpi/device_staging.h"
+#include "comm/mpi/mpi_operation.h"
 #include "comm/mpi/mpi_ops.h"
 #include "comm/mpi/mpi_rounds.h"
 #include "comm/mpi/mpi_setup.h"
@@ -52,59 +53,6 @@ constexpr int kNoticeTag = 7001;
 constexpr auto kBrokenCheckInterval = std::chrono::milliseconds(20);
 constexpr int kPointToPointTags = 30000;  // tags of collectives built from point-to-point calls
 
-// One collective as the progress thread sees it.
-struct Operation {
-  enum class Phase { kQueued, kChecking, kRunning };
-  CollectiveSignature signature;
-  MPI_Comm comm = MPI_COMM_NULL;  // the communicator it runs on: tagged ones have their own
-  int64_t sequence = 0;
-  std::vector<MpiRound> rounds;   // the collective (mpi_rounds.h)
-  size_t next_round = 0;
-  std::function<Status()> finish;  // after the last round: copy out of staging
-  ScratchBuffer scratch;          // the rounds' temporaries (from the communicator's pool)
-  PinnedBuffer staged_send, staged_recv;  // CUDA device buffers copied through host memory
-  int device = -1;                        // their CUDA device, for the copy back
-  std::shared_ptr<Completion> completion = std::make_shared<Completion>();
-  Phase phase = Phase::kQueued;
-  std::vector<MPI_Request> requests;  // the signature check's, or the current round's
-  int64_t mine[kSignatureWords] = {};
-  std::vector<int64_t> everyone;  // size × kSignatureWords, for the signature check
-};
-
-class MpiWork final : public Work {
- public:
-  MpiWork(std::shared_ptr<Completion> completion, std::shared_ptr<GroupHealth> health, std::string what)
-      : completion_(std::move(completion)), health_(std::move(health)), what_(std::move(what)) {}
-
-  ~MpiWork() override {
-    if (completion_->Abandon()) {
-      health_->Break(absl::CancelledError(absl::StrCat(
-          what_, " was abandoned: its Work was destroyed before the collective completed")));
-    }
-  }
-
-  Status Wait(double timeout_s) override {
-    Status status;
-    if (!completion_->Wait(timeout_s, &status)) {
-      if (completion_->Abandon()) {
-        status = absl::DeadlineExceededError(absl::StrCat(
-            what_, " did not complete within ", timeout_s, " s: at least one peer rank never joined "
-            "it (diverged, stuck, or failed earlier; see that rank's log)"));
-      } else {
-        completion_->Wait(kNoTimeout, &status);  // it completed just now
-      }
-    }
-    health_->Break(status);
-    return status;
-  }
-  bool Test() override { return completion_->done(); }
-
- private:
-  std::shared_ptr<Completion> completion_;
-  std::shared_ptr<GroupHealth> health_;
-  std::string what_;
-};
-
 // The notices of one rank's broken group: a receive always posted for the first peer's notice,
 // and this rank's own notices to its peers once it breaks (buffers kept until they complete).
 struct Notices {
@@ -114,14 +62,6 @@ struct Notices {
   std::vector<MPI_Request> sends;
   bool sent = false;
 };
-
-// A round that is one non-blocking MPI call.
-MpiRound OneCall(std::function<int(MPI_Request*)> call) {
-  return [call = std::move(call)](std::vector<MPI_Request>* requests) {
-    requests->push_back(MPI_REQUEST_NULL);
-    return call(&requests->back());
-  };
-}
 
 class MpiCommunicator final : public Communicator {
  public:

@@ -187,7 +187,7 @@ def mpi_communicator(abort_job_on_exception=True):
     ends every rank of the job too (MPI_Abort, after its traceback is printed), as
     `python -m mpi4py` does. Otherwise its peers would wait for it: in a collective until
     guard.timeout_s, or forever where they create a communicator or finalise MPI. Not in an
-    interactive session (where an uncaught exception ends nothing), and not for sys.exit()
+    interactive interpreter (where an uncaught exception ends nothing), and not for sys.exit()
     or os._exit(), which are no exceptions reaching sys.excepthook."""
     handle = ctypes.c_void_p()
     _check(library().zero_comm_mpi(None, ctypes.byref(handle)), "zero_comm_mpi")
