@@ -262,6 +262,9 @@ const Table& TopLevel() {
       "not supported yet; remove it (ZeroRT keeps optimizer states on the engine's device)";
   static const std::string params = "not supported yet; remove it (ZeroRT keeps params on the engine's device)";
   static const std::string masters = "ZeroRT checkpoints hold the full fp32 master; zero-ckpt consolidates them";
+  static const std::string leaf =
+      "it chooses the modules whose subtrees are stage-3 units; zerort.torch reads it from the config it is "
+      "given, the engine itself takes units as the trainer registers them";
   static const Table zero = {
       {"stage", To("stage", "the ZeRO stage, 0 to 3")},
       {"reduce_bucket_size", Tuning("buckets.reduce_bucket_elems")},
@@ -282,6 +285,7 @@ const Table& TopLevel() {
       {"allgather_partitions", Ignored("ZeroRT always all-gathers the updated shards")},
       {"reduce_scatter", Ignored("ZeroRT reduce-scatters each bucket into the shards (all-reduce at stage 0)")},
       {"stage3_max_reuse_distance", Tuning("stage3.max_reuse_elems")},
+      {"leaf_module", Ignored(leaf)}, {"stage3_module_granularity_threshold", Ignored(leaf)},
       {"stage3_gather_16bit_weights_on_model_save", Ignored(masters)},
       {"stage3_gather_fp16_weights_on_model_save", Ignored(masters)},  // its older name
       {"elastic_checkpoint", Ignored("ZeroRT checkpoints load at any world size")},

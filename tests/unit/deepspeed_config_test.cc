@@ -222,6 +222,14 @@ TEST(DeepSpeedConfig, KeysOfDeepSpeedWithoutAKnobHereAreNoted) {
   notes.clear();
   Translate(R"({"sparse_gradients": true})", &notes);
   EXPECT_THAT(notes, Contains(HasSubstr("sparse_gradients: ignored")));
+  // Leaf modules are the PyTorch package's: the engine notes them and says who reads them.
+  notes.clear();
+  Translate(R"({"zero_optimization": {"stage": 3, "leaf_module": {"classes": ["MoEBlock"]},
+                                      "stage3_module_granularity_threshold": 1000}})",
+            &notes);
+  EXPECT_THAT(notes, Contains(AllOf(HasSubstr("zero_optimization.leaf_module: ignored"),
+                                    HasSubstr("zerort.torch reads it"))));
+  EXPECT_THAT(notes, Contains(HasSubstr("stage3_module_granularity_threshold: ignored")));
 }
 
 TEST(DeepSpeedConfig, AutoIsResolvedWhereDerivableAndNamedOtherwise) {

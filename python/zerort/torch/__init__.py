@@ -63,7 +63,10 @@ What happens to the model:
   that uses another module's param (F.linear(h, self.embed.weight)) gathers it too, found as
   it reads it (_access.py) or declared with register_external_parameter(module, param); code
   outside forward reads or writes full values inside
-  `with gathered(params, modifier_rank=None):` (_gathered.py).
+  `with gathered(params, modifier_rank=None):` (_gathered.py). A leaf module
+  (set_z3_leaf_modules(model, [MoEBlock]), as DeepSpeed's; _leaf_modules.py) is one unit
+  with its whole subtree: a mixture of experts whose routing differs between ranks, or many
+  small modules whose hooks would cost more than their kernels.
 - Params on the CPU, or on one GPU (device "cuda", set from the model when the config names
   none): the engine's copies live in device memory and its work is ordered after torch's
   current stream at initialize(). Across processes use zerort.nccl_communicator(). In-process
@@ -79,7 +82,8 @@ came from; errors raised as a backward ends), _checkpoint.py (client_state in ch
 _params.py (what was registered, and what happens before the engine goes), _reach.py
 (guard.on_unused = "zero" marking unreached params), _gathered.py (gathered() and
 register_external_parameter), _access.py (params read in another module's forward, found),
-_init_context.py (init_context: a model built sharded), _copies.py (copies of the model carry
+_init_context.py (init_context: a model built sharded), _leaf_modules.py (leaf modules:
+stage-3 units of whole subtrees), _copies.py (copies of the model carry
 none of the engine), _collective.py (which calls every rank must make).
 
 Every failure is a zerort exception carrying the status and the library's message
@@ -89,11 +93,16 @@ from .. import core
 from ._engine import TorchEngine
 from ._gathered import gathered, register_external_parameter
 from ._init_context import init_context
+from ._leaf_modules import (get_z3_leaf_modules, set_z3_leaf_modules,
+                            set_z3_leaf_modules_by_name, set_z3_leaf_modules_by_suffix,
+                            unset_z3_leaf_modules, z3_leaf_module)
 from ._optimizer import ZeroOptimizer
 from ._schedulers import EngineLRScheduler
 
 __all__ = ["initialize", "TorchEngine", "ZeroOptimizer", "EngineLRScheduler", "gathered",
-           "register_external_parameter", "init_context"]
+           "register_external_parameter", "init_context", "set_z3_leaf_modules",
+           "unset_z3_leaf_modules", "get_z3_leaf_modules", "z3_leaf_module",
+           "set_z3_leaf_modules_by_name", "set_z3_leaf_modules_by_suffix"]
 
 
 def initialize(model, config=None, comm=None, *, model_parameters=None):

@@ -1,13 +1,14 @@
 """TorchEngine: one rank's ZeroRT engine driving a torch.nn.Module's trainable params."""
 import contextlib
 import math
+import warnings
 import weakref
 
 import torch
 
 from .. import core, errors
 from . import (_backward, _checkpoint, _config, _device, _gathered, _handover, _init_context,
-               _params, _reach, _stage3, _step_info)
+               _leaf_modules, _params, _reach, _stage3, _step_info)
 from ._collective import every_rank_calls
 from ._copies import EngineHook
 from ._deepspeed_api import AccumulationSteps, DeepSpeedAPI, refuse_unless_default
@@ -59,6 +60,12 @@ class TorchEngine(DeepSpeedAPI):
         _config.refuse_sparse_gradients(module)
         groups = _config.resolve_param_groups(module, model_parameters)
         device = _device.device_of(module, raw.get("device"))
+        unmatched = _leaf_modules.apply_config(module, raw)  # stage 3's leaf modules
+        if unmatched:
+            warnings.warn(
+                "zerort.torch: zero_optimization.leaf_module names what no module of the "
+                f"model is: {', '.join(map(repr, unmatched))}; those are not leaves",
+                stacklevel=3)
         _config.cast_to_precision(module, self.config, _init_context.cast)
         self.stage = _config.stage(self.config)
         self.gradient_accumulation_steps = AccumulationSteps(

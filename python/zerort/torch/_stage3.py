@@ -2,7 +2,8 @@
 
 Each module that directly owns trainable params is one unit per optimizer group of those
 params (a bucket holds params of one group; a param shared by several modules belongs to the
-first; the others gather that unit too). Its frozen float params (a LoRA model's base
+first; the others gather that unit too); a leaf module (_leaf_modules.py) owns every param
+of its subtree, and the modules inside it are not hooked. Its frozen float params (a LoRA model's base
 weights) are one more unit, sharded the same way and gathered with the others, never reduced
 or stepped. A gathered unit's params are views of one flat storage laid out as the engine's
 gathered unit (core.Engine.gathered_place). Between uses that storage is resized to zero
@@ -64,6 +65,7 @@ from ._access import innermost_running_module, runs_forward_hooks, watch
 from ._collective import hinted
 from ._copies import EngineHook
 from ._device import other_current_stream
+from ._leaf_modules import owners
 from ._params import placeholder, resize_storage, same_storage, storage_bytes
 
 
@@ -128,15 +130,16 @@ def tensors_in(value, unknown=None, seen=None):
 
 def assign_units(module, trainable, group_of=None, frozen=()):
     """Unit ids for the params in `trainable` and `frozen` (sets of params): {param: unit},
-    and the units each module needs, {module: [units]}, for modules that own such params.
-    A module's trainable params in different optimizer groups (`group_of`: {param: group},
-    0 for a param it leaves out) form one unit per group, its frozen ones one more; units
-    are numbered 0..n-1 in order of first appearance."""
+    and the units each module needs, {module: [units]}, for modules that own such params
+    (a leaf module owns every param of its subtree, _leaf_modules.py). A module's trainable
+    params in different optimizer groups (`group_of`: {param: group}, 0 for a param it
+    leaves out) form one unit per group, its frozen ones one more; units are numbered
+    0..n-1 in order of first appearance."""
     group_of = group_of or {}
     unit_of, module_units, units_by_key = {}, {}, {}
-    for sub in module.modules():
+    for sub, params in owners(module):
         units = []
-        for param in sub.parameters(recurse=False):
+        for param in params:
             if param not in trainable and param not in frozen:
                 continue
             if param not in unit_of:
@@ -159,7 +162,10 @@ _LOAD_WAYS = ("load inside `with zerort.torch.gathered(params, modifier_rank=0):
 # What hinted() says of a failed gather or release.
 _GATHERS = ("a stage-3 gather (each module's forward and backward)",
             "; evaluate on every rank (each rank its own batch), or read full values with "
-            "engine.state_dict()")
+            "engine.state_dict(). A module that runs other submodules on each rank (a "
+            "mixture of experts routing each rank's tokens to other experts) must gather "
+            "them all at once: make it a leaf before initialize(), "
+            "zerort.torch.set_z3_leaf_modules(model, [MoEBlockClass])")
 
 
 # Gathered memory an engine still held when it closed with its group broken: kept for good,
