@@ -3,7 +3,7 @@
 
     python3 bench/torch_host_overhead.py [--stages 0,2,3] [--width 64] [--layers 6]
                                          [--steps 300] [--persistence-threshold 0]
-                                         [--device cpu] [--attribute]
+                                         [--device cpu] [--attribute] [--leaf-blocks K]
 
 One process, one rank: `layers` × (Linear(width, width) + Tanh) + Linear(width, 1), batch 8.
 Each round times a zerort.torch step (forward, backward, engine.step()) and forward +
@@ -18,6 +18,9 @@ times the host alone: the device's queue is drained before each timed part, not 
 `--attribute` also times each library call of core.Engine and each memory callback stage 3
 makes into Python (its lend and give_back), and prints, per stage, their calls and µs per
 step; what remains of the added time is the Python hooks and PyTorch's dispatch of them.
+`--leaf-blocks K` groups every K consecutive (Linear, Tanh) layers into a block flagged as a
+stage-3 leaf module (zerort.torch.set_z3_leaf_modules): one unit and one set of hooks per
+block instead of per Linear.
 """
 import argparse
 import collections
@@ -82,11 +85,25 @@ class CallTimes:
             setattr(zerort.core.Engine, name, function)
 
 
+def in_leaf_blocks(model, layers_per_block):
+    """`model` (build_model's) with every `layers_per_block` (Linear, Tanh) layers in one
+    nn.Sequential block flagged as a leaf module; the same params, in the same order."""
+    *layers, head = list(model)
+    step = 2 * layers_per_block
+    blocks = [torch.nn.Sequential(*layers[i:i + step]) for i in range(0, len(layers), step)]
+    model = torch.nn.Sequential(*blocks, head)
+    zerort.torch.set_z3_leaf_modules(model, [torch.nn.Sequential])
+    model._z3_leaf = False  # (the whole model is a Sequential too)
+    return model
+
+
 def overhead(stage, args, call_times=None):
     """(zerort.torch step µs, forward + backward alone µs) at `stage`, medians. With
     `call_times` (CallTimes), the timed steps' library calls are recorded there."""
     device = torch.device(args.device)
     model = build_model(args.width, args.layers).to(device)
+    if args.leaf_blocks:
+        model = in_leaf_blocks(model, args.leaf_blocks)
     plain = build_model(args.width, args.layers).to(device)
     x = torch.randn(8, args.width, device=device)
     y = x[:, :1].clone()
@@ -143,11 +160,13 @@ def main():
     parser.add_argument("--persistence-threshold", type=int, default=0)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--attribute", action="store_true")
+    parser.add_argument("--leaf-blocks", type=int, default=0)
     args = parser.parse_args()
     torch.set_num_threads(1)
     print(f"torch {torch.__version__}, {args.device}, {args.layers} × Linear({args.width}, "
           f"{args.width}) + Linear({args.width}, 1), stage3.persistence_threshold "
-          f"{args.persistence_threshold}")
+          f"{args.persistence_threshold}"
+          + (f", leaf blocks of {args.leaf_blocks} layers" if args.leaf_blocks else ""))
     print("| stage | zerort.torch step µs | forward + backward µs | host time added µs |")
     print("|---|---|---|---|")
     attributions = []
