@@ -158,9 +158,9 @@ Status EngineImpl::HoldSeriesLock(const std::string& root) {
   return absl::OkStatus();
 }
 
-Status EngineImpl::SaveCheckpoint(const std::string& target) { return SaveCheckpointAs(target, 0, false); }
+Status EngineImpl::SaveCheckpoint(const std::string& target) { return SaveCheckpointAs(target, 0); }
 
-Status EngineImpl::SaveCheckpointAs(const std::string& target, int64_t series_seq, bool parent_locked) {
+Status EngineImpl::SaveCheckpointAs(const std::string& target, int64_t series_seq) {
   ZERO_RETURN_IF_ERROR(RequireHealthyGroup("SaveCheckpoint"));
   if (target.empty()) return absl::InvalidArgumentError("SaveCheckpoint: the directory is \"\"; name one");
   ZERO_RETURN_IF_ERROR(RequirePhase(Phase::kIdle, "SaveCheckpoint"));
@@ -177,8 +177,9 @@ Status EngineImpl::SaveCheckpointAs(const std::string& target, int64_t series_se
   const std::string partial = dir + ".partial";
   Status created;
   std::optional<DirectoryLock> lock;  // two jobs saving here would mix their rank files
-  // A series root this engine saved into is locked already (by this engine).
-  if (comm_.rank() == 0 && !parent_locked && series_locks_.count(LockKey(ParentOf(dir))) == 0) {
+  // A series root this engine saved into is locked already (by this engine). A tag that links
+  // elsewhere saves beside its target: that directory is locked for the save.
+  if (comm_.rank() == 0 && series_locks_.count(LockKey(ParentOf(dir))) == 0) {
     std::error_code error;
     std::filesystem::create_directories(ParentOf(dir), error);  // its lock needs it; an error shows below
     created = LockForSave(ParentOf(dir), &lock);
@@ -253,7 +254,7 @@ Status EngineImpl::SaveCheckpoint(const std::string& root_dir, const std::string
   if (comm_.rank() == 0) {
     for (const SeriesEntry& entry : SeriesCheckpoints(root)) series_seq = std::max(series_seq, entry.series_seq + 1);
   }
-  ZERO_RETURN_IF_ERROR(SaveCheckpointAs(root + "/" + tag, series_seq, /*parent_locked=*/true));
+  ZERO_RETURN_IF_ERROR(SaveCheckpointAs(root + "/" + tag, series_seq));
   Status pointed;
   if (comm_.rank() == 0) {
     // `latest` switches only now that the new checkpoint is complete; older ones go after it:

@@ -156,8 +156,9 @@ class EngineImpl final : public Engine {
   // Writes this rank's file of a checkpoint at `path`; its index checksum in `index_checksum`.
   Status WriteRankFile(const std::string& path, uint64_t* index_checksum);
   // SaveCheckpoint(dir), recording `series_seq` (its place in a series; 0 outside one). Rank 0
-  // holds the lock of dir's parent while it saves, unless `parent_locked` (a series root).
-  Status SaveCheckpointAs(const std::string& dir, int64_t series_seq, bool parent_locked);
+  // holds the lock of dir's parent while it saves, unless it holds it already (a series root
+  // it saved into: series_locks_).
+  Status SaveCheckpointAs(const std::string& dir, int64_t series_seq);
   // Rank 0: locks `dir` for a save into it (checkpoint_files.h), waiting for another job's save
   // up to half of guard.timeout_s (0: forever), so that the ranks waiting for rank 0 in the
   // next collective hear why instead of timing out; warns where the file system cannot lock.

@@ -163,6 +163,39 @@ TEST_F(CheckpointSeries, ASecondJobWaitsForTheRootsLockAndSaysWhy) {
   EXPECT_TRUE(std::filesystem::exists(root_ + "/step-1/meta.json"));
 }
 
+// A tag that is a link to another directory saves where it points, beside the link's target:
+// that directory is locked for the save too, as any directory saved into is.
+TEST_F(CheckpointSeries, ATagLinkedElsewhereSavesUnderItsTargetsLock) {
+  Config config = ToyConfig(2);
+  config.guard.timeout_s = 0.5;
+  const std::string elsewhere = root_ + "-elsewhere";
+  std::filesystem::create_directories(elsewhere + "/step-1");
+  std::filesystem::create_directories(root_);
+  std::filesystem::create_directory_symlink(elsewhere + "/step-1", root_ + "/step-1");
+  const int held = ::open((elsewhere + "/.zerort-lock").c_str(), O_RDWR | O_CREAT, 0644);
+  ASSERT_GE(held, 0);
+  ASSERT_EQ(::flock(held, LOCK_EX), 0);  // another job saving there
+  auto save = [&]() {
+    return RunOnRanks(2, [&](int, comm::Communicator& c) -> Status {
+      ZERO_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(config, c));
+      ToyOptions o;
+      o.steps = 1;
+      testing::ToyResult result;
+      ZERO_RETURN_IF_ERROR(testing::TrainToy(*engine, o, &result));
+      return engine->SaveCheckpoint(root_, "step-1");
+    });
+  };
+  const std::vector<Status> refused = save();
+  EXPECT_THAT(refused[0], testing::StatusIs(absl::StatusCode::kFailedPrecondition, ::testing::HasSubstr("another job")));
+  EXPECT_FALSE(std::filesystem::exists(elsewhere + "/step-1.partial"));
+  ::close(held);
+  EXPECT_THAT(save(), ::testing::Each(IsOk()));
+  EXPECT_TRUE(std::filesystem::is_symlink(root_ + "/step-1"));
+  EXPECT_TRUE(std::filesystem::exists(elsewhere + "/step-1/meta.json"));
+  EXPECT_EQ(Latest(root_), "step-1");
+  std::filesystem::remove_all(elsewhere);
+}
+
 // A job holds its series root from its first save into it until its engine goes: a second job
 // saving the same tags there would replace its checkpoints between two of its saves. The job's
 // own later saves, tagged or into a directory of the root, go on. Here the second job is
