@@ -38,6 +38,17 @@ class CheckpointSeries : public ::testing::Test {
     root_ = testing::ScratchDir("zerort-series");
   }
   void TearDown() override { std::filesystem::remove_all(root_); }
+  // Two ranks train a toy model for one step under `config` and save it as root_/`tag`.
+  std::vector<Status> TrainAndSave(const Config& config, const std::string& tag) {
+    return RunOnRanks(2, [&](int, comm::Communicator& c) -> Status {
+      ZERO_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(config, c));
+      ToyOptions o;
+      o.steps = 1;
+      testing::ToyResult result;
+      ZERO_RETURN_IF_ERROR(testing::TrainToy(*engine, o, &result));
+      return engine->SaveCheckpoint(root_, tag);
+    });
+  }
   std::string root_;
 };
 
@@ -144,16 +155,7 @@ TEST_F(CheckpointSeries, ASecondJobWaitsForTheRootsLockAndSaysWhy) {
   const int held = ::open((root_ + "/.zerort-lock").c_str(), O_RDWR | O_CREAT, 0644);
   ASSERT_GE(held, 0);
   ASSERT_EQ(::flock(held, LOCK_EX), 0);
-  auto save = [&]() {
-    return RunOnRanks(2, [&](int, comm::Communicator& c) -> Status {
-      ZERO_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(config, c));
-      ToyOptions o;
-      o.steps = 1;
-      testing::ToyResult result;
-      ZERO_RETURN_IF_ERROR(testing::TrainToy(*engine, o, &result));
-      return engine->SaveCheckpoint(root_, "step-1");
-    });
-  };
+  auto save = [&]() { return TrainAndSave(config, "step-1"); };
   const std::vector<Status> refused = save();
   EXPECT_THAT(refused[0], testing::StatusIs(absl::StatusCode::kFailedPrecondition, ::testing::HasSubstr("another job")));
   EXPECT_THAT(refused[1], testing::StatusIs(absl::StatusCode::kAborted));
@@ -175,16 +177,7 @@ TEST_F(CheckpointSeries, ATagLinkedElsewhereSavesUnderItsTargetsLock) {
   const int held = ::open((elsewhere + "/.zerort-lock").c_str(), O_RDWR | O_CREAT, 0644);
   ASSERT_GE(held, 0);
   ASSERT_EQ(::flock(held, LOCK_EX), 0);  // another job saving there
-  auto save = [&]() {
-    return RunOnRanks(2, [&](int, comm::Communicator& c) -> Status {
-      ZERO_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(config, c));
-      ToyOptions o;
-      o.steps = 1;
-      testing::ToyResult result;
-      ZERO_RETURN_IF_ERROR(testing::TrainToy(*engine, o, &result));
-      return engine->SaveCheckpoint(root_, "step-1");
-    });
-  };
+  auto save = [&]() { return TrainAndSave(config, "step-1"); };
   const std::vector<Status> refused = save();
   EXPECT_THAT(refused[0], testing::StatusIs(absl::StatusCode::kFailedPrecondition, ::testing::HasSubstr("another job")));
   EXPECT_FALSE(std::filesystem::exists(elsewhere + "/step-1.partial"));
