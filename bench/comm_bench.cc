@@ -8,6 +8,8 @@
 //                                         Reduce-scatter has two raw ways: MPI_Reduce_scatter_block
 //                                         (raw_rsb_ms) and MPI_Iallreduce keeping this rank's
 //                                         shard (raw_allreduce_ms); the ratio is to the faster.
+//                                         BM_HostValues_MPI: a few values summed, untagged and
+//                                         tagged as the engine's host values.
 // Under mpirun only rank 0 prints. MPI benchmarks use fixed iteration counts so every rank
 // runs the same number of collectives.
 #include <benchmark/benchmark.h>
@@ -172,6 +174,35 @@ void BM_Mpi(benchmark::State& state, Communicator* comm, CollectiveKind kind) {
   state.counters["ratio_to_raw"] = raw_seconds / seconds;
 }
 
+// A few host values (a gradient norm, flags) summed over the ranks: untagged, as a gradient
+// bucket's collective, or tagged kHostValuesTag, as the engine sends them (the MPI backend then
+// first all-gathers every rank's signature and runs the collective on its tagged duplicate).
+// The roofline is the raw blocking MPI_Allreduce of the same values in the same run.
+void BM_MpiValues(benchmark::State& state, Communicator* comm, bool tagged) {
+  std::vector<float> values(static_cast<size_t>(state.range(0)), 1.0f);
+  const int64_t count = state.range(0);
+  const int64_t iterations = static_cast<int64_t>(state.max_iterations);
+  const double raw_seconds = TimeRaw(iterations, [&] {
+    MPI_Allreduce(MPI_IN_PLACE, values.data(), static_cast<int>(count), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+  });
+  auto run = [&] {
+    return comm->AllReduce(values.data(), values.data(), count, DType::kFP32, ReduceOp::kSum,
+                           tagged ? comm::kHostValuesTag : -1)
+        ->Wait();
+  };
+  (void)run();  // warm-up
+  MPI_Barrier(MPI_COMM_WORLD);
+  const double start = MPI_Wtime();
+  for (auto _ : state) {
+    const Status status = run();
+    if (!status.ok()) state.SkipWithError(std::string(status.message()).c_str());
+  }
+  const double seconds = (MPI_Wtime() - start) / iterations;
+  state.counters["us"] = seconds * 1e6;
+  state.counters["raw_us"] = raw_seconds * 1e6;
+  state.counters["ratio_to_raw"] = raw_seconds / seconds;
+}
+
 const char* Name(CollectiveKind kind) {
   switch (kind) {
     case CollectiveKind::kReduceScatter: return "ReduceScatter";
@@ -203,6 +234,15 @@ int main(int argc, char** argv) {
                                              BM_Mpi, world.get(), kind);
       for (int64_t bytes : {int64_t{1} << 20, int64_t{1} << 24, int64_t{1} << 26}) b->Arg(bytes);
       b->ArgName("bytes")->Iterations(20)->UseRealTime()->Unit(benchmark::kMillisecond);
+    }
+    for (bool tagged : {false, true}) {
+      benchmark::RegisterBenchmark(tagged ? "BM_HostValues_MPI/tagged" : "BM_HostValues_MPI/untagged",
+                                   BM_MpiValues, world.get(), tagged)
+          ->Arg(2)
+          ->ArgName("values")
+          ->Iterations(2000)
+          ->UseRealTime()
+          ->Unit(benchmark::kMicrosecond);
     }
   } else {
     for (CollectiveKind kind : kinds) {
