@@ -2,6 +2,7 @@
 """ZeroRT's engine as the optimizer of a PyTorch model on one GPU, against PyTorch's AdamW.
 
     python3 bench/torch_gpu_step.py [--steps 20] [--width 4096] [--layers 6] [--batch 64]
+                                    [--leaf-blocks K]
 
 On a lent GPU machine (no Debian packages there): `tools/gpu-check bundle` here, then
 `tools/gpu-check torch-step` there with .gpu-bundle carried, which runs this with the
@@ -16,6 +17,9 @@ Configurations:
     torch-foreach  torch.optim.AdamW(foreach=True)
     zerort-S       zerort.torch at stage S (0-3), an in-process communicator of one rank
     zerort-nccl-S  the same over NCCL (one rank), stages 0-3
+    zerort-nccl-3/leafK  with `--leaf-blocks K`: stage 3 over NCCL, every K layers one leaf
+                   module (zerort.torch.set_z3_leaf_modules): one unit per block, not per
+                   Linear
 
 Model: `layers` × (Linear(width, width) + Tanh) + Linear(width, 1), fp32 (100.7M params at
 the defaults). Every configuration is built first, each with its own model, and the timed
@@ -43,6 +47,7 @@ from torch import nn
 
 import zerort
 import zerort.torch
+from torch_vs_ddp import in_leaf_blocks
 
 
 def build_model(width, layers):
@@ -59,6 +64,9 @@ class Config:
     def __init__(self, name, args):
         self.name = name
         self.model = build_model(args.width, args.layers)
+        stage_name, _, leaf = name.partition("/leaf")
+        if leaf:
+            self.model = in_leaf_blocks(self.model, int(leaf))
         generator = torch.Generator(device="cuda").manual_seed(1)
         self.x = torch.randn(args.batch, args.width, device="cuda", generator=generator)
         self.y = self.x[:, :1].clone()
@@ -73,7 +81,7 @@ class Config:
             bootstrap.close()
         self.comm = comm
         self.engine = zerort.torch.initialize(
-            self.model, {"stage": int(name[-1]), "optimizer": {"type": "adamw", "lr": 1e-4}},
+            self.model, {"stage": int(stage_name[-1]), "optimizer": {"type": "adamw", "lr": 1e-4}},
             comm)
 
     def step(self):
@@ -130,18 +138,21 @@ def main():
     parser.add_argument("--width", type=int, default=4096)
     parser.add_argument("--layers", type=int, default=6)
     parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--leaf-blocks", type=int, default=0)
     args = parser.parse_args()
     params = args.layers * (args.width * args.width + args.width) + args.width + 1
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, "
           f"{params / 1e6:.1f}M fp32 params, batch {args.batch}")
     names = ["torch-fused", "torch-foreach"] + [f"zerort-{s}" for s in range(4)]
     names += [f"zerort-nccl-{s}" for s in range(4)]
+    if args.leaf_blocks:
+        names.append(f"zerort-nccl-3/leaf{args.leaf_blocks}")
     memory = {}  # every configuration alone first, before any is kept for the timed rounds
     for name in names:
         try:
             memory[name] = peak_memory(name, args)
         except zerort.ZeroError as error:
-            print(f"{name:<14} not run: {error}")
+            print(f"{name:<20} not run: {error}")
     configs = [Config(name, args) for name in names if name in memory]
     times = {config.name: [] for config in configs}
     order = random.Random(0)  # each round in its own order: no row always follows the same one
@@ -153,7 +164,7 @@ def main():
             if round_ >= 3:
                 times[config.name].append(measured)
     baseline = None
-    print(f"{'config':<14} {'step ms':>8} {'vs fused':>9} {'host ms':>8} {'torch MiB':>10} "
+    print(f"{'config':<20} {'step ms':>8} {'vs fused':>9} {'host ms':>8} {'torch MiB':>10} "
           f"{'engine MiB':>11} {'waits/step':>11} {'copied MB/step':>15}")
     for config in configs:
         ms = statistics.median(t for t, _ in times[config.name])
@@ -163,7 +174,7 @@ def main():
             for after, first in zip(config.counters(), before[config.name]))
         torch_mib, engine_mib = memory[config.name]
         baseline = baseline or ms
-        print(f"{config.name:<14} {ms:8.2f} {ms / baseline:9.2f} {host_ms:8.2f} "
+        print(f"{config.name:<20} {ms:8.2f} {ms / baseline:9.2f} {host_ms:8.2f} "
               f"{torch_mib:10.0f} {engine_mib:11.0f} {waits:11.1f} {copied / 1e6:15.1f}")
     for config in configs:
         config.close()

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 import zerort
 import zerort.core
 import zerort.torch
-from torch_vs_ddp import build_model
+from torch_vs_ddp import build_model, in_leaf_blocks
 
 # The library calls a training step makes through core.Engine.
 LIBRARY_CALLS = ("begin_iteration", "accumulate_grads", "gather", "release",
@@ -83,18 +83,6 @@ class CallTimes:
     def uninstall(self):
         for name, function in self._saved.items():
             setattr(zerort.core.Engine, name, function)
-
-
-def in_leaf_blocks(model, layers_per_block):
-    """`model` (build_model's) with every `layers_per_block` (Linear, Tanh) layers in one
-    nn.Sequential block flagged as a leaf module; the same params, in the same order."""
-    *layers, head = list(model)
-    step = 2 * layers_per_block
-    blocks = [torch.nn.Sequential(*layers[i:i + step]) for i in range(0, len(layers), step)]
-    model = torch.nn.Sequential(*blocks, head)
-    zerort.torch.set_z3_leaf_modules(model, [torch.nn.Sequential])
-    model._z3_leaf = False  # (the whole model is a Sequential too)
-    return model
 
 
 def overhead(stage, args, call_times=None):

@@ -43,6 +43,21 @@ def build_model(width, layers):
     return nn.Sequential(*modules, nn.Linear(width, 1))
 
 
+def in_leaf_blocks(model, layers_per_block):
+    """`model` (build_model's) with every `layers_per_block` (Linear, Tanh) layers in one
+    nn.Sequential block flagged as a stage-3 leaf module (zerort.torch.set_z3_leaf_modules):
+    the same params in the same order, one unit and one set of hooks per block."""
+    from torch import nn
+    import zerort.torch
+    *layers, head = list(model)
+    step = 2 * layers_per_block
+    blocks = [nn.Sequential(*layers[i:i + step]) for i in range(0, len(layers), step)]
+    model = nn.Sequential(*blocks, head)
+    zerort.torch.set_z3_leaf_modules(model, [nn.Sequential])
+    model._z3_leaf = False  # (the whole model is a Sequential too)
+    return model
+
+
 def data(step, rank, width):
     import torch
     generator = torch.Generator().manual_seed(step * 1000 + rank)

@@ -201,7 +201,8 @@ def _abort_job_on_uncaught_exception(rank, world):
     """Chains a sys.excepthook (once per process) that prints the exception as before, then
     ends the MPI job."""
     previous = sys.excepthook
-    if getattr(previous, "ends_the_mpi_job", False) or hasattr(sys, "ps1") or sys.flags.interactive:
+    if (getattr(previous, "ends_the_mpi_job", False) or hasattr(sys, "ps1")
+            or sys.flags.interactive):
         return
 
     def end_the_job(kind, value, traceback):

@@ -3,9 +3,9 @@
 Each module that directly owns trainable params is one unit per optimizer group of those
 params (a bucket holds params of one group; a param shared by several modules belongs to the
 first; the others gather that unit too); a leaf module (_leaf_modules.py) owns every param
-of its subtree, and the modules inside it are not hooked. Its frozen float params (a LoRA model's base
-weights) are one more unit, sharded the same way and gathered with the others, never reduced
-or stepped. A gathered unit's params are views of one flat storage laid out as the engine's
+of its subtree, and the modules inside it are not hooked. Its frozen float params (a LoRA
+model's base weights) are one more unit, sharded the same way and gathered with the others,
+never reduced or stepped. A gathered unit's params are views of one flat storage laid out as the engine's
 gathered unit (core.Engine.gathered_place). Between uses that storage is resized to zero
 bytes, as FSDP does: the tensors autograd saved in forward refer to the same storage, which
 is refilled before the module's backward. The engine gathers straight into it: the storage
