@@ -27,9 +27,14 @@ def one_thread():
     torch.set_num_threads(1)
 
 
+def route_of(x):
+    """Each row's expert: the largest of its first EXPERTS features."""
+    return x[:, :EXPERTS].argmax(dim=1)
+
+
 class MoEBlock(nn.Module):
-    """Experts behind a router that sends each row to the expert of its largest of the
-    first EXPERTS features: only the experts that got rows run."""
+    """Experts behind a router (`route`: each row's expert): only the experts that got rows
+    run."""
 
     def __init__(self):
         super().__init__()
@@ -37,8 +42,7 @@ class MoEBlock(nn.Module):
             nn.Sequential(nn.Linear(DIM, HIDDEN), nn.Tanh(), nn.Linear(HIDDEN, DIM))
             for _ in range(EXPERTS))
 
-    def forward(self, x):
-        route = x[:, :EXPERTS].argmax(dim=1)
+    def forward(self, x, route):
         out = torch.zeros_like(x)
         for expert in route.unique().tolist():
             rows = route == expert
@@ -56,13 +60,13 @@ class MoEModel(nn.Module):
 
     def forward(self, x):
         h = self.embed(x)
-        return self.head(h + self.moe(h))
+        return self.head(h + self.moe(h, route_of(x)))
 
 
 def batch(step):
-    """Rows whose first half routes to experts 0-1 and second half to experts 2-3 (through
-    the embedding, whose outputs keep the planted feature largest): with two ranks, each
-    rank's rows reach experts the other's do not."""
+    """Rows whose first half routes to experts 0-1 and second half to experts 2-3: with two
+    ranks, each rank's rows reach experts the other's do not (expert 0, registered first
+    of them, on rank 0 only)."""
     generator = torch.Generator().manual_seed(300 + step)
     x = torch.randn(BATCH, DIM, generator=generator) * 0.1
     for row in range(BATCH):
@@ -86,19 +90,11 @@ def reference():
     return {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
-def routes_apart(model):
-    """Whether each rank's half of the batch reaches experts the other's does not (so the
-    test runs what it means to)."""
-    with torch.no_grad():
-        route = model.embed(batch(0)[0])[:, :EXPERTS].argmax(dim=1)
-    return set(route[:BATCH // 2].tolist()).isdisjoint(route[BATCH // 2:].tolist())
-
-
 def train(world, mark, config=CONFIG):
     """Trains MoEModel on `world` in-process ranks, each on its rows of every batch;
     `mark(model)` runs before initialize(). Returns rank 0's full params."""
     models = [MoEModel() for _ in range(world)]
-    assert routes_apart(models[0])
+    assert route_of(batch(0)[0]).tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
 
     def body(rank, comm):
         model = models[rank]
@@ -119,6 +115,84 @@ def train(world, mark, config=CONFIG):
 def test_a_mixture_of_experts_routed_apart_trains_as_pytorch_as_a_leaf():
     got = train(2, lambda model: zerort.torch.set_z3_leaf_modules(model, [MoEBlock]))
     assert_close(got, reference())
+
+
+class ReadingExpert(nn.Module):
+    """An expert that also reads another module's param (the embedding's weight)."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(DIM, DIM)
+
+    def forward(self, x, embed):
+        return self.proj(x) + F.linear(x, embed.weight)
+
+
+class ReadingMoE(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.experts = nn.ModuleList(ReadingExpert() for _ in range(EXPERTS))
+
+    def forward(self, x, embed, route):
+        out = torch.zeros_like(x)
+        for expert in route.unique().tolist():
+            rows = route == expert
+            out = out.index_put((rows,), self.experts[expert](x[rows], embed))
+        return out
+
+
+class ReadingModel(nn.Module):
+    """An embedding, a leaf MoE whose experts read the embedding's weight, a head; expert
+    1 frozen."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = nn.Linear(DIM, DIM)
+        self.moe = ReadingMoE()
+        self.head = nn.Linear(DIM, 1)
+        self.moe.experts[1].requires_grad_(False)
+
+    def forward(self, x):
+        h = self.embed(x)
+        return self.head(h + self.moe(h, self.embed, route_of(x)))
+
+
+def test_experts_that_read_outside_params_or_are_frozen_train_as_pytorch_routed_apart():
+    """The ranks reach other experts at each step (each rank its half of a batch routed
+    by step), some frozen, some reading the embedding through its module: the read is
+    gathered by the leaf, never by a hooked expert, and the job trains as PyTorch."""
+    def step_batch(step):
+        x, y = batch(step)
+        return x.roll(step * BATCH // EXPERTS, dims=0), y
+
+    want = ReadingModel()
+    optimizer = torch.optim.AdamW([p for p in want.parameters() if p.requires_grad],
+                                  lr=OPTIMIZER["lr"], betas=OPTIMIZER["betas"],
+                                  eps=OPTIMIZER["eps"], weight_decay=OPTIMIZER["weight_decay"])
+    for step in range(STEPS):
+        optimizer.zero_grad()
+        loss_of(want, *step_batch(step)).backward()
+        optimizer.step()
+    models = [ReadingModel() for _ in range(2)]
+
+    def body(rank, comm):
+        model = models[rank]
+        zerort.torch.set_z3_leaf_modules(model, [ReadingMoE])
+        engine = zerort.torch.initialize(model, CONFIG, comm)
+        rows = slice(BATCH * rank // 2, BATCH * (rank + 1) // 2)
+        for step in range(STEPS):
+            x, y = step_batch(step)
+            loss_of(model, x[rows], y[rows]).backward()
+            engine.step()
+            assert not any(sub._forward_pre_hooks for sub in model.moe.modules()
+                           if sub is not model.moe)
+        state = engine.state_dict()
+        engine.close()
+        return state
+
+    got = run_ranks(2, body)[0]
+    assert_close(got, {n: p.detach() for n, p in want.named_parameters()})
 
 
 def test_without_the_leaf_the_ranks_experts_mismatch_and_the_error_names_the_leaf():
@@ -157,6 +231,8 @@ def test_leaves_by_name_suffix_fully_qualified_class_and_unset():
     assert not zerort.torch.get_z3_leaf_modules(model)
     found, missing = zerort.torch.set_z3_leaf_modules_by_suffix(model, ["experts.1"])
     assert found == [model.moe.experts[1]] and not missing
+    zerort.torch.set_z3_leaf_modules_by_suffix(model, ["experts.1"], flag=False)
+    assert not zerort.torch.get_z3_leaf_modules(model)
     with pytest.raises(zerort.InvalidArgumentError, match="no module of the model is a Conv"):
         zerort.torch.set_z3_leaf_modules(model, ["Conv"])
     with pytest.raises(zerort.InvalidArgumentError, match="named 'moe.gate'"):
@@ -164,16 +240,16 @@ def test_leaves_by_name_suffix_fully_qualified_class_and_unset():
 
 
 def deepspeed_config(**zero):
-    return {"train_micro_batch_size_per_gpu": BATCH,
-            "optimizer": {"type": "AdamW", "params": {"lr": OPTIMIZER["lr"]}},
+    return {"train_micro_batch_size_per_gpu": BATCH, "gradient_clipping": 0.0,
+            "optimizer": {"type": "AdamW", "params": {
+                key: OPTIMIZER[key] for key in ("lr", "betas", "eps", "weight_decay")}},
             "zero_optimization": dict({"stage": 3, "stage3_param_persistence_threshold": 0,
                                        "ignore_unused_parameters": True}, **zero)}
 
 
 def test_a_deepspeed_configs_leaf_module_flags_what_it_names_and_warns_of_the_rest():
     config = deepspeed_config(leaf_module={"classes": ["MoEBlock", "NoSuchBlock"]})
-    got = train(2, lambda model: None, config)
-    assert got.keys() == reference().keys()  # trained to the end: the MoE block was a leaf
+    assert_close(train(2, lambda model: None, config), reference())  # the block was a leaf
     model = MoEModel()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -183,6 +259,12 @@ def test_a_deepspeed_configs_leaf_module_flags_what_it_names_and_warns_of_the_re
     with pytest.raises(zerort.InvalidArgumentError, match="leaf_module.names must be a list"):
         zerort.torch.initialize(MoEModel(), deepspeed_config(leaf_module={"names": 3}),
                                 zerort.local_group(1)[0])
+    model = MoEModel()  # a refused config flags nothing
+    with pytest.raises(zerort.InvalidArgumentError, match="granularity_threshold must be"):
+        zerort.torch.initialize(model, deepspeed_config(
+            leaf_module={"names": ["moe"]}, stage3_module_granularity_threshold=True),
+            zerort.local_group(1)[0])
+    assert not zerort.torch.get_z3_leaf_modules(model)
 
 
 def test_the_granularity_threshold_flags_the_outermost_fine_grained_modules():

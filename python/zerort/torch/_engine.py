@@ -182,6 +182,7 @@ class TorchEngine(DeepSpeedAPI):
                                                 unit_of, module_units, self._records,
                                                 self._passes)
             self._units.before_engine_call = self._flush_grads
+            self._units.mark_unreached = self._mark_unreached_in
             self._units.engine_stream = self._stream
             self._detacher.handles.append(self._units.handles)
             for sub, param in _gathered.declared_external(module):
@@ -286,21 +287,41 @@ class TorchEngine(DeepSpeedAPI):
         reach = self._reach
         if reach is None or not reach.ready():
             return
+        leaf_units = self._units.leaf_units if self._units is not None else ()
         while self._sweep - 1 > position:
             self._sweep -= 1
             _, param, pid = self._params[self._sweep]
-            if reach.reaches(param) or pid in self._marked:
-                continue
-            self._flush_grads()  # a queued gradient has arrived too
+            if self._records[pid].unit not in leaf_units:  # (those: _mark_unreached_in)
+                self._mark_absent(reach, param, pid)
             if self._passes.failed:
                 return
-            if self._passes.first_pass(pid) is not None:
-                continue
-            self._begin_micro_batch()
-            self._engine.grad_absent(pid)
-            self._marked.add(pid)
-            if self._units is not None:
-                self._units.gradient_arrived(self._records[pid].unit, pid)
+
+    def _mark_unreached_in(self, units):
+        """guard.on_unused = "zero": marks ready the params of stage-3 `units` (a leaf
+        module's, as its backward begins) that this micro-batch's outputs do not reach."""
+        reach = self._reach
+        if reach is None or not reach.ready():
+            return
+        units = set(units)
+        for _, param, pid in self._params:
+            if self._records[pid].unit in units:
+                self._mark_absent(reach, param, pid)
+                if self._passes.failed:
+                    return
+
+    def _mark_absent(self, reach, param, pid):
+        """Marks param `pid` ready with no gradient unless the outputs' graph (`reach`)
+        reaches it or it was handed over or marked already."""
+        if reach.reaches(param) or pid in self._marked:
+            return
+        self._flush_grads()  # a queued gradient has arrived too
+        if self._passes.failed or self._passes.first_pass(pid) is not None:
+            return
+        self._begin_micro_batch()
+        self._engine.grad_absent(pid)
+        self._marked.add(pid)
+        if self._units is not None:
+            self._units.gradient_arrived(self._records[pid].unit, pid)
 
     @property
     def engine(self):

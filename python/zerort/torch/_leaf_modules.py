@@ -89,9 +89,10 @@ def unset_z3_leaf_modules(model, leaf_module_classes, raise_if_not_found=True):
     return _flag_classes(model, leaf_module_classes, False, raise_if_not_found)
 
 
-def _flag_named(model, matches, patterns, what, raise_if_not_found):
-    """Flags the modules whose named_modules() name matches(name, pattern) for some pattern;
-    returns (them, the patterns that matched none)."""
+def _flag_named(model, matches, patterns, what, flag, raise_if_not_found):
+    """Sets the leaf flag to `flag` on the modules whose named_modules() name
+    matches(name, pattern) for some pattern; returns (them, the patterns that matched
+    none)."""
     found, missing = [], []
     named = list(model.named_modules())
     for pattern in patterns:
@@ -99,7 +100,7 @@ def _flag_named(model, matches, patterns, what, raise_if_not_found):
         if not hits:
             missing.append(pattern)
         for module in hits:
-            module._z3_leaf = True
+            module._z3_leaf = flag
             if all(module is not other for other in found):
                 found.append(module)
     if missing and raise_if_not_found:
@@ -109,22 +110,23 @@ def _flag_named(model, matches, patterns, what, raise_if_not_found):
     return found, missing
 
 
-def set_z3_leaf_modules_by_name(model, module_names, raise_if_not_found=True):
-    """Flags the modules named `module_names` (model.named_modules() names) as leaves;
-    returns (them, the names not found)."""
+def set_z3_leaf_modules_by_name(model, module_names, flag=True, raise_if_not_found=True):
+    """Sets the leaf flag (`flag`) of the modules named `module_names` (model.named_modules()
+    names); returns (them, the names not found)."""
     return _flag_named(model, lambda name, wanted: name == wanted, module_names, "named",
-                       raise_if_not_found)
+                       flag, raise_if_not_found)
 
 
-def set_z3_leaf_modules_by_suffix(model, module_name_suffixes, raise_if_not_found=True):
-    """Flags the modules whose named_modules() name ends with one of
-    `module_name_suffixes` as leaves; returns (them, the suffixes that matched none)."""
+def set_z3_leaf_modules_by_suffix(model, module_name_suffixes, flag=True,
+                                  raise_if_not_found=True):
+    """Sets the leaf flag (`flag`) of the modules whose named_modules() name ends with one
+    of `module_name_suffixes`; returns (them, the suffixes that matched none)."""
     return _flag_named(model, str.endswith, module_name_suffixes, "named with the suffix",
-                       raise_if_not_found)
+                       flag, raise_if_not_found)
 
 
-_CONTAINERS = (torch.nn.Sequential, torch.nn.ModuleList, torch.nn.ModuleDict,
-               torch.nn.ParameterList, torch.nn.ParameterDict)
+# Container classes, by name as DeepSpeed tells them (a subclass of nn.Sequential is not one).
+_CONTAINERS = frozenset(torch.nn.modules.container.__all__)
 
 
 def _granularity(module, found):
@@ -142,7 +144,7 @@ def _granularity(module, found):
         child_layers, child_params = _granularity(child, found)
         layers += child_layers
         params += child_params
-    if isinstance(module, _CONTAINERS) or params == 0:
+    if type(module).__name__ in _CONTAINERS or params == 0:
         return layers, params
     layers += 1
     if params <= _MAX_LEAF_PARAMS:
@@ -191,17 +193,18 @@ def apply_config(model, raw):
                 f"zerort.torch: zero_optimization.leaf_module.{key} must be a list of "
                 f"strings, not {value!r}")
         lists[key] = value
-    missing = []
-    for wanted in lists["classes"]:  # (a default class the model lacks is not missed)
-        if not _flag_classes(model, [wanted], True, False) and wanted not in DEFAULT_CLASSES:
-            missing.append(wanted)
-    missing += set_z3_leaf_modules_by_name(model, lists["names"], False)[1]
-    missing += set_z3_leaf_modules_by_suffix(model, lists["name_suffixes"], False)[1]
     threshold = zero.get("stage3_module_granularity_threshold", 0)
     if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or threshold < 0:
         raise errors.InvalidArgumentError(
             "zerort.torch: zero_optimization.stage3_module_granularity_threshold must be a "
             f"number of params ≥ 0, not {threshold!r}")
+    # Checked whole: only now is the model flagged.
+    missing = []
+    for wanted in lists["classes"]:  # (a default class the model lacks is not missed)
+        if not _flag_classes(model, [wanted], True, False) and wanted not in DEFAULT_CLASSES:
+            missing.append(wanted)
+    missing += set_z3_leaf_modules_by_name(model, lists["names"], True, False)[1]
+    missing += set_z3_leaf_modules_by_suffix(model, lists["name_suffixes"], True, False)[1]
     if threshold > 0:
         set_leaf_modules_by_granularity(model, threshold)
     return missing

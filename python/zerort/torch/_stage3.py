@@ -5,8 +5,8 @@ params (a bucket holds params of one group; a param shared by several modules be
 first; the others gather that unit too); a leaf module (_leaf_modules.py) owns every param
 of its subtree, and the modules inside it are not hooked. Its frozen float params (a LoRA
 model's base weights) are one more unit, sharded the same way and gathered with the others,
-never reduced or stepped. A gathered unit's params are views of one flat storage laid out as the engine's
-gathered unit (core.Engine.gathered_place). Between uses that storage is resized to zero
+never reduced or stepped. A gathered unit's params are views of one flat storage laid out
+as the engine's gathered unit (core.Engine.gathered_place). Between uses that storage is resized to zero
 bytes, as FSDP does: the tensors autograd saved in forward refer to the same storage, which
 is refilled before the module's backward. The engine gathers straight into it: the storage
 is the memory the engine borrows for the unit (core.Engine.lend_gathered_memory; lent when a
@@ -65,7 +65,7 @@ from ._access import innermost_running_module, runs_forward_hooks, watch
 from ._collective import hinted
 from ._copies import EngineHook
 from ._device import other_current_stream
-from ._leaf_modules import owners
+from ._leaf_modules import owners, z3_leaf_module
 from ._params import placeholder, resize_storage, same_storage, storage_bytes
 
 
@@ -191,6 +191,13 @@ class UnitGathering:
         # Called before each gather or release: the gradients queued so far go to the engine
         # first (_handover.py), so it sees every call in the order the hooks made them.
         self.before_engine_call = lambda: None
+        # Called as a leaf module's backward begins, with its units: their params this
+        # micro-batch's forward did not reach get no gradient (guard.on_unused = "zero").
+        # Marked there, at the same point of every rank's backward: a leaf's ranks may reach
+        # different params of it, and marking each as backward comes to it would complete
+        # its bucket at another point, before or after another collective, on each rank.
+        self.mark_unreached = lambda units: None
+        self.leaf_units = set()  # units of leaf modules (_leaf_modules.py)
         self._members = {}  # unit -> [(param, id)]
         for _, param, pid in params:
             self._members.setdefault(unit_of[param], []).append((param, pid))
@@ -225,6 +232,13 @@ class UnitGathering:
                     records[pid].version = param._version  # a write is taken (_engine.py)
         self._holds = collections.Counter()  # unit -> forwards and blocks using it now
         self._module_units = {}  # module -> the list of units its hooks gather
+        # A module inside a leaf -> the outermost leaf around it, which gathers for it.
+        self._enclosing_leaf = {}
+        for leaf in module.modules():
+            if z3_leaf_module(leaf):
+                for sub in leaf.modules():
+                    if sub is not leaf:
+                        self._enclosing_leaf.setdefault(sub, leaf)
         for sub, units in module_units.items():
             self.add_units(sub, units)
         # Params read in another module's forward: found as they are read (_access.py).
@@ -338,20 +352,25 @@ class UnitGathering:
 
     def add_units(self, module, units):
         """Makes `module`'s forward (and backward) gather `units` as well: its own units, or
-        those of params it uses but another module owns (register_external_parameter)."""
+        those of params it uses but another module owns (register_external_parameter). A
+        module inside a leaf: the outermost leaf around it gathers them."""
         units = [u for u in units if u not in self._persistent]
         if not units:
             return
+        module = self._enclosing_leaf.get(module, module)  # nothing inside a leaf is hooked
         hooked = self._module_units.get(module)
         if hooked is not None:
             hooked.extend(u for u in units if u not in hooked)
             return
         hooked = self._module_units[module] = list(units)
+        leaf = z3_leaf_module(module)
+        if leaf:
+            self.leaf_units.update(units)
         self.handles.append(module.register_forward_pre_hook(
             EngineHook(lambda _m, _i, units=hooked: self.hold(units))))
         self.handles.append(module.register_forward_hook(
             EngineHook(lambda _m, inputs, output, units=hooked: self._after_forward(
-                units, inputs, output))))
+                units, inputs, output, leaf))))
 
     def _read_released(self, param):
         """A sharded param was read through its module: when its unit is released and a
@@ -363,6 +382,7 @@ class UnitGathering:
         module = innermost_running_module(lambda m: m in self._model_modules)
         if module is None:
             return
+        module = self._enclosing_leaf.get(module, module)
         hooked = runs_forward_hooks(module)  # before add_units adds some
         self.add_units(module, [unit])
         self.hold([unit])
@@ -496,7 +516,7 @@ class UnitGathering:
         if not waiting:
             self.release([unit])
 
-    def _after_forward(self, units, inputs, output):
+    def _after_forward(self, units, inputs, output, leaf=False):
         if not torch.is_grad_enabled():
             self.unhold(units)
             return
@@ -517,7 +537,7 @@ class UnitGathering:
         self.unhold(units, until_backward=bool(needing_grad))
         for tensor in needing_grad:
             tensor.register_hook(lambda grad, units=units: self._before_backward(
-                units, grad))
+                units, grad, leaf))
         if needing:
             # One more call whose backward needs these units: released when no such call is
             # left (f(f(x)): the second call's input hook fires before the first's backward).
@@ -534,9 +554,11 @@ class UnitGathering:
                 return True
         return False
 
-    def _before_backward(self, units, grad):
+    def _before_backward(self, units, grad, leaf):
         self.gather(units)
         self._for_backward.update(units)
+        if leaf:  # every rank is here now, whichever experts its forward reached
+            self.mark_unreached(units)
         return grad
 
     def _after_backward(self, frozen, done, grad):
