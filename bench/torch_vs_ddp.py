@@ -53,8 +53,7 @@ def in_leaf_blocks(model, layers_per_block):
     step = 2 * layers_per_block
     blocks = [nn.Sequential(*layers[i:i + step]) for i in range(0, len(layers), step)]
     model = nn.Sequential(*blocks, head)
-    zerort.torch.set_z3_leaf_modules(model, [nn.Sequential])
-    model._z3_leaf = False  # (the whole model is a Sequential too)
+    zerort.torch.set_z3_leaf_modules_by_name(model, [str(i) for i in range(len(blocks))])
     return model
 
 

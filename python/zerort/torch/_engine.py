@@ -296,15 +296,15 @@ class TorchEngine(DeepSpeedAPI):
             if self._passes.failed:
                 return
 
-    def _mark_unreached_in(self, units):
-        """guard.on_unused = "zero": marks ready the params of stage-3 `units` (a leaf
-        module's, as its backward begins) that this micro-batch's outputs do not reach."""
+    def _mark_unreached_in(self, members):
+        """guard.on_unused = "zero": marks ready the params `members` [(param, id)] of a
+        leaf module's units, as its backward begins, that this micro-batch's outputs do not
+        reach."""
         reach = self._reach
         if reach is None or not reach.ready():
             return
-        units = set(units)
-        for _, param, pid in self._params:
-            if self._records[pid].unit in units:
+        for param, pid in members:
+            if pid in self._names:  # trainable (frozen ones get no gradient anyway)
                 self._mark_absent(reach, param, pid)
                 if self._passes.failed:
                     return

@@ -191,12 +191,13 @@ class UnitGathering:
         # Called before each gather or release: the gradients queued so far go to the engine
         # first (_handover.py), so it sees every call in the order the hooks made them.
         self.before_engine_call = lambda: None
-        # Called as a leaf module's backward begins, with its units: their params this
-        # micro-batch's forward did not reach get no gradient (guard.on_unused = "zero").
+        # Called as a leaf module's backward begins, with its units' [(param, id)]: those
+        # this micro-batch's forward did not reach get no gradient (guard.on_unused =
+        # "zero").
         # Marked there, at the same point of every rank's backward: a leaf's ranks may reach
         # different params of it, and marking each as backward comes to it would complete
         # its bucket at another point, before or after another collective, on each rank.
-        self.mark_unreached = lambda units: None
+        self.mark_unreached = lambda members: None
         self.leaf_units = set()  # units of leaf modules (_leaf_modules.py)
         self._members = {}  # unit -> [(param, id)]
         for _, param, pid in params:
@@ -558,7 +559,7 @@ class UnitGathering:
         self.gather(units)
         self._for_backward.update(units)
         if leaf:  # every rank is here now, whichever experts its forward reached
-            self.mark_unreached(units)
+            self.mark_unreached([m for unit in units for m in self._members[unit]])
         return grad
 
     def _after_backward(self, frozen, done, grad):
