@@ -182,7 +182,6 @@ class TorchEngine(DeepSpeedAPI):
                                                 unit_of, module_units, self._records,
                                                 self._passes)
             self._units.before_engine_call = self._flush_grads
-            self._units.mark_unreached = self._mark_unreached_in
             self._units.engine_stream = self._stream
             self._detacher.handles.append(self._units.handles)
             for sub, param in _gathered.declared_external(module):
@@ -199,9 +198,12 @@ class TorchEngine(DeepSpeedAPI):
         self._ran_forward = False  # the model's forward ran since the last micro-batch ended
         # guard.on_unused = "zero": params the graph of the model's outputs does not reach
         # are marked ready as backward comes to them (_reach.py).
-        self._reach = _reach.Reach() if guard.get("on_unused") == "zero" else None
-        self._marked = set()  # ids marked ready without a gradient in this micro-batch
-        self._sweep = len(self._params)  # params from here on were considered for marking
+        self._unused = None
+        if guard.get("on_unused") == "zero":
+            self._unused = _reach.UnusedMarking(self._params, self._mark_absent,
+                                                lambda: self._passes.failed)
+            if self._units is not None:
+                self._units.mark_unreached_at_backward(self._unused)
         # The first micro-batch starts before the first forward: its BeginIteration makes the
         # replicas identical (rank 0's values broadcast into the views at stages 0-2), so
         # no rank computes with its own initial values. Later micro-batches start at their
@@ -269,59 +271,25 @@ class TorchEngine(DeepSpeedAPI):
         tensors = [t for t in _stage3.tensors_in(output) if t.requires_grad]
         for tensor in tensors:
             tensor.register_hook(self._output_gradient)
-        if self._reach is not None and tensors:
-            self._reach.add(tensors)
+        if self._unused is not None and tensors:
+            self._unused.forward_ended(tensors)
 
     def _output_gradient(self, grad):
         self._passes.begin()
         return grad
 
-    def _mark_unreached(self, position):
-        """guard.on_unused = "zero": marks ready (no gradient: zeros) the params after
-        `position` in registration order that the graph of the model's outputs in this
-        micro-batch does not reach, so that no bucket waits for a gradient that will not
-        come (_reach.py). Called as the gradient of the param at `position` arrives: buckets
-        are laid out, and launched, in reverse registration order, so each is marked when
-        backward has come to it, not all at once (their buffers would wait for earlier
-        buckets)."""
-        reach = self._reach
-        if reach is None or not reach.ready():
-            return
-        leaf_units = self._units.leaf_units if self._units is not None else ()
-        while self._sweep - 1 > position:
-            self._sweep -= 1
-            _, param, pid = self._params[self._sweep]
-            if self._records[pid].unit not in leaf_units:  # (those: _mark_unreached_in)
-                self._mark_absent(reach, param, pid)
-            if self._passes.failed:
-                return
-
-    def _mark_unreached_in(self, members):
-        """guard.on_unused = "zero": marks ready the params `members` [(param, id)] of a
-        leaf module's units, as its backward begins, that this micro-batch's outputs do not
-        reach."""
-        reach = self._reach
-        if reach is None or not reach.ready():
-            return
-        for param, pid in members:
-            if pid in self._names:  # trainable (frozen ones get no gradient anyway)
-                self._mark_absent(reach, param, pid)
-                if self._passes.failed:
-                    return
-
-    def _mark_absent(self, reach, param, pid):
-        """Marks param `pid` ready with no gradient unless the outputs' graph (`reach`)
-        reaches it or it was handed over or marked already."""
-        if reach.reaches(param) or pid in self._marked:
-            return
+    def _mark_absent(self, param, pid):
+        """Marks the trainable param `pid` ready with no gradient (guard.on_unused = "zero",
+        _reach.py); False when it was handed over already (or is frozen)."""
         self._flush_grads()  # a queued gradient has arrived too
-        if self._passes.failed or self._passes.first_pass(pid) is not None:
-            return
+        if pid not in self._names or self._passes.failed or (
+                self._passes.first_pass(pid) is not None):
+            return False
         self._begin_micro_batch()
         self._engine.grad_absent(pid)
-        self._marked.add(pid)
         if self._units is not None:
             self._units.gradient_arrived(self._records[pid].unit, pid)
+        return True
 
     @property
     def engine(self):
@@ -421,11 +389,13 @@ class TorchEngine(DeepSpeedAPI):
                 engine._passes.begin()
                 if engine._passes.failed:  # an error is pending for this backward: drop the rest
                     return
-                if pid in engine._marked:
-                    raise _reach.late_gradient_error(record.name)
-                engine._mark_unreached(position)
-                if engine._passes.failed:  # a hand-over in the sweep failed
-                    return
+                unused = engine._unused
+                if unused is not None:
+                    if pid in unused.marked:
+                        raise _reach.late_gradient_error(record.name)
+                    unused.sweep(position)
+                    if engine._passes.failed:  # a hand-over in the sweep failed
+                        return
                 engine._hand_over(record, held.grad, unit)
             except errors.ZeroError as error:
                 engine._passes.fail(error)  # raised when this backward ends (_backward.py)
@@ -536,10 +506,8 @@ class TorchEngine(DeepSpeedAPI):
         if self._units is not None:
             self._units.release_all()
         self._begin_micro_batch()  # no gradient arrived: let the engine say which
-        if self._reach is not None:
-            self._reach = _reach.Reach()
-        self._marked.clear()
-        self._sweep = len(self._params)
+        if self._unused is not None:
+            self._unused.micro_batch_ended()
         try:
             self._engine.end_backward()
         except errors.UnusedParametersError as error:

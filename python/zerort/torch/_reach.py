@@ -26,6 +26,14 @@ What this changes, and its limits:
   torch.utils.checkpoint(..., use_reentrant=True)) may compute gradients for params that it
   does not take as inputs; the graph then tells nothing, and no param is marked early in
   that micro-batch (the previous behaviour: completed at end_backward).
+
+At stage 3 the params of a unit used by a forward of the micro-batch are marked instead as
+that module's backward begins (the gradient hook on its outputs, _stage3.py), at the same
+point on every rank: ranks that reach different params of a module (a branch taken per
+sample, a mixture of experts) would otherwise complete its bucket at different points of
+their backward, before or after another unit's gather, and the collectives would not match.
+Units no forward used (an idle expert) are swept as at stages 0-2. A unit used by a forward
+whose outputs the loss does not use completes at end_backward.
 """
 from torch.autograd.function import BackwardCFunction
 
@@ -72,6 +80,70 @@ class Reach:
     def reaches(self, param):
         """Whether a recorded graph reaches `param`."""
         return id(param) in self._reached
+
+
+class UnusedMarking:
+    """Marks the unreached params of one engine's micro-batch ready without a gradient.
+
+    `params`: [(name, param, id)] in registration order; `mark_absent(param, id)`: marks
+    one (unless its gradient was handed over: then False); `failed()`: whether the
+    backward pass has failed (no more marking in it)."""
+
+    def __init__(self, params, mark_absent, failed):
+        self._params = params
+        self._mark_absent = mark_absent
+        self._failed = failed
+        self.marked = set()  # ids marked ready without a gradient in this micro-batch
+        self._at_backward = set()  # ids marked by their module's backward (mark()), not swept
+        self._reach = Reach()
+        self._sweep = len(params)  # params from here on were considered for marking
+
+    def forward_ended(self, outputs):
+        """A root forward of the micro-batch ended with `outputs` (tensors that need a
+        gradient)."""
+        self._reach.add(outputs)
+
+    def at_backward(self, members):
+        """The params `members` [(param, id)] will be marked by mark(), as the backward of a
+        module whose forward used them begins, not by sweep()."""
+        self._at_backward.update(pid for _, pid in members)
+
+    def sweep(self, position):
+        """The gradient of the param at `position` arrives: marks the params after it that
+        no output reaches (but those at_backward() named). Buckets are laid out, and
+        launched, in reverse registration order, so each is marked when backward has come
+        to it, not all at once (their buffers would wait for earlier buckets)."""
+        if not self._reach.ready():
+            return
+        while self._sweep - 1 > position:
+            self._sweep -= 1
+            _, param, pid = self._params[self._sweep]
+            if pid not in self._at_backward:
+                self._mark(param, pid)
+            if self._failed():
+                return
+
+    def mark(self, members):
+        """Marks the params `members` [(param, id)] that no output reaches (a stage-3
+        module's units, as its backward begins)."""
+        if not self._reach.ready():
+            return
+        for param, pid in members:
+            self._mark(param, pid)
+            if self._failed():
+                return
+
+    def _mark(self, param, pid):
+        if not self._reach.reaches(param) and pid not in self.marked and self._mark_absent(
+                param, pid):
+            self.marked.add(pid)
+
+    def micro_batch_ended(self):
+        """Starts over for the next micro-batch."""
+        self._reach = Reach()
+        self.marked.clear()
+        self._at_backward.clear()
+        self._sweep = len(self._params)
 
 
 def late_gradient_error(name):

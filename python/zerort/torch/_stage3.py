@@ -6,8 +6,8 @@ first; the others gather that unit too); a leaf module (_leaf_modules.py) owns e
 of its subtree, and the modules inside it are not hooked. Its frozen float params (a LoRA
 model's base weights) are one more unit, sharded the same way and gathered with the others,
 never reduced or stepped. A gathered unit's params are views of one flat storage laid out
-as the engine's gathered unit (core.Engine.gathered_place). Between uses that storage is resized to zero
-bytes, as FSDP does: the tensors autograd saved in forward refer to the same storage, which
+as the engine's gathered unit (core.Engine.gathered_place). Between uses that storage is
+resized to zero bytes, as FSDP does: the tensors autograd saved in forward refer to the same storage, which
 is refilled before the module's backward. The engine gathers straight into it: the storage
 is the memory the engine borrows for the unit (core.Engine.lend_gathered_memory; lent when a
 gather or a prefetch starts, freed when the engine gives it back), so a gather makes no copy,
@@ -27,7 +27,10 @@ gathered() reads the values.
                         gradient, keeps the units gathered until their gradients arrive
                         (frozen ones: until their inputs' gradient is computed)
     output grad hook    gather again, before the module's backward runs (a forward
-                        recomputed inside backward by checkpointing gathers by itself)
+                        recomputed inside backward by checkpointing gathers by itself);
+                        under guard.on_unused = "zero", mark the units' params the
+                        micro-batch's forward did not reach (_reach.py; a persistent
+                        unit's module gets this hook alone)
     param grad hook     once every param of a unit has handed over its gradient, release
     input grad hook     a frozen unit gathered for backward: release once the gradient of
                         the module's inputs is computed (its backward has run) for every
@@ -191,14 +194,7 @@ class UnitGathering:
         # Called before each gather or release: the gradients queued so far go to the engine
         # first (_handover.py), so it sees every call in the order the hooks made them.
         self.before_engine_call = lambda: None
-        # Called as a leaf module's backward begins, with its units' [(param, id)]: those
-        # this micro-batch's forward did not reach get no gradient (guard.on_unused =
-        # "zero").
-        # Marked there, at the same point of every rank's backward: a leaf's ranks may reach
-        # different params of it, and marking each as backward comes to it would complete
-        # its bucket at another point, before or after another collective, on each rank.
-        self.mark_unreached = lambda members: None
-        self.leaf_units = set()  # units of leaf modules (_leaf_modules.py)
+        self._unused = None  # mark_unreached_at_backward()
         self._members = {}  # unit -> [(param, id)]
         for _, param, pid in params:
             self._members.setdefault(unit_of[param], []).append((param, pid))
@@ -240,8 +236,13 @@ class UnitGathering:
                 for sub in leaf.modules():
                     if sub is not leaf:
                         self._enclosing_leaf.setdefault(sub, leaf)
+        self._persistent_users = {}  # module -> its persistent units (none of the hooks)
         for sub, units in module_units.items():
             self.add_units(sub, units)
+            users = self._enclosing_leaf.get(sub, sub)
+            for unit in units:
+                if unit in self._persistent and unit not in self._persistent_users.get(users, ()):
+                    self._persistent_users.setdefault(users, []).append(unit)
         # Params read in another module's forward: found as they are read (_access.py).
         self._model_modules = weakref.WeakSet(module.modules())
         self._model = weakref.ref(module)
@@ -364,14 +365,36 @@ class UnitGathering:
             hooked.extend(u for u in units if u not in hooked)
             return
         hooked = self._module_units[module] = list(units)
-        leaf = z3_leaf_module(module)
-        if leaf:
-            self.leaf_units.update(units)
         self.handles.append(module.register_forward_pre_hook(
             EngineHook(lambda _m, _i, units=hooked: self.hold(units))))
         self.handles.append(module.register_forward_hook(
             EngineHook(lambda _m, inputs, output, units=hooked: self._after_forward(
-                units, inputs, output, leaf))))
+                units, inputs, output))))
+
+    def mark_unreached_at_backward(self, unused):
+        """guard.on_unused = "zero": the params of a module's units that this micro-batch's
+        forward did not reach are marked by `unused` (_reach.UnusedMarking) as the module's
+        backward begins, the persistent units' modules hooked for it too. Marked there, at
+        the same point of every rank's backward: ranks may reach different params of a
+        module (a mixture of experts, a branch per sample), and marking each as backward
+        comes to it would complete its bucket at another point, before or after another
+        collective, on each rank."""
+        self._unused = unused
+        for module, units in self._persistent_users.items():
+            self.handles.append(module.register_forward_hook(EngineHook(
+                lambda _m, _i, output, units=units: self._mark_at_backward(units, output))))
+
+    def _mark_at_backward(self, units, output):
+        """A persistent unit's module: its units' unreached params are marked as its
+        backward begins (the gradient of an output)."""
+        if not torch.is_grad_enabled():
+            return
+        members = [m for unit in units for m in self._members[unit]]
+        needing_grad = [t for t in tensors_in(output) if t.requires_grad]
+        if needing_grad:
+            self._unused.at_backward(members)
+        for tensor in needing_grad:
+            tensor.register_hook(lambda grad: self._unused.mark(members))
 
     def _read_released(self, param):
         """A sharded param was read through its module: when its unit is released and a
@@ -517,7 +540,7 @@ class UnitGathering:
         if not waiting:
             self.release([unit])
 
-    def _after_forward(self, units, inputs, output, leaf=False):
+    def _after_forward(self, units, inputs, output):
         if not torch.is_grad_enabled():
             self.unhold(units)
             return
@@ -536,9 +559,10 @@ class UnitGathering:
             if needing:
                 self._for_backward.update(frozen)
         self.unhold(units, until_backward=bool(needing_grad))
+        if needing_grad and self._unused is not None:
+            self._unused.at_backward([m for unit in units for m in self._members[unit]])
         for tensor in needing_grad:
-            tensor.register_hook(lambda grad, units=units: self._before_backward(
-                units, grad, leaf))
+            tensor.register_hook(lambda grad, units=units: self._before_backward(units, grad))
         if needing:
             # One more call whose backward needs these units: released when no such call is
             # left (f(f(x)): the second call's input hook fires before the first's backward).
@@ -555,11 +579,11 @@ class UnitGathering:
                 return True
         return False
 
-    def _before_backward(self, units, grad, leaf):
+    def _before_backward(self, units, grad):
         self.gather(units)
         self._for_backward.update(units)
-        if leaf:  # every rank is here now, whichever experts its forward reached
-            self.mark_unreached([m for unit in units for m in self._members[unit]])
+        if self._unused is not None:  # every rank is here now, whatever it reached
+            self._unused.mark([m for unit in units for m in self._members[unit]])
         return grad
 
     def _after_backward(self, frozen, done, grad):
