@@ -78,13 +78,14 @@ What happens to the model:
 Modules: _engine.py (TorchEngine), _optimizer.py (engine.optimizer), _schedulers.py
 (engine.lr_scheduler), _config.py (configs and param groups), _stage3.py, _device.py (the
 device, the stream, rank 0's frozen state), _backward.py (which backward a duplicate gradient
-came from; errors raised as a backward ends), _checkpoint.py (client_state in checkpoints),
-_params.py (what was registered, and what happens before the engine goes), _reach.py
-(guard.on_unused = "zero" marking unreached params), _gathered.py (gathered() and
-register_external_parameter), _access.py (params read in another module's forward, found),
-_init_context.py (init_context: a model built sharded), _leaf_modules.py (leaf modules:
-stage-3 units of whole subtrees), _copies.py (copies of the model carry
-none of the engine), _collective.py (which calls every rank must make).
+came from; errors raised as a backward ends), _checkpoint.py (save_checkpoint and
+load_checkpoint, client_state in checkpoints), _params.py (what was registered, and what
+happens before the engine goes), _reach.py (guard.on_unused = "zero" marking unreached
+params), _gathered.py (gathered() and register_external_parameter), _access.py (params read
+in another module's forward, found), _init_context.py (init_context: a model built sharded),
+_leaf_modules.py (leaf modules: stage-3 units of whole subtrees), _copies.py (copies of the
+model carry none of the engine), _collective.py (which calls every rank must make;
+all_reduce).
 
 Every failure is a zerort exception carrying the status and the library's message
 (zerort.errors): DuplicateGradientError, UnusedParametersError, DeadlineExceededError, ...

@@ -17,6 +17,10 @@ import os
 
 import torch
 
+from .. import errors
+from ._collective import every_rank_calls
+from ._deepspeed_api import refuse_unless_default
+
 FORMAT = "zerort.torch.client_state/1"
 
 
@@ -53,3 +57,85 @@ def resolve_latest(directory):
     except OSError:
         return directory
     return os.path.join(directory, tag) if tag else directory
+
+
+class CheckpointMethods:
+    """TorchEngine's checkpoints, as DeepSpeed's engine names them: save_checkpoint,
+    load_checkpoint, and preemption_requested for jobs that save before they are stopped."""
+
+    def save_checkpoint(self, directory, tag=None, client_state=None, save_latest=True):
+        """Every rank saves its part; loadable at any world size and stage. As DeepSpeed's
+        save_checkpoint(save_dir, tag): into directory/tag (tag "global_step<N>" when none
+        is given, N = global_steps), then directory/latest names it and only the newest
+        `checkpoint.keep_last` stay; what else `directory` holds is left alone. The engine
+        saves every group's hyperparameters (engine.optimizer.param_groups' values now) and
+        the config schedule's position.
+        `client_state` (anything torch.save stores: data position, torch.get_rng_state(),
+        tensors; rank 0's is kept) is saved inside the same checkpoint, as DeepSpeed's
+        client_state, so it can never disagree with it (_checkpoint.py). `save_latest`:
+        DeepSpeed's, True only (a tagged save always points directory/latest at itself)."""
+        refuse_unless_default("save_checkpoint", {"save_latest": save_latest}, {
+            "save_latest": (True, "a tagged save always points directory/latest at itself "
+                                  "once it is complete")})
+        self._check_model("save_checkpoint()")
+        if self._micro_batches or self._handed_since_step_call:
+            raise errors.FailedPreconditionError(
+                f"zerort.torch: save_checkpoint(): {self._micro_batches} of "
+                f"{self.gradient_accumulation_steps} micro-batches of the next optimizer step "
+                "have run" + (" (and a backward since)" if self._handed_since_step_call else "")
+                + ": the engine holds their gradients, which a checkpoint does not keep. Save "
+                "at an accumulation boundary, right after the step() that steps the optimizer "
+                "(engine.is_gradient_accumulation_boundary() is true before it).",
+                errors.FailedPreconditionError.status)
+        if self._between_steps():
+            self._take_written_params()
+        self.optimizer.push()  # the groups' values as they are now (a scheduler's new lr)
+        extras = {"global_steps": self.global_steps, "loss_scale": self.loss_scale}
+        self._engine.set_checkpoint_user_data(encode(client_state, extras))
+        with every_rank_calls("engine.save_checkpoint()", "; each rank saves its own part"):
+            self._engine.save_checkpoint(
+                directory, f"global_step{self.global_steps}" if tag is None else tag)
+
+    def preemption_requested(self):
+        """After zerort.install_preemption_handler(): whether any rank got SIGTERM or
+        SIGUSR1. Collective (every rank calls it at the same step); the same answer on
+        every rank, so all of them save and exit together."""
+        return self._engine.preemption_requested()
+
+    def load_checkpoint(self, directory, tag=None, load_module_strict=True,
+                        load_optimizer_states=True, load_lr_scheduler_states=True,
+                        load_module_only=False):
+        """Loads params, optimizer state, every group's hyperparameters and the config
+        schedule's position (the model's params and engine.optimizer.param_groups show the
+        loaded values) from `directory` (directory/tag with a tag), or from the checkpoint
+        directory/latest names. Returns, as DeepSpeed's load_checkpoint does, (the path of
+        the checkpoint loaded, the client_state saved with it ({} if none)). Unpickles the
+        client state: load only checkpoints you trust. DeepSpeed's keyword arguments are
+        taken at their defaults only (a ZeroRT checkpoint loads whole)."""
+        whole = "a ZeroRT checkpoint loads whole: params, optimizer state and schedule"
+        refuse_unless_default("load_checkpoint", {
+            "load_module_strict": load_module_strict,
+            "load_optimizer_states": load_optimizer_states,
+            "load_lr_scheduler_states": load_lr_scheduler_states,
+            "load_module_only": load_module_only}, {
+            "load_module_strict": (True, "every registered param must be in the checkpoint"),
+            "load_optimizer_states": (True, whole),
+            "load_lr_scheduler_states": (True, whole),
+            "load_module_only": (False, whole + " (for weights alone, read them from "
+                                 "engine.state_dict() of a run that loaded it)")})
+        if tag is not None:
+            directory = f"{directory}/{tag}"
+        self._check_model("load_checkpoint()")
+        loaded_path = resolve_latest(directory)
+        with every_rank_calls("engine.load_checkpoint()"):
+            self._engine.load_checkpoint(directory)
+        text = self._engine.checkpoint_user_data()
+        if self._units is None:
+            self._bind_views()
+        client_state, extras = decode(text)
+        self.global_steps = int(extras.get("global_steps", self.global_steps))
+        # The engine's: a checkpoint's dynamic scale reaches only an engine that scales
+        # dynamically (a static or no loss scale stays what this config says).
+        self.loss_scale = self._engine.loss_scale
+        self.optimizer.pull()
+        return loaded_path, client_state

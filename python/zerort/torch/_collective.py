@@ -9,7 +9,11 @@ paths, where a try block costs nothing and a context manager does).
 """
 import contextlib
 
+import torch
+
 from .. import errors
+
+_REDUCE_OPS = ("sum", "mean", "max", "min")
 
 
 def _peer_missed(error):
@@ -38,3 +42,30 @@ def every_rank_calls(what, instead=""):
         yield
     except errors.ZeroError as error:
         raise hinted(error, what, instead) from error.__cause__
+
+
+def all_reduce(tensor, op, comm, timeout):
+    """Reduces `tensor` over every rank of `comm` (a zerort communicator), in place, and
+    returns it: op "sum", "mean" (sum / world size), "max" or "min". Any floating dtype and
+    device; the values travel as a host float32 copy (zero_comm_all_reduce_f32), so float64
+    values are reduced at float32 precision. Collective (every rank calls it with the same
+    shape); `timeout` in seconds."""
+    if op not in _REDUCE_OPS:
+        raise errors.InvalidArgumentError(
+            f"zerort.torch: all_reduce op {op!r} is not one of {', '.join(_REDUCE_OPS)}")
+    if not tensor.is_floating_point():
+        raise errors.InvalidArgumentError(
+            f"zerort.torch: all_reduce takes a floating-point tensor, not {tensor.dtype}")
+    host = tensor.detach().to(device="cpu", dtype=torch.float32, copy=True).contiguous()
+    if op == "min":
+        host.neg_()  # min(x) = -max(-x)
+    if host.numel():
+        comm.all_reduce_f32(host.data_ptr(), host.numel(),
+                            "max" if op in ("max", "min") else "sum", timeout)
+    if op == "min":
+        host.neg_()
+    elif op == "mean":
+        host.div_(comm.size)
+    with torch.no_grad():
+        tensor.copy_(host)
+    return tensor

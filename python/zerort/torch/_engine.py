@@ -9,17 +9,16 @@ import torch
 from .. import core, errors
 from . import (_backward, _checkpoint, _config, _device, _gathered, _handover, _init_context,
                _leaf_modules, _params, _reach, _stage3, _step_info)
-from ._collective import every_rank_calls
+from ._collective import all_reduce, every_rank_calls
 from ._copies import EngineHook
-from ._deepspeed_api import AccumulationSteps, DeepSpeedAPI, refuse_unless_default
+from ._deepspeed_api import AccumulationSteps, DeepSpeedAPI
 from ._optimizer import ZeroOptimizer
 from ._schedulers import EngineLRScheduler
 
 _DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
-_REDUCE_OPS = ("sum", "mean", "max", "min")
 
 
-class TorchEngine(DeepSpeedAPI):
+class TorchEngine(DeepSpeedAPI, _checkpoint.CheckpointMethods, _gathered.GatheredMethods):
     """One rank's engine driving `module`'s trainable params. Build it with initialize().
 
     The loop, as DeepSpeed's:
@@ -577,29 +576,10 @@ class TorchEngine(DeepSpeedAPI):
 
     def all_reduce(self, tensor, op="sum"):
         """Reduces `tensor` over every rank of the engine's communicator, in place, and
-        returns it: op "sum", "mean" (sum / world_size), "max" or "min". Any floating dtype
-        and device; the values travel as a host float32 copy (zero_comm_all_reduce_f32), so
-        float64 values are reduced at float32 precision. Collective: every rank calls it with
-        the same shape, outside backward (e.g. to average the loss for logging)."""
-        if op not in _REDUCE_OPS:
-            raise errors.InvalidArgumentError(
-                f"zerort.torch: all_reduce op {op!r} is not one of {', '.join(_REDUCE_OPS)}")
-        if not tensor.is_floating_point():
-            raise errors.InvalidArgumentError(
-                f"zerort.torch: all_reduce takes a floating-point tensor, not {tensor.dtype}")
-        host = tensor.detach().to(device="cpu", dtype=torch.float32, copy=True).contiguous()
-        if op == "min":
-            host.neg_()  # min(x) = -max(-x)
-        if host.numel():
-            self._comm.all_reduce_f32(host.data_ptr(), host.numel(),
-                                      "max" if op in ("max", "min") else "sum", self._timeout)
-        if op == "min":
-            host.neg_()
-        elif op == "mean":
-            host.div_(self.world_size)
-        with torch.no_grad():
-            tensor.copy_(host)
-        return tensor
+        returns it (_collective.all_reduce: op "sum", "mean", "max" or "min"). Collective:
+        every rank calls it with the same shape, outside backward (e.g. to average the loss
+        for logging)."""
+        return all_reduce(tensor, op, self._comm, self._timeout)
 
     @contextlib.contextmanager
     def no_sync(self):
@@ -640,57 +620,6 @@ class TorchEngine(DeepSpeedAPI):
             "does not drive (not a param of the model given to initialize(), or one with no "
             "elements, or a frozen one below stage 3 without checkpoint.save_frozen)",
             errors.InvalidArgumentError.status)
-
-    def register_external_parameter(self, module, param):
-        """Makes `module`'s forward and backward gather `param`'s stage-3 unit too: a param
-        another module owns that `module` uses (a tied output layer's F.linear(h,
-        self.embed.weight)), as DeepSpeed's register_external_parameter (_gathered.py).
-        Nothing to do below stage 3."""
-        pid = self._pid_of(param, "register_external_parameter()")
-        if self._units is not None:
-            self._units.add_units(module, self._units.units_of([pid]))
-
-    @contextlib.contextmanager
-    def gathered(self, params, modifier_rank=None):
-        """Full values of `params` inside the block; with `modifier_rank`, that rank's
-        values when the block ends become every rank's (_gathered.py). Collective."""
-        params = [params] if isinstance(params, torch.Tensor) else list(params)
-        self._check_model("gathered()")
-        pids = [self._pid_of(p, "gathered()", module_params=True) for p in params]
-        if modifier_rank is not None and not 0 <= modifier_rank < self.world_size:
-            raise errors.InvalidArgumentError(
-                f"gathered(): modifier_rank {modifier_rank} is not a rank of this engine "
-                f"(0..{self.world_size - 1})", errors.InvalidArgumentError.status)
-        registered = [pid for pid in pids if pid is not None]
-        if self._stream is not None:
-            self._follow_engine_stream()  # the values are the engine's (its step's)
-        units = self._units.units_of(registered) if self._units is not None else []
-        if self._units is not None:
-            self._units.hold(units)
-        try:
-            failed = True
-            try:
-                yield params
-                failed = False
-            finally:
-                # Every rank learns whether any rank's block raised: then no rank writes
-                # (a rank that skipped the broadcasts would leave its peers waiting).
-                if modifier_rank is not None and not self._any_rank(failed):
-                    self._write_from(modifier_rank, params, pids)
-        finally:
-            if self._units is not None:
-                self._units.unhold(units)
-
-    def _any_rank(self, flag):
-        """Whether `flag` is true on any rank (collective)."""
-        return bool(self.all_reduce(torch.tensor([float(flag)]), "max").item())
-
-    def _write_from(self, rank, params, pids):
-        """Rank `rank`'s values of `params` on every rank, in the model and the engine."""
-        for param, pid in zip(params, pids):
-            _device.broadcast_tensor(param.data, self._comm, rank, self._timeout)
-            if pid is not None:
-                self._set_from(param, self._records[pid])
 
     def _check_model(self, what):
         """Raises FailedPreconditionError when the engine was closed, or naming the first
@@ -735,83 +664,6 @@ class TorchEngine(DeepSpeedAPI):
         for name, param in self._empty:
             result[name] = torch.empty(param.shape, dtype=param.dtype, device=param.device)
         return result
-
-    def save_checkpoint(self, directory, tag=None, client_state=None, save_latest=True):
-        """Every rank saves its part; loadable at any world size and stage. As DeepSpeed's
-        save_checkpoint(save_dir, tag): into directory/tag (tag "global_step<N>" when none
-        is given, N = global_steps), then directory/latest names it and only the newest
-        `checkpoint.keep_last` stay; what else `directory` holds is left alone. The engine
-        saves every group's hyperparameters (engine.optimizer.param_groups' values now) and
-        the config schedule's position.
-        `client_state` (anything torch.save stores: data position, torch.get_rng_state(),
-        tensors; rank 0's is kept) is saved inside the same checkpoint, as DeepSpeed's
-        client_state, so it can never disagree with it (_checkpoint.py). `save_latest`:
-        DeepSpeed's, True only (a tagged save always points directory/latest at itself)."""
-        refuse_unless_default("save_checkpoint", {"save_latest": save_latest}, {
-            "save_latest": (True, "a tagged save always points directory/latest at itself "
-                                  "once it is complete")})
-        self._check_model("save_checkpoint()")
-        if self._micro_batches or self._handed_since_step_call:
-            raise errors.FailedPreconditionError(
-                f"zerort.torch: save_checkpoint(): {self._micro_batches} of "
-                f"{self.gradient_accumulation_steps} micro-batches of the next optimizer step "
-                "have run" + (" (and a backward since)" if self._handed_since_step_call else "")
-                + ": the engine holds their gradients, which a checkpoint does not keep. Save "
-                "at an accumulation boundary, right after the step() that steps the optimizer "
-                "(engine.is_gradient_accumulation_boundary() is true before it).",
-                errors.FailedPreconditionError.status)
-        if self._between_steps():
-            self._take_written_params()
-        self.optimizer.push()  # the groups' values as they are now (a scheduler's new lr)
-        extras = {"global_steps": self.global_steps, "loss_scale": self.loss_scale}
-        self._engine.set_checkpoint_user_data(_checkpoint.encode(client_state, extras))
-        with every_rank_calls("engine.save_checkpoint()", "; each rank saves its own part"):
-            self._engine.save_checkpoint(
-                directory, f"global_step{self.global_steps}" if tag is None else tag)
-
-    def preemption_requested(self):
-        """After zerort.install_preemption_handler(): whether any rank got SIGTERM or
-        SIGUSR1. Collective (every rank calls it at the same step); the same answer on
-        every rank, so all of them save and exit together."""
-        return self._engine.preemption_requested()
-
-    def load_checkpoint(self, directory, tag=None, load_module_strict=True,
-                        load_optimizer_states=True, load_lr_scheduler_states=True,
-                        load_module_only=False):
-        """Loads params, optimizer state, every group's hyperparameters and the config
-        schedule's position (the model's params and engine.optimizer.param_groups show the
-        loaded values) from `directory` (directory/tag with a tag), or from the checkpoint
-        directory/latest names. Returns, as DeepSpeed's load_checkpoint does, (the path of
-        the checkpoint loaded, the client_state saved with it ({} if none)). Unpickles the
-        client state: load only checkpoints you trust. DeepSpeed's keyword arguments are
-        taken at their defaults only (a ZeroRT checkpoint loads whole)."""
-        whole = "a ZeroRT checkpoint loads whole: params, optimizer state and schedule"
-        refuse_unless_default("load_checkpoint", {
-            "load_module_strict": load_module_strict,
-            "load_optimizer_states": load_optimizer_states,
-            "load_lr_scheduler_states": load_lr_scheduler_states,
-            "load_module_only": load_module_only}, {
-            "load_module_strict": (True, "every registered param must be in the checkpoint"),
-            "load_optimizer_states": (True, whole),
-            "load_lr_scheduler_states": (True, whole),
-            "load_module_only": (False, whole + " (for weights alone, read them from "
-                                 "engine.state_dict() of a run that loaded it)")})
-        if tag is not None:
-            directory = f"{directory}/{tag}"
-        self._check_model("load_checkpoint()")
-        loaded_path = _checkpoint.resolve_latest(directory)
-        with every_rank_calls("engine.load_checkpoint()"):
-            self._engine.load_checkpoint(directory)
-        text = self._engine.checkpoint_user_data()
-        if self._units is None:
-            self._bind_views()
-        client_state, extras = _checkpoint.decode(text)
-        self.global_steps = int(extras.get("global_steps", self.global_steps))
-        # The engine's: a checkpoint's dynamic scale reaches only an engine that scales
-        # dynamically (a static or no loss scale stays what this config says).
-        self.loss_scale = self._engine.loss_scale
-        self.optimizer.pull()
-        return loaded_path, client_state
 
     def close(self):
         """Frees the engine; the model keeps its params' last values (its own copies) and

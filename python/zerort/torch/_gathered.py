@@ -25,6 +25,7 @@ import weakref
 import torch
 
 from .. import errors
+from ._device import broadcast_tensor
 
 _EXTERNAL_ATTRIBUTE = "_zerort_external_params"
 
@@ -94,3 +95,59 @@ def gathered(params, modifier_rank=None):
     engine = next(iter(engines.values()))
     with engine.gathered(params, modifier_rank) as values:
         yield values
+
+
+class GatheredMethods:
+    """TorchEngine's part of the above: register_external_parameter() and gathered() on
+    the engine."""
+
+    def register_external_parameter(self, module, param):
+        """Makes `module`'s forward and backward gather `param`'s stage-3 unit too: a param
+        another module owns that `module` uses (a tied output layer's F.linear(h,
+        self.embed.weight)), as DeepSpeed's register_external_parameter (_gathered.py).
+        Nothing to do below stage 3."""
+        pid = self._pid_of(param, "register_external_parameter()")
+        if self._units is not None:
+            self._units.add_units(module, self._units.units_of([pid]))
+
+    @contextlib.contextmanager
+    def gathered(self, params, modifier_rank=None):
+        """Full values of `params` inside the block; with `modifier_rank`, that rank's
+        values when the block ends become every rank's (_gathered.py). Collective."""
+        params = [params] if isinstance(params, torch.Tensor) else list(params)
+        self._check_model("gathered()")
+        pids = [self._pid_of(p, "gathered()", module_params=True) for p in params]
+        if modifier_rank is not None and not 0 <= modifier_rank < self.world_size:
+            raise errors.InvalidArgumentError(
+                f"gathered(): modifier_rank {modifier_rank} is not a rank of this engine "
+                f"(0..{self.world_size - 1})", errors.InvalidArgumentError.status)
+        registered = [pid for pid in pids if pid is not None]
+        if self._stream is not None:
+            self._follow_engine_stream()  # the values are the engine's (its step's)
+        units = self._units.units_of(registered) if self._units is not None else []
+        if self._units is not None:
+            self._units.hold(units)
+        try:
+            failed = True
+            try:
+                yield params
+                failed = False
+            finally:
+                # Every rank learns whether any rank's block raised: then no rank writes
+                # (a rank that skipped the broadcasts would leave its peers waiting).
+                if modifier_rank is not None and not self._any_rank(failed):
+                    self._write_from(modifier_rank, params, pids)
+        finally:
+            if self._units is not None:
+                self._units.unhold(units)
+
+    def _any_rank(self, flag):
+        """Whether `flag` is true on any rank (collective)."""
+        return bool(self.all_reduce(torch.tensor([float(flag)]), "max").item())
+
+    def _write_from(self, rank, params, pids):
+        """Rank `rank`'s values of `params` on every rank, in the model and the engine."""
+        for param, pid in zip(params, pids):
+            broadcast_tensor(param.data, self._comm, rank, self._timeout)
+            if pid is not None:
+                self._set_from(param, self._records[pid])

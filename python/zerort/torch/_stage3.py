@@ -7,15 +7,16 @@ of its subtree, and the modules inside it are not hooked. Its frozen float param
 model's base weights) are one more unit, sharded the same way and gathered with the others,
 never reduced or stepped. A gathered unit's params are views of one flat storage laid out
 as the engine's gathered unit (core.Engine.gathered_place). Between uses that storage is
-resized to zero bytes, as FSDP does: the tensors autograd saved in forward refer to the same storage, which
-is refilled before the module's backward. The engine gathers straight into it: the storage
-is the memory the engine borrows for the unit (core.Engine.lend_gathered_memory; lent when a
-gather or a prefetch starts, freed when the engine gives it back), so a gather makes no copy,
-and on a GPU the memory comes from PyTorch's caching allocator. While the memory is given
-back, each param's .data is a placeholder of its shape (_params.placeholder: reads give NaN,
-in-place writes are refused) rather than a view of no bytes, which PyTorch's kernels would
-read past (a crash, not an error): p.norm(), model.half() or a copy between steps read NaN;
-gathered() reads the values.
+resized to zero bytes, as FSDP does: the tensors autograd saved in forward refer to the
+same storage, which is refilled before the module's backward. The engine gathers straight
+into it: the storage is the memory the engine borrows for the unit
+(core.Engine.lend_gathered_memory; lent when a gather or a prefetch starts, freed when the
+engine gives it back), so a gather makes no copy, and on a GPU the memory comes from
+PyTorch's caching allocator. While the memory is given back, each param's .data is a
+placeholder of its shape (_params.placeholder: reads give NaN, in-place writes are refused)
+rather than a view of no bytes, which PyTorch's kernels would read past (a crash, not an
+error): p.norm(), model.half() or a copy between steps read NaN; gathered() reads the
+values.
 
     forward pre-hook    gather the module's units (engine.gather), fill the storages
     forward hook        release them, unless gathered for backward; hook the outputs'
