@@ -55,6 +55,9 @@ class BucketScheduler {
   Status WaitAll(double timeout_s);
 
   int in_flight() const { return static_cast<int>(in_flight_.size()); }
+  /// The bucket that launches next (the first not marked ready this round; the bucket count
+  /// once all have launched).
+  int next_to_launch() const { return next_; }
 
  private:
   struct Entry {

@@ -134,6 +134,9 @@ class EngineImpl final : public Engine {
   Status BucketReady(int bucket);
   // Stage 2-3: waits for reductions in flight until `bucket` can have a gradient buffer.
   Status WaitForGradBuffer(int bucket);
+  // The error when every pool buffer is held and nothing is in flight to free one: names the
+  // bucket that holds the launches back and its params that have had no gradient.
+  Status BufferPoolExhausted() const;
   // Before a gradient is written for `id` (GradBuffer, AccumulateGrad, named by `call`): the
   // call is valid now, the guard allows the write, and its bucket has a buffer (unless `lend`:
   // a gradient to be lent that the store keeps without one, GradStore::LendsWithoutBuffer).

@@ -1,4 +1,6 @@
 // The micro-batch protocol: BeginIteration, gradient arrival (through the guard), EndBackward.
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "runtime/engine_impl.h"
@@ -72,17 +74,39 @@ Status EngineImpl::PrepareGradWrite(ParamId id, const char* call, bool lend) {
 
 Status EngineImpl::WaitForGradBuffer(int bucket) {
   while (grads_->NeedsBufferWait(bucket)) {
-    if (scheduler_->in_flight() == 0) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "gradient buffers exhausted: all ", grads_->pool_buffers(),
-          " bucket buffers (buckets.pool_buffers) are held by buckets still being filled, so none can be "
-          "freed. Gradients are arriving far from backward order; raise buckets.pool_buffers or "
-          "buckets.reduce_bucket_elems"));
-    }
+    if (scheduler_->in_flight() == 0) return BufferPoolExhausted();
     ZERO_RETURN_IF_ERROR(scheduler_->WaitOldest(config_.guard.timeout_s));  // its Finish frees a buffer
     ++counters_.pool_waits;
   }
   return absl::OkStatus();
+}
+
+Status EngineImpl::BufferPoolExhausted() const {
+  std::string message = absl::StrCat("gradient buffers exhausted: all ", grads_->pool_buffers(),
+                                     " bucket buffers (buckets.pool_buffers) are held by buckets still being filled "
+                                     "or waiting to launch, so none can be freed.");
+  const int blocking = scheduler_->next_to_launch();
+  std::vector<std::string> missing;  // the blocking bucket's params that have had no gradient
+  if (blocking < static_cast<int>(plan_->buckets().size())) {
+    for (int param : plan_->buckets()[blocking].params) {
+      if (!guard_->complete(param) && guard_->arrival(param) < 0) missing.push_back(ParamLabel(param));
+    }
+  }
+  if (missing.empty()) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        message, " Gradients are arriving far from backward order; raise buckets.pool_buffers or "
+                 "buckets.reduce_bucket_elems"));
+  }
+  const size_t shown = std::min<size_t>(missing.size(), 4);
+  return absl::ResourceExhaustedError(absl::StrCat(
+      message, " Buckets launch in one fixed order on every rank, and bucket ", blocking,
+      ", next in it, still waits for params that have had no gradient in this backward: ",
+      absl::StrJoin(missing.begin(), missing.begin() + static_cast<std::ptrdiff_t>(shown), ", "),
+      missing.size() > shown ? absl::StrCat(" and ", missing.size() - shown, " more") : "",
+      ". If the forward does not use them (a module or branch left out), set guard.on_unused = \"zero\" "
+      "(DeepSpeed: zero_optimization.ignore_unused_parameters = true), or freeze them before "
+      "initialize; if their gradients come later in this backward, raise buckets.pool_buffers or "
+      "buckets.reduce_bucket_elems"));
 }
 
 Status EngineImpl::GradReady(ParamId id) {
@@ -191,6 +215,7 @@ Status EngineImpl::EndBackward() {
   if (!waited.ok()) {
     return Status(waited.code(), absl::StrCat("EndBackward (iteration ", iteration_, "): ", waited.message()));
   }
+  params_->EndOfMicroBatch();
   ++micro_batch_;
   return absl::OkStatus();
 }

@@ -58,6 +58,9 @@ class GradGuard {
   std::string Label(int param) const;
   /// Arrival position of `param` this micro-batch, or -1.
   int arrival(int param) const { return first_arrival_[param]; }
+  /// Whether `param` is complete this micro-batch (its gradients arrived, or it was marked
+  /// absent).
+  bool complete(int param) const { return complete_[param] != 0; }
 
  private:
   // The DuplicateGradient message: the param, its bucket, both arrivals, causes and fixes.

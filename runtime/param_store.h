@@ -88,6 +88,9 @@ class ParamStore {
   virtual Status BroadcastFromRank0(int param) = 0;
   /// Waits for collectives still writing into the store (stage 3's gathers in flight).
   virtual Status WaitForCollectives() = 0;
+  /// A micro-batch's backward ended (EndBackward: every rank at the same point of its
+  /// collectives). Stage 3 prefetches no further than the end of the micro-batch it is in.
+  virtual void EndOfMicroBatch() {}
 };
 
 /// The two families: stages 0-2 (param_store_replicated.cc) and stage 3 (param_store_sharded.cc).

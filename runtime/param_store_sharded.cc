@@ -10,7 +10,11 @@
 // where the order gathers it again within stage3.max_reuse_elems (DeepSpeed's
 // stage3_max_reuse_distance), stays gathered: freeing it would only have it gathered straight
 // back. Any other release (a trainer's own look at the params, which may write into them)
-// frees.
+// frees. Prefetches stop at the end of the micro-batch (as recorded): within a backward, units
+// are released as their gradients arrive, which on ranks whose forwards reached different
+// params (a param used on some ranks only) comes at different points, so whether a unit the
+// next micro-batch's forward gathers is still held differs between ranks, and so would a
+// prefetch of it (an all-gather some ranks make and others do not).
 #include <algorithm>
 #include <memory>
 #include <vector>
@@ -107,6 +111,10 @@ class ShardedParams final : public ParamStore {
     lender_.reset();
   }
 
+  void EndOfMicroBatch() override {
+    if (trace_state_ == Trace::kRecording) micro_batch_ends_.push_back(trace_.size());
+  }
+
   // Every gathered unit's buffer gets the new values; the recorded step's gathers become the
   // trace, and every step follows it from the start.
   Status AfterStep(bool) override {
@@ -114,6 +122,7 @@ class ShardedParams final : public ParamStore {
     if (trace_state_ == Trace::kRecording && !trace_.empty()) trace_state_ = Trace::kValid;
     if (trace_state_ == Trace::kOffTrace) {  // the step never came back: record the next one's
       trace_.clear();
+      micro_batch_ends_.clear();
       trace_state_ = Trace::kRecording;
     }
     trace_position_ = 0;
@@ -197,6 +206,13 @@ class ShardedParams final : public ParamStore {
            live_elems_ + more_live <= config_.max_live_elems;
   }
   void Prefetch();
+  // The trace position where the micro-batch of the gather at trace_position_ ends.
+  size_t MicroBatchEnd() const {
+    for (size_t end : micro_batch_ends_) {
+      if (end >= trace_position_) return end;
+    }
+    return trace_.size();
+  }
 
   const Stage3Config config_;
   const partition::PartitionPlan& plan_;
@@ -224,6 +240,7 @@ class ShardedParams final : public ParamStore {
   std::vector<int> trace_;  // buckets in the order a recorded step gathered them
   size_t trace_position_ = 0;
   std::vector<size_t> restarts_;  // trace positions of passes that may have restarted (Gather)
+  std::vector<size_t> micro_batch_ends_;  // trace positions where a recorded micro-batch ended
   std::vector<uint64_t> set_hash_;  // per param, a hash of the values last given to Set
   ReplicaHasher hasher_;
   std::shared_ptr<LenderSlot> lender_;  // null: the engine allocates gathered units itself
@@ -357,7 +374,8 @@ void ShardedParams::DropKept(int64_t numel) {
 }
 
 void ShardedParams::Prefetch() {
-  for (size_t k = trace_position_; k < trace_.size(); ++k) {
+  const size_t end = MicroBatchEnd();
+  for (size_t k = trace_position_; k < end; ++k) {
     const int bucket = trace_[k];
     const Bucket& b = plan_.buckets()[bucket];
     if (units_[bucket].buffer.data() != nullptr) continue;  // held, kept or already on its way

@@ -3,7 +3,8 @@ row takes one of two params, and each rank's rows take another): the module's un
 params are marked as its backward begins, at the same point on every rank, so every rank's
 collectives come in the same order, and training equals single-process PyTorch. Marked as
 backward came to them instead, the rank that did not reach a param completed its bucket
-after the next unit's gather, its peer before it: a collective mismatch."""
+after the next unit's gather, its peer before it: a collective mismatch. With gradient
+accumulation, prefetches stop at the end of the micro-batch (see the last test)."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -26,7 +27,9 @@ def one_thread():
 class TwoWays(nn.Module):
     """Each row is multiplied by one of two params, `a` where its route is true, else `b`
     (matrices, or vectors scaling each feature; `b` None: the row passes as it is): a param
-    no row takes is not reached."""
+    no row takes is not reached. The result is gated by a Linear of its own (`inner`),
+    whose backward (its unit's gather) comes between the start of the module's backward
+    and the gradients of `a` and `b`."""
 
     def __init__(self, matrices, with_b=True):
         super().__init__()
@@ -34,6 +37,7 @@ class TwoWays(nn.Module):
         self.a = nn.Parameter(torch.randn(shape) * 0.3)
         self.b = nn.Parameter(torch.randn(shape) * 0.3) if with_b else None
         self.matrices = matrices
+        self.inner = nn.Linear(DIM, DIM)
 
     def forward(self, x, route):
         out = torch.zeros_like(x)
@@ -45,7 +49,7 @@ class TwoWays(nn.Module):
             else:
                 out = out.index_put((rows,), x[rows] @ param if self.matrices
                                     else x[rows] * param)
-        return out
+        return out * torch.sigmoid(self.inner(x))
 
 
 class Model(nn.Module):
@@ -127,3 +131,34 @@ def test_ranks_reaching_other_params_of_a_module_train_as_pytorch(matrices, with
 
     got = run_ranks(world, body)[0]
     assert_close(got, reference(matrices, with_b, ways_last))
+
+
+def test_with_gradient_accumulation_and_prefetching():
+    """Two micro-batches per step (each rank's rows split in two), prefetching and keeping
+    on (the defaults): a rank that did not reach `a` (alone in its module's unit) releases
+    the unit as the module's backward begins, its peer when a's gradient arrives; a
+    prefetch of the next micro-batch's units from a gather between the two was made by one
+    rank only (a collective mismatch) until prefetching stopped at the micro-batch's end."""
+    config = {"stage": 3, "optimizer": OPTIMIZER, "gradient_accumulation_steps": 2,
+              "stage3": {"persistence_threshold": 0},
+              "guard": {"timeout_s": 30, "on_unused": "zero"}}
+    world = 2
+    models = [Model(True, with_b=False) for _ in range(world)]
+
+    def body(rank, comm):
+        model = models[rank]
+        engine = zerort.torch.initialize(model, config, comm)
+        for step in range(STEPS):
+            x, y = batch(step)
+            for half in range(2):
+                quarter = 2 * rank + half
+                rows = slice(BATCH * quarter // 4, BATCH * (quarter + 1) // 4)
+                engine.backward(F.mse_loss(model(x[rows]), y[rows]))
+                engine.step()
+        assert engine.counters()["gathers_prefetched"] > 0
+        state = engine.state_dict()
+        engine.close()
+        return state
+
+    got = run_ranks(world, body)[0]
+    assert_close(got, reference(True, False))

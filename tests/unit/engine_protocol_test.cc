@@ -1,6 +1,8 @@
 // The engine's protocol: calls out of order are clear errors that lose nothing; SetStream is for
-// CUDA engines and outside iterations.
+// CUDA engines and outside iterations; an exhausted gradient-buffer pool names what it waits for.
 #include <gtest/gtest.h>
+
+#include <vector>
 
 #include "tests/engine/toy_trainer.h"
 #include "tests/status_matchers.h"
@@ -64,6 +66,31 @@ TEST(EngineProtocol, SetStreamIsForCudaEnginesAndOutsideIterations) {
   EXPECT_THAT(e.SetStream(&not_a_stream), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("\"cuda\"")));
   ASSERT_THAT(e.BeginIteration(), IsOk());
   EXPECT_THAT(e.SetStream(nullptr), StatusIs(absl::StatusCode::kFailedPrecondition));
+}
+
+// Buckets launch in one order; a bucket first in it whose params get no gradient (a module
+// the forward left out) holds every later one back, with its buffer, until none is left. The
+// error names the params it waits for and the ways out, not only "gradients far from backward
+// order".
+TEST(EngineProtocol, AnExhaustedBufferPoolNamesTheParamsItsFirstBucketWaitsFor) {
+  auto group = comm::CreateLocalGroup(1);
+  Config config = ToyConfig(2);
+  config.buckets.first_bucket_elems = config.buckets.reduce_bucket_elems = 128;
+  config.buckets.pool_buffers = 1;
+  auto engine = Engine::Create(config, *(*group)[0]);
+  ASSERT_THAT(engine, IsOk());
+  Engine& e = **engine;
+  const ParamId used0 = *e.RegisterParam({"used0", {128}});
+  const ParamId used1 = *e.RegisterParam({"used1", {128}});
+  ASSERT_THAT(e.RegisterParam({"pooler.weight", {128}}), IsOk());  // last: its bucket launches first
+  ASSERT_THAT(e.Finalize(), IsOk());
+  ASSERT_THAT(e.BeginIteration(), IsOk());
+  const std::vector<float> grad(128, 0.5f);
+  ASSERT_THAT(e.AccumulateGrad(used1, grad.data()), IsOk());
+  EXPECT_THAT(e.AccumulateGrad(used0, grad.data()),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       ::testing::AllOf(HasSubstr("\"pooler.weight\" (index 2)"), HasSubstr("no gradient"),
+                                        HasSubstr("guard.on_unused"), HasSubstr("buckets.pool_buffers"))));
 }
 
 }  // namespace
