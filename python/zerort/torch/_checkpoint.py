@@ -1,10 +1,14 @@
-"""The trainer's state inside a ZeroRT checkpoint (the engine's user data, text).
+"""TorchEngine's checkpoints (save_checkpoint, load_checkpoint), and the model's full state
+dict (module_state_dict, DeepSpeed's save_16bit_model).
 
-save_checkpoint(client_state=...) takes anything torch.save can store (torch and CUDA RNG
-states, tensors, dicts, numbers); it is written with torch.save, base64-encoded and kept in
-a small JSON envelope with what the Python side needs back (the optimizer step count and
-the loss scale). Checkpoints whose user data is plain JSON (a client_state written before
-the envelope existed, or by another front door) still load: the JSON is returned as is.
+The engine's checkpoint holds its params and optimizer state; the trainer's state goes in its
+user data (text). save_checkpoint(client_state=...) takes anything torch.save can store
+(torch and CUDA RNG states, tensors, dicts, numbers); it is written with torch.save,
+base64-encoded and kept in a small JSON envelope with what the Python side needs back (the
+optimizer step count, the loss scale, and rank 0's persistent module buffers: BatchNorm's
+running statistics, as DeepSpeed's checkpoints hold them with the module's state dict).
+Checkpoints whose user data is plain JSON (a client_state written before the envelope
+existed, or by another front door) still load: the JSON is returned as is.
 
 Loading unpickles the client state (as torch.load does without weights_only): load only
 checkpoints you trust.
@@ -14,6 +18,7 @@ import inspect
 import io
 import json
 import os
+import warnings
 
 import torch
 
@@ -24,27 +29,74 @@ from ._deepspeed_api import refuse_unless_default
 FORMAT = "zerort.torch.client_state/1"
 
 
-def encode(client_state, extras):
-    """The user-data text for `client_state` and `extras` (a JSON-serialisable dict)."""
+def _saved(value):
+    """`value` written with torch.save, base64 text."""
     buffer = io.BytesIO()
-    torch.save(client_state if client_state is not None else {}, buffer)
+    torch.save(value, buffer)
+    return base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def _loaded(text):
+    options = {}
+    if "weights_only" in inspect.signature(torch.load).parameters:
+        options["weights_only"] = False  # RNG states and the trainer's own objects
+    return torch.load(io.BytesIO(base64.b64decode(text)), **options)
+
+
+def encode(client_state, extras, buffers):
+    """The user-data text for `client_state`, `extras` (a JSON-serialisable dict) and
+    `buffers` ({name: tensor})."""
     envelope = {"format": FORMAT, "extras": extras,
-                "client_state": base64.b64encode(buffer.getvalue()).decode("ascii")}
+                "client_state": _saved(client_state if client_state is not None else {}),
+                "buffers": _saved(buffers)}
     return json.dumps(envelope)
 
 
 def decode(text):
-    """(client_state, extras) from user-data text ("": ({}, {}))."""
+    """(client_state, extras, buffers) from user-data text ("": ({}, {}, None)); buffers is
+    None for a checkpoint written before they were saved."""
     if not text:
-        return {}, {}
+        return {}, {}, None
     value = json.loads(text)
     if not (isinstance(value, dict) and value.get("format") == FORMAT):
-        return value, {}  # plain JSON: a checkpoint written before the envelope
-    data = io.BytesIO(base64.b64decode(value["client_state"]))
-    options = {}
-    if "weights_only" in inspect.signature(torch.load).parameters:
-        options["weights_only"] = False  # RNG states and the trainer's own objects
-    return torch.load(data, **options), value.get("extras", {})
+        return value, {}, None  # plain JSON: a checkpoint written before the envelope
+    buffers = _loaded(value["buffers"]) if "buffers" in value else None
+    return _loaded(value["client_state"]), value.get("extras", {}), buffers
+
+
+def module_state_items(module, prefix=""):
+    """(name, tensor, is_param) for every entry of module.state_dict(), in its order: each
+    module's params, then its persistent buffers, then its children's (a param or module
+    shared under several names once per name)."""
+    for name, param in module._parameters.items():
+        if param is not None:
+            yield prefix + name, param, True
+    for name, buffer in module._buffers.items():
+        if buffer is not None and name not in module._non_persistent_buffers_set:
+            yield prefix + name, buffer, False
+    for name, child in module._modules.items():
+        if child is not None:
+            yield from module_state_items(child, prefix + name + ".")
+
+
+def restore_buffers(module, saved):
+    """Copies the checkpoint's buffers `saved` ({name: tensor}) into `module`'s persistent
+    buffers of the same names; warns about names on one side only or shapes that differ."""
+    own = {name: tensor for name, tensor, is_param in module_state_items(module) if not is_param}
+    skipped = sorted(set(saved) ^ set(own))
+    with torch.no_grad():
+        for name, value in saved.items():
+            buffer = own.get(name)
+            if buffer is None:
+                continue
+            if buffer.shape != value.shape:
+                skipped.append(name)
+                continue
+            buffer.copy_(value)
+    if skipped:
+        warnings.warn("zerort.torch: load_checkpoint(): these module buffers were not "
+                      "restored (in the checkpoint or the model only, or of another shape): "
+                      + ", ".join(skipped), stacklevel=3)
 
 
 def resolve_latest(directory):
@@ -61,7 +113,44 @@ def resolve_latest(directory):
 
 class CheckpointMethods:
     """TorchEngine's checkpoints, as DeepSpeed's engine names them: save_checkpoint,
-    load_checkpoint, and preemption_requested for jobs that save before they are stopped."""
+    load_checkpoint, and preemption_requested for jobs that save before they are stopped;
+    the model's full state dict (module_state_dict, save_16bit_model)."""
+
+    def module_state_dict(self, exclude_frozen_parameters=False):
+        """The model's state dict with full values, named as model.state_dict() names them
+        (a tied param under each of its names, the persistent buffers): a file of it loads
+        with model.load_state_dict() into the same model built without an engine (at stage
+        3, model.state_dict() is refused between uses). Copies, on the params' device, in
+        their dtype. Collective at stage 3: every rank calls it, and gets it (DeepSpeed's
+        _zero3_consolidated_16bit_state_dict). `exclude_frozen_parameters`: without the
+        params that do not train (a LoRA model's base)."""
+        full = self.state_dict()  # each registered param once (collective)
+        values = {id(param): full[name] for name, param, _ in self._params + self._frozen}
+        values.update((id(param), full[name]) for name, param in self._empty)
+        result = {}
+        for name, tensor, is_param in module_state_items(self.module):
+            if is_param and exclude_frozen_parameters and not tensor.requires_grad:
+                continue
+            value = values.get(id(tensor)) if is_param else None
+            result[name] = value if value is not None else tensor.detach().clone()
+        return result
+
+    def _zero3_consolidated_16bit_state_dict(self, exclude_frozen_parameters=False):
+        """DeepSpeed's name for module_state_dict(), which Accelerate calls."""
+        return self.module_state_dict(exclude_frozen_parameters)
+
+    def save_16bit_model(self, save_dir, save_filename="pytorch_model.bin",
+                         exclude_frozen_parameters=False):
+        """DeepSpeed's: rank 0 writes module_state_dict() with torch.save to
+        save_dir/save_filename (written whole, then renamed into place). Collective at stage
+        3. Returns True."""
+        state = self.module_state_dict(exclude_frozen_parameters)
+        if self.rank == 0:
+            os.makedirs(save_dir, exist_ok=True)
+            path = os.path.join(save_dir, save_filename)
+            torch.save(state, path + ".tmp")
+            os.replace(path + ".tmp", path)
+        return True
 
     def save_checkpoint(self, directory, tag=None, client_state=None, save_latest=True):
         """Every rank saves its part; loadable at any world size and stage. As DeepSpeed's
@@ -72,7 +161,8 @@ class CheckpointMethods:
         the config schedule's position.
         `client_state` (anything torch.save stores: data position, torch.get_rng_state(),
         tensors; rank 0's is kept) is saved inside the same checkpoint, as DeepSpeed's
-        client_state, so it can never disagree with it (_checkpoint.py). `save_latest`:
+        client_state, so it can never disagree with it (_checkpoint.py), with rank 0's
+        persistent module buffers (BatchNorm's running statistics). `save_latest`:
         DeepSpeed's, True only (a tagged save always points directory/latest at itself)."""
         refuse_unless_default("save_checkpoint", {"save_latest": save_latest}, {
             "save_latest": (True, "a tagged save always points directory/latest at itself "
@@ -91,7 +181,9 @@ class CheckpointMethods:
             self._take_written_params()
         self.optimizer.push()  # the groups' values as they are now (a scheduler's new lr)
         extras = {"global_steps": self.global_steps, "loss_scale": self.loss_scale}
-        self._engine.set_checkpoint_user_data(encode(client_state, extras))
+        buffers = {name: tensor.detach().cpu().clone()
+                   for name, tensor, is_param in module_state_items(self.module) if not is_param}
+        self._engine.set_checkpoint_user_data(encode(client_state, extras, buffers))
         with every_rank_calls("engine.save_checkpoint()", "; each rank saves its own part"):
             self._engine.save_checkpoint(
                 directory, f"global_step{self.global_steps}" if tag is None else tag)
@@ -105,13 +197,14 @@ class CheckpointMethods:
     def load_checkpoint(self, directory, tag=None, load_module_strict=True,
                         load_optimizer_states=True, load_lr_scheduler_states=True,
                         load_module_only=False):
-        """Loads params, optimizer state, every group's hyperparameters and the config
-        schedule's position (the model's params and engine.optimizer.param_groups show the
-        loaded values) from `directory` (directory/tag with a tag), or from the checkpoint
-        directory/latest names. Returns, as DeepSpeed's load_checkpoint does, (the path of
-        the checkpoint loaded, the client_state saved with it ({} if none)). Unpickles the
-        client state: load only checkpoints you trust. DeepSpeed's keyword arguments are
-        taken at their defaults only (a ZeroRT checkpoint loads whole)."""
+        """Loads params, optimizer state, every group's hyperparameters, the config
+        schedule's position and the module's persistent buffers (the model's params and
+        engine.optimizer.param_groups show the loaded values) from `directory`
+        (directory/tag with a tag), or from the checkpoint directory/latest names. Returns,
+        as DeepSpeed's load_checkpoint does, (the path of the checkpoint loaded, the
+        client_state saved with it ({} if none)). Unpickles the client state: load only
+        checkpoints you trust. DeepSpeed's keyword arguments are taken at their defaults
+        only (a ZeroRT checkpoint loads whole)."""
         whole = "a ZeroRT checkpoint loads whole: params, optimizer state and schedule"
         refuse_unless_default("load_checkpoint", {
             "load_module_strict": load_module_strict,
@@ -132,7 +225,9 @@ class CheckpointMethods:
         text = self._engine.checkpoint_user_data()
         if self._units is None:
             self._bind_views()
-        client_state, extras = decode(text)
+        client_state, extras, buffers = decode(text)
+        if buffers is not None:
+            restore_buffers(self.module, buffers)
         self.global_steps = int(extras.get("global_steps", self.global_steps))
         # The engine's: a checkpoint's dynamic scale reaches only an engine that scales
         # dynamically (a static or no loss scale stays what this config says).

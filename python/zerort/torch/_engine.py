@@ -650,7 +650,8 @@ class TorchEngine(DeepSpeedAPI, _checkpoint.CheckpointMethods, _gathered.Gathere
         """Full copies of every trainable param, by name, on the params' device
         (collective at stage 3; zero-element params included, empty), and of every frozen
         param the engine keeps (stage 3 shards them, and checkpoint.save_frozen keeps them
-        at any stage)."""
+        at any stage): each param once. For a file model.load_state_dict() reads (tied
+        names and buffers too), module_state_dict()."""
         self._check_model("state_dict()")
         result = {}
         with every_rank_calls("engine.state_dict()"):

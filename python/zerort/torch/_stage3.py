@@ -155,9 +155,11 @@ def assign_units(module, trainable, group_of=None, frozen=()):
     return unit_of, module_units
 
 
-_SAVE_WAYS = ("a file saved from it would not load. Use engine.state_dict() (collective: "
-              "every rank calls it) for full values, or engine.save_checkpoint(); or read "
-              "inside `with zerort.torch.gathered(params):`")
+_SAVE_WAYS = ("a file saved from it would not load. Use engine.module_state_dict() "
+              "(collective: every rank calls it; the model's state dict with full values, "
+              "loadable by model.load_state_dict()) or engine.save_16bit_model(dir), or "
+              "engine.save_checkpoint() to resume; or read inside `with "
+              "zerort.torch.gathered(params):`")
 _LOAD_WAYS = ("load inside `with zerort.torch.gathered(params, modifier_rank=0):` (every rank "
               "enters it; rank 0's values reach every rank), or resume with "
               "engine.load_checkpoint()")

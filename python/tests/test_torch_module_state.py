@@ -1,0 +1,124 @@
+"""The model's whole state outside the engine: engine.module_state_dict() (DeepSpeed's
+_zero3_consolidated_16bit_state_dict) and save_16bit_model() give what model.state_dict()
+names (tied params under each name, persistent buffers) with full values, loadable into the
+model built without an engine; and a checkpoint restores the module's buffers (BatchNorm's
+running statistics), so a resumed run goes on as the uninterrupted one."""
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import zerort
+import zerort.torch
+from test_torch_engine import run_ranks
+
+DIM, VOCAB, BATCH = 8, 11, 6
+OPTIMIZER = {"type": "adamw", "lr": 0.01}
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    torch.set_num_threads(1)
+
+
+class Tied(nn.Module):
+    """A tied embedding and head, a BatchNorm (persistent running statistics), a persistent
+    and a non-persistent buffer, and a frozen projection."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = nn.Embedding(VOCAB, DIM)
+        self.norm = nn.BatchNorm1d(DIM)
+        self.frozen = nn.Linear(DIM, DIM)
+        self.frozen.requires_grad_(False)
+        self.head = nn.Linear(DIM, VOCAB, bias=False)
+        self.head.weight = self.embed.weight
+        self.register_buffer("position_ids", torch.arange(BATCH))
+        self.register_buffer("scratch", torch.zeros(3), persistent=False)
+
+    def forward(self, tokens):
+        h = self.norm(self.embed(tokens) + 0.01 * self.position_ids[:tokens.shape[0], None])
+        return self.head(torch.tanh(self.frozen(h)))
+
+
+def batch(step, rank):
+    generator = torch.Generator().manual_seed(10 * step + rank)
+    return torch.randint(0, VOCAB, (BATCH,), generator=generator)
+
+
+def train_steps(model, engine, steps, rank, first=0):
+    for step in range(first, first + steps):
+        tokens = batch(step, rank)
+        engine.backward(F.cross_entropy(model(tokens), tokens))
+        engine.step()
+
+
+@pytest.mark.parametrize("stage", [0, 2, 3])
+def test_module_state_dict_loads_into_the_model_built_without_an_engine(stage, tmp_path):
+    models = [Tied() for _ in range(2)]
+    config = {"stage": stage, "optimizer": OPTIMIZER, "stage3": {"persistence_threshold": 0},
+              "guard": {"timeout_s": 30}}
+
+    def body(rank, comm):
+        model = models[rank]
+        engine = zerort.torch.initialize(model, config, comm)
+        train_steps(model, engine, 2, rank)
+        state = engine.module_state_dict()
+        assert engine.save_16bit_model(str(tmp_path), "model.bin") is True
+        trainable = engine.state_dict()
+        without_frozen = engine._zero3_consolidated_16bit_state_dict(
+            exclude_frozen_parameters=True)
+        engine.close()
+        return state, trainable, without_frozen
+
+    for rank, (state, trainable, without_frozen) in enumerate(run_ranks(2, body)):
+        plain = Tied()
+        assert list(state) == list(plain.state_dict())  # tied names, buffers, in its order
+        assert state["head.weight"] is state["embed.weight"]
+        assert torch.equal(state["embed.weight"], trainable["embed.weight"])
+        assert state["norm.running_mean"].abs().sum() > 0  # trained statistics, this rank's
+        assert "frozen.weight" not in without_frozen and "embed.weight" in without_frozen
+        plain.load_state_dict(state)  # strict
+        assert torch.equal(plain.head.weight, trainable["embed.weight"])
+        if rank == 0:
+            saved = torch.load(os.path.join(tmp_path, "model.bin"))
+            assert list(saved) == list(state)
+            assert all(torch.equal(saved[name], state[name]) for name in state)
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_a_checkpoint_restores_the_module_buffers(stage, tmp_path):
+    """Two steps, a save, two more steps (the running statistics move on), a load: the
+    buffers are rank 0's at the save, on every rank, and the next steps are those of the
+    run that went on from the save."""
+    models = [Tied() for _ in range(2)]
+    config = {"stage": stage, "optimizer": OPTIMIZER, "guard": {"timeout_s": 30}}
+    directory = str(tmp_path / "ckpt")
+
+    def body(rank, comm):
+        model = models[rank]
+        engine = zerort.torch.initialize(model, config, comm)
+        train_steps(model, engine, 2, rank)
+        engine.save_checkpoint(directory)
+        at_save = model.norm.running_mean.clone()
+        train_steps(model, engine, 2, rank, first=2)
+        went_on = engine.module_state_dict()
+        assert not torch.equal(model.norm.running_mean, at_save)
+        engine.load_checkpoint(directory)
+        loaded = model.norm.running_mean.clone()
+        train_steps(model, engine, 2, rank, first=2)
+        resumed = engine.module_state_dict()
+        engine.close()
+        return at_save, loaded, went_on, resumed
+
+    results = run_ranks(2, body)
+    rank0_at_save = results[0][0]
+    for _, loaded, went_on, resumed in results:
+        assert torch.equal(loaded, rank0_at_save)
+    # Rank 0 went on from its own statistics: its resumed run is the same one.
+    _, _, went_on, resumed = results[0]
+    for name in went_on:
+        assert torch.allclose(resumed[name], went_on[name], rtol=1e-5, atol=1e-6), name
