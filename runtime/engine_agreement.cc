@@ -140,8 +140,53 @@ std::string StepSettings(const Config& c) {
   return text;
 }
 
-// One all-gather of (param count, registry hash, stage, step settings' hash) when the ranks
-// agree. Otherwise every
+// The config keys that shape the collectives each rank makes (bucket layout and launches,
+// stage 3's gathers, the guard's extra collectives), with this config's value of each. Ranks
+// that differ in one would issue different collectives, or the same ones at other points.
+std::vector<std::pair<std::string, std::string>> CollectiveSettings(const Config& c) {
+  const BucketConfig& b = c.buckets;
+  const Stage3Config& s = c.stage3;
+  const GuardConfig& g = c.guard;
+  return {
+      {"device", c.device == Device::kCuda ? "cuda" : "cpu"},
+      {"buckets.reduce_bucket_elems", absl::StrCat(b.reduce_bucket_elems)},
+      {"buckets.first_bucket_elems", absl::StrCat(b.first_bucket_elems)},
+      {"buckets.last_bucket_elems", absl::StrCat(b.last_bucket_elems)},
+      {"buckets.overlap", b.overlap ? "true" : "false"},
+      {"stage3.prefetch_elems", absl::StrCat(s.prefetch_elems)},
+      {"stage3.max_live_elems", absl::StrCat(s.max_live_elems)},
+      {"stage3.persistence_threshold", absl::StrCat(s.persistence_threshold)},
+      {"stage3.max_reuse_elems", absl::StrCat(s.max_reuse_elems)},
+      {"guard.on_duplicate", g.on_duplicate == DuplicatePolicy::kCount ? "\"count\"" : "\"error\""},
+      {"guard.on_unused", g.on_unused == UnusedPolicy::kZero ? "\"zero\"" : "\"error\""},
+      {"guard.consistency_check", g.consistency_check ? "true" : "false"},
+      {"guard.init_params", g.init_params == InitParams::kVerify ? "\"verify\"" : "\"broadcast\""},
+      {"guard.replica_check_every", absl::StrCat(g.replica_check_every)},
+      {"precision.reduce", DTypeName(c.precision.reduce)},
+      {"checkpoint.save_frozen", c.checkpoint.save_frozen ? "true" : "false"},
+  };
+}
+
+// When the ranks' collective settings differ: one all-gather of every key's hash, then each
+// rank's value of the first key that differs; the error names it and both sides.
+Status EngineImpl::CollectiveSettingsError() {
+  const int world = comm_.size();
+  const auto settings = CollectiveSettings(config_);
+  std::vector<uint64_t> hashes, all;
+  for (const auto& [key, value] : settings) hashes.push_back(Mix(0xcbf29ce484222325ull, value.data(), value.size()));
+  ZERO_RETURN_IF_ERROR(GatherWords(host_, world, hashes, &all));
+  const size_t first = FirstDifference(all, world, hashes.size());
+  if (first == hashes.size()) return absl::InternalError("the ranks' collective settings differ, but no key does");
+  std::vector<std::string> sides;
+  ZERO_RETURN_IF_ERROR(GatherDescriptions(host_, world, settings[first].second, &sides));
+  return absl::InvalidArgumentError(absl::StrCat(
+      "ranks use different values of config key ", settings[first].first, ": ", DescribeSides(sides),
+      " (this is rank ", comm_.rank(), "). It shapes the collectives every rank makes, which would not match (a "
+      "mismatch, or a rank waiting for its peers until guard.timeout_s): every rank must use the same config"));
+}
+
+// One all-gather of (param count, registry hash, stage, step settings' hash, collective
+// settings' hash) when the ranks agree. Otherwise every
 // rank gets the same gathered values and so takes the same path: the stages, or the first
 // differing index (from all hashes) and each rank's param there (one fixed-size all-gather),
 // so that any rank's message tells both sides.
@@ -155,18 +200,25 @@ Status EngineImpl::CheckRegistryAgrees() {
   }
   const std::string settings = StepSettings(config_);
   const uint64_t settings_hash = Mix(0xcbf29ce484222325ull, settings.data(), settings.size());
+  uint64_t collective_hash = 0xcbf29ce484222325ull;
+  for (const auto& [key, value] : CollectiveSettings(config_)) {
+    collective_hash = Mix(Mix(collective_hash, key.data(), key.size()), value.data(), value.size());
+  }
   std::vector<uint64_t> summaries;
-  const std::vector<uint64_t> summary = {hashes.size(), total, static_cast<uint64_t>(config_.stage), settings_hash};
+  const std::vector<uint64_t> summary = {hashes.size(), total, static_cast<uint64_t>(config_.stage), settings_hash,
+                                         collective_hash};
+  constexpr size_t kWords = 5;
   ZERO_RETURN_IF_ERROR(GatherWords(host_, world, summary, &summaries));
-  bool agree = true, same_stage = true, same_settings = true;
+  bool agree = true, same_stage = true, same_settings = true, same_collectives = true;
   uint64_t most = 0;
   std::vector<std::string> stages;
   for (int r = 0; r < world; ++r) {
-    agree &= summaries[4 * r] == hashes.size() && summaries[4 * r + 1] == total;
-    same_stage &= summaries[4 * r + 2] == static_cast<uint64_t>(config_.stage);
-    same_settings &= summaries[4 * r + 3] == settings_hash;
-    most = std::max(most, summaries[4 * r]);
-    stages.push_back(absl::StrCat("stage ", summaries[4 * r + 2]));
+    agree &= summaries[kWords * r] == hashes.size() && summaries[kWords * r + 1] == total;
+    same_stage &= summaries[kWords * r + 2] == static_cast<uint64_t>(config_.stage);
+    same_settings &= summaries[kWords * r + 3] == settings_hash;
+    same_collectives &= summaries[kWords * r + 4] == collective_hash;
+    most = std::max(most, summaries[kWords * r]);
+    stages.push_back(absl::StrCat("stage ", summaries[kWords * r + 2]));
   }
   if (!same_stage) {
     return absl::InvalidArgumentError(absl::StrCat("ranks use different ZeRO stages: ", DescribeSides(stages),
@@ -180,6 +232,7 @@ Status EngineImpl::CheckRegistryAgrees() {
         "); every rank must use the same optimizer, hyperparameters, clipping, accumulation, schedule and loss "
         "scale (the same config)"));
   }
+  if (!same_collectives) return CollectiveSettingsError();
   if (agree) return absl::OkStatus();
   std::vector<uint64_t> padded(most, 0), all;
   std::copy(hashes.begin(), hashes.end(), padded.begin());

@@ -125,6 +125,8 @@ class EngineImpl final : public Engine {
   Status ParamComplete(int param);
   // Every rank registered the same params in the same way; else names the first difference.
   Status CheckRegistryAgrees();
+  // The error when the ranks' config values that shape collectives differ (the first key).
+  Status CollectiveSettingsError();
   // Before a bucket's collective (guard.consistency_check): all ranks are at the same
   // (iteration, bucket, numel); else names both sides.
   Status CheckRanksAgree(int bucket);

@@ -310,6 +310,35 @@ TEST(RegistryMismatch, DifferentOptimizerSettingsAreNamed) {
                       {"different optimizer settings", "ranks 0, 2 have adamw lr 0.001", "rank 1 has adamw lr 0.002"});
 }
 
+// Config values that shape the collectives (bucket sizes, the guard's policies, stage 3's
+// window): a rank with another value would make other collectives, or the same ones at other
+// points (guard.on_unused hung both ranks until guard.timeout_s). Refused at Finalize, naming
+// the key and both sides.
+TEST(RegistryMismatch, DifferentCollectiveSettingsNameTheKey) {
+  auto finalize = [](const std::function<void(int, Config&)>& differ) {
+    return testing::RunOnRanks(3, [&](int r, comm::Communicator& comm) -> Status {
+      Config config;
+      config.guard.timeout_s = 60;
+      differ(r, config);
+      ZERO_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(config, comm));
+      ZERO_RETURN_IF_ERROR(engine->RegisterParam({"a", {4}}).status());
+      return engine->Finalize();
+    });
+  };
+  ExpectEveryRankSays(finalize([](int r, Config& c) {
+                        if (r == 1) c.guard.on_unused = UnusedPolicy::kZero;
+                      }),
+                      {"config key guard.on_unused", "ranks 0, 2 have \"error\"", "rank 1 has \"zero\""});
+  ExpectEveryRankSays(finalize([](int r, Config& c) { c.buckets.reduce_bucket_elems = 1000 * (r + 1); }),
+                      {"config key buckets.reduce_bucket_elems", "rank 0 has 1000", "rank 2 has 3000"});
+  ExpectEveryRankSays(finalize([](int r, Config& c) {
+                        c.stage = 3;
+                        if (r == 2) c.stage3.persistence_threshold = 0;
+                      }),
+                      {"config key stage3.persistence_threshold", "ranks 0-1 have 100000", "rank 2 has 0"});
+  EXPECT_THAT(finalize([](int, Config& c) { c.guard.timeout_s = 30; }), Each(IsOk()));
+}
+
 TEST(RegistryMismatch, AgreeingRanksFinalize) {
   const ParamSpec a{"a", {4}}, b{"b", {3, 5}};
   EXPECT_THAT(FinalizeOnRanks({{a, b}, {a, b}, {a, b}}), Each(IsOk()));
