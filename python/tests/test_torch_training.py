@@ -881,6 +881,55 @@ def test_deepspeed_engine_calls_of_a_ported_script(tmp_path):
     comm.close()
 
 
+class Scale(nn.Module):
+    """x times a weight of its own, elementwise."""
+
+    def __init__(self, width):
+        super().__init__()
+        self.weight = nn.Parameter(torch.linspace(0.5, 1.5, width))
+
+    def forward(self, x):
+        return x * self.weight
+
+
+def test_deepspeed_engine_queries_of_accelerate_and_the_hf_trainer():
+    """engine.parameters(), device, fp16_enabled()/bfloat16_enabled(), gradient_clipping(),
+    was_step_applied() and optimizer.overflow/cur_scale (a step the loss scaler skips on an
+    inf gradient), backward(scale_wrt_gas=False) and step(lr_kwargs=...)."""
+    comm = zerort.local_group(1)[0]
+    ds = {"zero_optimization": {"stage": 2}, "gradient_accumulation_steps": 2,
+          "optimizer": {"type": "AdamW", "params": {"lr": 0.01}}}
+    model = Scale(4)  # elementwise: PyTorch 1.13 has no fp16 matmul on the CPU
+    fp16 = {"enabled": True, "initial_scale_power": 4}
+    engine = zerort.torch.initialize(model, dict(ds, fp16=fp16, gradient_clipping=0.5), comm)
+    assert [id(p) for p in engine.parameters()] == [id(p) for p in model.parameters()]
+    assert [n for n, _ in engine.named_parameters()] == ["weight"]
+    assert engine.device == torch.device("cpu")
+    assert engine.fp16_enabled() and not engine.bfloat16_enabled()
+    assert engine.gradient_clipping() == 0.5 and not engine.was_step_applied()
+    assert engine.optimizer.cur_scale == engine.loss_scale == 2.0 ** 4
+    for values in (float("inf"), 1.0):  # the first step overflows and is skipped
+        for _ in range(2):
+            engine.backward(model(torch.full((2, 4), values, dtype=torch.float16)).sum())
+            engine.step()
+        assert engine.was_step_applied() == (values == 1.0)
+        assert engine.optimizer.overflow == (values != 1.0)
+    with pytest.raises(zerort.UnimplementedError, match="lr_kwargs"):
+        engine.step(lr_kwargs={"last_batch_iteration": 3})
+    engine.close()
+    norms = []
+    for scale_wrt_gas in (True, False):  # the same two micro-batches: twice the gradient
+        model = Scale(4)
+        engine = zerort.torch.initialize(model, ds, comm)
+        for _ in range(2):
+            engine.backward(model(torch.ones(2, 4)).sum(), scale_wrt_gas=scale_wrt_gas)
+            engine.step(lr_kwargs=None)
+        norms.append(engine.get_global_grad_norm())
+        engine.close()
+    assert norms[1] == pytest.approx(2 * norms[0], rel=1e-6)
+    comm.close()
+
+
 @pytest.mark.parametrize("stage,call", [(2, "save_checkpoint"), (3, "state_dict"),
                                         (3, "forward")])
 def test_a_collective_call_on_rank_0_only_names_what_every_rank_must_call(stage, call,

@@ -31,7 +31,37 @@ def refuse_unless_default(call, given, defaults):
 
 class DeepSpeedAPI:
     """DeepSpeed's names on TorchEngine (which sets module, config, stage, rank, world_size,
-    gradient_accumulation_steps and _micro_batches)."""
+    gradient_accumulation_steps, _micro_batches, _last_info and _torch_device)."""
+
+    def parameters(self, recurse=True):
+        """The model's parameters(), as DeepSpeed's engine (a module wrapping it) gives."""
+        return self.module.parameters(recurse)
+
+    def named_parameters(self, prefix="", recurse=True):
+        """The model's named_parameters()."""
+        return self.module.named_parameters(prefix, recurse)
+
+    @property
+    def device(self):
+        """DeepSpeed's engine.device: the torch.device the engine's params live on."""
+        return self._torch_device
+
+    def fp16_enabled(self):
+        """DeepSpeed's: whether the params train in fp16 (the config's "fp16")."""
+        return self.config.get("precision", {}).get("param") == "fp16"
+
+    def bfloat16_enabled(self):
+        """DeepSpeed's: whether the params train in bf16 (the config's "bf16")."""
+        return self.config.get("precision", {}).get("param") == "bf16"
+
+    def gradient_clipping(self):
+        """DeepSpeed's: the global gradient norm clipped to (0.0: none)."""
+        return float(self.config.get("clip_grad_norm", 0.0))
+
+    def was_step_applied(self):
+        """DeepSpeed's: whether the last optimizer step updated the params (False when the
+        loss scaler skipped it on an overflow, or before the first step)."""
+        return self._last_info is not None and not self._last_info["skipped"]
 
     def __call__(self, *args, **kwargs):
         """DeepSpeed's engine(inputs): the model's forward."""

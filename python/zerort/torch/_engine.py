@@ -11,7 +11,7 @@ from . import (_backward, _checkpoint, _config, _device, _gathered, _handover, _
                _leaf_modules, _params, _reach, _stage3, _step_info)
 from ._collective import all_reduce, every_rank_calls
 from ._copies import EngineHook
-from ._deepspeed_api import AccumulationSteps, DeepSpeedAPI
+from ._deepspeed_api import AccumulationSteps, DeepSpeedAPI, refuse_unless_default
 from ._optimizer import ZeroOptimizer
 from ._schedulers import EngineLRScheduler
 
@@ -59,6 +59,7 @@ class TorchEngine(DeepSpeedAPI, _checkpoint.CheckpointMethods, _gathered.Gathere
         _config.refuse_sparse_gradients(module)
         groups = _config.resolve_param_groups(module, model_parameters)
         device = _device.device_of(module, raw.get("device"))
+        self._torch_device = device
         unmatched = _leaf_modules.apply_config(module, raw)  # stage 3's leaf modules
         if unmatched:
             warnings.warn(
@@ -471,19 +472,24 @@ class TorchEngine(DeepSpeedAPI, _checkpoint.CheckpointMethods, _gathered.Gathere
         """`loss` times the current loss scale (1 unless loss_scale.mode is set)."""
         return loss * self.loss_scale
 
-    def backward(self, loss, retain_graph=False):
+    def backward(self, loss, retain_graph=False, scale_wrt_gas=True):
         """DeepSpeed's engine.backward: backward of `loss` times the loss scale divided by
         gradient_accumulation_steps (so that a step's gradient is the mean over its
-        micro-batches of each micro-batch's loss). Returns `loss`."""
-        factor = self.loss_scale / self.gradient_accumulation_steps
+        micro-batches of each micro-batch's loss; `scale_wrt_gas` False: not divided).
+        Returns `loss`."""
+        factor = self.loss_scale / (self.gradient_accumulation_steps if scale_wrt_gas else 1)
         (loss * factor if factor != 1.0 else loss).backward(retain_graph=retain_graph)
         return loss
 
-    def step(self):
+    def step(self, lr_kwargs=None):
         """Ends this micro-batch's backward; every gradient_accumulation_steps micro-batches,
         steps the optimizer (through engine.optimizer.step, with its param_groups' values)
         and returns a mapping {"step", "skipped", "grad_norm", "loss_scale"} (None in
-        between; on a GPU "grad_norm" is read from the device when first asked for)."""
+        between; on a GPU "grad_norm" is read from the device when first asked for).
+        `lr_kwargs`: DeepSpeed's, None only (step a torch scheduler yourself)."""
+        refuse_unless_default("step", {"lr_kwargs": lr_kwargs}, {
+            "lr_kwargs": (None, "the config's schedule takes no arguments; step a torch "
+                                "lr_scheduler on engine.optimizer yourself")})
         if not self._end_micro_batch():
             return None
         self.optimizer._from_engine = True

@@ -136,6 +136,18 @@ class ZeroOptimizer(torch.optim.Optimizer):
         super().__init__(groups or [{"params": []}], defaults)
         self._adding_allowed = False
 
+    @property
+    def overflow(self):
+        """DeepSpeed's optimizer.overflow: whether the loss scaler skipped the last optimizer
+        step (an inf or NaN gradient)."""
+        info = self._engine._last_info
+        return info is not None and bool(info["skipped"])
+
+    @property
+    def cur_scale(self):
+        """DeepSpeed's optimizer.cur_scale: the loss scale now (1.0 without loss scaling)."""
+        return self._engine.loss_scale
+
     def add_param_group(self, param_group):
         """Only while initialize() builds the groups (see the class docstring)."""
         if not self._adding_allowed:
