@@ -162,3 +162,140 @@ def test_with_gradient_accumulation_and_prefetching():
 
     got = run_ranks(world, body)[0]
     assert_close(got, reference(True, False))
+
+
+class ReadDetached(nn.Linear):
+    """A Linear whose weight trains but is read detached here: its backward needs the
+    weight for the input's gradient, and the weight gets none."""
+
+    def forward(self, x):
+        return F.linear(x, self.weight.detach(), self.bias)
+
+
+class Chain(nn.Module):
+    """embed, mid and head; `mid` a Linear, or a ReadDetached one (`detached`)."""
+
+    def __init__(self, detached):
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = nn.Linear(DIM, DIM)
+        self.mid = (ReadDetached if detached else nn.Linear)(DIM, DIM, bias=not detached)
+        self.head = nn.Linear(DIM, 1)
+
+    def forward(self, x):
+        return self.head(torch.tanh(self.mid(torch.tanh(self.embed(x)))))
+
+
+@pytest.mark.parametrize("how", ["frozen-after-initialize", "read-detached"])
+def test_a_unit_without_gradients_stays_gathered_for_its_modules_backward(how):
+    """Every param of mid's unit is marked as mid's backward begins (frozen since step 1,
+    or read detached), which released the unit before mid's backward read its weight for
+    the input's gradient (PyTorch's "setStorage ... out of bounds"). Both ranks see the
+    same rows, so training equals single-process PyTorch."""
+    config = {"stage": 3, "optimizer": OPTIMIZER,
+              "stage3": {"persistence_threshold": 0, "max_reuse_elems": 0,
+                         "prefetch_elems": 0},
+              "guard": {"timeout_s": 30, "on_unused": "zero"}}
+
+    def train(model, step_once):
+        for step in range(STEPS):
+            if step == 1 and how == "frozen-after-initialize":
+                model.mid.requires_grad_(False)
+            x, y = batch(step)
+            F.mse_loss(model(x), y).backward()
+            step_once()
+
+    model = Chain(how == "read-detached")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=OPTIMIZER["lr"],
+                                  betas=OPTIMIZER["betas"], eps=OPTIMIZER["eps"],
+                                  weight_decay=OPTIMIZER["weight_decay"])
+
+    def torch_step():
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)  # a frozen param is then left untouched
+
+    train(model, torch_step)
+    expected = {n: p.detach().clone() for n, p in model.named_parameters()}
+    models = [Chain(how == "read-detached") for _ in range(2)]
+
+    def body(rank, comm):
+        engine = zerort.torch.initialize(models[rank], config, comm)
+        train(models[rank], engine.step)
+        state = engine.state_dict()
+        engine.close()
+        return state
+
+    assert_close(run_ranks(2, body)[0], expected)
+
+
+class ScaledBase(nn.Module):
+    """x times its own `a` (where the caller says so) through a frozen Linear child (a LoRA
+    job's base): the child's gather comes inside this module's backward."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Parameter(torch.randn(DIM) * 0.3)
+        self.base = nn.Linear(DIM, DIM)
+        self.base.requires_grad_(False)
+
+    def forward(self, x, use_a):
+        return torch.tanh(self.base(x * self.a if use_a else x))
+
+
+class WithScaledBase(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = nn.Linear(DIM, DIM)
+        self.scaled = ScaledBase()
+        self.head = nn.Linear(DIM, 1)
+
+    def forward(self, x, use_a):
+        return self.head(self.scaled(torch.tanh(self.embed(x)), use_a))
+
+
+def test_a_module_reaching_its_param_on_some_ranks_around_a_frozen_child_trains_as_a_leaf():
+    """Rank 0 reaches `a`, rank 1 does not, and the frozen child's gather comes inside the
+    module's backward: hooked apart, rank 1 completes a's bucket before that gather and
+    rank 0 after it (the mismatch's note names the leaf); as a leaf, the module and its
+    child are one unit, and training equals single-process PyTorch over both ranks' rows."""
+    config = {"stage": 3, "optimizer": OPTIMIZER,
+              "stage3": {"persistence_threshold": 0, "max_reuse_elems": 0,
+                         "prefetch_elems": 0},
+              "guard": {"timeout_s": 30, "on_unused": "zero"}}
+    model = WithScaledBase()
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=OPTIMIZER["lr"], betas=OPTIMIZER["betas"],
+                                  eps=OPTIMIZER["eps"], weight_decay=OPTIMIZER["weight_decay"])
+    for step in range(STEPS):
+        x, y = batch(step)
+        halves = [slice(0, BATCH // 2), slice(BATCH // 2, BATCH)]
+        loss = sum(F.mse_loss(model(x[rows], rank == 0), y[rows])
+                   for rank, rows in enumerate(halves)) / 2
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    expected = {n: p.detach().clone() for n, p in model.named_parameters()}
+
+    def train(leaf):
+        models = [WithScaledBase() for _ in range(2)]
+
+        def body(rank, comm):
+            if leaf:
+                zerort.torch.set_z3_leaf_modules(models[rank], [ScaledBase])
+            engine = zerort.torch.initialize(models[rank], config, comm)
+            rows = slice(BATCH // 2 * rank, BATCH // 2 * (rank + 1))
+            try:
+                for step in range(STEPS):
+                    x, y = batch(step)
+                    F.mse_loss(models[rank](x[rows], rank == 0), y[rows]).backward()
+                    engine.step()
+                return engine.state_dict()
+            finally:
+                engine.close()
+
+        return run_ranks(2, body)[0]
+
+    assert_close(train(leaf=True), expected)
+    with pytest.raises(zerort.ZeroError, match="frozen child"):
+        train(leaf=False)

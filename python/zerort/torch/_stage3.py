@@ -171,7 +171,10 @@ _GATHERS = ("a stage-3 gather (each module's forward and backward)",
             "engine.state_dict(). A module that runs other submodules on each rank (a "
             "mixture of experts routing each rank's tokens to other experts) must gather "
             "them all at once: make it a leaf before initialize(), "
-            "zerort.torch.set_z3_leaf_modules(model, [MoEBlockClass])")
+            "zerort.torch.set_z3_leaf_modules(model, [MoEBlockClass]). So must a module "
+            "whose own params some ranks do not reach (guard.on_unused = \"zero\") while its "
+            "backward gathers another unit (a frozen child, a module it calls: make that a "
+            "child of the leaf): its bucket is completed at another point on each rank")
 
 
 # Gathered memory an engine still held when it closed with its group broken: kept for good,
@@ -212,6 +215,11 @@ class UnitGathering:
         # only the unit's own storage.
         self._checked = set()
         self._for_backward = set()  # gathered by an output's gradient hook: kept until grads
+        # Units whose last awaited param was marked absent as their module's backward began
+        # (_before_backward): that backward has not run yet and may read them (a param used
+        # detached, or frozen since initialize()); released when the backward pass ends.
+        self._marking = ()
+        self._kept_for_backward = set()
         # frozen unit -> forward calls (with grad) whose backward has not yet run
         self._backward_calls = collections.Counter()
         self._waiting = {}  # unit -> ids whose gradient has not arrived since the gather
@@ -520,6 +528,7 @@ class UnitGathering:
         """Frees every unit still gathered (the step: holds end too)."""
         self._holds.clear()
         self._checked.clear()
+        self._kept_for_backward.clear()
         self.release(sorted(self._gathered))
 
     def queued(self, unit, pid):
@@ -540,7 +549,11 @@ class UnitGathering:
             return
         waiting.discard(pid)
         self._unqueued[unit].discard(pid)  # marked absent: never queued
-        if not waiting:
+        if waiting:
+            return
+        if unit in self._marking:
+            self._kept_for_backward.add(unit)
+        else:
             self.release([unit])
 
     def _after_forward(self, units, inputs, output):
@@ -586,7 +599,11 @@ class UnitGathering:
         self.gather(units)
         self._for_backward.update(units)
         if self._unused is not None:  # every rank is here now, whatever it reached
-            self._unused.mark([m for unit in units for m in self._members[unit]])
+            self._marking = units
+            try:
+                self._unused.mark([m for unit in units for m in self._members[unit]])
+            finally:
+                self._marking = ()
         return grad
 
     def _after_backward(self, frozen, done, grad):
@@ -602,7 +619,8 @@ class UnitGathering:
 
     def _after_backward_pass(self):
         self._backward_calls.clear()
-        self.release(sorted(u for u in self._for_backward if u in self._frozen))
+        kept, self._kept_for_backward = self._kept_for_backward, set()
+        self.release(sorted(u for u in self._for_backward if u in self._frozen or u in kept))
 
     def remove(self):
         """Removes the module hooks; gives every param its full value back in its storage
