@@ -894,14 +894,18 @@ class Scale(nn.Module):
 
 def test_deepspeed_engine_queries_of_accelerate_and_the_hf_trainer():
     """engine.parameters(), device, fp16_enabled()/bfloat16_enabled(), gradient_clipping(),
-    was_step_applied() and optimizer.overflow/cur_scale (a step the loss scaler skips on an
-    inf gradient), backward(scale_wrt_gas=False) and step(lr_kwargs=...)."""
+    was_step_applied() (False between boundaries, as DeepSpeed's) and
+    optimizer.overflow/cur_scale (a step the loss scaler skips on an inf gradient),
+    backward(scale_wrt_gas=False) and step(lr_kwargs=...) (refused with the config's
+    schedule, ignored without one, as DeepSpeed does)."""
     comm = zerort.local_group(1)[0]
     ds = {"zero_optimization": {"stage": 2}, "gradient_accumulation_steps": 2,
           "optimizer": {"type": "AdamW", "params": {"lr": 0.01}}}
     model = Scale(4)  # elementwise: PyTorch 1.13 has no fp16 matmul on the CPU
     fp16 = {"enabled": True, "initial_scale_power": 4}
-    engine = zerort.torch.initialize(model, dict(ds, fp16=fp16, gradient_clipping=0.5), comm)
+    warmup = {"type": "WarmupLR", "params": {"warmup_num_steps": 2}}
+    engine = zerort.torch.initialize(
+        model, dict(ds, fp16=fp16, gradient_clipping=0.5, scheduler=warmup), comm)
     assert [id(p) for p in engine.parameters()] == [id(p) for p in model.parameters()]
     assert [n for n, _ in engine.named_parameters()] == ["weight"]
     assert engine.device == torch.device("cpu")
@@ -909,10 +913,10 @@ def test_deepspeed_engine_queries_of_accelerate_and_the_hf_trainer():
     assert engine.gradient_clipping() == 0.5 and not engine.was_step_applied()
     assert engine.optimizer.cur_scale == engine.loss_scale == 2.0 ** 4
     for values in (float("inf"), 1.0):  # the first step overflows and is skipped
-        for _ in range(2):
+        for boundary in (False, True):
             engine.backward(model(torch.full((2, 4), values, dtype=torch.float16)).sum())
             engine.step()
-        assert engine.was_step_applied() == (values == 1.0)
+            assert engine.was_step_applied() == (boundary and values == 1.0)
         assert engine.optimizer.overflow == (values != 1.0)
     with pytest.raises(zerort.UnimplementedError, match="lr_kwargs"):
         engine.step(lr_kwargs={"last_batch_iteration": 3})
@@ -923,7 +927,7 @@ def test_deepspeed_engine_queries_of_accelerate_and_the_hf_trainer():
         engine = zerort.torch.initialize(model, ds, comm)
         for _ in range(2):
             engine.backward(model(torch.ones(2, 4)).sum(), scale_wrt_gas=scale_wrt_gas)
-            engine.step(lr_kwargs=None)
+            engine.step(lr_kwargs={"last_batch_iteration": 3})  # no schedule: ignored
         norms.append(engine.get_global_grad_norm())
         engine.close()
     assert norms[1] == pytest.approx(2 * norms[0], rel=1e-6)

@@ -31,7 +31,7 @@ def refuse_unless_default(call, given, defaults):
 
 class DeepSpeedAPI:
     """DeepSpeed's names on TorchEngine (which sets module, config, stage, rank, world_size,
-    gradient_accumulation_steps, _micro_batches, _last_info and _torch_device)."""
+    gradient_accumulation_steps, _micro_batches, _step_applied and _torch_device)."""
 
     def parameters(self, recurse=True):
         """The model's parameters(), as DeepSpeed's engine (a module wrapping it) gives."""
@@ -59,9 +59,10 @@ class DeepSpeedAPI:
         return float(self.config.get("clip_grad_norm", 0.0))
 
     def was_step_applied(self):
-        """DeepSpeed's: whether the last optimizer step updated the params (False when the
-        loss scaler skipped it on an overflow, or before the first step)."""
-        return self._last_info is not None and not self._last_info["skipped"]
+        """DeepSpeed's: whether the last engine.step() call stepped the optimizer and the
+        step updated the params (False between accumulation boundaries, and when the loss
+        scaler skipped the step on an overflow)."""
+        return self._step_applied
 
     def __call__(self, *args, **kwargs):
         """DeepSpeed's engine(inputs): the model's forward."""

@@ -73,6 +73,7 @@ class TorchEngine(DeepSpeedAPI, _checkpoint.CheckpointMethods, _gathered.Gathere
         self.loss_scale = _config.initial_loss_scale(self.config)
         self.global_steps = 0  # optimizer steps, skipped ones included (as DeepSpeed's)
         self._last_info = None
+        self._step_applied = False  # was_step_applied(): the last step() stepped
         self._engine_steps = 0
         self.config = _config.with_param_groups(self.config, groups.overrides)
         self.config["device"] = device.type
@@ -486,10 +487,13 @@ class TorchEngine(DeepSpeedAPI, _checkpoint.CheckpointMethods, _gathered.Gathere
         steps the optimizer (through engine.optimizer.step, with its param_groups' values)
         and returns a mapping {"step", "skipped", "grad_norm", "loss_scale"} (None in
         between; on a GPU "grad_norm" is read from the device when first asked for).
-        `lr_kwargs`: DeepSpeed's, None only (step a torch scheduler yourself)."""
-        refuse_unless_default("step", {"lr_kwargs": lr_kwargs}, {
-            "lr_kwargs": (None, "the config's schedule takes no arguments; step a torch "
-                                "lr_scheduler on engine.optimizer yourself")})
+        `lr_kwargs`: DeepSpeed's arguments for the config's schedule, which takes none
+        (ignored without one, as DeepSpeed does; step a torch scheduler yourself)."""
+        if lr_kwargs and self.lr_scheduler is not None:
+            refuse_unless_default("step", {"lr_kwargs": lr_kwargs}, {
+                "lr_kwargs": (None, "the config's schedule takes no arguments; step a torch "
+                                    "lr_scheduler on engine.optimizer yourself")})
+        self._step_applied = False  # DeepSpeed's: also between optimizer steps
         if not self._end_micro_batch():
             return None
         self.optimizer._from_engine = True
@@ -497,6 +501,7 @@ class TorchEngine(DeepSpeedAPI, _checkpoint.CheckpointMethods, _gathered.Gathere
             self.optimizer.step()  # the attribute: lr schedulers wrap it to see steps
         finally:
             self.optimizer._from_engine = False
+        self._step_applied = not self._last_info["skipped"]
         return self._last_info
 
     def _end_micro_batch(self):
