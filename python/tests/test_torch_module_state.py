@@ -25,7 +25,7 @@ def one_thread():
 
 class Tied(nn.Module):
     """A tied embedding and head, a BatchNorm (persistent running statistics), a persistent
-    and a non-persistent buffer, and a frozen projection."""
+    and a non-persistent buffer, a frozen projection, and extra state."""
 
     def __init__(self):
         super().__init__()
@@ -38,6 +38,12 @@ class Tied(nn.Module):
         self.head.weight = self.embed.weight
         self.register_buffer("position_ids", torch.arange(BATCH))
         self.register_buffer("scratch", torch.zeros(3), persistent=False)
+
+    def get_extra_state(self):  # as TransformerEngine's FP8 metadata
+        return {"amax": 3.0}
+
+    def set_extra_state(self, state):
+        self.loaded_extra_state = state
 
     def forward(self, tokens):
         h = self.norm(self.embed(tokens) + 0.01 * self.position_ids[:tokens.shape[0], None])
@@ -82,11 +88,13 @@ def test_module_state_dict_loads_into_the_model_built_without_an_engine(stage, t
         assert state["norm.running_mean"].abs().sum() > 0  # trained statistics, this rank's
         assert "frozen.weight" not in without_frozen and "embed.weight" in without_frozen
         plain.load_state_dict(state)  # strict
+        assert plain.loaded_extra_state == {"amax": 3.0}
         assert torch.equal(plain.head.weight, trainable["embed.weight"])
         if rank == 0:
             saved = torch.load(os.path.join(tmp_path, "model.bin"))
             assert list(saved) == list(state)
-            assert all(torch.equal(saved[name], state[name]) for name in state)
+            assert saved.pop("_extra_state") == state["_extra_state"]
+            assert all(torch.equal(saved[name], state[name]) for name in saved)
 
 
 @pytest.mark.parametrize("stage", [2, 3])
@@ -95,7 +103,8 @@ def test_a_checkpoint_restores_the_module_buffers(stage, tmp_path):
     buffers are rank 0's at the save, on every rank, and the next steps are those of the
     run that went on from the save."""
     models = [Tied() for _ in range(2)]
-    config = {"stage": stage, "optimizer": OPTIMIZER, "guard": {"timeout_s": 30}}
+    config = {"stage": stage, "optimizer": OPTIMIZER, "stage3": {"persistence_threshold": 0},
+              "guard": {"timeout_s": 30}}
     directory = str(tmp_path / "ckpt")
 
     def body(rank, comm):
@@ -121,4 +130,7 @@ def test_a_checkpoint_restores_the_module_buffers(stage, tmp_path):
     # Rank 0 went on from its own statistics: its resumed run is the same one.
     _, _, went_on, resumed = results[0]
     for name in went_on:
+        if name == "_extra_state":
+            assert resumed[name] == went_on[name]
+            continue
         assert torch.allclose(resumed[name], went_on[name], rtol=1e-5, atol=1e-6), name

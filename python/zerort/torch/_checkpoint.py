@@ -117,22 +117,36 @@ class CheckpointMethods:
     the model's full state dict (module_state_dict, save_16bit_model)."""
 
     def module_state_dict(self, exclude_frozen_parameters=False):
-        """The model's state dict with full values, named as model.state_dict() names them
-        (a tied param under each of its names, the persistent buffers): a file of it loads
-        with model.load_state_dict() into the same model built without an engine (at stage
-        3, model.state_dict() is refused between uses). Copies, on the params' device, in
-        their dtype. Collective at stage 3: every rank calls it, and gets it (DeepSpeed's
+        """The model's state dict with full values: model.state_dict()'s own walk (a tied
+        param under each of its names, the persistent buffers, extra state, what a module's
+        _save_to_state_dict or state-dict hooks add) with each param's full value; a file of
+        it loads with model.load_state_dict() into the same model built without an engine
+        (at stage 3, model.state_dict() is refused between uses). Copies, on the params'
+        device, in their dtype. Collective at stage 3: every rank calls it, and gets it (DeepSpeed's
         _zero3_consolidated_16bit_state_dict). `exclude_frozen_parameters`: without the
         params that do not train (a LoRA model's base)."""
         full = self.state_dict()  # each registered param once (collective)
         values = {id(param): full[name] for name, param, _ in self._params + self._frozen}
         values.update((id(param), full[name]) for name, param in self._empty)
-        result = {}
-        for name, tensor, is_param in module_state_items(self.module):
-            if is_param and exclude_frozen_parameters and not tensor.requires_grad:
-                continue
-            value = values.get(id(tensor)) if is_param else None
-            result[name] = value if value is not None else tensor.detach().clone()
+        if self._units is not None:  # a sharded param's entry is replaced below
+            self._units.refuse_state_dict = False
+        try:  # the module's own walk: extra state, _save_to_state_dict overrides, hooks
+            entries = self.module.state_dict(keep_vars=True)
+        finally:
+            if self._units is not None:
+                self._units.refuse_state_dict = True
+        result = type(entries)()
+        for name, entry in entries.items():
+            if isinstance(entry, torch.nn.Parameter):
+                if exclude_frozen_parameters and not entry.requires_grad:
+                    continue
+                value = values.get(id(entry))
+                if value is not None:
+                    result[name] = value
+                    continue
+            result[name] = entry.detach().clone() if isinstance(entry, torch.Tensor) else entry
+        if hasattr(entries, "_metadata"):
+            result._metadata = entries._metadata  # module versions, as state_dict() keeps
         return result
 
     def _zero3_consolidated_16bit_state_dict(self, exclude_frozen_parameters=False):

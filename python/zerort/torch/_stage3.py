@@ -265,9 +265,12 @@ class UnitGathering:
         self.handles.append(watch(module, [param for param, _ in sharded], self._read_released))
         # model.state_dict() and load_state_dict() between uses: an error naming the way,
         # not a file that cannot be loaded or a write into an empty storage.
+        # (refuse_state_dict False: engine.module_state_dict(), which replaces them)
+        self.refuse_state_dict = True
         self.handles.append(module._register_state_dict_hook(EngineHook(
             lambda _module, state_dict, prefix, _metadata: self._refuse_released_in(
-                state_dict, prefix, "model.state_dict() holds", _SAVE_WAYS))))
+                state_dict, prefix, "model.state_dict() holds", _SAVE_WAYS)
+            if self.refuse_state_dict else None)))
         self.handles.append(module._register_load_state_dict_pre_hook(EngineHook(
             lambda *args: self._refuse_released_in(
                 {name: self._param_named(name[len(args[1]):]) for name in args[0]
