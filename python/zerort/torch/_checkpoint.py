@@ -122,9 +122,9 @@ class CheckpointMethods:
         _save_to_state_dict or state-dict hooks add) with each param's full value; a file of
         it loads with model.load_state_dict() into the same model built without an engine
         (at stage 3, model.state_dict() is refused between uses). Copies, on the params'
-        device, in their dtype. Collective at stage 3: every rank calls it, and gets it (DeepSpeed's
-        _zero3_consolidated_16bit_state_dict). `exclude_frozen_parameters`: without the
-        params that do not train (a LoRA model's base)."""
+        device, in their dtype. Collective at stage 3: every rank calls it, and gets it
+        (DeepSpeed's _zero3_consolidated_16bit_state_dict). `exclude_frozen_parameters`:
+        without the params that do not train (a LoRA model's base)."""
         full = self.state_dict()  # each registered param once (collective)
         values = {id(param): full[name] for name, param, _ in self._params + self._frozen}
         values.update((id(param), full[name]) for name, param in self._empty)
