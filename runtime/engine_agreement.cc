@@ -140,31 +140,37 @@ std::string StepSettings(const Config& c) {
   return text;
 }
 
-// The config keys that shape the collectives each rank makes (bucket layout and launches,
-// stage 3's gathers, the guard's extra collectives), with this config's value of each. Ranks
-// that differ in one would issue different collectives, or the same ones at other points.
+// The config keys that shape the collectives each rank makes at its stage (compared once the
+// stages agree), with this config's value of each: the bucket layout (stages 0-2; at stage 3 a
+// bucket is a unit, whatever the caps), launches, stage 3's gathers, the guard's extra
+// collectives (replica checks: stages 0-2, where params are replicas). Ranks that differ in one
+// would issue different collectives, or the same ones at other points.
 std::vector<std::pair<std::string, std::string>> CollectiveSettings(const Config& c) {
   const BucketConfig& b = c.buckets;
   const Stage3Config& s = c.stage3;
   const GuardConfig& g = c.guard;
-  return {
+  std::vector<std::pair<std::string, std::string>> settings = {
       {"device", c.device == Device::kCuda ? "cuda" : "cpu"},
-      {"buckets.reduce_bucket_elems", absl::StrCat(b.reduce_bucket_elems)},
-      {"buckets.first_bucket_elems", absl::StrCat(b.first_bucket_elems)},
-      {"buckets.last_bucket_elems", absl::StrCat(b.last_bucket_elems)},
       {"buckets.overlap", b.overlap ? "true" : "false"},
-      {"stage3.prefetch_elems", absl::StrCat(s.prefetch_elems)},
-      {"stage3.max_live_elems", absl::StrCat(s.max_live_elems)},
-      {"stage3.persistence_threshold", absl::StrCat(s.persistence_threshold)},
-      {"stage3.max_reuse_elems", absl::StrCat(s.max_reuse_elems)},
       {"guard.on_duplicate", g.on_duplicate == DuplicatePolicy::kCount ? "\"count\"" : "\"error\""},
       {"guard.on_unused", g.on_unused == UnusedPolicy::kZero ? "\"zero\"" : "\"error\""},
       {"guard.consistency_check", g.consistency_check ? "true" : "false"},
       {"guard.init_params", g.init_params == InitParams::kVerify ? "\"verify\"" : "\"broadcast\""},
-      {"guard.replica_check_every", absl::StrCat(g.replica_check_every)},
       {"precision.reduce", DTypeName(c.precision.reduce)},
       {"checkpoint.save_frozen", c.checkpoint.save_frozen ? "true" : "false"},
   };
+  if (c.stage == 3) {
+    settings.insert(settings.end(), {{"stage3.prefetch_elems", absl::StrCat(s.prefetch_elems)},
+                                     {"stage3.max_live_elems", absl::StrCat(s.max_live_elems)},
+                                     {"stage3.persistence_threshold", absl::StrCat(s.persistence_threshold)},
+                                     {"stage3.max_reuse_elems", absl::StrCat(s.max_reuse_elems)}});
+  } else {
+    settings.insert(settings.end(), {{"buckets.reduce_bucket_elems", absl::StrCat(b.reduce_bucket_elems)},
+                                     {"buckets.first_bucket_elems", absl::StrCat(b.first_bucket_elems)},
+                                     {"buckets.last_bucket_elems", absl::StrCat(b.last_bucket_elems)},
+                                     {"guard.replica_check_every", absl::StrCat(g.replica_check_every)}});
+  }
+  return settings;
 }
 
 // When the ranks' collective settings differ: one all-gather of every key's hash, then each
@@ -267,8 +273,7 @@ Status EngineImpl::CheckRanksAgree(int bucket) {
         " is at bucket ", all[4 * r + 1], " (", all[4 * r + 2], " elements",
         all[4 * r + 3] == layout ? "" : ", other params or gradient dtype",
         ") of iteration ", all[4 * r],
-        ". A rank took different control flow (skipped a backward, ran an extra iteration) or "
-        "uses a different config (bucket sizes, precision.grad)"));
+        ". A rank took different control flow (skipped a backward, ran an extra iteration)"));
     return diverged_;
   }
   return absl::OkStatus();

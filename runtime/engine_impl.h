@@ -134,11 +134,13 @@ class EngineImpl final : public Engine {
   std::string DescribeBucket(int bucket) const;
   // Marks a bucket whose params are all ready, handing its reduction to the scheduler.
   Status BucketReady(int bucket);
-  // Stage 2-3: waits for reductions in flight until `bucket` can have a gradient buffer.
-  Status WaitForGradBuffer(int bucket);
+  // Stage 2-3: waits for reductions in flight until `bucket` can have a gradient buffer
+  // (for the gradient of param `arriving`; -1: none, the bucket completes without it).
+  Status WaitForGradBuffer(int bucket, int arriving = -1);
   // The error when every pool buffer is held and nothing is in flight to free one: names the
-  // bucket that holds the launches back and its params that have had no gradient.
-  Status BufferPoolExhausted() const;
+  // bucket that holds the launches back and its params that have had no gradient (but
+  // `arriving`, whose gradient is being written).
+  Status BufferPoolExhausted(int arriving) const;
   // Before a gradient is written for `id` (GradBuffer, AccumulateGrad, named by `call`): the
   // call is valid now, the guard allows the write, and its bucket has a buffer (unless `lend`:
   // a gradient to be lent that the store keeps without one, GradStore::LendsWithoutBuffer).

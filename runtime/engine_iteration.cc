@@ -69,19 +69,19 @@ Status EngineImpl::PrepareGradWrite(ParamId id, const char* call, bool lend) {
   const int bucket = plan_->placement(param).bucket;
   ZERO_RETURN_IF_ERROR(guard_->CheckWritable(param, handed_[bucket] != 0));
   if (lend && grads_->LendsWithoutBuffer(param, specs_[param].dtype, LastMicroBatch())) return absl::OkStatus();
-  return WaitForGradBuffer(bucket);
+  return WaitForGradBuffer(bucket, param);
 }
 
-Status EngineImpl::WaitForGradBuffer(int bucket) {
+Status EngineImpl::WaitForGradBuffer(int bucket, int arriving) {
   while (grads_->NeedsBufferWait(bucket)) {
-    if (scheduler_->in_flight() == 0) return BufferPoolExhausted();
+    if (scheduler_->in_flight() == 0) return BufferPoolExhausted(arriving);
     ZERO_RETURN_IF_ERROR(scheduler_->WaitOldest(config_.guard.timeout_s));  // its Finish frees a buffer
     ++counters_.pool_waits;
   }
   return absl::OkStatus();
 }
 
-Status EngineImpl::BufferPoolExhausted() const {
+Status EngineImpl::BufferPoolExhausted(int arriving) const {
   std::string message = absl::StrCat("gradient buffers exhausted: all ", grads_->pool_buffers(),
                                      " bucket buffers (buckets.pool_buffers) are held by buckets still being filled "
                                      "or waiting to launch, so none can be freed.");
@@ -89,7 +89,9 @@ Status EngineImpl::BufferPoolExhausted() const {
   std::vector<std::string> missing;  // the blocking bucket's params that have had no gradient
   if (blocking < static_cast<int>(plan_->buckets().size())) {
     for (int param : plan_->buckets()[blocking].params) {
-      if (!guard_->complete(param) && guard_->arrival(param) < 0) missing.push_back(ParamLabel(param));
+      if (param != arriving && !guard_->complete(param) && guard_->arrival(param) < 0) {
+        missing.push_back(ParamLabel(param));
+      }
     }
   }
   if (missing.empty()) {
@@ -98,14 +100,19 @@ Status EngineImpl::BufferPoolExhausted() const {
                  "buckets.reduce_bucket_elems"));
   }
   const size_t shown = std::min<size_t>(missing.size(), 4);
+  const bool marks_unused = config_.guard.on_unused == UnusedPolicy::kZero;
   return absl::ResourceExhaustedError(absl::StrCat(
       message, " Buckets launch in one fixed order on every rank, and bucket ", blocking,
       ", next in it, still waits for params that have had no gradient in this backward: ",
       absl::StrJoin(missing.begin(), missing.begin() + static_cast<std::ptrdiff_t>(shown), ", "),
       missing.size() > shown ? absl::StrCat(" and ", missing.size() - shown, " more") : "",
-      ". If the forward does not use them (a module or branch left out), set guard.on_unused = \"zero\" "
-      "(DeepSpeed: zero_optimization.ignore_unused_parameters = true), or freeze them before "
-      "initialize; if their gradients come later in this backward, raise buckets.pool_buffers or "
+      marks_unused ? ". guard.on_unused = \"zero\" marks a param the forward did not use only where the "
+                     "autograd graph tells (not behind a custom autograd.Function such as reentrant "
+                     "checkpointing); "
+                   : ". If the forward does not use them (a module or branch left out), set guard.on_unused = "
+                     "\"zero\" (DeepSpeed: zero_optimization.ignore_unused_parameters = true), or freeze them "
+                     "before initialize; ",
+      "if their gradients come later in this backward, raise buckets.pool_buffers or "
       "buckets.reduce_bucket_elems"));
 }
 

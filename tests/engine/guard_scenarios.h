@@ -23,7 +23,7 @@ struct GuardScenario {
 
 /// Reentrant checkpointing (a hook firing twice), tied embeddings, a branch unused on one rank,
 /// a param no rank used, a rank that skips EndBackward, ranks registering in different orders,
-/// and ranks with different bucket layouts under consistency_check.
+/// and ranks configured with different bucket sizes (refused by Finalize at stages 0-2).
 std::vector<GuardScenario> GuardScenarios();
 
 }  // namespace zero::testing

@@ -337,6 +337,19 @@ TEST(RegistryMismatch, DifferentCollectiveSettingsNameTheKey) {
                       }),
                       {"config key stage3.persistence_threshold", "ranks 0-1 have 100000", "rank 2 has 0"});
   EXPECT_THAT(finalize([](int, Config& c) { c.guard.timeout_s = 30; }), Each(IsOk()));
+  // Values the stage does not read: stage 3's window at stage 2, bucket caps and replica checks
+  // at stage 3 (a bucket is a unit there, and no param is a replica).
+  EXPECT_THAT(finalize([](int r, Config& c) {
+                c.stage = 2;
+                c.stage3.persistence_threshold = r;
+              }),
+              Each(IsOk()));
+  EXPECT_THAT(finalize([](int r, Config& c) {
+                c.stage = 3;
+                c.buckets.reduce_bucket_elems = 1000 * (r + 1);
+                c.guard.replica_check_every = r;
+              }),
+              Each(IsOk()));
 }
 
 TEST(RegistryMismatch, AgreeingRanksFinalize) {

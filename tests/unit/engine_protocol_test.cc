@@ -13,6 +13,7 @@ namespace zero {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 using testing::IsOk;
 using testing::StatusIs;
 using testing::ToyConfig;
@@ -91,6 +92,51 @@ TEST(EngineProtocol, AnExhaustedBufferPoolNamesTheParamsItsFirstBucketWaitsFor) 
               StatusIs(absl::StatusCode::kResourceExhausted,
                        ::testing::AllOf(HasSubstr("\"pooler.weight\" (index 2)"), HasSubstr("no gradient"),
                                         HasSubstr("guard.on_unused"), HasSubstr("buckets.pool_buffers"))));
+}
+
+// The same pool with guard.on_unused = "zero" already set: the error does not suggest it.
+TEST(EngineProtocol, AnExhaustedBufferPoolUnderOnUnusedZeroSaysWhereItMarks) {
+  auto group = comm::CreateLocalGroup(1);
+  Config config = ToyConfig(2);
+  config.buckets.first_bucket_elems = config.buckets.reduce_bucket_elems = 128;
+  config.buckets.pool_buffers = 1;
+  config.guard.on_unused = UnusedPolicy::kZero;
+  auto engine = Engine::Create(config, *(*group)[0]);
+  ASSERT_THAT(engine, IsOk());
+  Engine& e = **engine;
+  const ParamId used0 = *e.RegisterParam({"used0", {128}});
+  const ParamId used1 = *e.RegisterParam({"used1", {128}});
+  ASSERT_THAT(e.RegisterParam({"pooler.weight", {128}}), IsOk());
+  ASSERT_THAT(e.Finalize(), IsOk());
+  ASSERT_THAT(e.BeginIteration(), IsOk());
+  const std::vector<float> grad(128, 0.5f);
+  ASSERT_THAT(e.AccumulateGrad(used1, grad.data()), IsOk());
+  EXPECT_THAT(e.AccumulateGrad(used0, grad.data()),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       ::testing::AllOf(HasSubstr("\"pooler.weight\" (index 2)"),
+                                        HasSubstr("only where the autograd graph tells"),
+                                        Not(HasSubstr("set guard.on_unused")))));
+}
+
+// The bucket asking for a buffer is the one next to launch: the param whose gradient is being
+// written is not among those that "had no gradient"; the gradients came far from backward order.
+TEST(EngineProtocol, AnExhaustedBufferPoolDoesNotBlameTheGradientArrivingNow) {
+  auto group = comm::CreateLocalGroup(1);
+  Config config = ToyConfig(2);
+  config.buckets.first_bucket_elems = config.buckets.reduce_bucket_elems = 128;
+  config.buckets.pool_buffers = 1;
+  auto engine = Engine::Create(config, *(*group)[0]);
+  ASSERT_THAT(engine, IsOk());
+  Engine& e = **engine;
+  const ParamId early = *e.RegisterParam({"early", {128}});
+  const ParamId late = *e.RegisterParam({"late", {128}});  // its bucket launches first
+  ASSERT_THAT(e.Finalize(), IsOk());
+  ASSERT_THAT(e.BeginIteration(), IsOk());
+  const std::vector<float> grad(128, 0.5f);
+  ASSERT_THAT(e.AccumulateGrad(early, grad.data()), IsOk());
+  EXPECT_THAT(e.AccumulateGrad(late, grad.data()),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       ::testing::AllOf(HasSubstr("far from backward order"), Not(HasSubstr("\"late\"")))));
 }
 
 }  // namespace
