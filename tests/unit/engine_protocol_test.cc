@@ -69,26 +69,33 @@ TEST(EngineProtocol, SetStreamIsForCudaEnginesAndOutsideIterations) {
   EXPECT_THAT(e.SetStream(nullptr), StatusIs(absl::StatusCode::kFailedPrecondition));
 }
 
+// An engine of one rank whose buckets each hold one of `names` (128 elements each; the last
+// registered launches first) and whose pool has one gradient buffer, in its first iteration.
+std::unique_ptr<Engine> OneBufferEngine(comm::Communicator& comm, Config config,
+                                        const std::vector<std::string>& names) {
+  config.buckets.first_bucket_elems = config.buckets.reduce_bucket_elems = 128;
+  config.buckets.pool_buffers = 1;
+  auto engine = Engine::Create(config, comm);
+  EXPECT_THAT(engine, IsOk());
+  if (!engine.ok()) return nullptr;
+  for (const std::string& name : names) EXPECT_THAT((*engine)->RegisterParam({name, {128}}), IsOk());
+  EXPECT_THAT((*engine)->Finalize(), IsOk());
+  EXPECT_THAT((*engine)->BeginIteration(), IsOk());
+  return *std::move(engine);
+}
+
+const std::vector<float> kGrad(128, 0.5f);
+
 // Buckets launch in one order; a bucket first in it whose params get no gradient (a module
 // the forward left out) holds every later one back, with its buffer, until none is left. The
 // error names the params it waits for and the ways out, not only "gradients far from backward
 // order".
 TEST(EngineProtocol, AnExhaustedBufferPoolNamesTheParamsItsFirstBucketWaitsFor) {
   auto group = comm::CreateLocalGroup(1);
-  Config config = ToyConfig(2);
-  config.buckets.first_bucket_elems = config.buckets.reduce_bucket_elems = 128;
-  config.buckets.pool_buffers = 1;
-  auto engine = Engine::Create(config, *(*group)[0]);
-  ASSERT_THAT(engine, IsOk());
-  Engine& e = **engine;
-  const ParamId used0 = *e.RegisterParam({"used0", {128}});
-  const ParamId used1 = *e.RegisterParam({"used1", {128}});
-  ASSERT_THAT(e.RegisterParam({"pooler.weight", {128}}), IsOk());  // last: its bucket launches first
-  ASSERT_THAT(e.Finalize(), IsOk());
-  ASSERT_THAT(e.BeginIteration(), IsOk());
-  const std::vector<float> grad(128, 0.5f);
-  ASSERT_THAT(e.AccumulateGrad(used1, grad.data()), IsOk());
-  EXPECT_THAT(e.AccumulateGrad(used0, grad.data()),
+  auto e = OneBufferEngine(*(*group)[0], ToyConfig(2), {"used0", "used1", "pooler.weight"});
+  ASSERT_NE(e, nullptr);
+  ASSERT_THAT(e->AccumulateGrad(1, kGrad.data()), IsOk());
+  EXPECT_THAT(e->AccumulateGrad(0, kGrad.data()),
               StatusIs(absl::StatusCode::kResourceExhausted,
                        ::testing::AllOf(HasSubstr("\"pooler.weight\" (index 2)"), HasSubstr("no gradient"),
                                         HasSubstr("guard.on_unused"), HasSubstr("buckets.pool_buffers"))));
@@ -96,22 +103,13 @@ TEST(EngineProtocol, AnExhaustedBufferPoolNamesTheParamsItsFirstBucketWaitsFor) 
 
 // The same pool with guard.on_unused = "zero" already set: the error does not suggest it.
 TEST(EngineProtocol, AnExhaustedBufferPoolUnderOnUnusedZeroSaysWhereItMarks) {
-  auto group = comm::CreateLocalGroup(1);
   Config config = ToyConfig(2);
-  config.buckets.first_bucket_elems = config.buckets.reduce_bucket_elems = 128;
-  config.buckets.pool_buffers = 1;
   config.guard.on_unused = UnusedPolicy::kZero;
-  auto engine = Engine::Create(config, *(*group)[0]);
-  ASSERT_THAT(engine, IsOk());
-  Engine& e = **engine;
-  const ParamId used0 = *e.RegisterParam({"used0", {128}});
-  const ParamId used1 = *e.RegisterParam({"used1", {128}});
-  ASSERT_THAT(e.RegisterParam({"pooler.weight", {128}}), IsOk());
-  ASSERT_THAT(e.Finalize(), IsOk());
-  ASSERT_THAT(e.BeginIteration(), IsOk());
-  const std::vector<float> grad(128, 0.5f);
-  ASSERT_THAT(e.AccumulateGrad(used1, grad.data()), IsOk());
-  EXPECT_THAT(e.AccumulateGrad(used0, grad.data()),
+  auto group = comm::CreateLocalGroup(1);
+  auto e = OneBufferEngine(*(*group)[0], config, {"used0", "used1", "pooler.weight"});
+  ASSERT_NE(e, nullptr);
+  ASSERT_THAT(e->AccumulateGrad(1, kGrad.data()), IsOk());
+  EXPECT_THAT(e->AccumulateGrad(0, kGrad.data()),
               StatusIs(absl::StatusCode::kResourceExhausted,
                        ::testing::AllOf(HasSubstr("\"pooler.weight\" (index 2)"),
                                         HasSubstr("only where the autograd graph tells"),
@@ -122,19 +120,10 @@ TEST(EngineProtocol, AnExhaustedBufferPoolUnderOnUnusedZeroSaysWhereItMarks) {
 // written is not among those that "had no gradient"; the gradients came far from backward order.
 TEST(EngineProtocol, AnExhaustedBufferPoolDoesNotBlameTheGradientArrivingNow) {
   auto group = comm::CreateLocalGroup(1);
-  Config config = ToyConfig(2);
-  config.buckets.first_bucket_elems = config.buckets.reduce_bucket_elems = 128;
-  config.buckets.pool_buffers = 1;
-  auto engine = Engine::Create(config, *(*group)[0]);
-  ASSERT_THAT(engine, IsOk());
-  Engine& e = **engine;
-  const ParamId early = *e.RegisterParam({"early", {128}});
-  const ParamId late = *e.RegisterParam({"late", {128}});  // its bucket launches first
-  ASSERT_THAT(e.Finalize(), IsOk());
-  ASSERT_THAT(e.BeginIteration(), IsOk());
-  const std::vector<float> grad(128, 0.5f);
-  ASSERT_THAT(e.AccumulateGrad(early, grad.data()), IsOk());
-  EXPECT_THAT(e.AccumulateGrad(late, grad.data()),
+  auto e = OneBufferEngine(*(*group)[0], ToyConfig(2), {"early", "late"});  // late's launches first
+  ASSERT_NE(e, nullptr);
+  ASSERT_THAT(e->AccumulateGrad(0, kGrad.data()), IsOk());
+  EXPECT_THAT(e->AccumulateGrad(1, kGrad.data()),
               StatusIs(absl::StatusCode::kResourceExhausted,
                        ::testing::AllOf(HasSubstr("far from backward order"), Not(HasSubstr("\"late\"")))));
 }
