@@ -934,6 +934,45 @@ def test_deepspeed_engine_queries_of_accelerate_and_the_hf_trainer():
     comm.close()
 
 
+def test_deepspeed_engine_calls_of_accelerate_and_the_hf_trainer_around_steps_and_saves(
+        tmp_path):
+    """set_gradient_accumulation_boundary() (Accelerate, before each micro-batch), the
+    counters micro_steps, global_samples, dp_world_size, get_mom(), optimizer.loss_scale,
+    zero_gather_16bit_weights_on_model_save() (Accelerate's get_state_dict at ZeRO-3),
+    load_checkpoint() of a directory with no checkpoint yet ((None, None), as DeepSpeed's)
+    and with load_module_strict=False (the HF Trainer's resume of a PEFT model)."""
+    comm = zerort.local_group(1)[0]
+    ds = {"zero_optimization": {"stage": 2}, "gradient_accumulation_steps": 2,
+          "train_micro_batch_size_per_gpu": 3,
+          "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "betas": [0.8, 0.9]}}}
+    model = Scale(4)
+    engine = zerort.torch.initialize(model, ds, comm)
+    with pytest.warns(UserWarning, match="Unable to find latest file"):
+        assert engine.load_checkpoint(str(tmp_path / "none yet")) == (None, None)
+    for micro_batch in range(4):
+        boundary = micro_batch % 2 == 1
+        with pytest.raises(zerort.UnimplementedError, match="sync_with_dataloader"):
+            engine.set_gradient_accumulation_boundary(not boundary)
+        engine.set_gradient_accumulation_boundary(boundary)
+        engine.backward(model(torch.ones(3, 4)).sum())
+        engine.step()
+    assert (engine.micro_steps, engine.global_steps, engine.global_samples) == (4, 2, 12)
+    assert engine.dp_world_size == 1 and not engine.zero_optimization_partition_weights()
+    assert engine.zero_gather_16bit_weights_on_model_save()
+    assert [list(betas) for betas in engine.get_mom()] == [[0.8, 0.9]]
+    assert engine.optimizer.loss_scale == 1.0
+    engine.save_checkpoint(str(tmp_path / "ckpt"))
+    saved = engine.state_dict()["weight"].clone()
+    for _ in range(2):
+        engine.backward(model(torch.ones(3, 4)).sum())
+        engine.step()
+    path, _ = engine.load_checkpoint(str(tmp_path / "ckpt"), load_module_strict=False)
+    assert path.endswith("global_step2") and torch.equal(engine.state_dict()["weight"], saved)
+    engine.close()
+    assert engine.train_batch_size() == 6  # a config query, also after close()
+    comm.close()
+
+
 @pytest.mark.parametrize("stage,call", [(2, "save_checkpoint"), (3, "state_dict"),
                                         (3, "forward")])
 def test_a_collective_call_on_rank_0_only_names_what_every_rank_must_call(stage, call,

@@ -202,6 +202,15 @@ class CheckpointMethods:
             self._engine.save_checkpoint(
                 directory, f"global_step{self.global_steps}" if tag is None else tag)
 
+    def _every_rank_finds_a_checkpoint(self, directory):
+        """Whether `directory` holds a checkpoint (meta.json) or a latest file on every
+        rank (collective: every rank takes the same way)."""
+        found = any(os.path.isfile(os.path.join(directory, name))
+                    for name in ("latest", "meta.json"))
+        flag = torch.tensor([1.0 if found else 0.0])
+        with every_rank_calls("engine.load_checkpoint()"):
+            return self.all_reduce(flag, "min").item() == 1.0
+
     def preemption_requested(self):
         """After zerort.install_preemption_handler(): whether any rank got SIGTERM or
         SIGUSR1. Collective (every rank calls it at the same step); the same answer on
@@ -216,23 +225,32 @@ class CheckpointMethods:
         engine.optimizer.param_groups show the loaded values) from `directory`
         (directory/tag with a tag), or from the checkpoint directory/latest names. Returns,
         as DeepSpeed's load_checkpoint does, (the path of the checkpoint loaded, the
-        client_state saved with it ({} if none)). Unpickles the client state: load only
-        checkpoints you trust. DeepSpeed's keyword arguments are taken at their defaults
-        only (a ZeroRT checkpoint loads whole)."""
+        client_state saved with it ({} if none)). Without a tag, a `directory` that holds
+        no checkpoint and no latest file on some rank (the first launch of a job that
+        resumes when it can) loads nothing on every rank and returns (None, None) with a
+        warning, as DeepSpeed does. Unpickles the client state: load only checkpoints you
+        trust. DeepSpeed's keyword arguments are taken at their defaults only (a ZeroRT
+        checkpoint loads whole; load_module_strict=False is taken too, as every param the
+        engine holds is in a checkpoint of the same model, which a load checks)."""
         whole = "a ZeroRT checkpoint loads whole: params, optimizer state and schedule"
         refuse_unless_default("load_checkpoint", {
-            "load_module_strict": load_module_strict,
             "load_optimizer_states": load_optimizer_states,
             "load_lr_scheduler_states": load_lr_scheduler_states,
             "load_module_only": load_module_only}, {
-            "load_module_strict": (True, "every registered param must be in the checkpoint"),
             "load_optimizer_states": (True, whole),
             "load_lr_scheduler_states": (True, whole),
             "load_module_only": (False, whole + " (for weights alone, read them from "
                                  "engine.state_dict() of a run that loaded it)")})
+        self._check_model("load_checkpoint()")
+        if tag is None and not self._every_rank_finds_a_checkpoint(directory):
+            warnings.warn(
+                f"zerort.torch: load_checkpoint(): {directory} holds no checkpoint and no "
+                "latest file naming one (on this rank or another); nothing loaded (DeepSpeed: "
+                "\"Unable to find latest file\"). Pass a tag to load a checkpoint by name",
+                stacklevel=2)
+            return None, None
         if tag is not None:
             directory = f"{directory}/{tag}"
-        self._check_model("load_checkpoint()")
         loaded_path = resolve_latest(directory)
         with every_rank_calls("engine.load_checkpoint()"):
             self._engine.load_checkpoint(directory)

@@ -123,3 +123,48 @@ class DeepSpeedAPI:
         """DeepSpeed's: whether the next step() steps the optimizer (it ends the last
         micro-batch of gradient_accumulation_steps)."""
         return self._micro_batches + 1 >= self.gradient_accumulation_steps
+
+    def set_gradient_accumulation_boundary(self, is_boundary):
+        """DeepSpeed's (Accelerate calls it before each micro-batch with its
+        sync_gradients): ZeroRT steps every gradient_accumulation_steps micro-batches, so
+        `is_boundary` must say what is_gradient_accumulation_boundary() says; another answer
+        is an UnimplementedError naming the way out."""
+        if bool(is_boundary) == self.is_gradient_accumulation_boundary():
+            return
+        raise errors.UnimplementedError(
+            f"zerort.torch: set_gradient_accumulation_boundary({bool(is_boundary)}) at "
+            f"micro-batch {self._micro_batches + 1} of {self.gradient_accumulation_steps}: "
+            "ZeroRT steps the optimizer every gradient_accumulation_steps micro-batches, not "
+            "at boundaries chosen per micro-batch. With Accelerate: give it the config's "
+            "gradient_accumulation_steps, and make each epoch's micro-batches a multiple of "
+            "it (drop_last, or GradientAccumulationPlugin(sync_with_dataloader=False)), as "
+            "it otherwise steps early at an epoch's end", errors.UnimplementedError.status)
+
+    @property
+    def dp_world_size(self):
+        """DeepSpeed's: the number of data-parallel ranks."""
+        return self.world_size
+
+    @property
+    def global_samples(self):
+        """DeepSpeed's: samples stepped over, global_steps × train_batch_size() (None when
+        the config gives no batch size)."""
+        batch = self.train_batch_size()
+        return None if batch is None else self.global_steps * batch
+
+    def zero_optimization_partition_weights(self):
+        """DeepSpeed's: whether the params are sharded (stage 3)."""
+        return self.stage == 3
+
+    def zero_gather_16bit_weights_on_model_save(self):
+        """DeepSpeed's (Accelerate's get_state_dict asks it before
+        _zero3_consolidated_16bit_state_dict): True, as module_state_dict() gathers full
+        values at every stage (stage3_gather_16bit_weights_on_model_save is accepted and
+        changes nothing)."""
+        return True
+
+    def get_mom(self):
+        """DeepSpeed's: each param group's betas (Adam, AdamW, Lamb, Lion) or momentum
+        (SGD), as engine.optimizer.param_groups hold them now."""
+        return [group["betas"] if "betas" in group else group.get("momentum")
+                for group in self.optimizer.param_groups]

@@ -74,6 +74,7 @@ class TorchEngine(DeepSpeedAPI, _checkpoint.CheckpointMethods, _gathered.Gathere
         self.global_steps = 0  # optimizer steps, skipped ones included (as DeepSpeed's)
         self._last_info = None
         self._step_applied = False  # was_step_applied(): the last step() stepped
+        self.micro_steps = 0  # step() calls, as DeepSpeed's engine.micro_steps
         self._engine_steps = 0
         self.config = _config.with_param_groups(self.config, groups.overrides)
         self.config["device"] = device.type
@@ -92,6 +93,7 @@ class TorchEngine(DeepSpeedAPI, _checkpoint.CheckpointMethods, _gathered.Gathere
         if device.type == "cuda":
             self._stream = _device.prepare_cuda(self.config, self.stage, device, comm, raw)
         self._engine = core.Engine(self.config, comm)
+        self._rank, self._world_size = self._engine.rank, self._engine.world_size
         # Before the engine's memory goes, however the engine is closed, even if the rest
         # of initialize() fails (_params.Detacher; it fills as the model is bound).
         self._hooks = []  # removable handles of the params' gradient hooks
@@ -299,13 +301,13 @@ class TorchEngine(DeepSpeedAPI, _checkpoint.CheckpointMethods, _gathered.Gathere
 
     @property
     def rank(self):
-        """This rank's index."""
-        return self._engine.rank
+        """This rank's index (also after close())."""
+        return self._rank
 
     @property
     def world_size(self):
-        """The number of data-parallel ranks."""
-        return self._engine.world_size
+        """The number of data-parallel ranks (also after close())."""
+        return self._world_size
 
     def _bind_views(self):
         """Stages 0-2: every registered param's data becomes the engine's copy (a view that
@@ -494,7 +496,9 @@ class TorchEngine(DeepSpeedAPI, _checkpoint.CheckpointMethods, _gathered.Gathere
                 "lr_kwargs": (None, "the config's schedule takes no arguments; step a torch "
                                     "lr_scheduler on engine.optimizer yourself")})
         self._step_applied = False  # DeepSpeed's: also between optimizer steps
-        if not self._end_micro_batch():
+        boundary = self._end_micro_batch()
+        self.micro_steps += 1
+        if not boundary:
             return None
         self.optimizer._from_engine = True
         try:
