@@ -350,21 +350,24 @@ def test_deepspeed_reference_depends_on_clipping():
 
 
 def test_deepspeed_accumulation_steps_are_derived_from_the_batch_sizes():
-    """train_batch_size and train_micro_batch_size_per_gpu without gradient_accumulation_steps:
-    DeepSpeed derives it with the world size (16 / (4 × 2 ranks) = 2); sizes that do not
-    divide are an error naming train_batch_size."""
+    """train_batch_size and train_micro_batch_size_per_gpu without gradient_accumulation_steps,
+    or with it "auto": DeepSpeed derives it with the world size (16 / (4 × 2 ranks) = 2);
+    sizes that do not divide are an error naming train_batch_size."""
     base = {"zero_optimization": {"stage": 1},
             "optimizer": {"type": "AdamW", "params": {"lr": 0.01}}}
 
     def accumulation(_rank, comm):
-        engine = zerort.torch.initialize(
-            TinyLM(), dict(base, train_batch_size=16, train_micro_batch_size_per_gpu=4), comm)
-        steps = engine.gradient_accumulation_steps
-        engine.close()
+        steps = []
+        for given in ({}, {"gradient_accumulation_steps": "auto"}):
+            engine = zerort.torch.initialize(
+                TinyLM(), dict(base, train_batch_size=16, train_micro_batch_size_per_gpu=4,
+                               **given), comm)
+            steps.append(engine.gradient_accumulation_steps)
+            engine.close()
         comm.close()
         return steps
 
-    assert run_ranks(2, accumulation) == [2, 2]
+    assert run_ranks(2, accumulation) == [[2, 2], [2, 2]]
 
     def uneven(_rank, comm):
         with pytest.raises(zerort.InvalidArgumentError, match="train_batch_size 12"):

@@ -33,10 +33,10 @@ def load(config, world_size):
 
 def _with_derived_accumulation(raw, world_size):
     """`raw` with DeepSpeed's gradient_accumulation_steps = train_batch_size /
-    (train_micro_batch_size_per_gpu × world size) where it leaves that out and the division
-    is whole (else as it is: the engine names what does not fit)."""
+    (train_micro_batch_size_per_gpu × world size) where it leaves that out or says "auto"
+    and the division is whole (else as it is: the engine names what does not fit)."""
     train, micro = raw.get("train_batch_size"), raw.get("train_micro_batch_size_per_gpu")
-    if ("gradient_accumulation_steps" in raw or not isinstance(train, int)
+    if (raw.get("gradient_accumulation_steps", "auto") != "auto" or not isinstance(train, int)
             or not isinstance(micro, int) or isinstance(train, bool) or micro <= 0
             or train <= 0 or train % (micro * world_size) != 0):
         return raw
