@@ -589,6 +589,22 @@ def test_a_second_step_with_nothing_between_names_the_double_step():
     comm.close()
 
 
+def test_a_step_after_zero_grad_dropped_the_micro_batch_names_the_zero_grad():
+    """backward, optimizer.zero_grad(), step(): the zero_grad() dropped the micro-batch's
+    gradients (as PyTorch's does); the step's error names it, not a second step() call."""
+    model = bias_model()
+    engine, comm = one_rank(model, {"stage": 2, "optimizer": SGD})
+    x = torch.randn(8, 4, generator=torch.Generator().manual_seed(1))
+    model(x).mean().backward()
+    engine.optimizer.zero_grad()
+    with pytest.raises(zerort.FailedPreconditionError, match="zero_grad.. dropped"):
+        engine.step()
+    model(x).mean().backward()  # the next micro-batch steps as usual
+    assert engine.step() is not None
+    engine.close()
+    comm.close()
+
+
 # 19. step() after a forward alone; params frozen after initialize ------------------------
 
 def test_a_step_after_a_forward_without_backward_says_no_backward_ran():

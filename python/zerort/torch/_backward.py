@@ -34,8 +34,16 @@ UNUSED_HINT = (
     "(set guard.on_unused = \"zero\"), or a param that is not used at all (freeze it).")
 
 
-def step_without_backward_error():
-    """The error for a step() that follows another with no forward or gradient between."""
+def step_without_backward_error(after_zero_grad=False):
+    """The error for a step() that follows another with no forward or gradient between
+    (`after_zero_grad`: optimizer.zero_grad() dropped that micro-batch's gradients)."""
+    if after_zero_grad:
+        return errors.FailedPreconditionError(
+            "zerort.torch: step() was called after optimizer.zero_grad() dropped this "
+            "micro-batch's gradients (a zero_grad() between backward and step() discards "
+            "them, as in PyTorch, and ends the micro-batch): nothing is left to step. Call "
+            "zero_grad() after step() or before the backward, or leave out this step() when "
+            "the batch was meant to be rejected.", errors.FailedPreconditionError.status)
     return errors.FailedPreconditionError(
         "zerort.torch: step() was called with no forward and no gradient since the last "
         "step() (or optimizer.step()): nothing of this micro-batch reached the engine. "

@@ -75,6 +75,7 @@ class TorchEngine(DeepSpeedAPI, _checkpoint.CheckpointMethods, _gathered.Gathere
         self._last_info = None
         self._step_applied = False  # was_step_applied(): the last step() stepped
         self.micro_steps = 0  # step() calls, as DeepSpeed's engine.micro_steps
+        self._dropped_by_zero_grad = False  # optimizer.zero_grad() ended the micro-batch
         self._engine_steps = 0
         self.config = _config.with_param_groups(self.config, groups.overrides)
         self.config["device"] = device.type
@@ -511,6 +512,7 @@ class TorchEngine(DeepSpeedAPI, _checkpoint.CheckpointMethods, _gathered.Gathere
     def _end_micro_batch(self):
         """Ends the micro-batch; True when it is the last one before an optimizer step."""
         ran_forward, self._ran_forward = self._ran_forward, False
+        dropped, self._dropped_by_zero_grad = self._dropped_by_zero_grad, False
         self._flush_grads()  # gradients handed over outside a backward pass
         handed, self._handed_since_step_call = self._handed_since_step_call, False
         arrived = self._in_micro_batch
@@ -526,7 +528,7 @@ class TorchEngine(DeepSpeedAPI, _checkpoint.CheckpointMethods, _gathered.Gathere
             self._engine.end_backward()
         except errors.UnusedParametersError as error:
             if not ran_forward and not arrived:
-                raise _backward.step_without_backward_error() from None
+                raise _backward.step_without_backward_error(dropped) from None
             if not handed and self._passes.current == 0:  # no backward reached the outputs
                 raise _backward.forward_without_backward_error() from None
             frozen = [name for name, param, _ in self._params if not param.requires_grad]
@@ -578,6 +580,7 @@ class TorchEngine(DeepSpeedAPI, _checkpoint.CheckpointMethods, _gathered.Gathere
         self._engine.drop_gradients()
         self._micro_batches = 0
         self._lent_grads.clear()
+        self._dropped_by_zero_grad = True  # a step() with nothing since is told why
 
     def get_lr(self):
         """Each group's learning rate for the next optimizer step."""
