@@ -97,6 +97,12 @@ def check_lr_schedule():
         check(runs is not None and runs[0][-1]["loss"] < runs[0][0]["loss"]
               and close(runs[0][-1]["lr"], 2e-3, 1e-6),
               "zero-train --config ds.json (a DeepSpeed config): trains, at the schedule's lr")
+        ckpt = os.path.join(root, "ckpt")
+        train(["--config", ds, "--steps", "5", "--save_every", "1", "--checkpoint_dir", ckpt])
+        kept = sorted(name for name in os.listdir(ckpt) if not name.startswith("."))  # the lock
+        check(kept == ["latest", "step-4", "step-5"],
+              f"zero-train --config ds.json: --keep_last's default (2) holds where the config sets "
+              f"no checkpoint.keep_last ({kept})")
         with open(ds, "w") as f:
             json.dump({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}},
                        "amp": {"enabled": True}}, f)
@@ -136,6 +142,10 @@ def check_preempted(signum, launcher=(), flags=()):
         if not stopped:
             print(f"exit {job.returncode}:", err[-2000:])
         position = saved_position(ckpt) if stopped else -1
+        summary = json.loads(out.strip().splitlines()[-1]) if stopped else {}
+        check(summary.get("steps") == position and summary.get("of_steps") == 100000
+              and summary.get("preempted") is True,
+              f"zero-train {where} given {name}: the summary gives the steps done ({summary})")
         resumed = train(["--steps", str(position + 5), "--resume"] + common, launcher) if stopped else None
         whole = train(["--steps", str(position + 5)] + common[:2] + list(flags), launcher) if stopped else None
         check(stopped and position >= 3 and resumed is not None and whole is not None

@@ -61,7 +61,9 @@ ABSL_FLAG(std::string, checkpoint_dir, "",
           "the next step boundary and exits 0");
 ABSL_FLAG(int, save_every, 0,
           "save a checkpoint every N steps (and after the last) into --checkpoint_dir; 0: after the last only");
-ABSL_FLAG(int, keep_last, 2, "keep the newest N checkpoints in --checkpoint_dir (0: all)");
+ABSL_FLAG(int, keep_last, 2,
+          "keep the newest N checkpoints in --checkpoint_dir (0: all; a --config that sets "
+          "checkpoint.keep_last keeps its value unless this flag is given)");
 ABSL_FLAG(bool, resume, false,
           "continue from the newest checkpoint in --checkpoint_dir (an absent or empty directory starts at "
           "step 0; one holding no loadable checkpoint is an error)");
@@ -155,8 +157,12 @@ StatusOr<std::string> ReadFile(const std::string& path) {
 StatusOr<Json> ConfigJson(const GivenFlags& given) {
   const std::string path = absl::GetFlag(FLAGS_config);
   Json json = Json::object();
+  bool file_keeps = false;  // --config sets checkpoint.keep_last (else --keep_last's default)
   if (!path.empty()) {
     ZERO_ASSIGN_OR_RETURN(const std::string text, ReadFile(path));
+    const Json raw = Json::parse(text, nullptr, /*allow_exceptions=*/false);
+    file_keeps = raw.is_object() && raw.contains("checkpoint") && raw["checkpoint"].is_object() &&
+                 raw["checkpoint"].contains("keep_last");
     // A DeepSpeed config becomes ZeroRT's JSON first, so the flags below override its keys.
     const StatusOr<std::string> normalized = NormalizeConfigJson(text);
     if (!normalized.ok()) {
@@ -197,7 +203,7 @@ StatusOr<Json> ConfigJson(const GivenFlags& given) {
   if (use("first_bucket_elems")) json["buckets"]["first_bucket_elems"] = absl::GetFlag(FLAGS_first_bucket_elems);
   if (use("accumulation")) json["gradient_accumulation_steps"] = absl::GetFlag(FLAGS_accumulation);
   if (use("clip")) json["clip_grad_norm"] = absl::GetFlag(FLAGS_clip);
-  if (use("keep_last")) json["checkpoint"]["keep_last"] = absl::GetFlag(FLAGS_keep_last);
+  if (use("keep_last") || !file_keeps) json["checkpoint"]["keep_last"] = absl::GetFlag(FLAGS_keep_last);
   // The model's optional patterns need the guard policies that handle them.
   if (absl::GetFlag(FLAGS_tied) || absl::GetFlag(FLAGS_recompute)) json["guard"]["on_duplicate"] = "count";
   if (absl::GetFlag(FLAGS_branch)) json["guard"]["on_unused"] = "zero";
@@ -306,6 +312,8 @@ Status RunRank(comm::Communicator& comm, const Config& config, const MlpOptions&
   }
   float loss_scale = engine->loss_scale();
   double loss = 0;
+  int reached = first;  // the steps done, from the first of the run (a resumed one's too)
+  bool preempted = false;
   for (int step = first; step < steps; ++step) {
     ZERO_ASSIGN_OR_RETURN(double local_loss, model.TrainStep(*engine, step, loss_scale));
     ZERO_ASSIGN_OR_RETURN(const OptimizerHyper hyper, engine->GroupHyper(0));  // this step's lr
@@ -316,6 +324,7 @@ Status RunRank(comm::Communicator& comm, const Config& config, const MlpOptions&
         comm.AllReduce(&summed, &summed, 1, DType::kFP32, comm::ReduceOp::kSum, comm::kTrainerValuesTag)
             ->Wait(config.guard.timeout_s));
     loss = summed / comm.size();
+    reached = step + 1;
     if (report != nullptr) {
       RankMemory mine;
       const MemoryStats stats = engine->GetMemoryStats();
@@ -325,7 +334,7 @@ Status RunRank(comm::Communicator& comm, const Config& config, const MlpOptions&
     if (checkpoints.empty()) continue;
     // Every save_every steps, after the last (the only save when save_every is 0), and when a
     // scheduler's signal asks to stop (every rank gets the same answer at the same step).
-    ZERO_ASSIGN_OR_RETURN(const bool preempted, engine->PreemptionRequested());
+    ZERO_ASSIGN_OR_RETURN(preempted, engine->PreemptionRequested());
     if ((save_every > 0 && (step + 1) % save_every == 0) || step + 1 == steps || preempted) {
       engine->set_checkpoint_user_data(std::to_string(step + 1));
       ZERO_RETURN_IF_ERROR(engine->SaveCheckpoint(checkpoints, absl::StrCat("step-", step + 1)));
@@ -340,7 +349,7 @@ Status RunRank(comm::Communicator& comm, const Config& config, const MlpOptions&
   }
   ZERO_ASSIGN_OR_RETURN(double checksum, model.Checksum(*engine));
   ZERO_ASSIGN_OR_RETURN(std::vector<RankMemory> memory, GatherMemory(comm, *engine, config.guard.timeout_s));
-  if (report != nullptr) report->Finish(loss, checksum, memory, setup);
+  if (report != nullptr) report->Finish(reached, preempted, loss, checksum, memory, setup);
   return absl::OkStatus();
 }
 

@@ -63,18 +63,24 @@ void Report::Step(int step, double loss, const StepInfo& info, float lr, const R
   }
 }
 
-void Report::Finish(double final_loss, double checksum, const std::vector<RankMemory>& memory,
-                    const std::string& setup) {
+void Report::Finish(int reached, bool preempted, double final_loss, double checksum,
+                    const std::vector<RankMemory>& memory, const std::string& setup) {
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
   if (json_) {
     std::string ranks;
     for (const RankMemory& m : memory) absl::StrAppend(&ranks, ranks.empty() ? "" : ",", MemoryJson(m));
-    std::printf("{\"summary\":true,\"final_loss\":%s,\"checksum\":%s,\"steps\":%d,\"seconds\":%s,\"peak_bytes\":[%s]}\n",
-                Number(final_loss).c_str(), Number(checksum).c_str(), steps_, Number(seconds).c_str(), ranks.c_str());
+    std::printf(
+        "{\"summary\":true,\"final_loss\":%s,\"checksum\":%s,\"steps\":%d,\"of_steps\":%d,\"preempted\":%s,"
+        "\"seconds\":%s,\"peak_bytes\":[%s]}\n",
+        Number(final_loss).c_str(), Number(checksum).c_str(), reached, steps_, preempted ? "true" : "false",
+        Number(seconds).c_str(), ranks.c_str());
     std::fflush(stdout);
     return;
   }
-  std::printf("%s\nfinal loss %.6f after %d steps in %.1f s; checksum %.10g\n", setup.c_str(), final_loss, steps_,
+  const std::string done = reached == steps_ ? absl::StrCat(reached, " steps")
+                                              : absl::StrCat(reached, " of ", steps_, " steps",
+                                                             preempted ? " (stopped on a scheduler's signal)" : "");
+  std::printf("%s\nfinal loss %.6f after %s in %.1f s; checksum %.10g\n", setup.c_str(), final_loss, done.c_str(),
               seconds, checksum);
   std::printf("peak bytes per rank: %-6s", "rank");
   for (int c = 0; c < kMemoryCategoryCount; ++c) std::printf(" %13s", MemoryCategoryName(static_cast<MemoryCategory>(c)));

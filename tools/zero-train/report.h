@@ -24,8 +24,9 @@ class Report {
 
   /// After each step (rank 0 only).
   void Step(int step, double loss, const StepInfo& info, float lr, const RankMemory& memory);
-  /// At the end (rank 0 only).
-  void Finish(double final_loss, double checksum, const std::vector<RankMemory>& memory,
+  /// At the end (rank 0 only): `reached` steps done of the run's --steps, `preempted`: it stopped
+  /// there on a scheduler's signal.
+  void Finish(int reached, bool preempted, double final_loss, double checksum, const std::vector<RankMemory>& memory,
               const std::string& setup);
 
  private:
