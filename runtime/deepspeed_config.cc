@@ -256,6 +256,12 @@ const Types& SchedulerTypes() {
   return types;
 }
 
+/// Whether the translation has set guard.on_unused already.
+bool SetsOnUnused(const Translation& t) {
+  const auto guard = t.out.find("guard");
+  return guard != t.out.end() && guard->contains("on_unused");
+}
+
 /// The top-level keys, and the sections that are walked as they come.
 const Table& TopLevel() {
   static const std::string states =
@@ -274,6 +280,7 @@ const Table& TopLevel() {
       {"stage3_param_persistence_threshold", Tuning("stage3.persistence_threshold")},
       {"ignore_unused_parameters", [](const Json& v, const std::string& key, Translation& t) {
          if (!v.is_boolean()) return t.Unsupported(key, Quoted(v) + " is not true or false");
+         if (SetsOnUnused(t)) return t.Unsupported(key, "guard.on_unused says it too; keep one of them");
          t.out["guard"]["on_unused"] = v.get<bool>() ? "zero" : "error";
        }},
       {"offload_optimizer", RequiresMember("device", "none", states)}, {"cpu_offload", Requires(false, states)},
@@ -336,6 +343,16 @@ const Table& TopLevel() {
       {"zero_force_ds_cpu_optimizer", Ignored("it concerns CPU offload, which ZeroRT does not do")},
       {"checkpoint", Ignored("ZeroRT checkpoints are written atomically and load at any world size and stage")},
       {"device", To("device", "\"cpu\" or \"cuda\"")},  // ZeroRT's own: DeepSpeed runs on its accelerator
+      // ZeroRT's own section (guard.on_duplicate, timeout_s, ...), which no DeepSpeed key sets:
+      // taken as it is, and checked with the rest of the translated config.
+      {"guard", [](const Json& v, const std::string& key, Translation& t) {
+         if (!v.is_object()) return t.Unsupported(key, Quoted(v) + " is not an object");
+         if (v.contains("on_unused") && SetsOnUnused(t)) {
+           return t.Unsupported("guard.on_unused", "zero_optimization.ignore_unused_parameters says it too; keep one");
+         }
+         for (auto it = v.begin(); it != v.end(); ++it) t.out["guard"][it.key()] = *it;
+         t.Note(key, "ZeroRT's own section, taken as it is");
+       }},
   };
   return table;
 }
@@ -522,7 +539,7 @@ void FinishClipping(Translation& t) {
 bool IsDeepSpeedConfig(const nlohmann::json& config) {
   // Top-level keys that ZeroRT's own config has too do not make a config DeepSpeed's.
   static const std::set<std::string> shared = {"optimizer", "scheduler", "gradient_accumulation_steps",
-                                               "checkpoint", "device"};
+                                               "checkpoint", "device", "guard"};
   if (!config.is_object()) return false;
   for (auto it = config.begin(); it != config.end(); ++it) {
     if (TopLevel().count(it.key()) != 0 && shared.count(it.key()) == 0) return true;

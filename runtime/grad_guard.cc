@@ -39,8 +39,9 @@ Status GradGuard::Duplicate(int param, bool bucket_launched) const {
       ". The first gradient is intact and this one was not taken. Likely causes: reentrant "
       "activation checkpointing (use_reentrant=True) runs backward through this param twice — use "
       "non-reentrant checkpointing; or the weight is used twice (tied embeddings, a module called "
-      "twice) — add both contributions before calling GradReady, or set guard.on_duplicate = "
-      "\"count\" to reduce once every contribution has arrived"));
+      "twice) — set guard.on_duplicate = \"count\" to reduce once every contribution has arrived (in a "
+      "DeepSpeed config too: \"guard\": {\"on_duplicate\": \"count\"}), or, calling the engine "
+      "yourself, add both contributions before calling GradReady"));
 }
 
 Status GradGuard::CheckWritable(int param, bool bucket_launched) const {

@@ -316,6 +316,17 @@ TEST(DeepSpeedConfig, DeviceIsZeroRtsOwnKey) {
               HasSubstr("buckets: not a DeepSpeed key that ZeroRT supports; remove it"));
 }
 
+TEST(DeepSpeedConfig, GuardIsZeroRtsOwnSection) {
+  // No DeepSpeed key sets guard.on_duplicate (a weight shared under reentrant checkpointing) or
+  // guard.timeout_s: ZeroRT's "guard" section passes through, beside ignore_unused_parameters.
+  const Json out = Translate(R"({"zero_optimization": {"stage": 2, "ignore_unused_parameters": true},
+                                 "guard": {"on_duplicate": "count", "timeout_s": 30}})");
+  EXPECT_EQ(out["guard"], Json::parse(R"({"on_duplicate": "count", "timeout_s": 30, "on_unused": "zero"})"));
+  EXPECT_THAT(Error(R"({"zero_optimization": {"ignore_unused_parameters": true}, "guard": {"on_unused": "zero"}})"),
+              HasSubstr("keep one"));
+  EXPECT_THAT(Error(R"({"zero_optimization": {"stage": 1}, "guard": 1})"), HasSubstr("guard: 1 is not an object"));
+}
+
 TEST(DeepSpeedConfig, NotesAreAppendedOnlyOnSuccess) {
   std::vector<std::string> notes = {"earlier"};
   ASSERT_THAT(TranslateDeepSpeedConfig(Json::parse(kZero2Bf16), &notes), IsOk());
