@@ -656,10 +656,11 @@ class HeadModel(nn.Module):
 @pytest.mark.parametrize("eval_first", [True, False])
 def test_a_read_in_a_module_called_without_hooks_trains_and_an_eval_pass_releases_it(
         eval_first):
-    """The module reading the embedding has no hooks, so PyTorch runs none of the hooks the
-    read adds during that call: after a first forward without autograd (an eval pass) the
-    unit is released when the model's forward ends; a first read in a training forward
-    keeps it through that step's backward. Training equals PyTorch's either way."""
+    """The module reading the embedding has no hooks of the engine's; until the model's
+    first forward ends it has one that does nothing, so PyTorch runs the hooks the read adds
+    during that call: the unit is released as the call ends, and gathered again for its
+    backward (after an eval pass, it is released too). Training equals PyTorch's either
+    way."""
     def train(use_engine):
         model = HeadModel()
         comm = zerort.local_group(1)[0] if use_engine else None
@@ -688,6 +689,45 @@ def test_a_read_in_a_module_called_without_hooks_trains_and_an_eval_pass_release
     want, _ = train(False)
     assert_close(got, want)
     assert released or not eval_first
+
+
+class CastingBlock(nn.Module):
+    """Owns no params: reads its frozen child's weight for its dtype (as LoRA wrappers cast
+    their input), so PyTorch would call it without hooks."""
+
+    def __init__(self):
+        super().__init__()
+        self.base = nn.Linear(DIM, DIM)
+        self.base.requires_grad_(False)
+        self.adapter = nn.Linear(DIM, DIM, bias=False)
+
+    def forward(self, x):
+        return x + torch.tanh(self.base(x.to(self.base.weight.dtype)) + self.adapter(x))
+
+
+def test_a_read_for_the_dtype_in_the_first_forward_releases_the_unit_with_its_caller():
+    """The first forward's read (the unit released) made a module called without hooks hold
+    the unit until the step: every block's base at once in step 0, more than a
+    max_live_elems of two units allows. Until the first forward ends every module has a
+    hook, so the read is released as its caller's forward ends, as in later steps."""
+    blocks = 4
+    config = {"stage": 3, "optimizer": OPTIMIZER,
+              "stage3": {"persistence_threshold": 0, "prefetch_elems": 0, "max_reuse_elems": 0,
+                         "max_live_elems": 2 * (DIM * DIM + DIM)}}
+    comm = zerort.local_group(1)[0]
+    torch.manual_seed(5)
+    model = nn.Sequential(*[CastingBlock() for _ in range(blocks)])
+    engine = zerort.torch.initialize(model, config, comm)
+    gathered = []
+    for step in range(2):
+        x = torch.randn(3, DIM, generator=torch.Generator().manual_seed(step))
+        loss = model(x).pow(2).mean()
+        gathered.append(engine.memory_stats()["gathered"][0])
+        loss.backward()
+        engine.step()
+    assert gathered[0] == gathered[1], gathered
+    engine.close()
+    comm.close()
 
 
 def test_memory_the_torch_side_cannot_lend_fails_the_gather_with_its_cause():

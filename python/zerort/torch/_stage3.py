@@ -256,6 +256,15 @@ class UnitGathering:
                     self._persistent_users.setdefault(users, []).append(unit)
         # Params read in another module's forward: found as they are read (_access.py).
         self._model_modules = weakref.WeakSet(module.modules())
+        # Until the model's first forward ends, every module without hooks gets one that does
+        # nothing: PyTorch then runs the hooks a read adds to the module under way (it skips
+        # them in a call that began without any), so the unit read there (a child's weight
+        # read for its dtype) is released as that call ends, not held until the step.
+        self._discovery = [sub.register_forward_hook(EngineHook(lambda *_: None))
+                           for sub in module.modules()
+                           if sub not in self._module_units and sub not in self._enclosing_leaf
+                           and not runs_forward_hooks(sub)]
+        self.handles.extend(self._discovery)  # removed at close, if no forward ran
         self._model = weakref.ref(module)
         self._unhold_after_forward = []  # units held for a read in a call without hooks
         sharded = [(param, unit) for unit, members in self._members.items()
@@ -433,6 +442,9 @@ class UnitGathering:
     def model_forward_ended(self):
         """The model's own forward returned: ends the holds of reads in calls without hooks
         made without autograd."""
+        for handle in self._discovery:
+            handle.remove()
+        self._discovery = []
         units, self._unhold_after_forward = self._unhold_after_forward, []
         self.unhold(units)
         if not torch.is_grad_enabled():  # no step checks a forward-only pass: check anew
