@@ -470,7 +470,18 @@ class TorchEngine(DeepSpeedAPI, _checkpoint.CheckpointMethods, _gathered.Gathere
             except errors.ZeroError as error:
                 failure = failure or error
         if failure is not None:
-            self._passes.fail(failure)
+            self._passes.fail(self._model_change_behind(failure))
+
+    def _model_change_behind(self, failure):
+        """The error naming a change of the model since initialize() that explains
+        `failure` (a module replaced: the old one's params never get a gradient, which at
+        stage 3 exhausts the gradient buffers mid-backward), or `failure` itself."""
+        try:
+            self._check_model("backward")
+        except errors.FailedPreconditionError as changed:
+            changed.__cause__ = failure
+            return changed
+        return failure
 
     def scale(self, loss):
         """`loss` times the current loss scale (1 unless loss_scale.mode is set)."""
