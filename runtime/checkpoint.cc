@@ -288,6 +288,18 @@ StatusOr<std::vector<int>> EngineImpl::MatchCheckpointParams(const CheckpointMet
     registered_by_name[specs_[p].name] = static_cast<int>(p);
     if (specs_[p].requires_grad) trainable.push_back(static_cast<int>(p));
   }
+  // A param frozen on one side and trainable on the other, named before the trainable params
+  // are matched by position (which it would shift, and so be named as another param).
+  for (size_t c = 0; c < params.size(); ++c) {
+    const auto found = registered_by_name.find(params[c].name);
+    if (found == registered_by_name.end() || params[c].requires_grad == specs_[found->second].requires_grad) continue;
+    return absl::InvalidArgumentError(absl::StrCat(
+        "checkpoint param ", c, " \"", params[c].name, "\" was ", params[c].requires_grad ? "trainable" : "frozen",
+        " when saved but ", ParamLabel(found->second), " is registered ",
+        specs_[found->second].requires_grad ? "trainable" : "frozen",
+        " (a checkpoint keeps optimizer state for its trainable params only): freeze the same params as the "
+        "run that saved it"));
+  }
   std::vector<int> registered(params.size(), -1);
   size_t next = 0;  // the next registered trainable param to match
   for (size_t c = 0; c < params.size(); ++c) {
@@ -303,14 +315,6 @@ StatusOr<std::vector<int>> EngineImpl::MatchCheckpointParams(const CheckpointMet
       }
       registered[c] = same_name;
       continue;
-    }
-    if (same_name >= 0 && params[c].requires_grad != specs_[same_name].requires_grad) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "checkpoint param ", c, " \"", params[c].name, "\" was ", params[c].requires_grad ? "trainable" : "frozen",
-          " when saved but ", ParamLabel(same_name), " is registered ",
-          specs_[same_name].requires_grad ? "trainable" : "frozen",
-          " (a checkpoint keeps optimizer state for its trainable params only): freeze the same params as the "
-          "run that saved it"));
     }
     if (next == trainable.size()) {
       return absl::InvalidArgumentError(absl::StrCat(

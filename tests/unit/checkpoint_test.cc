@@ -148,16 +148,23 @@ std::vector<float> Param0(Engine& engine) {
 // are matched in order; a param frozen on one side and trainable on the other is an error.
 TEST_F(Checkpoint, FrozenParamsRegisteredOnOneSideOnlyAreNoDifference) {
   const std::vector<float> want = Param0(*ToyEngine(dir_).engine);
-  auto with_frozen = [](bool trainable_embed) {
+  // embed.weight registered first, or last (as zerort.torch registers frozen params).
+  auto with_frozen = [](bool trainable_embed, bool embed_last = false) {
     auto group = comm::CreateLocalGroup(1);
     LoadedToy toy{std::move((*group)[0]), nullptr};
     toy.engine = std::move(*Engine::Create(ToyConfig(3), *toy.comm));
-    EXPECT_THAT(toy.engine->RegisterParam({"embed.weight", {7, 3}, DType::kFP32, trainable_embed, 0, 9}), IsOk());
+    const ParamSpec embed{"embed.weight", {7, 3}, DType::kFP32, trainable_embed, 0, 9};
+    if (!embed_last) {
+      EXPECT_THAT(toy.engine->RegisterParam(embed), IsOk());
+    }
     const std::vector<std::pair<const char*, std::vector<int64_t>>> specs = {
         {"fc1.weight", {37, 13}}, {"fc1.bias", {37}}, {"fc2.weight", {5, 37}}, {"fc2.bias", {5}}};
     for (size_t p = 0; p < specs.size(); ++p) {
       EXPECT_THAT(toy.engine->RegisterParam({specs[p].first, specs[p].second, DType::kFP32, true, 0, static_cast<int>(p / 2)}),
                   IsOk());
+    }
+    if (embed_last) {
+      EXPECT_THAT(toy.engine->RegisterParam(embed), IsOk());
     }
     EXPECT_THAT(toy.engine->Finalize(), IsOk());
     return toy;
@@ -176,7 +183,14 @@ TEST_F(Checkpoint, FrozenParamsRegisteredOnOneSideOnlyAreNoDifference) {
   EXPECT_EQ(Param0(*ToyEngine(again).engine), want);  // loaded where embed.weight is not registered
   EXPECT_THAT(with_frozen(true).engine->LoadCheckpoint(again),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("\"embed.weight\" was frozen when saved")));
+  // Saved frozen and last, loaded trainable and first: named as the param that changed, not as
+  // the positional mismatch it makes of the trainable params ("fc1.weight" against it).
+  const std::string last = dir_ + "-frozen-last";
+  ASSERT_THAT(with_frozen(false, true).engine->SaveCheckpoint(last), IsOk());
+  EXPECT_THAT(with_frozen(true).engine->LoadCheckpoint(last),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("\"embed.weight\" was frozen when saved")));
   std::filesystem::remove_all(again);
+  std::filesystem::remove_all(last);
 }
 
 void FlipByte(const std::string& path, std::streamoff at) {
