@@ -961,6 +961,7 @@ def test_deepspeed_engine_calls_of_accelerate_and_the_hf_trainer_around_steps_an
         engine.step()
     assert (engine.micro_steps, engine.global_steps, engine.global_samples) == (4, 2, 12)
     assert engine.dp_world_size == 1 and not engine.zero_optimization_partition_weights()
+    assert engine.training and not engine.eval().training and engine.train().training
     assert engine.zero_gather_16bit_weights_on_model_save()
     assert [list(betas) for betas in engine.get_mom()] == [[0.8, 0.9]]
     assert engine.optimizer.loss_scale == 1.0

@@ -82,6 +82,11 @@ class DeepSpeedAPI:
         return self.train(False)
 
     @property
+    def training(self):
+        """The model's training flag (DeepSpeed's engine, a module, has its own)."""
+        return self.module.training
+
+    @property
     def global_rank(self):
         """DeepSpeed's global_rank: this rank's index."""
         return self.rank
