@@ -372,6 +372,16 @@ int Main(const GivenFlags& given) {
   options.seed = absl::GetFlag(FLAGS_seed);
   const int steps = absl::GetFlag(FLAGS_steps);
   const bool under_mpirun = std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMI_SIZE") != nullptr;
+  // A scheduler's SIGTERM/SIGUSR1 is a request to save and stop from the start (its default
+  // action would end the rank while MPI starts); installed again once MPI has started, in case
+  // its start replaced the handlers.
+  auto install_preemption_handler = [] {
+    if (absl::GetFlag(FLAGS_checkpoint_dir).empty()) return true;
+    const Status handler = InstallPreemptionHandler();
+    if (!handler.ok()) std::fprintf(stderr, "zero-train: %s\n", std::string(handler.message()).c_str());
+    return handler.ok();
+  };
+  if (!install_preemption_handler()) return 1;
   std::vector<std::unique_ptr<comm::Communicator>> comms;
   if (under_mpirun) {
     auto mpi = comm::CreateMpiCommunicator(nullptr);
@@ -388,13 +398,7 @@ int Main(const GivenFlags& given) {
     }
     comms = std::move(*group);
   }
-  if (!absl::GetFlag(FLAGS_checkpoint_dir).empty()) {
-    const Status handler = InstallPreemptionHandler();
-    if (!handler.ok()) {
-      std::fprintf(stderr, "zero-train: %s\n", std::string(handler.message()).c_str());
-      return 1;
-    }
-  }
+  if (!install_preemption_handler()) return 1;
   const int world = comms.front()->size();
   const bool save_at_end_only = !absl::GetFlag(FLAGS_checkpoint_dir).empty() && absl::GetFlag(FLAGS_save_every) == 0;
   if (comms.front()->rank() == 0 && save_at_end_only) {
