@@ -380,7 +380,15 @@ StatusOr<std::string> CheckpointMetaJson(const CheckpointMeta& meta) {
   }
   if (meta.format >= 4) json["checksum"] = MetaChecksum(json);
   try {  // nlohmann throws on a string that is not UTF-8; the library never throws
-    return json.dump(1) + "\n";
+    std::string text = json.dump(1) + "\n";
+    if (static_cast<int64_t>(text.size()) > kMaxMetaBytes) {  // saved, it would not load
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "checkpoint: meta.json would be ", text.size(), " bytes, above the ", kMaxMetaBytes,
+          " a load reads; the trainer's user data is ", meta.user_data.size(),
+          " bytes of it: keep large state (big buffers, data-loader state) in files of its own beside the "
+          "checkpoint"));
+    }
+    return text;
   } catch (const nlohmann::json::type_error&) {
     return absl::InvalidArgumentError(
         "checkpoint: a param name or the trainer's user data is not UTF-8 text; JSON (meta.json) "
