@@ -299,3 +299,70 @@ def test_a_module_reaching_its_param_on_some_ranks_around_a_frozen_child_trains_
     assert_close(train(leaf=True), expected)
     with pytest.raises(zerort.ZeroError, match="frozen child"):
         train(leaf=False)
+
+
+class Gate(nn.Module):
+    """x through its own weight where the caller says so, else x as it is."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(DIM, DIM) * 0.1)
+
+    def forward(self, x, use):
+        return F.linear(x, self.weight) + x if use else x * 1.0
+
+
+class GatedChain(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.layers = nn.ModuleList(nn.Linear(DIM, DIM, bias=False) for _ in range(3))
+        self.gate = Gate()
+        self.head = nn.Linear(DIM, 1, bias=False)
+
+    def forward(self, x, use):
+        for layer in self.layers:
+            x = torch.tanh(layer(x))
+        return self.head(self.gate(x, use))
+
+
+@pytest.mark.parametrize("live_units", [2, 3])
+def test_ranks_reaching_other_params_keep_the_same_live_window(live_units):
+    """Rank 0 reaches the gate's weight, rank 1 does not: rank 1 marks it as the gate's
+    backward begins. The engine releases the unit there, as when its gradient arrives on
+    rank 0 (keeping it gathered on rank 1 alone until the backward pass ended made the ranks'
+    live elements differ, and under a binding stage3.max_live_elems one rank prefetched a
+    gather the other made later: a collective mismatch). Training equals PyTorch's."""
+    config = {"stage": 3, "optimizer": OPTIMIZER,
+              "stage3": {"persistence_threshold": 0, "max_reuse_elems": 0,
+                         "prefetch_elems": 10 * DIM * DIM,
+                         "max_live_elems": live_units * DIM * DIM},
+              "guard": {"timeout_s": 30, "on_unused": "zero"}}
+    model = GatedChain()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=OPTIMIZER["lr"],
+                                  betas=OPTIMIZER["betas"], eps=OPTIMIZER["eps"],
+                                  weight_decay=OPTIMIZER["weight_decay"])
+    halves = [slice(0, BATCH // 2), slice(BATCH // 2, BATCH)]
+    for step in range(STEPS):
+        x, y = batch(step)
+        loss = sum(F.mse_loss(model(x[rows], rank == 0), y[rows])
+                   for rank, rows in enumerate(halves)) / 2
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+    expected = {n: p.detach().clone() for n, p in model.named_parameters()}
+    models = [GatedChain() for _ in range(2)]
+
+    def body(rank, comm):
+        engine = zerort.torch.initialize(models[rank], config, comm)
+        try:
+            for step in range(STEPS):
+                x, y = batch(step)
+                rows = halves[rank]
+                F.mse_loss(models[rank](x[rows], rank == 0), y[rows]).backward()
+                engine.step()
+            return engine.state_dict()
+        finally:
+            engine.close()
+
+    assert_close(run_ranks(2, body)[0], expected)

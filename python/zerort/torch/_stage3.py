@@ -216,10 +216,13 @@ class UnitGathering:
         self._checked = set()
         self._for_backward = set()  # gathered by an output's gradient hook: kept until grads
         # Units whose last awaited param was marked absent as their module's backward began
-        # (_before_backward): that backward has not run yet and may read them (a param used
-        # detached, or frozen since initialize()); released when the backward pass ends.
+        # (_before_backward): the engine releases them there, on every rank at the point where
+        # it did before (its accounting, and so its prefetches, stay the same on every rank),
+        # but their storage is freed only when the backward pass ends: that module's backward
+        # has not run yet and may read it (a param read detached, or frozen since
+        # initialize()).
         self._marking = ()
-        self._kept_for_backward = set()
+        self._free_after_backward = set()
         # frozen unit -> forward calls (with grad) whose backward has not yet run
         self._backward_calls = collections.Counter()
         self._waiting = {}  # unit -> ids whose gradient has not arrived since the gather
@@ -343,7 +346,8 @@ class UnitGathering:
             if param.data_ptr() == self._views[pid].data_ptr():
                 param.data = self._placeholders[pid]
                 self._placeholder_versions[pid] = param._version
-        resize_storage(self._flats[unit], 0)
+        if unit not in self._free_after_backward:  # else freed when the backward pass ends
+            resize_storage(self._flats[unit], 0)
 
     def _param_named(self, name):
         """The model's param or buffer under its state-dict key `name` (None if none)."""
@@ -543,8 +547,8 @@ class UnitGathering:
         """Frees every unit still gathered (the step: holds end too)."""
         self._holds.clear()
         self._checked.clear()
-        self._kept_for_backward.clear()
         self.release(sorted(self._gathered))
+        self._free_storages_kept_for_backward()
 
     def queued(self, unit, pid):
         """`pid`'s gradient is queued for the engine (_handover.py): whether its gathered
@@ -567,9 +571,8 @@ class UnitGathering:
         if waiting:
             return
         if unit in self._marking:
-            self._kept_for_backward.add(unit)
-        else:
-            self.release([unit])
+            self._free_after_backward.add(unit)
+        self.release([unit])
 
     def _after_forward(self, units, inputs, output):
         if not torch.is_grad_enabled():
@@ -634,8 +637,16 @@ class UnitGathering:
 
     def _after_backward_pass(self):
         self._backward_calls.clear()
-        kept, self._kept_for_backward = self._kept_for_backward, set()
-        self.release(sorted(u for u in self._for_backward if u in self._frozen or u in kept))
+        self.release(sorted(u for u in self._for_backward if u in self._frozen))
+        self._free_storages_kept_for_backward()
+
+    def _free_storages_kept_for_backward(self):
+        """Frees the storages _give_back kept for a backward that has now run (those of
+        units gathered again since are in use: left as they are)."""
+        kept, self._free_after_backward = self._free_after_backward, set()
+        for unit in kept:
+            if unit not in self._gathered:
+                resize_storage(self._flats[unit], 0)
 
     def remove(self):
         """Removes the module hooks; gives every param its full value back in its storage
