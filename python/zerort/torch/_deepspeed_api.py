@@ -31,7 +31,8 @@ def refuse_unless_default(call, given, defaults):
 
 class DeepSpeedAPI:
     """DeepSpeed's names on TorchEngine (which sets module, config, stage, rank, world_size,
-    gradient_accumulation_steps, _micro_batches, _step_applied and _torch_device)."""
+    gradient_accumulation_steps, _micro_batches, _step_applied, _handed_since_step_call and
+    _torch_device)."""
 
     def parameters(self, recurse=True):
         """The model's parameters(), as DeepSpeed's engine (a module wrapping it) gives."""
@@ -130,10 +131,14 @@ class DeepSpeedAPI:
         return self._micro_batches + 1 >= self.gradient_accumulation_steps
 
     def set_gradient_accumulation_boundary(self, is_boundary):
-        """DeepSpeed's (Accelerate calls it before each micro-batch with its
-        sync_gradients): ZeroRT steps every gradient_accumulation_steps micro-batches, so
-        `is_boundary` must say what is_gradient_accumulation_boundary() says; another answer
-        is an UnimplementedError naming the way out."""
+        """DeepSpeed's. Accelerate (from 1.8) calls it before each micro-batch with its
+        sync_gradients, then backward, and step() at boundaries only: a backward since the
+        last step() call ends its micro-batch here, as step() would. ZeroRT steps every
+        gradient_accumulation_steps micro-batches, so `is_boundary` must say what
+        is_gradient_accumulation_boundary() then says; another answer is an
+        UnimplementedError naming the way out."""
+        if self._handed_since_step_call:
+            self.step()  # not a boundary (Accelerate calls step() there): ends the micro-batch
         if bool(is_boundary) == self.is_gradient_accumulation_boundary():
             return
         raise errors.UnimplementedError(
