@@ -97,6 +97,42 @@ def test_module_state_dict_loads_into_the_model_built_without_an_engine(stage, t
             assert all(torch.equal(saved[name], state[name]) for name in saved)
 
 
+class DetachingLinear(nn.Linear):
+    """Writes its params detached whatever keep_vars says (as some libraries' overrides do);
+    `transposed`: its weight transposed."""
+
+    def __init__(self, transposed=False):
+        super().__init__(DIM, 2)
+        self.transposed = transposed
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        weight = self.weight.detach()
+        destination[prefix + "weight"] = weight.t() if self.transposed else weight
+        destination[prefix + "bias"] = self.bias.detach()
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_module_state_dict_of_an_override_that_detaches_gets_full_values(transposed):
+    """At stage 3 an override's param.detach() views the param's placeholder between uses:
+    module_state_dict() gives the full value in its place, and refuses an entry computed
+    from it in another shape (it gave the placeholder's NaN)."""
+    comm = zerort.local_group(1)[0]
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(DIM, DIM), DetachingLinear(transposed))
+    want = {name: value.clone() for name, value in model.state_dict().items()}
+    engine = zerort.torch.initialize(
+        model, {"stage": 3, "optimizer": OPTIMIZER, "stage3": {"persistence_threshold": 0}},
+        comm)
+    if transposed:
+        with pytest.raises(zerort.FailedPreconditionError, match='"1.weight" is computed'):
+            engine.module_state_dict()
+    else:
+        got = engine.module_state_dict()
+        assert all(torch.equal(got[name], want[name]) for name in want)
+    engine.close()
+    comm.close()
+
+
 @pytest.mark.parametrize("stage", [2, 3])
 def test_a_checkpoint_restores_the_module_buffers(stage, tmp_path):
     """Two steps, a save, two more steps (the running statistics move on), a load: the

@@ -144,10 +144,33 @@ class CheckpointMethods:
                 if value is not None:
                     result[name] = value
                     continue
+            elif isinstance(entry, torch.Tensor) and self._units is not None:
+                value = self._full_value_behind(name, entry, full)
+                if value is not None:
+                    result[name] = value
+                    continue
             result[name] = entry.detach().clone() if isinstance(entry, torch.Tensor) else entry
         if hasattr(entries, "_metadata"):
             result._metadata = entries._metadata  # module versions, as state_dict() keeps
         return result
+
+    def _full_value_behind(self, name, entry, full):
+        """Stage 3: the full value of the sharded param whose placeholder the state-dict
+        entry `name` views (a _save_to_state_dict override that writes param.detach()),
+        from `full` (state_dict()); None when it views none. An entry computed from it in
+        another shape is refused: its values would be the placeholder's NaN."""
+        pid = self._units.released_param_viewed_by(entry)
+        if pid is None:
+            return None
+        param_name = self._records[pid].name
+        if entry.shape == full[param_name].shape:
+            return full[param_name]
+        raise errors.FailedPreconditionError(
+            f"zerort.torch: module_state_dict(): entry \"{name}\" is computed from param "
+            f"\"{param_name}\", which is sharded between uses at stage 3 (a _save_to_state_dict "
+            "override or state-dict hook that reads it): its values would be NaN. Save inside "
+            "`with zerort.torch.gathered(list(model.parameters())):` with model.state_dict().",
+            errors.FailedPreconditionError.status)
 
     def _zero3_consolidated_16bit_state_dict(self, exclude_frozen_parameters=False):
         """DeepSpeed's name for module_state_dict(), which Accelerate calls."""

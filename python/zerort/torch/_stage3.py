@@ -372,6 +372,16 @@ class UnitGathering:
                     f"no storage between uses (as in FSDP): {ways}.",
                     errors.FailedPreconditionError.status)
 
+    def released_param_viewed_by(self, tensor):
+        """The id of the sharded param whose placeholder `tensor` views (a param read
+        between uses, e.g. param.detach()), or None."""
+        for unit, members in self._members.items():
+            if unit in self._flats and unit not in self._gathered:
+                for _, pid in members:
+                    if same_storage(tensor, self._placeholders[pid]):
+                        return pid
+        return None
+
     def views_unit_memory(self, pid, param):
         """Whether `param` (registered as `pid`, in a sharded unit) still views its unit's
         flat storage, or its placeholder: False once its .data was replaced by another
