@@ -160,15 +160,16 @@ StatusOr<Json> ConfigJson(const GivenFlags& given) {
   bool file_keeps = false;  // --config sets checkpoint.keep_last (else --keep_last's default)
   if (!path.empty()) {
     ZERO_ASSIGN_OR_RETURN(const std::string text, ReadFile(path));
-    const Json raw = Json::parse(text, nullptr, /*allow_exceptions=*/false);
-    file_keeps = raw.is_object() && raw.contains("checkpoint") && raw["checkpoint"].is_object() &&
-                 raw["checkpoint"].contains("keep_last");
     // A DeepSpeed config becomes ZeroRT's JSON first, so the flags below override its keys.
     const StatusOr<std::string> normalized = NormalizeConfigJson(text);
     if (!normalized.ok()) {
       return Status(normalized.status().code(), absl::StrCat("--config ", path, ": ", normalized.status().message()));
     }
     json = Json::parse(*normalized, nullptr, /*allow_exceptions=*/false);
+    // Read from the config as translated: a DeepSpeed config's own "checkpoint" section is not
+    // ZeroRT's, and is dropped there.
+    file_keeps = json.is_object() && json.contains("checkpoint") && json["checkpoint"].is_object() &&
+                 json["checkpoint"].contains("keep_last");
   } else {
     json["guard"]["timeout_s"] = 120;  // a rank that fails alone must not keep the others for 10 min
   }

@@ -77,7 +77,7 @@ void Report::Finish(int reached, bool preempted, double final_loss, double check
     std::fflush(stdout);
     return;
   }
-  const std::string done = reached == steps_ ? absl::StrCat(reached, " steps")
+  const std::string done = reached >= steps_ ? absl::StrCat(reached, " steps")
                                               : absl::StrCat(reached, " of ", steps_, " steps",
                                                              preempted ? " (stopped on a scheduler's signal)" : "");
   std::printf("%s\nfinal loss %.6f after %s in %.1f s; checksum %.10g\n", setup.c_str(), final_loss, done.c_str(),

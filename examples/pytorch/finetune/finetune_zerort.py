@@ -26,7 +26,7 @@ def main():
     start = 0
     if args.resume:
         _, client_state = engine.load_checkpoint(args.checkpoint)
-        start = client_state["step"]
+        start = client_state["step"] if client_state else 0  # None: no checkpoint yet
     for step in range(start, args.steps):
         for micro in range(engine.gradient_accumulation_steps):
             loss = model(*batch(data, step, micro, engine.rank, engine.world_size))

@@ -476,6 +476,8 @@ class TorchEngine(DeepSpeedAPI, _checkpoint.CheckpointMethods, _gathered.Gathere
         """The error naming a change of the model since initialize() that explains
         `failure` (a module replaced: the old one's params never get a gradient, which at
         stage 3 exhausts the gradient buffers mid-backward), or `failure` itself."""
+        if self.closed:  # the failure says what closed it
+            return failure
         try:
             self._check_model("backward")
         except errors.FailedPreconditionError as changed:
