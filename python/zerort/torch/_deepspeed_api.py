@@ -1,7 +1,9 @@
 """The parts of DeepSpeed's engine API a ported training script calls that are no more than
 names for what TorchEngine already does: calling the engine runs the model, train()/eval(),
-the rank attributes, the accumulation boundary and DeepSpeed's keyword arguments of the
-checkpoint calls. TorchEngine inherits them (DeepSpeedAPI)."""
+the rank attributes, the accumulation boundary and no_sync(), get_lr(), the step's queries
+and counters, and DeepSpeed's keyword arguments of the checkpoint calls. TorchEngine
+inherits them (DeepSpeedAPI)."""
+import contextlib
 import os
 
 from .. import errors
@@ -31,8 +33,8 @@ def refuse_unless_default(call, given, defaults):
 
 class DeepSpeedAPI:
     """DeepSpeed's names on TorchEngine (which sets module, config, stage, rank, world_size,
-    gradient_accumulation_steps, _micro_batches, _step_applied, _handed_since_step_call and
-    _torch_device)."""
+    gradient_accumulation_steps, optimizer, global_steps, _micro_batches, _last_info,
+    _step_applied, _handed_since_step_call and _torch_device)."""
 
     def parameters(self, recurse=True):
         """The model's parameters(), as DeepSpeed's engine (a module wrapping it) gives."""
@@ -64,6 +66,36 @@ class DeepSpeedAPI:
         step updated the params (False between accumulation boundaries, and when the loss
         scaler skipped the step on an overflow)."""
         return self._step_applied
+
+    def get_lr(self):
+        """Each group's learning rate for the next optimizer step."""
+        return [float(group["lr"]) for group in self.optimizer.param_groups]
+
+    def get_global_grad_norm(self):
+        """The global gradient norm of the last optimizer step (over every rank, before
+        clipping; None before the first step). On a GPU the first call after a step waits
+        for the GPU to read it (see "sync_grad_norm")."""
+        return None if self._last_info is None else self._last_info["grad_norm"]
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """DDP's no_sync, for loops written for it: the backward inside the block is one
+        micro-batch of gradient accumulation, ended when the block exits (no step() call for
+        it). The number of micro-batches per optimizer step is the config's
+        gradient_accumulation_steps, so the last one of each step runs outside no_sync,
+        followed by step(); no_sync around it raises FailedPreconditionError. Stages 0-1
+        reduce once per step, as DDP; stages 2-3 reduce-scatter every micro-batch into the
+        gradient shard (ZeRO-2's trade: no full-size gradient is kept between them). When the
+        block raises, the micro-batch is not ended: the exception propagates, and the engine
+        stays inside it (the next step() or no_sync exit ends it with what arrived)."""
+        if self._micro_batches + 1 >= self.gradient_accumulation_steps:
+            raise errors.FailedPreconditionError(
+                f"no_sync(): this is micro-batch {self._micro_batches + 1} of "
+                f"{self.gradient_accumulation_steps} (gradient_accumulation_steps), the one "
+                "that steps the optimizer: run its backward outside no_sync and call step(), "
+                "or set gradient_accumulation_steps to the number of micro-batches per step")
+        yield
+        self.step()
 
     def __call__(self, *args, **kwargs):
         """DeepSpeed's engine(inputs): the model's forward."""

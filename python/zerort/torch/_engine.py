@@ -1,5 +1,4 @@
 """TorchEngine: one rank's ZeroRT engine driving a torch.nn.Module's trainable params."""
-import contextlib
 import math
 import warnings
 import weakref
@@ -595,42 +594,12 @@ class TorchEngine(DeepSpeedAPI, _checkpoint.CheckpointMethods, _gathered.Gathere
         self._lent_grads.clear()
         self._dropped_by_zero_grad = True  # a step() with nothing since is told why
 
-    def get_lr(self):
-        """Each group's learning rate for the next optimizer step."""
-        return [float(group["lr"]) for group in self.optimizer.param_groups]
-
-    def get_global_grad_norm(self):
-        """The global gradient norm of the last optimizer step (over every rank, before
-        clipping; None before the first step). On a GPU the first call after a step waits
-        for the GPU to read it (see "sync_grad_norm")."""
-        return None if self._last_info is None else self._last_info["grad_norm"]
-
     def all_reduce(self, tensor, op="sum"):
         """Reduces `tensor` over every rank of the engine's communicator, in place, and
         returns it (_collective.all_reduce: op "sum", "mean", "max" or "min"). Collective:
         every rank calls it with the same shape, outside backward (e.g. to average the loss
         for logging)."""
         return all_reduce(tensor, op, self._comm, self._timeout)
-
-    @contextlib.contextmanager
-    def no_sync(self):
-        """DDP's no_sync, for loops written for it: the backward inside the block is one
-        micro-batch of gradient accumulation, ended when the block exits (no step() call for
-        it). The number of micro-batches per optimizer step is the config's
-        gradient_accumulation_steps, so the last one of each step runs outside no_sync,
-        followed by step(); no_sync around it raises FailedPreconditionError. Stages 0-1
-        reduce once per step, as DDP; stages 2-3 reduce-scatter every micro-batch into the
-        gradient shard (ZeRO-2's trade: no full-size gradient is kept between them). When the
-        block raises, the micro-batch is not ended: the exception propagates, and the engine
-        stays inside it (the next step() or no_sync exit ends it with what arrived)."""
-        if self._micro_batches + 1 >= self.gradient_accumulation_steps:
-            raise errors.FailedPreconditionError(
-                f"no_sync(): this is micro-batch {self._micro_batches + 1} of "
-                f"{self.gradient_accumulation_steps} (gradient_accumulation_steps), the one "
-                "that steps the optimizer: run its backward outside no_sync and call step(), "
-                "or set gradient_accumulation_steps to the number of micro-batches per step")
-        yield
-        self.step()
 
     @property
     def closed(self):
