@@ -108,6 +108,41 @@ TEST(EngineStep, DroppedGradientsLeaveNoTraceInTheNextStep) {
   }
 }
 
+// DropGradients is the trainer's call on every rank. One rank dropping a micro-batch alone
+// reduces a later micro-batch than its peers at stages 0-1 (one reduction per window):
+// guard.consistency_check names the divergence before the collective, on every rank.
+TEST(EngineStep, ADropOnOneRankAloneIsNamedByTheConsistencyCheck) {
+  for (const int stage : {0, 1}) {
+    std::vector<Status> first_error(2);
+    RunOnRanks(2, [&](int r, comm::Communicator& comm) {
+      Config config = ToyConfig(stage);
+      config.gradient_accumulation_steps = 2;
+      config.guard.consistency_check = true;
+      config.guard.timeout_s = 30;
+      auto engine = Engine::Create(config, comm);
+      ASSERT_THAT(engine, IsOk());
+      const ParamId id = *(*engine)->RegisterParam({"w", {64}});
+      ASSERT_THAT((*engine)->Finalize(), IsOk());
+      const std::vector<float> grad(64, 0.25f);
+      Status& status = first_error[r];
+      auto micro_batch = [&] {  // up to its first error
+        if (status.ok()) status = (*engine)->BeginIteration();
+        if (status.ok()) status = (*engine)->AccumulateGrad(id, grad.data());
+        if (status.ok()) status = (*engine)->EndBackward();
+      };
+      micro_batch();
+      if (r == 0 && status.ok()) status = (*engine)->DropGradients();
+      micro_batch();
+      if (r == 0) micro_batch();
+    });
+    for (const Status& status : first_error) {
+      EXPECT_THAT(status, testing::StatusIs(absl::StatusCode::kFailedPrecondition,
+                                            ::testing::HasSubstr("ranks diverged")))
+          << "stage " << stage;
+    }
+  }
+}
+
 // A caller that says where its gradient lives skips the pointer query; a device gradient for a
 // CPU engine is refused and nothing arrives, so the same param can still be handed over.
 TEST(EngineStep, AGradientWhosePlacementIsGivenIsTakenAsSaid) {
