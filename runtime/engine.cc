@@ -146,6 +146,10 @@ Status EngineImpl::CheckParamId(ParamId id, const char* call) const {
 
 StatusOr<ParamId> EngineImpl::RegisterParam(const ParamSpec& spec) {
   ZERO_RETURN_IF_ERROR(RequirePhase(Phase::kRegistering, "RegisterParam"));
+  if (spec.name.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("RegisterParam: param ", specs_.size(),
+                                                   " has an empty name; every param needs a unique name"));
+  }
   if (spec.shape.empty()) {
     return absl::InvalidArgumentError(absl::StrCat("param \"", spec.name, "\": shape is empty"));
   }
@@ -177,10 +181,8 @@ StatusOr<ParamId> EngineImpl::RegisterParam(const ParamSpec& spec) {
       return Status(s.code(), absl::StrCat("param \"", spec.name, "\" (", DTypeName(spec.dtype), "): ", s.message()));
     }
   }
-  for (const ParamSpec& other : specs_) {
-    if (other.name == spec.name) {
-      return absl::InvalidArgumentError(absl::StrCat("param name \"", spec.name, "\" is already registered"));
-    }
+  if (!registered_names_.insert(spec.name).second) {
+    return absl::InvalidArgumentError(absl::StrCat("param name \"", spec.name, "\" is already registered"));
   }
   specs_.push_back(spec);
   return static_cast<ParamId>(specs_.size() - 1);

@@ -9,6 +9,8 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "runtime/bucket_scheduler.h"
@@ -233,6 +235,7 @@ class EngineImpl final : public Engine {
 
   EngineCounters counters_;  // before the stores, which count into it
   std::vector<ParamSpec> specs_;
+  std::unordered_set<std::string> registered_names_;  // specs_' names (RegisterParam's check)
   std::optional<partition::PartitionPlan> plan_;
   std::unique_ptr<ParamStore> params_;
   std::unique_ptr<GradStore> grads_;

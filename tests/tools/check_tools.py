@@ -510,6 +510,8 @@ if MODE == "local":
     row = next((line for line in estimate.stdout.splitlines() if line.strip().startswith("64")), "")
     check(all(figure in row for figure in ("120.0 GB", "31.4 GB", "16.6 GB", "1.88 GB")),
           "zero-mem estimate reproduces the ZeRO paper's Table 1 row: " + row.strip())
+    # DeepSpeed's estimate_zero2_model_states_mem_needs (no offload): 4Ψ + 16Ψ/N = 31.9 GB.
+    check("31.9 GB" in row, "zero-mem estimate's DeepSpeed ZeRO-2 column is DeepSpeed's formula: " + row.strip())
     with tempfile.TemporaryDirectory() as scratch:
         png = os.path.join(scratch, "memory.png")
         measure = run([os.path.join(BIN, "zero-mem"), "measure", "--layers", "4", "--width", "256", "--ranks", "1,2",

@@ -27,8 +27,11 @@ TEST(EngineProtocol, CallsOutOfOrderAreClearErrorsAndLoseNothing) {
   EXPECT_THAT(e.BeginIteration(), StatusIs(absl::StatusCode::kFailedPrecondition));
   const ParamId a = *e.RegisterParam({"a", {10}});
   const ParamId b = *e.RegisterParam({"b", {3, 3}});
-  EXPECT_THAT(e.RegisterParam({"a", {4}}), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(e.RegisterParam({"a", {4}}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("\"a\" is already registered")));
   EXPECT_THAT(e.RegisterParam({"bad", {0}}), StatusIs(absl::StatusCode::kInvalidArgument));
+  // Refused at once (Finalize refused it, when registrations could no longer be undone).
+  EXPECT_THAT(e.RegisterParam({"", {4}}), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("empty name")));
   // A shape whose element count would wrap around int64 (to 4 here) is refused, not trained.
   EXPECT_THAT(e.RegisterParam({"huge", {(int64_t{1} << 62) + 1, 4}}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("more than 2^40 elements")));

@@ -48,7 +48,7 @@ double FrozenBytes(int stage, double frozen, int ranks, const StateBytes& b) {
   return stage == 3 ? b.param * frozen / ranks : b.param * frozen;
 }
 
-double DeepSpeedZero2Bytes(double params, int ranks) { return 2 * params + 18 * params / ranks; }
+double DeepSpeedZero2Bytes(double params, int ranks) { return 4 * params + 16 * params / ranks; }
 
 double DeepSpeedZero3Bytes(double params, double largest_layer, int ranks) {
   return 4 * largest_layer + 18 * params / ranks;

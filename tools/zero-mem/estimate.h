@@ -30,8 +30,9 @@ double StageBytes(int stage, double params, int ranks, const StateBytes& b);
 /// model copy, replicated at stages 0-2 and sharded at stage 3.
 double FrozenBytes(int stage, double frozen, int ranks, const StateBytes& b);
 
-/// DeepSpeed's estimators (mixed precision Adam): ZeRO-2 2P + 18P/N, ZeRO-3 4·L + 18P/N with L
-/// the largest layer's parameter count.
+/// DeepSpeed's estimators without offload (estimate_zero2/zero3_model_states_mem_needs, mixed
+/// precision Adam): ZeRO-2 4P + 16P/N, ZeRO-3 4·L + 18P/N with L the largest layer's parameter
+/// count.
 double DeepSpeedZero2Bytes(double params, int ranks);
 double DeepSpeedZero3Bytes(double params, double largest_layer, int ranks);
 

@@ -202,8 +202,8 @@ Status Estimate() {
     std::printf("\n");
   }
   if (deepspeed && !absl::GetFlag(FLAGS_csv)) {
-    std::printf("DeepSpeed's estimators count 2 fp16 + 4 fp32 grad + 4 fp32 param + 8 Adam bytes (18/param sharded);"
-                " ZeRO-3 adds 4 bytes × the largest layer (%.3g params%s).\n",
+    std::printf("DeepSpeed's estimators (no offload): ZeRO-2 4 bytes/param whole (fp16 params and gradients) + 16 "
+                "sharded; ZeRO-3 18 bytes/param sharded + 4 × the largest layer (%.3g params%s).\n",
                 largest, absl::GetFlag(FLAGS_largest_layer) > 0 ? "" : ", assumed 1% of Ψ");
     if (frozen > 0) {
       std::printf("They count every param as trained; here frozen params hold only their %g-byte copy.\n", b.param);
