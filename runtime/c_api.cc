@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "runtime/checkpoint_format.h"
 #include "zero/communicator.h"
 #include "zero/engine.h"
 #include "zero/preemption.h"
@@ -81,6 +82,11 @@ zero_status zero_comm_broadcast_bytes(zero_comm* comm, void* data, int64_t bytes
   if (bytes < 0) return Report(absl::InvalidArgumentError("zero_comm_broadcast_bytes: bytes is negative"));
   if (!(timeout_s >= 0)) {  // NaN too; a negative one waited forever
     return Report(absl::InvalidArgumentError("zero_comm_broadcast_bytes: timeout_s must be ≥ 0 (0: no limit)"));
+  }
+  if (root < 0 || root >= comm->comm->size()) {  // refused here: the communicator stays usable
+    return Report(absl::InvalidArgumentError(absl::StrCat("zero_comm_broadcast_bytes: root ", root,
+                                                          " is not a rank of this communicator (0 to ",
+                                                          comm->comm->size() - 1, ")")));
   }
   if (bytes == 0) return ZERO_OK;
   ZERO_C_REQUIRE(data, "zero_comm_broadcast_bytes");
@@ -354,6 +360,8 @@ zero_status zero_preemption_requested(zero_engine* engine, int* requested) {
 zero_status zero_set_checkpoint_user_data(zero_engine* engine, const char* data) {
   ZERO_C_REQUIRE(engine, "zero_set_checkpoint_user_data");
   ZERO_C_REQUIRE(data, "zero_set_checkpoint_user_data");
+  const zero::Status text = zero::runtime::CheckMetaText(data, "zero_set_checkpoint_user_data: the data");
+  if (!text.ok()) return Report(text);
   engine->engine->set_checkpoint_user_data(data);
   return ZERO_OK;
 }

@@ -184,6 +184,7 @@ Status EngineImpl::SaveCheckpointAs(const std::string& target, int64_t series_se
     std::filesystem::create_directories(ParentOf(dir), error);  // its lock needs it; an error shows below
     created = LockForSave(ParentOf(dir), &lock);
   }
+  if (comm_.rank() == 0 && created.ok()) created = CheckMetaText(user_data_, "SaveCheckpoint: the user data");
   if (comm_.rank() == 0 && created.ok()) created = RefuseToReplaceOtherData(dir, "SaveCheckpoint");
   if (comm_.rank() == 0 && created.ok()) {  // a fresh DIR.partial (what a crashed save left is discarded)
     std::error_code error;

@@ -396,6 +396,17 @@ StatusOr<std::string> CheckpointMetaJson(const CheckpointMeta& meta) {
   }
 }
 
+Status CheckMetaText(std::string_view text, std::string_view what) {
+  try {  // nlohmann's dump is the check meta.json's writing makes
+    (void)nlohmann::json(std::string(text)).dump();
+    return absl::OkStatus();
+  } catch (const nlohmann::json::type_error&) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        std::string(what), " is not UTF-8 text, which a checkpoint's meta.json cannot hold: encode binary data (e.g. base64) "
+              "first"));
+  }
+}
+
 // ---- RankFileWriter ----
 
 RankFileWriter::RankFileWriter(int fd, std::string path, std::vector<RecordExtent> records, int moments)

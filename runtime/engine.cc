@@ -150,6 +150,7 @@ StatusOr<ParamId> EngineImpl::RegisterParam(const ParamSpec& spec) {
     return absl::InvalidArgumentError(absl::StrCat("RegisterParam: param ", specs_.size(),
                                                    " has an empty name; every param needs a unique name"));
   }
+  ZERO_RETURN_IF_ERROR(CheckMetaText(spec.name, absl::StrCat("RegisterParam: the name of param ", specs_.size())));
   if (spec.shape.empty()) {
     return absl::InvalidArgumentError(absl::StrCat("param \"", spec.name, "\": shape is empty"));
   }

@@ -308,9 +308,10 @@ class Engine {
   /// saved are set (a shape that differs is kInvalidArgument), the others keep their values. A damaged or missing file is kDataLoss naming it; the engine is unchanged on
   /// every rank when any rank fails. Collective; after Finalize, between steps.
   virtual Status LoadCheckpoint(const std::string& dir) = 0;
-  /// The trainer's own state (data position, RNG seeds: any text, e.g. JSON) to save inside
-  /// the next checkpoints, so that it can never disagree with the engine's state after a
-  /// crash. Rank 0's value is the one written. Empty by default.
+  /// The trainer's own state (data position, RNG seeds: any UTF-8 text, e.g. JSON) to save
+  /// inside the next checkpoints, so that it can never disagree with the engine's state after a
+  /// crash. Rank 0's value is the one written (other bytes: SaveCheckpoint refuses them before
+  /// it writes anything). Empty by default.
   virtual void set_checkpoint_user_data(std::string data) = 0;
   /// The trainer state of the checkpoint last loaded (empty when none was loaded or it held
   /// none).

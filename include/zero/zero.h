@@ -104,7 +104,8 @@ ZERO_API void zero_comm_destroy(zero_comm* comm);
 /** Copies `bytes` bytes at `data` (host memory) from rank `root` to every rank, bit for bit
  *  (any element type: frozen weights, buffers, RNG states). Collective; waits at most
  *  timeout_s seconds (0: forever). Ranks that pass different sizes (in-process and MPI
- *  communicators) get ZERO_INVALID_ARGUMENT naming both. */
+ *  communicators) get ZERO_INVALID_ARGUMENT naming both; a root that is no rank of `comm` is
+ *  ZERO_INVALID_ARGUMENT before any collective (the communicator stays usable). */
 ZERO_API zero_status zero_comm_broadcast_bytes(zero_comm* comm, void* data, int64_t bytes, int root,
                                                double timeout_s);
 /** Ends every process of the MPI job with `exit_code` (MPI_Abort on MPI_COMM_WORLD), for a
@@ -212,7 +213,8 @@ ZERO_API zero_status zero_load_checkpoint(zero_engine* engine, const char* dir);
  *  saves a checkpoint and exits. */
 ZERO_API zero_status zero_install_preemption_handler(void);
 ZERO_API zero_status zero_preemption_requested(zero_engine* engine, int* requested);
-/** The trainer's own state (text, e.g. JSON) saved inside the next checkpoints (rank 0's). */
+/** The trainer's own state (UTF-8 text, e.g. JSON; other bytes are ZERO_INVALID_ARGUMENT)
+ *  saved inside the next checkpoints (rank 0's). */
 ZERO_API zero_status zero_set_checkpoint_user_data(zero_engine* engine, const char* data);
 /** The trainer state of the checkpoint last loaded ("" if none): owned by the engine, valid
  *  until the next zero_load_checkpoint or zero_engine_destroy. */

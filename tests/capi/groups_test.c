@@ -107,8 +107,14 @@ int main(void) {
   unsigned char bytes[4] = {1, 2, 3, 4};
   CHECK(zero_comm_broadcast_bytes(comm, bytes, 4, 0, -1.0) == ZERO_INVALID_ARGUMENT, "timeout -1 accepted");
   CHECK(strstr(zero_last_error(), "timeout_s") != NULL, "message: %s", zero_last_error());
+  /* A root that is no rank is refused before any collective: the communicator stays usable. */
+  CHECK(zero_comm_broadcast_bytes(comm, bytes, 4, 1, 10.0) == ZERO_INVALID_ARGUMENT, "root 1 of 1 accepted");
+  CHECK(strstr(zero_last_error(), "root 1") != NULL, "message: %s", zero_last_error());
   CHECK_OK(zero_comm_broadcast_bytes(comm, bytes, 4, 0, 10.0));
   CHECK(bytes[0] == 1 && bytes[3] == 4, "a broadcast from the one rank changed its bytes");
+  /* User data a checkpoint's meta.json cannot hold is refused where it is given. */
+  CHECK(zero_set_checkpoint_user_data(engine, "epoch \xff") == ZERO_INVALID_ARGUMENT, "binary user data accepted");
+  CHECK(strstr(zero_last_error(), "UTF-8") != NULL, "message: %s", zero_last_error());
 
   /* A DeepSpeed config comes back as ZeroRT's JSON; one with unsupported keys names them all. */
   const char* normalized = NULL;

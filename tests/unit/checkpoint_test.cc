@@ -386,6 +386,21 @@ TEST_F(Checkpoint, AnUnfinishedSaveNeverHidesTheLastCheckpoint) {
   std::filesystem::remove_all(dir_ + ".partial");
 }
 
+// User data that is not UTF-8 (meta.json cannot hold it) is refused before the save writes
+// anything: no DIR.partial is left that a load would report as a save that did not finish.
+TEST_F(Checkpoint, UserDataThatIsNotUtf8IsRefusedBeforeAnythingIsWritten) {
+  LoadedToy toy = ToyEngine(dir_);
+  const std::string other = dir_ + "-binary";
+  toy.engine->set_checkpoint_user_data(std::string("epoch \xff\xfe", 8));
+  EXPECT_THAT(toy.engine->SaveCheckpoint(other),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("user data is not UTF-8")));
+  EXPECT_FALSE(std::filesystem::exists(other + ".partial"));
+  EXPECT_FALSE(std::filesystem::exists(other));
+  toy.engine->set_checkpoint_user_data("epoch 3");  // the engine saves as before
+  ASSERT_THAT(toy.engine->SaveCheckpoint(other), IsOk());
+  std::filesystem::remove_all(other);
+}
+
 // A stage-2 engine of the toy model on `comm`, one step trained.
 StatusOr<std::unique_ptr<Engine>> ToyEngineAfterOneStep(comm::Communicator& comm) {
   ZERO_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(ToyConfig(2), comm));

@@ -32,6 +32,8 @@ TEST(EngineProtocol, CallsOutOfOrderAreClearErrorsAndLoseNothing) {
   EXPECT_THAT(e.RegisterParam({"bad", {0}}), StatusIs(absl::StatusCode::kInvalidArgument));
   // Refused at once (Finalize refused it, when registrations could no longer be undone).
   EXPECT_THAT(e.RegisterParam({"", {4}}), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("empty name")));
+  EXPECT_THAT(e.RegisterParam({"bad\xff\xfename", {4}}),  // a checkpoint's meta.json could not hold it
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("not UTF-8")));
   // A shape whose element count would wrap around int64 (to 4 here) is refused, not trained.
   EXPECT_THAT(e.RegisterParam({"huge", {(int64_t{1} << 62) + 1, 4}}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("more than 2^40 elements")));
