@@ -62,8 +62,8 @@ TEST(EngineStep, LossScalingSkipsOverflowAndClippingBoundsTheNorm) {
 TEST(EngineStep, DroppedGradientsLeaveNoTraceInTheNextStep) {
   for (const int stage : {0, 1, 2, 3}) {
     for (const int accumulation : {1, 2}) {
-      std::vector<std::vector<float>> kept(2), dropped(2);
-      std::vector<int64_t> steps(2);
+      std::vector<std::vector<float>> kept(3), dropped(3);  // per rank: each thread writes its own
+      std::vector<int64_t> steps(3);
       RunOnRanks(3, [&](int r, comm::Communicator& comm) {
         Config config = ToyConfig(stage);
         config.gradient_accumulation_steps = accumulation;
@@ -96,14 +96,14 @@ TEST(EngineStep, DroppedGradientsLeaveNoTraceInTheNextStep) {
           for (int m = 0; m < accumulation; ++m) micro_batch(grad);
           auto info = (*engine)->Step();
           ASSERT_THAT(info, IsOk());
-          if (drop) steps[r == 0 ? 0 : 1] = info->step;
-          std::vector<float>& out = (drop ? dropped : kept)[r == 0 ? 0 : 1];
+          if (drop) steps[r] = info->step;
+          std::vector<float>& out = (drop ? dropped : kept)[r];
           out.resize(1001);
           ASSERT_THAT((*engine)->GetParam(id, out.data()), IsOk());
         }
       });
       EXPECT_EQ(dropped, kept) << "stage " << stage << ", accumulation " << accumulation;
-      EXPECT_EQ(steps, (std::vector<int64_t>{1, 1})) << "stage " << stage;
+      EXPECT_EQ(steps, (std::vector<int64_t>{1, 1, 1})) << "stage " << stage;
     }
   }
 }
