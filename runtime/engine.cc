@@ -207,6 +207,17 @@ Status EngineImpl::Finalize() {
   plan_config.last_bucket_elems = config_.buckets.last_bucket_elems;
   ZERO_ASSIGN_OR_RETURN(partition::PartitionPlan plan, partition::PartitionPlan::Build(infos, plan_config));
   plan_.emplace(std::move(plan));
+  int64_t without_unit = 0, total = 0;  // stage 3: params without a unit stay gathered everywhere
+  for (const partition::ParamInfo& info : infos) {
+    total += info.numel;
+    if (info.unit < 0) without_unit += info.numel;
+  }
+  if (config_.stage == 3 && 2 * without_unit > total && comm_.rank() == 0) {
+    ZERO_LOG(logger_, kWarn) << "stage 3: " << without_unit << " of " << total
+                             << " param elements are registered without a unit (ParamSpec::unit -1), so they stay "
+                                "gathered on every rank, as at stage 2; give each layer's params a unit of their own "
+                                "to shard them";
+  }
   std::vector<std::string> names;
   std::vector<int> bucket_of;
   for (size_t p = 0; p < specs_.size(); ++p) {

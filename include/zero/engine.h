@@ -78,7 +78,10 @@ struct ParamSpec {
 /// The outcome of one Step().
 struct StepInfo {
   int64_t step = 0;         ///< optimizer steps taken so far (skipped ones not counted)
-  bool skipped = false;     ///< an Inf/NaN gradient was found on some rank: nothing changed
+  /// an Inf/NaN gradient was found on some rank: nothing changed. Only with a loss scale
+  /// (loss_scale.mode "static" or "dynamic"; DeepSpeed's fp16, and bf16's check_grad_overflow);
+  /// with "none" the step applies what it is given, as PyTorch's optimizers do
+  bool skipped = false;
   /// global L2 norm of the averaged, unscaled gradient (before clipping); NaN when Step left
   /// it on the device (Config::sync_grad_norm false): Engine::LastGradNorm() reads it
   float grad_norm = 0.0f;

@@ -55,7 +55,8 @@ typedef enum {
 /** One Step()'s outcome. */
 typedef struct {
   int64_t step;      /* optimizer steps taken so far */
-  int skipped;       /* 1: an Inf/NaN gradient was found, nothing changed */
+  int skipped;       /* 1: an Inf/NaN gradient was found, nothing changed (only with a loss
+                        scale: loss_scale.mode "static" or "dynamic") */
   float grad_norm;   /* global L2 norm of the averaged, unscaled gradient; NaN when the step
                         left it on the device ("sync_grad_norm": false): zero_last_grad_norm */
   float loss_scale;  /* multiply the next loss by this */

@@ -7,6 +7,7 @@
 #include "tests/engine/toy_trainer.h"
 #include "tests/status_matchers.h"
 #include "zero/communicator.h"
+#include "absl/strings/str_cat.h"
 #include "zero/engine.h"
 
 namespace zero {
@@ -131,6 +132,25 @@ TEST(EngineProtocol, AnExhaustedBufferPoolDoesNotBlameTheGradientArrivingNow) {
   EXPECT_THAT(e->AccumulateGrad(1, kGrad.data()),
               StatusIs(absl::StatusCode::kResourceExhausted,
                        ::testing::AllOf(HasSubstr("far from backward order"), Not(HasSubstr("\"late\"")))));
+}
+
+// Stage 3 keeps a param registered without a unit gathered on every rank: Finalize warns when
+// most of the model is so (the C header's example registers without one).
+TEST(EngineProtocol, Stage3WarnsWhenMostParamsHaveNoUnit) {
+  for (const bool with_units : {false, true}) {
+    auto group = comm::CreateLocalGroup(1);
+    auto engine = Engine::Create(ToyConfig(3), *(*group)[0]);
+    ASSERT_THAT(engine, IsOk());
+    for (int p = 0; p < 3; ++p) {
+      ParamSpec spec{absl::StrCat("layer", p, ".weight"), {64, 64}};
+      spec.unit = with_units ? p : -1;
+      ASSERT_THAT((*engine)->RegisterParam(spec), IsOk());
+    }
+    ::testing::internal::CaptureStderr();
+    ASSERT_THAT((*engine)->Finalize(), IsOk());
+    const std::string logged = ::testing::internal::GetCapturedStderr();
+    EXPECT_EQ(logged.find("registered without a unit") != std::string::npos, !with_units) << logged;
+  }
 }
 
 }  // namespace

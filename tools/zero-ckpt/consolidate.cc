@@ -76,7 +76,7 @@ Status Consolidate(const std::string& dir, const std::string& out, DType dtype) 
   text.append((8 - text.size() % 8) % 8, ' ');
   const std::string partial = out + ".partial";
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> file(std::fopen(partial.c_str(), "wb"), &std::fclose);
-  if (file == nullptr) return absl::UnavailableError(absl::StrCat("cannot create ", partial));
+  if (file == nullptr) return absl::UnavailableError(absl::StrCat("cannot create ", partial, ": ", std::strerror(errno)));
   const uint64_t length = text.size();  // little-endian on every platform ZeroRT builds for
   bool written = std::fwrite(&length, sizeof length, 1, file.get()) == 1 &&
                  std::fwrite(text.data(), 1, text.size(), file.get()) == text.size();

@@ -46,7 +46,9 @@ int main(int argc, char** argv) {
     }
     if (command == "consolidate") {
       const zero::StatusOr<zero::DType> dtype = zero::ParseDType(absl::GetFlag(FLAGS_dtype));
-      status = dtype.ok() ? zero::tools::Consolidate(dir, out, *dtype) : dtype.status();
+      status = dtype.ok() ? zero::tools::Consolidate(dir, out, *dtype)
+                          : absl::InvalidArgumentError(absl::StrCat("--dtype ", absl::GetFlag(FLAGS_dtype),
+                                                                    ": consolidate writes fp32 or bf16"));
     } else {
       status = zero::tools::Reshard(dir, absl::GetFlag(FLAGS_world), out);
     }
