@@ -1,13 +1,14 @@
 // The engine's protocol: calls out of order are clear errors that lose nothing; SetStream is for
-// CUDA engines and outside iterations; an exhausted gradient-buffer pool names what it waits for.
+// CUDA engines and outside iterations; an exhausted gradient-buffer pool names what it waits for;
+// stage 3 warns about params registered without a unit.
 #include <gtest/gtest.h>
 
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "tests/engine/toy_trainer.h"
 #include "tests/status_matchers.h"
 #include "zero/communicator.h"
-#include "absl/strings/str_cat.h"
 #include "zero/engine.h"
 
 namespace zero {
