@@ -172,26 +172,42 @@ class ReadDetached(nn.Linear):
         return F.linear(x, self.weight.detach(), self.bias)
 
 
-class Chain(nn.Module):
-    """embed, mid and head; `mid` a Linear, or a ReadDetached one (`detached`)."""
+class Scale(nn.Module):
+    """x times a weight of its own, elementwise: its backward reads the param itself (a
+    Linear's reads a view of it)."""
 
-    def __init__(self, detached):
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.rand(DIM) + 0.5)
+
+    def forward(self, x):
+        return x * self.weight
+
+
+class Chain(nn.Module):
+    """embed, mid and head; `mid` a Linear, a Scale, or a ReadDetached Linear."""
+
+    def __init__(self, mid):
         super().__init__()
         torch.manual_seed(0)
         self.embed = nn.Linear(DIM, DIM)
-        self.mid = (ReadDetached if detached else nn.Linear)(DIM, DIM, bias=not detached)
+        self.mid = {"linear": lambda: nn.Linear(DIM, DIM), "scale": Scale,
+                    "detached": lambda: ReadDetached(DIM, DIM, bias=False)}[mid]()
         self.head = nn.Linear(DIM, 1)
 
     def forward(self, x):
         return self.head(torch.tanh(self.mid(torch.tanh(self.embed(x)))))
 
 
-@pytest.mark.parametrize("how", ["frozen-after-initialize", "read-detached"])
-def test_a_unit_without_gradients_stays_gathered_for_its_modules_backward(how):
+@pytest.mark.parametrize("how,mid", [("frozen-after-initialize", "linear"),
+                                     ("frozen-after-initialize", "scale"),
+                                     ("read-detached", "detached")])
+def test_a_unit_without_gradients_stays_readable_for_its_modules_backward(how, mid):
     """Every param of mid's unit is marked as mid's backward begins (frozen since step 1,
     or read detached), which released the unit before mid's backward read its weight for
-    the input's gradient (PyTorch's "setStorage ... out of bounds"). Both ranks see the
-    same rows, so training equals single-process PyTorch."""
+    the input's gradient (PyTorch's "setStorage ... out of bounds"; NaN where the backward
+    reads the param itself, as Scale's does, and the param had its placeholder). Both ranks
+    see the same rows, so training equals single-process PyTorch."""
     config = {"stage": 3, "optimizer": OPTIMIZER,
               "stage3": {"persistence_threshold": 0, "max_reuse_elems": 0,
                          "prefetch_elems": 0},
@@ -205,7 +221,7 @@ def test_a_unit_without_gradients_stays_gathered_for_its_modules_backward(how):
             F.mse_loss(model(x), y).backward()
             step_once()
 
-    model = Chain(how == "read-detached")
+    model = Chain(mid)
     optimizer = torch.optim.AdamW(model.parameters(), lr=OPTIMIZER["lr"],
                                   betas=OPTIMIZER["betas"], eps=OPTIMIZER["eps"],
                                   weight_decay=OPTIMIZER["weight_decay"])
@@ -216,7 +232,7 @@ def test_a_unit_without_gradients_stays_gathered_for_its_modules_backward(how):
 
     train(model, torch_step)
     expected = {n: p.detach().clone() for n, p in model.named_parameters()}
-    models = [Chain(how == "read-detached") for _ in range(2)]
+    models = [Chain(mid) for _ in range(2)]
 
     def body(rank, comm):
         engine = zerort.torch.initialize(models[rank], config, comm)
@@ -361,6 +377,63 @@ def test_ranks_reaching_other_params_keep_the_same_live_window(live_units):
                 rows = halves[rank]
                 F.mse_loss(models[rank](x[rows], rank == 0), y[rows]).backward()
                 engine.step()
+            return engine.state_dict()
+        finally:
+            engine.close()
+
+    assert_close(run_ranks(2, body)[0], expected)
+
+
+class TwoHeads(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.first, self.second = nn.Linear(DIM, DIM), nn.Linear(DIM, DIM)
+        self.heads = nn.ModuleList(nn.Linear(DIM, 1) for _ in range(2))
+
+    def forward(self, x):
+        h = self.second(torch.tanh(self.first(x)))
+        return [head(h) for head in self.heads]
+
+
+def test_a_storage_kept_for_a_backward_is_not_freed_while_the_engine_prefetched_it():
+    """Two backward passes over one forward (retain_graph), one per head, the trunk frozen
+    after initialize() and prefetching on: a trunk unit whose storage was kept for its backward
+    was prefetched again by the engine in the first pass, and freed as that pass ended while
+    the engine held it; the second pass read 0 bytes (a segmentation fault). Training equals
+    PyTorch's."""
+    config = {"stage": 3, "optimizer": OPTIMIZER,
+              "stage3": {"persistence_threshold": 0, "max_reuse_elems": 0,
+                         "prefetch_elems": 10 * DIM * DIM},
+              "guard": {"timeout_s": 30, "on_unused": "zero"}}
+
+    def train(model, step_once):
+        model.first.requires_grad_(False)  # after initialize(): each head's pass trains it
+        model.second.requires_grad_(False)
+        for step in range(STEPS):
+            x, y = batch(step)
+            first, second = model(x.requires_grad_())
+            F.mse_loss(first, y).backward(retain_graph=True)
+            F.mse_loss(second, y).backward()
+            step_once()
+
+    model = TwoHeads()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=OPTIMIZER["lr"],
+                                  betas=OPTIMIZER["betas"], eps=OPTIMIZER["eps"],
+                                  weight_decay=OPTIMIZER["weight_decay"])
+
+    def torch_step():
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    train(model, torch_step)
+    expected = {n: p.detach().clone() for n, p in model.named_parameters()}
+    models = [TwoHeads() for _ in range(2)]
+
+    def body(rank, comm):
+        engine = zerort.torch.initialize(models[rank], config, comm)
+        try:
+            train(models[rank], engine.step)
             return engine.state_dict()
         finally:
             engine.close()

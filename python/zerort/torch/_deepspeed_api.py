@@ -34,7 +34,7 @@ def refuse_unless_default(call, given, defaults):
 class DeepSpeedAPI:
     """DeepSpeed's names on TorchEngine (which sets module, config, stage, rank, world_size,
     gradient_accumulation_steps, optimizer, global_steps, _micro_batches, _last_info,
-    _step_applied, _handed_since_step_call and _torch_device)."""
+    _step_applied, _handed_since_step_call, _passes and _torch_device)."""
 
     def parameters(self, recurse=True):
         """The model's parameters(), as DeepSpeed's engine (a module wrapping it) gives."""
@@ -169,7 +169,7 @@ class DeepSpeedAPI:
         gradient_accumulation_steps micro-batches, so `is_boundary` must say what
         is_gradient_accumulation_boundary() then says; another answer is an
         UnimplementedError naming the way out."""
-        if self._handed_since_step_call:
+        if self._passes.current > 0 or self._handed_since_step_call:
             self.step()  # not a boundary (Accelerate calls step() there): ends the micro-batch
         if bool(is_boundary) == self.is_gradient_accumulation_boundary():
             return

@@ -34,9 +34,10 @@ sample, a mixture of experts) would otherwise complete its bucket at different p
 their backward, before or after another unit's gather, and the collectives would not match.
 Units no forward used (an idle expert) are swept as at stages 0-2. A unit used by a forward
 whose outputs the loss does not use completes at end_backward. A unit all of whose params are
-marked there is released there, but its storage is freed when the backward pass ends
-(_stage3.py): the module's backward has not run yet and may read them (a param read
-detached, or frozen since initialize()).
+marked there is released to the engine there, but its params keep viewing their storage
+until the backward pass ends (_stage3.py; later if the engine has gathered it again): the
+module's backward has not run yet and may read them (a param read detached, or frozen since
+initialize()).
 Limit: where a module's backward gathers another unit (a frozen child, a module it calls)
 and some ranks do not reach the module's own params, a rank that reaches them completes the
 bucket when their gradient arrives, after that gather or before it, as the graph has it:

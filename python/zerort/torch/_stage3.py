@@ -218,11 +218,12 @@ class UnitGathering:
         # Units whose last awaited param was marked absent as their module's backward began
         # (_before_backward): the engine releases them there, on every rank at the point where
         # it did before (its accounting, and so its prefetches, stay the same on every rank),
-        # but their storage is freed only when the backward pass ends: that module's backward
-        # has not run yet and may read it (a param read detached, or frozen since
-        # initialize()).
+        # but their params keep viewing their storage until the backward pass ends: that
+        # module's backward has not run yet and may read them (a param read detached, or
+        # frozen since initialize()).
         self._marking = ()
         self._free_after_backward = set()
+        self._lent = set()  # units whose flat storage the engine holds now (_lend, _give_back)
         # frozen unit -> forward calls (with grad) whose backward has not yet run
         self._backward_calls = collections.Counter()
         self._waiting = {}  # unit -> ids whose gradient has not arrived since the gather
@@ -330,6 +331,7 @@ class UnitGathering:
                 f"zerort.torch: the engine asked for {nbytes} bytes for unit {unit}, whose "
                 f"layout has {flat.numel()}", errors.InternalError.status)
         resize_storage(flat, nbytes)
+        self._lent.add(unit)
         other = other_current_stream(self.engine_stream)
         if other is not None:
             # Memory freed on the current stream may still be read by work queued there: the
@@ -340,14 +342,21 @@ class UnitGathering:
         return flat.data_ptr()
 
     def _give_back(self, unit):
-        """The engine's give_back: `unit`'s flat storage is freed; its params that view it
-        get their placeholders."""
+        """The engine's give_back: `unit`'s flat storage is freed and its params that view
+        it get their placeholders, now or (_free_after_backward) when the backward pass
+        ends."""
+        self._lent.discard(unit)
+        if unit not in self._free_after_backward:
+            self._free_storage(unit)
+
+    def _free_storage(self, unit):
+        """`unit`'s params that view its flat storage get their placeholders; the storage is
+        freed."""
         for param, pid in self._members[unit]:
             if param.data_ptr() == self._views[pid].data_ptr():
                 param.data = self._placeholders[pid]
                 self._placeholder_versions[pid] = param._version
-        if unit not in self._free_after_backward:  # else freed when the backward pass ends
-            resize_storage(self._flats[unit], 0)
+        resize_storage(self._flats[unit], 0)
 
     def _param_named(self, name):
         """The model's param or buffer under its state-dict key `name` (None if none)."""
@@ -651,12 +660,13 @@ class UnitGathering:
         self._free_storages_kept_for_backward()
 
     def _free_storages_kept_for_backward(self):
-        """Frees the storages _give_back kept for a backward that has now run (those of
-        units gathered again since are in use: left as they are)."""
+        """Frees the storages _give_back kept for a backward that has now run. Those the
+        engine has lent again since (a gather, a prefetch) are in use: their next give_back
+        frees them."""
         kept, self._free_after_backward = self._free_after_backward, set()
         for unit in kept:
-            if unit not in self._gathered:
-                resize_storage(self._flats[unit], 0)
+            if unit not in self._lent:
+                self._free_storage(unit)
 
     def remove(self):
         """Removes the module hooks; gives every param its full value back in its storage
