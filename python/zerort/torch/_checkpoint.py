@@ -157,8 +157,10 @@ class CheckpointMethods:
     def _full_value_behind(self, name, entry, full):
         """Stage 3: the full value of the sharded param whose placeholder the state-dict
         entry `name` views (a _save_to_state_dict override that writes param.detach()),
-        from `full` (state_dict()); None when it views none. An entry computed from it in
-        another shape is refused: its values would be the placeholder's NaN."""
+        from `full` (state_dict()); None when it views none. A view of it in another shape
+        is refused: its values would be the placeholder's NaN. Not told apart (limits): a
+        square param's transposed view (taken as the param) and a value computed into new
+        memory (param.detach() * 2: NaN); such overrides save right inside gathered()."""
         pid = self._units.released_param_viewed_by(entry)
         if pid is None:
             return None
