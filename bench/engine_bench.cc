@@ -5,6 +5,10 @@
 // the count is dominated by the per-call bookkeeping. Reports ns per GradReady (the timed
 // region is the GradReady loop alone).
 //
+// BM_RegisterParams/<params>: RegisterParam of `params` one-element params into a new engine
+// (one in-process rank), then Finalize. Reports ns per RegisterParam and Finalize's ms: both grow
+// linearly with the count (a registration scanned every earlier name: quadratic).
+//
 // BM_StepLrChange/<elems>/<groups>: the optimizer step (AdamW, stage 2, one in-process rank) of
 // `elems` fp32 elements spread over `groups` optimizer groups, timed alternately as it is and
 // right after SetGroupHyper changed every group's lr (as a scheduler does before each step).
@@ -66,6 +70,33 @@ BENCHMARK(BM_GradReady)
     ->ArgsProduct({{1000, 100000}, {0, 1, 2}})
     ->ArgNames({"params", "stage"})
     ->Unit(benchmark::kMillisecond);
+
+void BM_RegisterParams(benchmark::State& state) {
+  const int params = static_cast<int>(state.range(0));
+  auto group = comm::CreateLocalGroup(1);
+  std::vector<std::string> names;
+  for (int p = 0; p < params; ++p) names.push_back("layers." + std::to_string(p) + ".weight");
+  double register_ns = 0, finalize_ms = 0;
+  for (auto _ : state) {
+    auto engine = Engine::Create(Config{}, *(*group)[0]);
+    if (!engine.ok()) {
+      state.SkipWithError(std::string(engine.status().message()).c_str());
+      return;
+    }
+    const auto start = std::chrono::steady_clock::now();
+    for (const std::string& name : names) {
+      if (!(*engine)->RegisterParam({name, {1}}).ok()) state.SkipWithError("RegisterParam failed");
+    }
+    const auto registered = std::chrono::steady_clock::now();
+    if (!(*engine)->Finalize().ok()) state.SkipWithError("Finalize failed");
+    register_ns += std::chrono::duration<double, std::nano>(registered - start).count();
+    finalize_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - registered).count();
+  }
+  state.counters["ns_per_register"] = register_ns / (static_cast<double>(state.iterations()) * params);
+  state.counters["finalize_ms"] = finalize_ms / static_cast<double>(state.iterations());
+}
+
+BENCHMARK(BM_RegisterParams)->Arg(10000)->Arg(200000)->ArgName("params")->Unit(benchmark::kMillisecond);
 
 // One micro-batch (zero gradients) and the step; returns the seconds Step() and, when
 // `change_lr`, the SetGroupHyper calls before it took.
