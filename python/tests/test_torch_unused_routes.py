@@ -164,6 +164,34 @@ def test_with_gradient_accumulation_and_prefetching():
     assert_close(got, reference(True, False))
 
 
+def assert_trains_as_pytorch(build, train, config):
+    """`train(model, step_once)` of a model from `build()`: with torch AdamW in one process
+    (a param without a gradient left untouched), and through the engine (`config`) on two
+    in-process ranks that see the same rows, gives the same params."""
+    model = build()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=OPTIMIZER["lr"],
+                                  betas=OPTIMIZER["betas"], eps=OPTIMIZER["eps"],
+                                  weight_decay=OPTIMIZER["weight_decay"])
+
+    def torch_step():
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    train(model, torch_step)
+    expected = {n: p.detach().clone() for n, p in model.named_parameters()}
+    models = [build() for _ in range(2)]
+
+    def body(rank, comm):
+        engine = zerort.torch.initialize(models[rank], config, comm)
+        try:
+            train(models[rank], engine.step)
+            return engine.state_dict()
+        finally:
+            engine.close()
+
+    assert_close(run_ranks(2, body)[0], expected)
+
+
 class ReadDetached(nn.Linear):
     """A Linear whose weight trains but is read detached here: its backward needs the
     weight for the input's gradient, and the weight gets none."""
@@ -221,27 +249,7 @@ def test_a_unit_without_gradients_stays_readable_for_its_modules_backward(how, m
             F.mse_loss(model(x), y).backward()
             step_once()
 
-    model = Chain(mid)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=OPTIMIZER["lr"],
-                                  betas=OPTIMIZER["betas"], eps=OPTIMIZER["eps"],
-                                  weight_decay=OPTIMIZER["weight_decay"])
-
-    def torch_step():
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)  # a frozen param is then left untouched
-
-    train(model, torch_step)
-    expected = {n: p.detach().clone() for n, p in model.named_parameters()}
-    models = [Chain(mid) for _ in range(2)]
-
-    def body(rank, comm):
-        engine = zerort.torch.initialize(models[rank], config, comm)
-        train(models[rank], engine.step)
-        state = engine.state_dict()
-        engine.close()
-        return state
-
-    assert_close(run_ranks(2, body)[0], expected)
+    assert_trains_as_pytorch(lambda: Chain(mid), train, config)
 
 
 class ScaledBase(nn.Module):
@@ -417,25 +425,4 @@ def test_a_storage_kept_for_a_backward_is_not_freed_while_the_engine_prefetched_
             F.mse_loss(second, y).backward()
             step_once()
 
-    model = TwoHeads()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=OPTIMIZER["lr"],
-                                  betas=OPTIMIZER["betas"], eps=OPTIMIZER["eps"],
-                                  weight_decay=OPTIMIZER["weight_decay"])
-
-    def torch_step():
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
-    train(model, torch_step)
-    expected = {n: p.detach().clone() for n, p in model.named_parameters()}
-    models = [TwoHeads() for _ in range(2)]
-
-    def body(rank, comm):
-        engine = zerort.torch.initialize(models[rank], config, comm)
-        try:
-            train(models[rank], engine.step)
-            return engine.state_dict()
-        finally:
-            engine.close()
-
-    assert_close(run_ranks(2, body)[0], expected)
+    assert_trains_as_pytorch(TwoHeads, train, config)
