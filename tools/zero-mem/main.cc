@@ -147,6 +147,10 @@ Status Estimate() {
   const std::map<std::string, double> presets = {
       {"zero-paper", 7.5e9}, {"gpt2-xl", 1.558e9}, {"llama-7b", 6.738e9}, {"llama-70b", 68.98e9}};
   double params = absl::GetFlag(FLAGS_params);
+  if (!absl::GetFlag(FLAGS_preset).empty() && params != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--preset ", absl::GetFlag(FLAGS_preset), " and --params ", params,
+                                                   " both give Ψ: give one"));
+  }
   if (!absl::GetFlag(FLAGS_preset).empty()) {
     auto it = presets.find(absl::GetFlag(FLAGS_preset));
     if (it == presets.end()) return absl::InvalidArgumentError(absl::StrCat("unknown --preset ", absl::GetFlag(FLAGS_preset)));
