@@ -157,7 +157,6 @@ StatusOr<std::string> ReadFile(const std::string& path) {
 StatusOr<Json> ConfigJson(const GivenFlags& given) {
   const std::string path = absl::GetFlag(FLAGS_config);
   Json json = Json::object();
-  bool file_keeps = false;  // --config sets checkpoint.keep_last (else --keep_last's default)
   if (!path.empty()) {
     ZERO_ASSIGN_OR_RETURN(const std::string text, ReadFile(path));
     // A DeepSpeed config becomes ZeroRT's JSON first, so the flags below override its keys.
@@ -166,10 +165,6 @@ StatusOr<Json> ConfigJson(const GivenFlags& given) {
       return Status(normalized.status().code(), absl::StrCat("--config ", path, ": ", normalized.status().message()));
     }
     json = Json::parse(*normalized, nullptr, /*allow_exceptions=*/false);
-    // Read from the config as translated: a DeepSpeed config's own "checkpoint" section is not
-    // ZeroRT's, and is dropped there.
-    file_keeps = json.is_object() && json.contains("checkpoint") && json["checkpoint"].is_object() &&
-                 json["checkpoint"].contains("keep_last");
   } else {
     json["guard"]["timeout_s"] = 120;  // a rank that fails alone must not keep the others for 10 min
   }
@@ -204,7 +199,11 @@ StatusOr<Json> ConfigJson(const GivenFlags& given) {
   if (use("first_bucket_elems")) json["buckets"]["first_bucket_elems"] = absl::GetFlag(FLAGS_first_bucket_elems);
   if (use("accumulation")) json["gradient_accumulation_steps"] = absl::GetFlag(FLAGS_accumulation);
   if (use("clip")) json["clip_grad_norm"] = absl::GetFlag(FLAGS_clip);
-  if (use("keep_last") || !file_keeps) json["checkpoint"]["keep_last"] = absl::GetFlag(FLAGS_keep_last);
+  // --keep_last's default holds unless --config (as translated: a DeepSpeed config's own
+  // "checkpoint" section is not ZeroRT's, and is dropped there) sets checkpoint.keep_last.
+  const auto section = json.find("checkpoint");
+  const bool config_keeps = section != json.end() && section->is_object() && section->contains("keep_last");
+  if (use("keep_last") || !config_keeps) json["checkpoint"]["keep_last"] = absl::GetFlag(FLAGS_keep_last);
   // The model's optional patterns need the guard policies that handle them.
   if (absl::GetFlag(FLAGS_tied) || absl::GetFlag(FLAGS_recompute)) json["guard"]["on_duplicate"] = "count";
   if (absl::GetFlag(FLAGS_branch)) json["guard"]["on_unused"] = "zero";

@@ -148,10 +148,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
         """DeepSpeed's optimizer.cur_scale: the loss scale now (1.0 without loss scaling)."""
         return self._engine.loss_scale
 
-    @property
-    def loss_scale(self):
-        """DeepSpeed's optimizer.loss_scale: cur_scale."""
-        return self._engine.loss_scale
+    loss_scale = cur_scale  # DeepSpeed's other name for it
 
     def add_param_group(self, param_group):
         """Only while initialize() builds the groups (see the class docstring)."""
