@@ -134,12 +134,20 @@ StatusOr<bool> EngineImpl::DecideGradNorm(double divisor, StepInfo* info) {
   }
   float host[kStepScalars];
   ZERO_RETURN_IF_ERROR(ops_->Copy(host, scalars, sizeof host));
-  // A collective the stream waited for may have failed (the watchdog aborted it): then the
-  // values are not a norm.
-  ZERO_RETURN_IF_ERROR(RequireHealthyGroup("Step"));
+  ZERO_RETURN_IF_ERROR(RequireCompletedSum("Step"));
   last_grad_norm_ = host[kGradNorm];
   info->grad_norm = host[kGradNorm];
   return !std::isfinite(host[kSqNorm]);
+}
+
+Status EngineImpl::RequireCompletedSum(const char* call) {
+  // A sum the stream waited for may have failed (the watchdog aborted it): then the values
+  // are not a norm. The copy that read them waited for the stream, so its outcome is known.
+  // A sum the host waited for completed (or its error was returned then): its value holds
+  // even when a peer that went on has broken the group since, as the peer's step holds.
+  ZERO_RETURN_IF_ERROR(path_.Reap());
+  if (path_.kept() > 0) return RequireHealthyGroup(call);
+  return absl::OkStatus();
 }
 
 StatusOr<float> EngineImpl::LastGradNorm() {
@@ -150,7 +158,7 @@ StatusOr<float> EngineImpl::LastGradNorm() {
   if (!last_grad_norm_.has_value()) {
     float norm = 0.0f;
     ZERO_RETURN_IF_ERROR(ops_->Copy(&norm, step_scalars_.as<float>() + kGradNorm, sizeof norm));
-    ZERO_RETURN_IF_ERROR(RequireHealthyGroup("LastGradNorm"));  // an aborted sum is no norm
+    ZERO_RETURN_IF_ERROR(RequireCompletedSum("LastGradNorm"));
     last_grad_norm_ = norm;
   }
   return *last_grad_norm_;
