@@ -464,11 +464,12 @@ Status ShardedParams::Lend(GatheredMemoryLender lender) {
 }
 
 Status ShardedParams::Release(int unit, bool may_keep) {
-  ZERO_ASSIGN_OR_RETURN(int bucket, BucketOfUnit(unit, "Release"));
+  const char* call = may_keep ? "ReleaseUntilBackward" : "Release";  // as the trainer called it
+  ZERO_ASSIGN_OR_RETURN(int bucket, BucketOfUnit(unit, call));
   Unit& u = units_[bucket];
   if (u.persistent) return absl::OkStatus();
   if (u.holders == 0) {
-    return absl::FailedPreconditionError(absl::StrCat("Release(", unit, "): unit ", unit, " is not gathered"));
+    return absl::FailedPreconditionError(absl::StrCat(call, "(", unit, "): unit ", unit, " is not gathered"));
   }
   if (--u.holders > 0) return absl::OkStatus();
   if (may_keep && GatheredAgainSoon(bucket) && RoomToKeep(bucket)) {

@@ -4,6 +4,8 @@ names (tied params under each name, persistent buffers) with full values, loadab
 model built without an engine; and a checkpoint restores the module's buffers (BatchNorm's
 running statistics), so a resumed run goes on as the uninterrupted one."""
 import os
+import pathlib
+import subprocess
 
 import pytest
 import torch
@@ -170,3 +172,28 @@ def test_a_checkpoint_restores_the_module_buffers(stage, tmp_path):
             assert resumed[name] == went_on[name]
             continue
         assert torch.allclose(resumed[name], went_on[name], rtol=1e-5, atol=1e-6), name
+
+
+def test_zero_ckpt_inspect_shows_odd_param_names_safely(tmp_path):
+    """A param name with control bytes (an escape sequence) prints escaped, and one very long
+    name does not pad every other row to its width."""
+    tool = pathlib.Path(os.environ.get("ZERORT_LIBRARY", "")).parent.parent / "bin" / "zero-ckpt"
+    if not tool.exists():
+        pytest.skip(f"{tool} not built")
+    model = nn.Module()
+    model.register_parameter("red\x1b[31m", nn.Parameter(torch.ones(2)))
+    model.register_parameter("x" * 200, nn.Parameter(torch.ones(3)))
+    model.register_parameter("short", nn.Parameter(torch.ones(4)))
+
+    def body(rank, comm):
+        engine = zerort.torch.initialize(model, {"stage": 0, "optimizer": OPTIMIZER}, comm)
+        engine.save_checkpoint(str(tmp_path / "ckpt"))
+        engine.close()
+
+    run_ranks(1, body)
+    printed = subprocess.run([str(tool), "inspect", str(tmp_path / "ckpt")], check=True,
+                             capture_output=True, text=True).stdout
+    assert "\x1b" not in printed
+    assert "red\\x1b[31m" in printed
+    short_row = next(line for line in printed.splitlines() if "short" in line)
+    assert len(short_row) < 100, short_row

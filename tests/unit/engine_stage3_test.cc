@@ -326,8 +326,12 @@ TEST(EngineStage3, ViewsOfUngatheredParamsAreErrors) {
   EXPECT_EQ(static_cast<float*>(*e.ParamData(a))[299], 2.0f);
   ASSERT_THAT(e.Release(5), IsOk());
   EXPECT_THAT(e.ParamData(a), StatusIs(absl::StatusCode::kFailedPrecondition));
-  EXPECT_THAT(e.Release(5), StatusIs(absl::StatusCode::kFailedPrecondition));
-  EXPECT_THAT(e.Gather(9), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(e.Release(5), StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("Release(5)")));
+  EXPECT_THAT(e.Gather(9), StatusIs(absl::StatusCode::kNotFound, HasSubstr("Gather(9)")));
+  // Errors name the call the trainer made.
+  EXPECT_THAT(e.ReleaseUntilBackward(9), StatusIs(absl::StatusCode::kNotFound, HasSubstr("ReleaseUntilBackward(9)")));
+  EXPECT_THAT(e.ReleaseUntilBackward(5),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("ReleaseUntilBackward(5)")));
 }
 
 // Two ranks that run different modules whose units have the same size (rank 1 gathers unit 1

@@ -1,8 +1,11 @@
 // zero-ckpt inspect and verify.
+#include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <numeric>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -12,7 +15,27 @@
 namespace zero::tools {
 namespace {
 
+// Names widen the column up to this; a longer one is printed whole, its row unaligned.
+constexpr size_t kNameColumn = 60;
+
 std::string FileName(const std::string& path) { return path.substr(path.find_last_of('/') + 1); }
+
+// `text` as a terminal shows it safely: control bytes (an escape sequence in a param name
+// could rewrite the screen) as \xNN, except those listed in `kept`. Names are UTF-8
+// (registration checks that), so every other byte passes as it is.
+std::string Printable(const std::string& text, const char* kept = "") {
+  std::string out;
+  for (const char c : text) {
+    const auto byte = static_cast<unsigned char>(c);
+    const bool control = byte < 0x20 || byte == 0x7f;
+    if (control && (c == '\0' || std::strchr(kept, c) == nullptr)) {
+      out += absl::StrFormat("\\x%02x", byte);
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
 
 }  // namespace
 
@@ -23,18 +46,23 @@ Status Inspect(const std::string& dir) {
   std::printf("step %lld · stage %d · world %d · optimizer %s (%d moment buffer%s) · loss scale %g\n",
               static_cast<long long>(reader->step()), reader->stage(), reader->world(), reader->optimizer().c_str(),
               reader->moments(), reader->moments() == 1 ? "" : "s", reader->loss_scale());
-  if (!reader->user_data().empty()) std::printf("user data: %s\n", reader->user_data().c_str());
+  if (!reader->user_data().empty()) {
+    std::printf("user data: %s\n", Printable(reader->user_data(), "\n\t").c_str());
+  }
   int64_t elements = 0, saved = 0;
   size_t width = 4;
+  std::vector<std::string> names;
   for (const CheckpointReader::Param& p : reader->params()) {
     elements += p.numel;
     saved += p.saved ? p.numel : 0;
-    width = std::max(width, p.name.size());
+    names.push_back(Printable(p.name));
+    width = std::max(width, std::min(names.back().size(), kNameColumn));
   }
   std::printf("\nparams: %zu, %lld elements (%lld saved; frozen params only with checkpoint.save_frozen)\n",
               reader->params().size(), static_cast<long long>(elements), static_cast<long long>(saved));
-  for (const CheckpointReader::Param& p : reader->params()) {
-    std::printf("  %-*s  [%s]  %s%s\n", static_cast<int>(width), p.name.c_str(), absl::StrJoin(p.shape, ", ").c_str(),
+  for (size_t i = 0; i < names.size(); ++i) {
+    const CheckpointReader::Param& p = reader->params()[i];
+    std::printf("  %-*s  [%s]  %s%s\n", static_cast<int>(width), names[i].c_str(), absl::StrJoin(p.shape, ", ").c_str(),
                 DTypeName(p.dtype), !p.saved ? "  (frozen: not saved)" : p.requires_grad ? "" : "  (frozen)");
   }
   std::printf("\nfiles:\n");
