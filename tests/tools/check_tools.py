@@ -436,6 +436,10 @@ def check_flags():
     check(refused("zero-mem", ["estimate", "--params", "-5"], "--params -5"), "zero-mem estimate --params -5 is refused")
     check(refused("zero-mem", ["estimate", "--preset", "llama-7b", "--params", "1e9"], "both give"),
           "zero-mem estimate --preset with --params is refused (the preset won silently)")
+    check(refused("zero-mem", ["estimate", "--params", "1e9", "--layers=4"], "--layers", "measure"),
+          "zero-mem estimate --layers (a flag of measure) is refused, not ignored")
+    check(refused("zero-mem", ["measure", "--frozen_fraction", "0.5"], "--frozen_fraction", "--lora_rank"),
+          "zero-mem measure --frozen_fraction (a flag of estimate) is refused, naming measure's own")
 
 
 if MODE == "params":

@@ -6,6 +6,8 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 
 namespace zero::tools {
 
@@ -39,6 +41,18 @@ bool NoExtraArguments(const std::vector<char*>& positional, size_t allowed, cons
   if (positional.size() <= allowed) return true;
   std::fprintf(stderr, "%s: unexpected argument \"%s\" (flags are written --name value or --name=value; see --help)\n",
                tool, positional[allowed]);
+  return false;
+}
+
+bool FlagGiven(int argc, char** argv, const char* name) {
+  for (int i = 1; i < argc; ++i) {
+    absl::string_view arg = argv[i];
+    if (arg == "--") return false;
+    if (!absl::ConsumePrefix(&arg, "--")) {
+      if (!absl::ConsumePrefix(&arg, "-")) continue;
+    }
+    if (arg == name || absl::StartsWith(arg, absl::StrCat(name, "="))) return true;
+  }
   return false;
 }
 

@@ -24,6 +24,10 @@ std::vector<char*> ParseToolCommandLine(int argc, char** argv, const char* dir);
 /// flag's value given without its flag, "zero-train 4" for "--ranks 4", would be ignored).
 bool NoExtraArguments(const std::vector<char*>& positional, size_t allowed, const char* tool);
 
+/// Whether flag `name` (without dashes) was given in `argv` as --name, --name=value, -name or
+/// -name=value before any "--" (for flags that only one of a tool's commands reads).
+bool FlagGiven(int argc, char** argv, const char* name);
+
 }  // namespace zero::tools
 
 #endif  // ZERO_TOOLS_COMMON_COMMAND_LINE_H_

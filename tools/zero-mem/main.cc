@@ -299,6 +299,21 @@ Status Measure() {
   return absl::OkStatus();
 }
 
+// The flags only one command reads; given to the other, they would be ignored silently.
+Status CheckFlagsBelongTo(const std::string& command, int argc, char** argv) {
+  const std::vector<const char*> estimate_only = {"params", "preset", "largest_layer", "frozen_fraction"};
+  const std::vector<const char*> measure_only = {"layers", "width", "steps", "lora_rank"};
+  const bool estimate = command == "estimate";
+  for (const char* flag : estimate ? measure_only : estimate_only) {
+    if (!FlagGiven(argc, argv, flag)) continue;
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--", flag, " is a flag of zero-mem ", estimate ? "measure" : "estimate", ", which ", command,
+        " would ignore", estimate ? " (estimate takes the model's size from --params or --preset)"
+                                  : " (measure builds a model from --layers, --width and --lora_rank)"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 }  // namespace zero::tools
 
@@ -312,15 +327,12 @@ int main(int argc, char** argv) {
   const std::vector<char*> positional = zero::tools::ParseToolCommandLine(argc, argv, "zero-mem/");
   if (!zero::tools::NoExtraArguments(positional, 2, "zero-mem")) return 2;
   const std::string command = positional.size() > 1 ? positional[1] : "";
-  zero::Status status;
-  if (command == "estimate") {
-    status = zero::tools::Estimate();
-  } else if (command == "measure") {
-    status = zero::tools::Measure();
-  } else {
+  if (command != "estimate" && command != "measure") {
     std::fprintf(stderr, "usage: zero-mem estimate|measure [flags] (see --help)\n");
     return 2;
   }
+  zero::Status status = zero::tools::CheckFlagsBelongTo(command, argc, argv);
+  if (status.ok()) status = command == "estimate" ? zero::tools::Estimate() : zero::tools::Measure();
   if (!status.ok()) {
     std::fprintf(stderr, "zero-mem: %s\n", std::string(status.message()).c_str());
     return 1;
