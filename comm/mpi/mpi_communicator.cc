@@ -11,6 +11,14 @@
 // too as soon as the notice arrives instead of waiting for their own timeout. MPI cannot cancel a started collective: its requests and
 // staging buffers are kept (leaked) rather than freed, and AbandonedWorkMayTouchBuffers() tells
 // the buffers' owners to keep theirs.
+//
+// A rank that leaves while its peers go on (its process ends: sys.exit(), an exception caught
+// outside the training loop, a script that runs fewer steps) destroys its communicator, or MPI
+// finalises it, with no error of its own. Its peers do not answer the agreement at destroy
+// then, so it sends them a departure notice on the same private communicator. A departure
+// breaks nothing by itself (a peer may go on with work that needs no collective, such as
+// rank 0 writing the model); a collective still waiting kDepartureGraceS after it arrived
+// breaks the group naming the rank that left, instead of waiting guard.timeout_s for it.
 #include "zero/communicator.h"
 
 #include <mpi.h>
@@ -50,6 +58,8 @@ constexpr double kDrainSecondsAtDestroy = 2.0;
 constexpr int kEagerPolls = 20000;  // ≈ a few ms of MPI_Test without progress
 constexpr int kNoticeBytes = 1024;  // a broken-group notice: the first error's message
 constexpr int kNoticeTag = 7001;
+constexpr int32_t kDepartureCode = -1;  // a departure notice: this code alone
+constexpr double kDepartureGraceS = 1.0;  // a collective in flight may still complete after it
 constexpr auto kBrokenCheckInterval = std::chrono::milliseconds(20);
 constexpr int kPointToPointTags = 30000;  // tags of collectives built from point-to-point calls
 
@@ -61,7 +71,12 @@ struct Notices {
   std::vector<char> outgoing;
   std::vector<MPI_Request> sends;
   bool sent = false;
+  int departed = -1;                   // the first peer whose departure notice arrived
+  std::chrono::steady_clock::time_point waiting_since{};  // a collective in flight since the departure
 };
+
+// What the ranks agreed when a communicator is destroyed (MpiCommunicator::AgreeAtDestroy).
+enum class DestroyAgreement { kEveryRankHealthy, kSomeRankNot, kNoAnswer };
 
 class MpiCommunicator final : public Communicator {
  public:
@@ -81,10 +96,18 @@ class MpiCommunicator final : public Communicator {
     int finalized = 0;
     if (!finalizing) MPI_Finalized(&finalized);
     if (!finalizing && !finalized) {
+      int arrived = 0;  // a last look for a peer's departure, which decides this rank's vote
+      MPI_Status from;
+      if (notices_.receive != MPI_REQUEST_NULL && MPI_Test(&notices_.receive, &arrived, &from) == MPI_SUCCESS &&
+          arrived && notices_.departed < 0) {
+        notices_.departed = from.MPI_SOURCE;
+      }
       if (notices_.receive != MPI_REQUEST_NULL) {
         MPI_Cancel(&notices_.receive);
         MPI_Request_free(&notices_.receive);
       }
+      const DestroyAgreement agreement = AgreeAtDestroy(health_->Get().ok() && notices_.departed < 0);
+      if (agreement == DestroyAgreement::kNoAnswer) SendDepartureNotices();
       for (MPI_Request& send : notices_.sends) {
         int done = 0;
         if (send != MPI_REQUEST_NULL) MPI_Test(&send, &done, MPI_STATUS_IGNORE);
@@ -93,7 +116,7 @@ class MpiCommunicator final : public Communicator {
           keep_outgoing = true;
         }
       }
-      if (EveryRankHealthyAtDestroy()) {
+      if (agreement == DestroyAgreement::kEveryRankHealthy && !NoticeArriving()) {
         ops_.Free();
         MPI_Comm_free(&comm_);
         MPI_Comm_free(&tagged_);
@@ -110,18 +133,20 @@ class MpiCommunicator final : public Communicator {
   /// group, so no rank abandoned a collective whose messages could still arrive. A rank that
   /// frees while a peer's abandoned collective still sends to it leaves those messages pending
   /// in MPI, and OpenMPI then hung the next MPI_Comm_dup of the job in 1 run of 3. The ranks
-  /// agree with one all-reduce on the control communicator; a broken rank contributes without
-  /// waiting (destroying a broken group never blocks), a healthy one waits up to
-  /// kDrainSecondsAtDestroy and keeps the communicators when its peers do not answer in time.
-  bool EveryRankHealthyAtDestroy() {
-    const bool healthy = health_->Get().ok();
+  /// agree with one all-reduce on the control communicator; a rank that is not `healthy`
+  /// contributes without waiting (destroying a broken group never blocks), a healthy one waits
+  /// up to kDrainSecondsAtDestroy, and keeps the communicators when its peers do not answer in
+  /// time (kNoAnswer: they are busy elsewhere, so this rank leaves before them). A rank that a
+  /// peer's departure notice reached votes as not healthy: that notice's sender keeps its
+  /// communicators, and so must everyone.
+  DestroyAgreement AgreeAtDestroy(bool healthy) {
     // Heap-held: MPI may write them after this returns when the agreement is abandoned.
     auto votes = std::make_unique<int[]>(2);
     votes[0] = healthy ? 1 : 0;
     votes[1] = 0;
     MPI_Request request = MPI_REQUEST_NULL;
     if (MPI_Iallreduce(&votes[0], &votes[1], 1, MPI_INT, MPI_MIN, control_, &request) != MPI_SUCCESS) {
-      return false;
+      return DestroyAgreement::kSomeRankNot;
     }
     const auto deadline = std::chrono::steady_clock::now() +
                           std::chrono::duration_cast<std::chrono::steady_clock::duration>(
@@ -131,18 +156,46 @@ class MpiCommunicator final : public Communicator {
            std::chrono::steady_clock::now() < deadline) {
       std::this_thread::sleep_for(std::chrono::microseconds(100));
     }
-    if (done) return votes[1] == 1;
+    if (done) return votes[1] == 1 ? DestroyAgreement::kEveryRankHealthy : DestroyAgreement::kSomeRankNot;
     // Abandoned: MPI forbids freeing or cancelling a collective's request, and may still
     // complete it into the votes, so both are leaked.
     static_cast<void>(votes.release());
-    return false;
+    return healthy ? DestroyAgreement::kNoAnswer : DestroyAgreement::kSomeRankNot;
+  }
+
+  /// Whether a notice is on its way here after all (with the receive cancelled): a peer whose
+  /// agreement timed out just as this rank joined it sends a departure notice after its vote.
+  bool NoticeArriving() {
+    int pending = 0;
+    MPI_Iprobe(MPI_ANY_SOURCE, kNoticeTag, control_, &pending, MPI_STATUS_IGNORE);
+    return pending != 0;
+  }
+
+  /// Tells every peer that this rank leaves (see the file comment), after the progress thread
+  /// stopped; the sends join notices_.sends, which the destructor completes or leaks.
+  void SendDepartureNotices() {
+    for (int peer = 0; peer < size_; ++peer) {
+      if (peer == rank_) continue;
+      notices_.sends.push_back(MPI_REQUEST_NULL);
+      // The constant itself is the buffer: it outlives a send that completes after we are gone.
+      MPI_Isend(&kDepartureCode, sizeof(kDepartureCode), MPI_CHAR, peer, kNoticeTag, control_, &notices_.sends.back());
+    }
+    // A notice this small is sent eagerly: its sends complete at once unless MPI is stalled.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
+    int done = 0;
+    while (MPI_Testall(static_cast<int>(notices_.sends.size()), notices_.sends.data(), &done,
+                       MPI_STATUSES_IGNORE) == MPI_SUCCESS && !done && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
   }
 
   /// From MPI_Finalize's hook, when the communicator outlives MPI (as one that a garbage
   /// collector had not reached by the program's exit): the group breaks, so every collective
   /// in flight or asked for later fails at once with the reason, and the progress thread stops
-  /// without another MPI call.
+  /// without another MPI call. MPI still works here: when the peers do not answer the
+  /// agreement (they are not finalising too), they are told that this rank leaves.
   void StopBeforeFinalize() {
+    const bool healthy = health_->Get().ok();
     health_->Break(absl::FailedPreconditionError(absl::StrCat(
         "MPI was finalised while the MPI communicator of rank ", rank_, " was alive; it runs no "
         "more collectives (close engines and communicators before MPI_Finalize)")));
@@ -151,6 +204,10 @@ class MpiCommunicator final : public Communicator {
       finalizing_ = true;
     }
     StopProgress();
+    if (AgreeAtDestroy(healthy && notices_.departed < 0) == DestroyAgreement::kNoAnswer) SendDepartureNotices();
+    for (MPI_Request& send : notices_.sends) {  // MPI_Finalize completes what is left
+      if (send != MPI_REQUEST_NULL) MPI_Request_free(&send);
+    }
   }
 
   /// Stops the progress thread, draining what is in flight (once: from the destructor, or
@@ -488,6 +545,26 @@ class MpiCommunicator final : public Communicator {
     active.clear();
   }
 
+  // After a peer's departure notice: breaks the group once a collective has waited
+  // kDepartureGraceS since the notice arrived (or since it started, if later) without completing.
+  void BreakIfWaitingForTheDeparted(const std::deque<std::unique_ptr<Operation>>& active) {
+    const bool waiting = std::any_of(active.begin(), active.end(),
+                                     [](const std::unique_ptr<Operation>& o) { return !o->completion->done(); });
+    const auto now = std::chrono::steady_clock::now();
+    if (!waiting) {
+      notices_.waiting_since = {};
+      return;
+    }
+    if (notices_.waiting_since == std::chrono::steady_clock::time_point{}) notices_.waiting_since = now;
+    if (now - notices_.waiting_since < std::chrono::duration<double>(kDepartureGraceS)) return;
+    health_->Break(absl::UnavailableError(absl::StrCat(
+        "rank ", notices_.departed, " left: it destroyed its MPI communicator or ended its process "
+        "(MPI_Finalize) while rank ", rank_, " waited for it in a collective, which it will never "
+        "join. Rank ", notices_.departed, "'s own output says why it ended: an exception or "
+        "sys.exit() outside the training loop, or a script that runs fewer steps or batches on "
+        "some ranks (every rank must call the same collectives)")));
+  }
+
   // Checks for a peer's notice; once the group is broken (here or by a notice), fails every
   // collective in flight and, once, tells every peer. Called by the progress thread only.
   void ExchangeNotices(std::deque<std::unique_ptr<Operation>>& active) {
@@ -500,10 +577,15 @@ class MpiCommunicator final : public Communicator {
       int32_t code = 0;  // the notice: the first error's code, then its message
       std::memcpy(&code, notices_.incoming, sizeof(code));
       notices_.incoming[kNoticeBytes - 1] = '\0';
-      health_->Break(Status(static_cast<absl::StatusCode>(code),
-                            absl::StrCat("rank ", from.MPI_SOURCE, " reported its group broken: ",
-                                         notices_.incoming + sizeof(code))));
+      if (code == kDepartureCode) {  // the receive is posted again on the next call
+        if (notices_.departed < 0) notices_.departed = from.MPI_SOURCE;
+      } else {
+        health_->Break(Status(static_cast<absl::StatusCode>(code),
+                              absl::StrCat("rank ", from.MPI_SOURCE, " reported its group broken: ",
+                                           notices_.incoming + sizeof(code))));
+      }
     }
+    if (notices_.departed >= 0) BreakIfWaitingForTheDeparted(active);
     const Status broken = health_->Get();
     if (broken.ok()) return;
     AbandonActive(active);

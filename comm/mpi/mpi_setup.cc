@@ -1,10 +1,11 @@
 // Setting MPI up for a communicator.
 #include "comm/mpi/mpi_setup.h"
 
+#include <algorithm>
 #include <cstdlib>
-#include <map>
 #include <mutex>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "base/status_converters.h"
@@ -23,7 +24,9 @@ void FinalizeMpiAtExit() {
 // library, initialised and finalised once per process.
 struct ProgressThreads {
   std::mutex mutex;
-  std::map<const void*, std::function<void()>> stops;
+  // In registration order, which is the same on every rank (communicators are created
+  // collectively): a stop may agree with the peers (MpiCommunicator::StopBeforeFinalize).
+  std::vector<std::pair<const void*, std::function<void()>>> stops;
   bool hooked = false;      // the MPI_COMM_SELF attribute is set
   bool finalizing = false;  // MPI_Finalize has begun
 };
@@ -56,14 +59,16 @@ Status RegisterProgressThread(const void* owner, std::function<void()> stop) {
     ZERO_MPI_RETURN_IF_ERROR(MPI_Comm_set_attr(MPI_COMM_SELF, keyval, nullptr));
     registry.hooked = true;
   }
-  registry.stops[owner] = std::move(stop);
+  registry.stops.emplace_back(owner, std::move(stop));
   return absl::OkStatus();
 }
 
 bool UnregisterProgressThread(const void* owner) {
   ProgressThreads& registry = Registry();
   std::lock_guard<std::mutex> lock(registry.mutex);
-  registry.stops.erase(owner);
+  registry.stops.erase(std::remove_if(registry.stops.begin(), registry.stops.end(),
+                                      [owner](const auto& entry) { return entry.first == owner; }),
+                       registry.stops.end());
   return registry.finalizing;
 }
 

@@ -17,10 +17,11 @@ Status EnsureMpiInitialized();
 
 /// Progress threads make MPI calls on their own, so each must stop before MPI_Finalize,
 /// whoever calls it (this library at exit, the host program, mpi4py at exit). A live
-/// communicator registers its `stop` (which joins its thread, making no further MPI call)
-/// under `owner`; MPI_Finalize runs every registered `stop` first, through the delete callback
-/// of an attribute on MPI_COMM_SELF (the MPI standard frees MPI_COMM_SELF's attributes first
-/// thing in MPI_Finalize). Call after EnsureMpiInitialized.
+/// communicator registers its `stop` (which joins its thread; it may then make MPI calls of
+/// its own, as MPI still works there) under `owner`; MPI_Finalize runs every registered `stop`
+/// first, in registration order, through the delete callback of an attribute on MPI_COMM_SELF
+/// (the MPI standard frees MPI_COMM_SELF's attributes first thing in MPI_Finalize). Call after
+/// EnsureMpiInitialized.
 Status RegisterProgressThread(const void* owner, std::function<void()> stop);
 /// Before `owner` goes. True when MPI_Finalize has begun (its `stop` has run or is not needed):
 /// the owner must then make no MPI call, as MPI is being torn down, perhaps by another thread.

@@ -6,6 +6,7 @@ under mpirun):
 fails_before_second_communicator: rank 1 raises after a first communicator; the others go on
 to initialize() with comm=None, which creates a second one (collective over every rank).
 fails_between_steps: rank 1 raises between two steps; the others go on to the next step.
+exits_between_steps: rank 1 calls sys.exit(1) there instead.
 Each rank prints "rank R finished" when it gets through (none should).
 """
 import sys
@@ -28,9 +29,11 @@ def main(scenario):
         if rank == 1:
             raise FileNotFoundError("rank 1 cannot find its data shard")
         zerort.torch.initialize(model, CONFIG)
-    elif scenario == "fails_between_steps":
+    elif scenario in ("fails_between_steps", "exits_between_steps"):
         engine = zerort.torch.initialize(model, CONFIG, comm)
         for step in range(3):
+            if rank == 1 and step == 1 and scenario == "exits_between_steps":
+                sys.exit(1)
             if rank == 1 and step == 1:
                 raise FileNotFoundError("rank 1 cannot find its next batch")
             loss_of(model, *batch(step)).backward()

@@ -3,7 +3,8 @@ python and mpi; skipped unless ZERO_RUN_MPI names tests/mpi/run_mpi.sh).
 
 A rank that ends with an uncaught exception outside any collective ends the whole job at
 once (zerort.mpi_communicator's abort_job_on_exception), instead of leaving its peers to wait
-for it: forever where they create a communicator, guard.timeout_s in a step.
+for it: forever where they create a communicator, guard.timeout_s in a step. A rank that ends
+without an exception (sys.exit()) tells its peers that it left.
 """
 import os
 import subprocess
@@ -30,4 +31,21 @@ def test_a_rank_failing_outside_a_collective_ends_the_job_at_once(scenario):
     assert "rank 1 of 3 ends with an uncaught FileNotFoundError" in output, output
     assert "finished" not in output, output
     # The peers wait 300 s in a step (guard.timeout_s) and forever creating a communicator.
+    assert seconds < 120, output
+
+
+def test_a_rank_that_exits_while_its_peers_train_is_named_at_once():
+    """sys.exit() ends no MPI job (it is no uncaught exception): the rank's communicator tells
+    its peers that it left, and the collective they wait in fails naming it instead of
+    waiting guard.timeout_s (300 s). Two ranks: where several ranks call MPI_Abort at once,
+    OpenMPI 4.1's mpirun itself now and then hangs in PMIx_server_finalize after every rank
+    has ended."""
+    start = time.monotonic()
+    job = subprocess.run([RUN_MPI, "2", sys.executable, RANK_SCRIPT, "exits_between_steps"],
+                         capture_output=True, text=True, timeout=240)
+    seconds = time.monotonic() - start
+    output = job.stdout + job.stderr
+    assert job.returncode != 0, output
+    assert "rank 1 left" in output, output
+    assert "finished" not in output, output
     assert seconds < 120, output

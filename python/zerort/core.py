@@ -188,7 +188,9 @@ def mpi_communicator(abort_job_on_exception=True):
     `python -m mpi4py` does. Otherwise its peers would wait for it: in a collective until
     guard.timeout_s, or forever where they create a communicator or finalise MPI. Not in an
     interactive interpreter (where an uncaught exception ends nothing), and not for sys.exit()
-    or os._exit(), which are no exceptions reaching sys.excepthook."""
+    or os._exit(), which are no exceptions reaching sys.excepthook. A rank that ends by
+    sys.exit() while its peers go on tells them it left as its communicator goes: a collective
+    they wait in then fails naming it."""
     handle = ctypes.c_void_p()
     _check(library().zero_comm_mpi(None, ctypes.byref(handle)), "zero_comm_mpi")
     comm = Communicator(handle.value, "mpi")

@@ -11,7 +11,10 @@
 #include <cstdlib>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
+
+#include "absl/strings/str_cat.h"
 
 #include "tests/engine/faulty_communicator.h"
 #include "tests/engine/toy_trainer.h"
@@ -115,6 +118,33 @@ TEST(MpiFailures, CommunicatorsCreatedAfterBrokenOnesDoNotHang) {
   } else {
     unsetenv("ZERO_MPI_ALL_REDUCE");
   }
+}
+
+// A rank that leaves (here: destroys its communicator, as a process that ends does) while its
+// peers go on. Its departure breaks nothing by itself: a peer busy with work that needs no
+// collective stays healthy. A collective that waits for it fails within seconds, naming it,
+// instead of after the collective's 60 s timeout.
+TEST(MpiFailures, ARankThatLeavesIsNamedByThePeersWaitingForIt) {
+  auto comm = comm::CreateMpiCommunicator(nullptr);
+  ASSERT_THAT(comm, IsOk());
+  const int rank = (*comm)->rank(), world = (*comm)->size();
+  if (world == 1) GTEST_SKIP() << "needs a peer";
+  const int leaver = world - 1;
+  if (rank == leaver) {
+    comm->reset();  // its peers do not answer the agreement at destroy: a departure notice
+    return;
+  }
+  // Past the leaver's 2 s agreement, its notice has arrived: no collective waited, so nothing broke.
+  std::this_thread::sleep_for(std::chrono::seconds(4));
+  EXPECT_THAT((*comm)->Health(), IsOk());
+  std::vector<float> values(16, 1.0f);
+  const auto start = Clock::now();
+  const Status waited =
+      (*comm)->AllReduce(values.data(), values.data(), 16, DType::kFP32, comm::ReduceOp::kSum)->Wait(60);
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  EXPECT_THAT(waited, Not(IsOk()));
+  EXPECT_NE(waited.message().find(absl::StrCat("rank ", leaver, " left")), std::string::npos) << waited;
+  EXPECT_LT(seconds, 30.0) << waited;
 }
 
 }  // namespace
