@@ -48,6 +48,8 @@ class CollectivePath {
   Status Drain();
   /// Works kept by WaitOnStream, not yet reaped.
   int kept() const { return static_cast<int>(kept_.size()); }
+  /// Whether WaitOnStream may keep a work for the stream to wait on (else it waits on the host).
+  bool waits_on_stream() const { return StreamCanWait(); }
   /// Waits for `work` within the timeout and drops it; an error is prefixed with `what`. A
   /// null `work` is OK.
   Status Wait(comm::WorkPtr& work, absl::string_view what);

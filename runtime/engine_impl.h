@@ -115,9 +115,9 @@ class EngineImpl final : public Engine {
   // Whether Step reads the norm on the host (synchronous ops, sync_grad_norm, or a loss
   // scaler's overflow check): then it is decided before the step, which waits for nothing more.
   bool ReadsNormOnHost() const;
-  // After the host read the norm's sum: OK when every collective behind it completed. A group
-  // broken later by a peer that went on does not fail it (no rank may fail a step that a peer
-  // completed).
+  // After the host read the norm's sum: OK when the sum completed. Where the host waited for
+  // it, a group broken later by a peer that went on does not fail it (no rank may fail a step
+  // that a peer completed).
   Status RequireCompletedSum(const char* call);
   Status RequirePhase(Phase wanted, const char* call) const;
   // OK while the communicator's group works; once it broke, `call` fails with its first error

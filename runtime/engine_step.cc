@@ -141,12 +141,11 @@ StatusOr<bool> EngineImpl::DecideGradNorm(double divisor, StepInfo* info) {
 }
 
 Status EngineImpl::RequireCompletedSum(const char* call) {
-  // A sum the stream waited for may have failed (the watchdog aborted it): then the values
-  // are not a norm. The copy that read them waited for the stream, so its outcome is known.
   // A sum the host waited for completed (or its error was returned then): its value holds
-  // even when a peer that went on has broken the group since, as the peer's step holds.
-  ZERO_RETURN_IF_ERROR(path_.Reap());
-  if (path_.kept() > 0) return RequireHealthyGroup(call);
+  // even when a peer that went on has broken the group since, as the peer's step holds. One
+  // the stream may have waited for may have failed since (the watchdog aborted it, and its
+  // error may have gone to a later call): then only a working group vouches for the values.
+  if (path_.waits_on_stream()) return RequireHealthyGroup(call);
   return absl::OkStatus();
 }
 

@@ -15,10 +15,12 @@
 // A rank that leaves while its peers go on (its process ends: sys.exit(), an exception caught
 // outside the training loop, a script that runs fewer steps) destroys its communicator, or MPI
 // finalises it, with no error of its own. Its peers do not answer the agreement at destroy
-// then, so it sends them a departure notice on the same private communicator. A departure
-// breaks nothing by itself (a peer may go on with work that needs no collective, such as
-// rank 0 writing the model); a collective still waiting kDepartureGraceS after it arrived
-// breaks the group naming the rank that left, instead of waiting guard.timeout_s for it.
+// then, so it sends them a departure notice on the same private communicator, with how many
+// collectives it joined. A departure breaks nothing by itself (a peer may go on with work that
+// needs no collective, such as rank 0 writing the model), nor a collective the leaver joined;
+// a collective it never joined breaks the group at once, naming the rank that left, instead of
+// waiting guard.timeout_s for it. The private communicator is never freed, so that a notice
+// still on its way can never reach a communicator freed (and reused) in the meantime.
 #include "zero/communicator.h"
 
 #include <mpi.h>
@@ -58,21 +60,28 @@ constexpr double kDrainSecondsAtDestroy = 2.0;
 constexpr int kEagerPolls = 20000;  // ≈ a few ms of MPI_Test without progress
 constexpr int kNoticeBytes = 1024;  // a broken-group notice: the first error's message
 constexpr int kNoticeTag = 7001;
-constexpr int32_t kDepartureCode = -1;  // a departure notice: this code alone
-constexpr double kDepartureGraceS = 1.0;  // a collective in flight may still complete after it
+constexpr int32_t kDepartureCode = -1;  // a notice's code that says its sender left
 constexpr auto kBrokenCheckInterval = std::chrono::milliseconds(20);
 constexpr int kPointToPointTags = 30000;  // tags of collectives built from point-to-point calls
 
+// A departure notice as it travels (as kNoticeBytes-sized notices do, in MPI_CHARs).
+struct DepartureNotice {
+  int32_t code = kDepartureCode;
+  int32_t unused = 0;
+  int64_t joined = 0;  // the collectives its sender issued: #0 to #joined-1
+};
+
 // The notices of one rank's broken group: a receive always posted for the first peer's notice,
-// and this rank's own notices to its peers once it breaks (buffers kept until they complete).
+// and this rank's own notices to its peers once it breaks or leaves (buffers kept until they
+// complete).
 struct Notices {
   char incoming[kNoticeBytes] = {};
   MPI_Request receive = MPI_REQUEST_NULL;
   std::vector<char> outgoing;
   std::vector<MPI_Request> sends;
   bool sent = false;
-  int departed = -1;                   // the first peer whose departure notice arrived
-  std::chrono::steady_clock::time_point waiting_since{};  // a collective in flight since the departure
+  int departed = -1;          // the peer whose departure notice named the fewest collectives
+  int64_t departed_joined = 0;  // how many collectives it issued before it left
 };
 
 // What the ranks agreed when a communicator is destroyed (MpiCommunicator::AgreeAtDestroy).
@@ -96,17 +105,15 @@ class MpiCommunicator final : public Communicator {
     int finalized = 0;
     if (!finalizing) MPI_Finalized(&finalized);
     if (!finalizing && !finalized) {
-      int arrived = 0;  // a last look for a peer's departure, which decides this rank's vote
-      MPI_Status from;
-      if (notices_.receive != MPI_REQUEST_NULL && MPI_Test(&notices_.receive, &arrived, &from) == MPI_SUCCESS &&
-          arrived && notices_.departed < 0) {
-        notices_.departed = from.MPI_SOURCE;
-      }
+      // A last look for a peer's notice (it left, or its group broke): then this rank votes
+      // as not healthy.
+      int arrived = 0;
+      if (notices_.receive != MPI_REQUEST_NULL) MPI_Test(&notices_.receive, &arrived, MPI_STATUS_IGNORE);
       if (notices_.receive != MPI_REQUEST_NULL) {
         MPI_Cancel(&notices_.receive);
         MPI_Request_free(&notices_.receive);
       }
-      const DestroyAgreement agreement = AgreeAtDestroy(health_->Get().ok() && notices_.departed < 0);
+      const DestroyAgreement agreement = AgreeAtDestroy(health_->Get().ok() && notices_.departed < 0 && !arrived);
       if (agreement == DestroyAgreement::kNoAnswer) SendDepartureNotices();
       for (MPI_Request& send : notices_.sends) {
         int done = 0;
@@ -116,13 +123,13 @@ class MpiCommunicator final : public Communicator {
           keep_outgoing = true;
         }
       }
-      if (agreement == DestroyAgreement::kEveryRankHealthy && !NoticeArriving()) {
+      if (agreement == DestroyAgreement::kEveryRankHealthy) {
         ops_.Free();
         MPI_Comm_free(&comm_);
         MPI_Comm_free(&tagged_);
-        MPI_Comm_free(&control_);
-      }  // else kept: a peer's abandoned collectives and notices may still arrive on them, and
-         // a freed communicator's late messages hung the job's next MPI_Comm_dup
+      }  // else kept: a peer's abandoned collectives may still arrive on them, and a freed
+         // communicator's late messages hung the job's next MPI_Comm_dup. control_ is always
+         // kept (see the file comment).
     }
     // Deliberate leaks: MPI may still use these after we are gone (see the file comment).
     if (keep_outgoing) static_cast<void>(new std::vector<char>(std::move(notices_.outgoing)));
@@ -163,22 +170,19 @@ class MpiCommunicator final : public Communicator {
     return healthy ? DestroyAgreement::kNoAnswer : DestroyAgreement::kSomeRankNot;
   }
 
-  /// Whether a notice is on its way here after all (with the receive cancelled): a peer whose
-  /// agreement timed out just as this rank joined it sends a departure notice after its vote.
-  bool NoticeArriving() {
-    int pending = 0;
-    MPI_Iprobe(MPI_ANY_SOURCE, kNoticeTag, control_, &pending, MPI_STATUS_IGNORE);
-    return pending != 0;
-  }
-
   /// Tells every peer that this rank leaves (see the file comment), after the progress thread
-  /// stopped; the sends join notices_.sends, which the destructor completes or leaks.
+  /// stopped, from a healthy group (no broken-group notice uses notices_.outgoing); the sends
+  /// join notices_.sends, which are completed or leaked with their buffer.
   void SendDepartureNotices() {
+    DepartureNotice notice;
+    notice.joined = next_sequence_;
+    notices_.outgoing.assign(sizeof notice, '\0');
+    std::memcpy(notices_.outgoing.data(), &notice, sizeof notice);
     for (int peer = 0; peer < size_; ++peer) {
       if (peer == rank_) continue;
       notices_.sends.push_back(MPI_REQUEST_NULL);
-      // The constant itself is the buffer: it outlives a send that completes after we are gone.
-      MPI_Isend(&kDepartureCode, sizeof(kDepartureCode), MPI_CHAR, peer, kNoticeTag, control_, &notices_.sends.back());
+      MPI_Isend(notices_.outgoing.data(), static_cast<int>(sizeof notice), MPI_CHAR, peer, kNoticeTag, control_,
+                &notices_.sends.back());
     }
     // A notice this small is sent eagerly: its sends complete at once unless MPI is stalled.
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
@@ -195,19 +199,32 @@ class MpiCommunicator final : public Communicator {
   /// without another MPI call. MPI still works here: when the peers do not answer the
   /// agreement (they are not finalising too), they are told that this rank leaves.
   void StopBeforeFinalize() {
+    {  // first: the progress thread sends no broken-group notice for the break below
+      std::lock_guard<std::mutex> lock(mutex_);
+      finalizing_ = true;
+    }
     const bool healthy = health_->Get().ok();
     health_->Break(absl::FailedPreconditionError(absl::StrCat(
         "MPI was finalised while the MPI communicator of rank ", rank_, " was alive; it runs no "
         "more collectives (close engines and communicators before MPI_Finalize)")));
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      finalizing_ = true;
-    }
     StopProgress();
-    if (AgreeAtDestroy(healthy && notices_.departed < 0) == DestroyAgreement::kNoAnswer) SendDepartureNotices();
-    for (MPI_Request& send : notices_.sends) {  // MPI_Finalize completes what is left
-      if (send != MPI_REQUEST_NULL) MPI_Request_free(&send);
+    if (healthy && notices_.departed < 0) {
+      // With collectives in flight (now abandoned) the peers wait for this rank: no agreement
+      // (they would take it for a clean end and free communicators those collectives use).
+      const bool in_flight = !abandoned_.empty();
+      if (in_flight || AgreeAtDestroy(true) == DestroyAgreement::kNoAnswer) SendDepartureNotices();
     }
+    if (notices_.receive != MPI_REQUEST_NULL) {
+      MPI_Cancel(&notices_.receive);
+      MPI_Request_free(&notices_.receive);
+    }
+    bool pending = false;  // MPI_Finalize completes them; their buffer must outlive us
+    for (MPI_Request& send : notices_.sends) {
+      if (send == MPI_REQUEST_NULL) continue;
+      MPI_Request_free(&send);
+      pending = true;
+    }
+    if (pending) static_cast<void>(new std::vector<char>(std::move(notices_.outgoing)));
   }
 
   /// Stops the progress thread, draining what is in flight (once: from the destructor, or
@@ -545,24 +562,20 @@ class MpiCommunicator final : public Communicator {
     active.clear();
   }
 
-  // After a peer's departure notice: breaks the group once a collective has waited
-  // kDepartureGraceS since the notice arrived (or since it started, if later) without completing.
+  // After a peer's departure notice: breaks the group when a collective in flight is one the
+  // leaver never joined (those it joined go on: they may complete).
   void BreakIfWaitingForTheDeparted(const std::deque<std::unique_ptr<Operation>>& active) {
-    const bool waiting = std::any_of(active.begin(), active.end(),
-                                     [](const std::unique_ptr<Operation>& o) { return !o->completion->done(); });
-    const auto now = std::chrono::steady_clock::now();
-    if (!waiting) {
-      notices_.waiting_since = {};
+    for (const auto& o : active) {
+      if (o->completion->done() || o->sequence < notices_.departed_joined) continue;
+      health_->Break(absl::UnavailableError(absl::StrCat(
+          "rank ", notices_.departed, " left after its collective #", notices_.departed_joined - 1,
+          ": it destroyed its MPI communicator or ended its process (MPI_Finalize), so it will never "
+          "join collective #", o->sequence, ", which rank ", rank_, " waits in. Rank ", notices_.departed,
+          "'s own output says why it ended: an exception or sys.exit() outside the training loop, or "
+          "a script that runs fewer steps or batches on some ranks (every rank must call the same "
+          "collectives)")));
       return;
     }
-    if (notices_.waiting_since == std::chrono::steady_clock::time_point{}) notices_.waiting_since = now;
-    if (now - notices_.waiting_since < std::chrono::duration<double>(kDepartureGraceS)) return;
-    health_->Break(absl::UnavailableError(absl::StrCat(
-        "rank ", notices_.departed, " left: it destroyed its MPI communicator or ended its process "
-        "(MPI_Finalize) while rank ", rank_, " waited for it in a collective, which it will never "
-        "join. Rank ", notices_.departed, "'s own output says why it ended: an exception or "
-        "sys.exit() outside the training loop, or a script that runs fewer steps or batches on "
-        "some ranks (every rank must call the same collectives)")));
   }
 
   // Checks for a peer's notice; once the group is broken (here or by a notice), fails every
@@ -578,7 +591,12 @@ class MpiCommunicator final : public Communicator {
       std::memcpy(&code, notices_.incoming, sizeof(code));
       notices_.incoming[kNoticeBytes - 1] = '\0';
       if (code == kDepartureCode) {  // the receive is posted again on the next call
-        if (notices_.departed < 0) notices_.departed = from.MPI_SOURCE;
+        DepartureNotice notice;
+        std::memcpy(&notice, notices_.incoming, sizeof notice);
+        if (notices_.departed < 0 || notice.joined < notices_.departed_joined) {
+          notices_.departed = from.MPI_SOURCE;
+          notices_.departed_joined = notice.joined;
+        }
       } else {
         health_->Break(Status(static_cast<absl::StatusCode>(code),
                               absl::StrCat("rank ", from.MPI_SOURCE, " reported its group broken: ",
@@ -590,6 +608,10 @@ class MpiCommunicator final : public Communicator {
     if (broken.ok()) return;
     AbandonActive(active);
     if (notices_.sent) return;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (finalizing_) return;  // MPI is going (StopBeforeFinalize tells the peers itself)
+    }
     notices_.sent = true;
     const int32_t code = static_cast<int32_t>(broken.code());
     notices_.outgoing.assign(kNoticeBytes, '\0');

@@ -122,8 +122,8 @@ TEST(MpiFailures, CommunicatorsCreatedAfterBrokenOnesDoNotHang) {
 
 // A rank that leaves (here: destroys its communicator, as a process that ends does) while its
 // peers go on. Its departure breaks nothing by itself: a peer busy with work that needs no
-// collective stays healthy. A collective that waits for it fails within seconds, naming it,
-// instead of after the collective's 60 s timeout.
+// collective stays healthy. A collective it never joined fails at once, naming it, instead of
+// after the collective's 60 s timeout.
 TEST(MpiFailures, ARankThatLeavesIsNamedByThePeersWaitingForIt) {
   auto comm = comm::CreateMpiCommunicator(nullptr);
   ASSERT_THAT(comm, IsOk());
@@ -144,7 +144,7 @@ TEST(MpiFailures, ARankThatLeavesIsNamedByThePeersWaitingForIt) {
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
   EXPECT_THAT(waited, Not(IsOk()));
   EXPECT_NE(waited.message().find(absl::StrCat("rank ", leaver, " left")), std::string::npos) << waited;
-  EXPECT_LT(seconds, 30.0) << waited;
+  EXPECT_LT(seconds, 30.0) << waited;  // at once, unless the notice is late on a loaded machine
 }
 
 }  // namespace
