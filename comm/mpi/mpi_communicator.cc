@@ -27,10 +27,12 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdint>
 #include <cstring>
 #include <deque>
 #include <functional>
 #include <memory>
+#include <string>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -109,12 +111,9 @@ class MpiCommunicator final : public Communicator {
       // as not healthy.
       int arrived = 0;
       if (notices_.receive != MPI_REQUEST_NULL) MPI_Test(&notices_.receive, &arrived, MPI_STATUS_IGNORE);
-      if (notices_.receive != MPI_REQUEST_NULL) {
-        MPI_Cancel(&notices_.receive);
-        MPI_Request_free(&notices_.receive);
-      }
+      CancelNoticeReceive();
       const DestroyAgreement agreement = AgreeAtDestroy(health_->Get().ok() && notices_.departed < 0 && !arrived);
-      if (agreement == DestroyAgreement::kNoAnswer) SendDepartureNotices();
+      if (agreement == DestroyAgreement::kNoAnswer) SendDepartureNotices(next_sequence_);
       for (MPI_Request& send : notices_.sends) {
         int done = 0;
         if (send != MPI_REQUEST_NULL) MPI_Test(&send, &done, MPI_STATUS_IGNORE);
@@ -170,12 +169,21 @@ class MpiCommunicator final : public Communicator {
     return healthy ? DestroyAgreement::kNoAnswer : DestroyAgreement::kSomeRankNot;
   }
 
-  /// Tells every peer that this rank leaves (see the file comment), after the progress thread
-  /// stopped, from a healthy group (no broken-group notice uses notices_.outgoing); the sends
-  /// join notices_.sends, which are completed or leaked with their buffer.
-  void SendDepartureNotices() {
+  /// Cancels the posted notice receive; a cancelled receive completes locally, after which MPI
+  /// no longer writes into notices_.incoming.
+  void CancelNoticeReceive() {
+    if (notices_.receive == MPI_REQUEST_NULL) return;
+    MPI_Cancel(&notices_.receive);
+    MPI_Wait(&notices_.receive, MPI_STATUS_IGNORE);
+  }
+
+  /// Tells every peer that this rank leaves having issued collectives #0 to #joined-1 (see
+  /// the file comment), after the progress thread stopped, from a healthy group (no
+  /// broken-group notice uses notices_.outgoing); the sends join notices_.sends, which are
+  /// completed or leaked with their buffer.
+  void SendDepartureNotices(int64_t joined) {
     DepartureNotice notice;
-    notice.joined = next_sequence_;
+    notice.joined = joined;
     notices_.outgoing.assign(sizeof notice, '\0');
     std::memcpy(notices_.outgoing.data(), &notice, sizeof notice);
     for (int peer = 0; peer < size_; ++peer) {
@@ -199,25 +207,27 @@ class MpiCommunicator final : public Communicator {
   /// without another MPI call. MPI still works here: when the peers do not answer the
   /// agreement (they are not finalising too), they are told that this rank leaves.
   void StopBeforeFinalize() {
-    {  // first: the progress thread sends no broken-group notice for the break below
+    bool healthy = false;
+    {  // under the lock: the progress thread sees both or neither, so it sends no broken-group
+       // notice for this break, and fails what is in flight with it
       std::lock_guard<std::mutex> lock(mutex_);
+      healthy = health_->Get().ok();
+      health_->Break(absl::FailedPreconditionError(absl::StrCat(
+          "MPI was finalised while the MPI communicator of rank ", rank_, " was alive; it runs no "
+          "more collectives (close engines and communicators before MPI_Finalize)")));
       finalizing_ = true;
     }
-    const bool healthy = health_->Get().ok();
-    health_->Break(absl::FailedPreconditionError(absl::StrCat(
-        "MPI was finalised while the MPI communicator of rank ", rank_, " was alive; it runs no "
-        "more collectives (close engines and communicators before MPI_Finalize)")));
     StopProgress();
-    if (healthy && notices_.departed < 0) {
-      // With collectives in flight (now abandoned) the peers wait for this rank: no agreement
-      // (they would take it for a clean end and free communicators those collectives use).
-      const bool in_flight = !abandoned_.empty();
-      if (in_flight || AgreeAtDestroy(true) == DestroyAgreement::kNoAnswer) SendDepartureNotices();
+    // With collectives in flight (now abandoned) the peers wait for this rank: it votes as not
+    // healthy (without waiting), so that no peer frees communicators those collectives use,
+    // and tells them it left before the first of them.
+    const bool in_flight = first_abandoned_ != INT64_MAX;
+    const bool clean = healthy && notices_.departed < 0 && !in_flight;
+    const DestroyAgreement agreement = AgreeAtDestroy(clean);
+    if (healthy && notices_.departed < 0 && (in_flight || agreement == DestroyAgreement::kNoAnswer)) {
+      SendDepartureNotices(std::min(next_sequence_, first_abandoned_));
     }
-    if (notices_.receive != MPI_REQUEST_NULL) {
-      MPI_Cancel(&notices_.receive);
-      MPI_Request_free(&notices_.receive);
-    }
+    CancelNoticeReceive();
     bool pending = false;  // MPI_Finalize completes them; their buffer must outlive us
     for (MPI_Request& send : notices_.sends) {
       if (send == MPI_REQUEST_NULL) continue;
@@ -254,7 +264,7 @@ class MpiCommunicator final : public Communicator {
     Operation& o = **operation;
     const size_t bytes = static_cast<size_t>(count) * DTypeSize(dtype);
     const Status staged = StageIfOnDevice(o, &send, &recv, bytes * size_, bytes, /*only_mpi_touches_buffers=*/false);
-    if (!staged.ok()) return CompletedWork(staged);
+    if (!staged.ok()) return Skipped(staged);
     const ReduceScatterCall call = Call(o, send, recv);
     const ReduceScatterAlgorithm algorithm = reduce_scatter_.For(static_cast<int64_t>(bytes) * size_);
     o.scratch = scratch_.Take(ReduceScatterScratchBytes(algorithm, call));
@@ -268,7 +278,7 @@ class MpiCommunicator final : public Communicator {
     if (!operation.ok()) return CompletedWork(operation.status());
     const size_t bytes = static_cast<size_t>(count) * DTypeSize(dtype);
     const Status staged = StageIfOnDevice(**operation, &send, &recv, bytes, bytes * size_, true);
-    if (!staged.ok()) return CompletedWork(staged);
+    if (!staged.ok()) return Skipped(staged);
     const bool in_place = static_cast<const char*>(recv) + rank_ * bytes == send;
     const void* source = in_place ? MPI_IN_PLACE : send;
     const MPI_Datatype type = Type(dtype);
@@ -289,7 +299,7 @@ class MpiCommunicator final : public Communicator {
     Operation& o = **operation;
     const AllReduceAlgorithm algorithm = all_reduce_.For(static_cast<int64_t>(bytes));
     const Status staged = StageIfOnDevice(o, &send, &recv, bytes, bytes, algorithm == AllReduceAlgorithm::kNative);
-    if (!staged.ok()) return CompletedWork(staged);
+    if (!staged.ok()) return Skipped(staged);
     const AllReduceCall call = Call(o, send, recv);
     const int64_t piece_bytes = kProbeBytes[kProbeRanges - 1];
     o.scratch = scratch_.Take(AllReduceScratchBytes(algorithm, call, piece_bytes));
@@ -305,7 +315,7 @@ class MpiCommunicator final : public Communicator {
     const void* source = data;
     void* target = data;
     const Status staged = StageIfOnDevice(**operation, &source, &target, bytes, bytes, true);
-    if (!staged.ok()) return CompletedWork(staged);
+    if (!staged.ok()) return Skipped(staged);
     if (target != data) std::memcpy(target, source, bytes);  // staged: broadcast the host copy
     const MPI_Datatype type = Type(dtype);
     const MPI_Comm comm = (*operation)->comm;
@@ -360,6 +370,13 @@ class MpiCommunicator final : public Communicator {
     call.size = size_;
     call.tag = static_cast<int>(next_sequence_ % kPointToPointTags);
     return call;
+  }
+
+  // A collective this rank cannot issue after all (its device buffers could not be staged):
+  // its peers issue it, so the group is broken, as for an invalid call (Prepare).
+  WorkPtr Skipped(const Status& failure) {
+    health_->Break(failure);
+    return CompletedWork(failure);
   }
 
   StatusOr<std::unique_ptr<Operation>> Prepare(const CollectiveSignature& s, const void* a,
@@ -556,7 +573,10 @@ class MpiCommunicator final : public Communicator {
   // them all in abandoned_ (MPI may still use their buffers: kept until exit).
   void AbandonActive(std::deque<std::unique_ptr<Operation>>& active) {
     for (auto& o : active) {
-      if (!o->completion->done()) o->completion->Complete(health_->BrokenError(o->signature.ToString().c_str()));
+      if (!o->completion->done()) {
+        o->completion->Complete(health_->BrokenError(o->signature.ToString().c_str()));
+        first_abandoned_ = std::min(first_abandoned_, o->sequence);
+      }
       abandoned_.push_back(std::move(o));
     }
     active.clear();
@@ -567,9 +587,11 @@ class MpiCommunicator final : public Communicator {
   void BreakIfWaitingForTheDeparted(const std::deque<std::unique_ptr<Operation>>& active) {
     for (const auto& o : active) {
       if (o->completion->done() || o->sequence < notices_.departed_joined) continue;
+      const std::string when = notices_.departed_joined == 0
+                                   ? std::string(" before any collective")
+                                   : absl::StrCat(" after its collective #", notices_.departed_joined - 1);
       health_->Break(absl::UnavailableError(absl::StrCat(
-          "rank ", notices_.departed, " left after its collective #", notices_.departed_joined - 1,
-          ": it destroyed its MPI communicator or ended its process (MPI_Finalize), so it will never "
+          "rank ", notices_.departed, " left", when, ": it destroyed its MPI communicator or ended its process (MPI_Finalize), so it will never "
           "join collective #", o->sequence, ", which rank ", rank_, " waits in. Rank ", notices_.departed,
           "'s own output says why it ended: an exception or sys.exit() outside the training loop, or "
           "a script that runs fewer steps or batches on some ranks (every rank must call the same "
@@ -719,6 +741,7 @@ class MpiCommunicator final : public Communicator {
   std::vector<MPI_Status> statuses_;                  // Advance's, reused (progress thread only)
   Notices notices_;                                   // progress thread (and destructor) only
   std::vector<std::unique_ptr<Operation>> abandoned_;  // never freed: MPI may still use them
+  int64_t first_abandoned_ = INT64_MAX;                // the first collective failed unfinished
   std::mutex stop_mutex_;  // StopProgress, from the destructor or MPI_Finalize's hook
   std::thread progress_;  // last: starts after everything above is initialised
 };
