@@ -19,15 +19,19 @@ RANK_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mpi_job_
 pytestmark = pytest.mark.skipif(not RUN_MPI, reason="needs ZERO_RUN_MPI (tests/mpi/run_mpi.sh)")
 
 
+def run_job(ranks, scenario):
+    """Runs mpi_job_rank.py SCENARIO on `ranks` ranks: (exit status, output, seconds)."""
+    start = time.monotonic()
+    job = subprocess.run([RUN_MPI, str(ranks), sys.executable, RANK_SCRIPT, scenario],
+                         capture_output=True, text=True, timeout=240)
+    return job.returncode, job.stdout + job.stderr, time.monotonic() - start
+
+
 @pytest.mark.parametrize("scenario", ["fails_before_second_communicator",
                                       "fails_between_steps"])
 def test_a_rank_failing_outside_a_collective_ends_the_job_at_once(scenario):
-    start = time.monotonic()
-    job = subprocess.run([RUN_MPI, "3", sys.executable, RANK_SCRIPT, scenario],
-                         capture_output=True, text=True, timeout=240)
-    seconds = time.monotonic() - start
-    output = job.stdout + job.stderr
-    assert job.returncode != 0, output
+    status, output, seconds = run_job(3, scenario)
+    assert status != 0, output
     assert "rank 1 of 3 ends with an uncaught FileNotFoundError" in output, output
     assert "finished" not in output, output
     # The peers wait 300 s in a step (guard.timeout_s) and forever creating a communicator.
@@ -40,12 +44,8 @@ def test_a_rank_that_exits_while_its_peers_train_is_named_at_once():
     waiting guard.timeout_s (300 s). Two ranks: where several ranks call MPI_Abort at once,
     OpenMPI 4.1's mpirun itself now and then hangs in PMIx_server_finalize after every rank
     has ended."""
-    start = time.monotonic()
-    job = subprocess.run([RUN_MPI, "2", sys.executable, RANK_SCRIPT, "exits_between_steps"],
-                         capture_output=True, text=True, timeout=240)
-    seconds = time.monotonic() - start
-    output = job.stdout + job.stderr
-    assert job.returncode != 0, output
+    status, output, seconds = run_job(2, "exits_between_steps")
+    assert status != 0, output
     assert "rank 1 left" in output, output
     assert "finished" not in output, output
     assert seconds < 120, output

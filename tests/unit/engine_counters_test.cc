@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "tests/engine/forwarding_communicator.h"
 #include "tests/engine/run_on_ranks.h"
 #include "tests/engine/toy_trainer.h"
 #include "tests/status_matchers.h"
@@ -16,6 +17,7 @@
 namespace zero {
 namespace {
 
+using testing::ForwardingCommunicator;
 using testing::IsOk;
 using testing::ToyConfig;
 using testing::ToyOptions;
@@ -38,32 +40,26 @@ class LazyWork final : public comm::Work {
 
 // Passes every call to `inner` and counts the collectives started; with `lazy`, each one's
 // work is a LazyWork.
-class CountingCommunicator final : public comm::Communicator {
+class CountingCommunicator final : public ForwardingCommunicator {
  public:
-  explicit CountingCommunicator(comm::Communicator& inner, bool lazy = false) : inner_(inner), lazy_(lazy) {}
+  explicit CountingCommunicator(comm::Communicator& inner, bool lazy = false)
+      : ForwardingCommunicator(inner), lazy_(lazy) {}
   int collectives() const { return collectives_; }
 
-  int rank() const override { return inner_.rank(); }
-  int size() const override { return inner_.size(); }
-  const char* backend() const override { return inner_.backend(); }
-  int ranks_on_this_host() const override { return inner_.ranks_on_this_host(); }
-  Status Health() const override { return inner_.Health(); }
   comm::WorkPtr ReduceScatter(const void* send, void* recv, int64_t count, DType dtype, comm::ReduceOp op) override {
-    return Counted(inner_.ReduceScatter(send, recv, count, dtype, op));
+    return Counted(ForwardingCommunicator::ReduceScatter(send, recv, count, dtype, op));
   }
   comm::WorkPtr AllGather(const void* send, void* recv, int64_t count, DType dtype, int64_t tag = -1) override {
-    return Counted(inner_.AllGather(send, recv, count, dtype, tag));
+    return Counted(ForwardingCommunicator::AllGather(send, recv, count, dtype, tag));
   }
   comm::WorkPtr AllReduce(const void* send, void* recv, int64_t count, DType dtype, comm::ReduceOp op,
                           int64_t tag = -1) override {
-    return Counted(inner_.AllReduce(send, recv, count, dtype, op, tag));
+    return Counted(ForwardingCommunicator::AllReduce(send, recv, count, dtype, op, tag));
   }
   comm::WorkPtr Broadcast(void* data, int64_t count, DType dtype, int root, int64_t tag = -1) override {
-    return Counted(inner_.Broadcast(data, count, dtype, root, tag));
+    return Counted(ForwardingCommunicator::Broadcast(data, count, dtype, root, tag));
   }
-  comm::WorkPtr Barrier() override {
-    return Counted(inner_.Barrier());
-  }
+  comm::WorkPtr Barrier() override { return Counted(ForwardingCommunicator::Barrier()); }
 
  private:
   comm::WorkPtr Counted(comm::WorkPtr work) {
@@ -71,7 +67,6 @@ class CountingCommunicator final : public comm::Communicator {
     return lazy_ ? std::make_unique<LazyWork>(std::move(work)) : std::move(work);
   }
 
-  comm::Communicator& inner_;
   const bool lazy_;
   int collectives_ = 0;
 };

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "tests/engine/faulty_communicator.h"
+#include "tests/engine/forwarding_communicator.h"
 #include "tests/engine/run_on_ranks.h"
 #include "tests/engine/toy_trainer.h"
 #include "tests/status_matchers.h"
@@ -40,35 +41,19 @@ struct RankOutcome {
 
 // Passes every call to `inner`; the first all-reduce of one host float (the norm's sum) returns
 // from its Wait only once `resume` is set (or 10 s passed), after the collective completed.
-class HoldingCommunicator final : public comm::Communicator {
+class HoldingCommunicator final : public testing::ForwardingCommunicator {
  public:
   HoldingCommunicator(comm::Communicator& inner, const std::atomic<bool>& resume)
-      : inner_(inner), resume_(resume) {}
+      : ForwardingCommunicator(inner), resume_(resume) {}
   bool held_until_resumed() const { return held_until_resumed_; }
 
-  int rank() const override { return inner_.rank(); }
-  int size() const override { return inner_.size(); }
-  const char* backend() const override { return inner_.backend(); }
-  int ranks_on_this_host() const override { return inner_.ranks_on_this_host(); }
-  Status Health() const override { return inner_.Health(); }
-  bool AbandonedWorkMayTouchBuffers() const override { return inner_.AbandonedWorkMayTouchBuffers(); }
-  comm::WorkPtr ReduceScatter(const void* send, void* recv, int64_t count, DType dtype, comm::ReduceOp op) override {
-    return inner_.ReduceScatter(send, recv, count, dtype, op);
-  }
-  comm::WorkPtr AllGather(const void* send, void* recv, int64_t count, DType dtype, int64_t tag = -1) override {
-    return inner_.AllGather(send, recv, count, dtype, tag);
-  }
   comm::WorkPtr AllReduce(const void* send, void* recv, int64_t count, DType dtype, comm::ReduceOp op,
                           int64_t tag = -1) override {
-    comm::WorkPtr work = inner_.AllReduce(send, recv, count, dtype, op, tag);
+    comm::WorkPtr work = ForwardingCommunicator::AllReduce(send, recv, count, dtype, op, tag);
     if (held_ || count != 1 || dtype != DType::kFP32 || tag != comm::kHostValuesTag) return work;
     held_ = true;
     return std::make_unique<HeldWork>(std::move(work), *this);
   }
-  comm::WorkPtr Broadcast(void* data, int64_t count, DType dtype, int root, int64_t tag = -1) override {
-    return inner_.Broadcast(data, count, dtype, root, tag);
-  }
-  comm::WorkPtr Barrier() override { return inner_.Barrier(); }
 
  private:
   class HeldWork final : public comm::Work {
@@ -88,7 +73,6 @@ class HoldingCommunicator final : public comm::Communicator {
     HoldingCommunicator& owner_;
   };
 
-  comm::Communicator& inner_;
   const std::atomic<bool>& resume_;
   bool held_ = false;
   bool held_until_resumed_ = false;
