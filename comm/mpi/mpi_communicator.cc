@@ -7,10 +7,10 @@
 // Failure semantics (zero/communicator.h): when a collective fails, times out or is abandoned,
 // this rank's group breaks. The progress thread then fails every collective in flight with the
 // first error and sends a notice to every peer over a private duplicate communicator; each
-// rank keeps a receive posted there, checked while it has collectives in flight, so peers break
-// too as soon as the notice arrives instead of waiting for their own timeout. MPI cannot cancel a started collective: its requests and
-// staging buffers are kept (leaked) rather than freed, and AbandonedWorkMayTouchBuffers() tells
-// the buffers' owners to keep theirs.
+// rank keeps a receive posted there, checked by its progress thread (every 20 ms when idle), so
+// peers break too as soon as the notice arrives instead of waiting for their own timeout. MPI
+// cannot cancel a started collective: its requests and staging buffers are kept (leaked) rather
+// than freed, and AbandonedWorkMayTouchBuffers() tells the buffers' owners to keep theirs.
 //
 // A rank that leaves while its peers go on (its process ends: sys.exit(), an exception caught
 // outside the training loop, a script that runs fewer steps) destroys its communicator, or MPI
@@ -654,10 +654,9 @@ class MpiCommunicator final : public Communicator {
     while (true) {
       {
         std::unique_lock<std::mutex> lock(mutex_);
-        // Idle, the thread makes no MPI call: notices are received while collectives are in
-        // flight. It does wake to send this rank's notices when the group broke in a caller's
-        // thread (a failed Wait, an invalid call, an abandoned Work), which checks no condition
-        // variable, hence the timed wait.
+        // Idle, the thread wakes every kBrokenCheckInterval: to look for a peer's notice, and to
+        // send this rank's notices when the group broke in a caller's thread (a failed Wait, an
+        // invalid call, an abandoned Work), which checks no condition variable.
         if (active.empty()) {
           wake_.wait_for(lock, kBrokenCheckInterval, [this] {
             return stopping_ || !submitted_.empty() || (!notices_.sent && !health_->Get().ok());
