@@ -12,15 +12,15 @@
 // cannot cancel a started collective: its requests and staging buffers are kept (leaked) rather
 // than freed, and AbandonedWorkMayTouchBuffers() tells the buffers' owners to keep theirs.
 //
-// A rank that leaves while its peers go on (its process ends: sys.exit(), an exception caught
+// A rank that leaves while its peers go on (its process ends: SystemExit, an exception caught
 // outside the training loop, a script that runs fewer steps) destroys its communicator, or MPI
 // finalises it, with no error of its own. Its peers do not answer the agreement at destroy
 // then, so it sends them a departure notice on the same private communicator, with how many
 // collectives it joined. A departure breaks nothing by itself (a peer may go on with work that
 // needs no collective, such as rank 0 writing the model), nor a collective the leaver joined;
 // a collective it never joined breaks the group at once, naming the rank that left, instead of
-// waiting guard.timeout_s for it. The private communicator is never freed, so that a notice
-// still on its way can never reach a communicator freed (and reused) in the meantime.
+// waiting guard.timeout_s for it. The notices and the agreement are PeerNotices
+// (peer_notices.h).
 #include "zero/communicator.h"
 
 #include <mpi.h>
@@ -52,49 +52,24 @@
 #include "comm/mpi/mpi_setup.h"
 #include "comm/mpi/mpi_signature.h"
 #include "comm/mpi/mpi_tuning.h"
+#include "comm/mpi/peer_notices.h"
 #include "comm/mpi/scratch_pool.h"
 #include "zero/device.h"
 
 namespace zero::comm {
 namespace {
 
-constexpr double kDrainSecondsAtDestroy = 2.0;
+constexpr double kDrainSecondsAtDestroy = 2.0;  // collectives in flight when a communicator goes
 constexpr int kEagerPolls = 20000;  // ≈ a few ms of MPI_Test without progress
-constexpr int kNoticeBytes = 1024;  // a broken-group notice: the first error's message
-constexpr int kNoticeTag = 7001;
-constexpr int32_t kDepartureCode = -1;  // a notice's code that says its sender left
 constexpr auto kBrokenCheckInterval = std::chrono::milliseconds(20);
 constexpr int kPointToPointTags = 30000;  // tags of collectives built from point-to-point calls
-
-// A departure notice as it travels (as kNoticeBytes-sized notices do, in MPI_CHARs).
-struct DepartureNotice {
-  int32_t code = kDepartureCode;
-  int32_t unused = 0;
-  int64_t joined = 0;  // the collectives its sender issued: #0 to #joined-1
-};
-
-// The notices of one rank's broken group: a receive always posted for the first peer's notice,
-// and this rank's own notices to its peers once it breaks or leaves (buffers kept until they
-// complete).
-struct Notices {
-  char incoming[kNoticeBytes] = {};
-  MPI_Request receive = MPI_REQUEST_NULL;
-  std::vector<char> outgoing;
-  std::vector<MPI_Request> sends;
-  bool sent = false;
-  int departed = -1;          // the peer whose departure notice named the fewest collectives
-  int64_t departed_joined = 0;  // how many collectives it issued before it left
-};
-
-// What the ranks agreed when a communicator is destroyed (MpiCommunicator::AgreeAtDestroy).
-enum class DestroyAgreement { kEveryRankHealthy, kSomeRankNot, kNoAnswer };
 
 class MpiCommunicator final : public Communicator {
  public:
   MpiCommunicator(MPI_Comm comm, MPI_Comm tagged, MPI_Comm control, int rank, int size,
                   int ranks_on_this_host, UserOps ops, MpiOptions options,
                   ReduceScatterChoice reduce_scatter, AllReduceChoice all_reduce)
-      : comm_(comm), tagged_(tagged), control_(control), rank_(rank), size_(size),
+      : comm_(comm), tagged_(tagged), notices_(control, rank, size), rank_(rank), size_(size),
         ranks_on_this_host_(ranks_on_this_host), ops_(ops), options_(options),
         reduce_scatter_(std::move(reduce_scatter)), all_reduce_(std::move(all_reduce)),
         cuda_aware_(MpiIsCudaAware()),
@@ -103,102 +78,24 @@ class MpiCommunicator final : public Communicator {
   ~MpiCommunicator() override {
     const bool finalizing = UnregisterProgressThread(this);
     StopProgress();
-    bool keep_outgoing = false;
     int finalized = 0;
     if (!finalizing) MPI_Finalized(&finalized);
     if (!finalizing && !finalized) {
-      // A last look for a peer's notice (it left, or its group broke): then this rank votes
-      // as not healthy.
-      int arrived = 0;
-      if (notices_.receive != MPI_REQUEST_NULL) MPI_Test(&notices_.receive, &arrived, MPI_STATUS_IGNORE);
-      CancelNoticeReceive();
-      const DestroyAgreement agreement = AgreeAtDestroy(health_->Get().ok() && notices_.departed < 0 && !arrived);
-      if (agreement == DestroyAgreement::kNoAnswer) SendDepartureNotices(next_sequence_);
-      for (MPI_Request& send : notices_.sends) {
-        int done = 0;
-        if (send != MPI_REQUEST_NULL) MPI_Test(&send, &done, MPI_STATUS_IGNORE);
-        if (send != MPI_REQUEST_NULL) {  // MPI completes it later: its buffer must outlive us
-          MPI_Request_free(&send);
-          keep_outgoing = true;
-        }
-      }
+      // A peer's notice that arrived (it left, or its group broke) makes this rank vote as
+      // not healthy.
+      const bool noticed = notices_.CancelReceive();
+      const DestroyAgreement agreement = notices_.Agree(health_->Get().ok() && !notices_.departed() && !noticed);
+      if (agreement == DestroyAgreement::kNoAnswer) notices_.SendDeparture(next_sequence_);
+      notices_.ReleaseSends();
       if (agreement == DestroyAgreement::kEveryRankHealthy) {
         ops_.Free();
         MPI_Comm_free(&comm_);
         MPI_Comm_free(&tagged_);
       }  // else kept: a peer's abandoned collectives may still arrive on them, and a freed
-         // communicator's late messages hung the job's next MPI_Comm_dup. control_ is always
-         // kept (see the file comment).
+         // communicator's late messages hung the job's next MPI_Comm_dup
     }
     // Deliberate leaks: MPI may still use these after we are gone (see the file comment).
-    if (keep_outgoing) static_cast<void>(new std::vector<char>(std::move(notices_.outgoing)));
     for (auto& o : abandoned_) static_cast<void>(o.release());
-  }
-
-  /// Whether the communicators may be freed: every rank reaches its destructor with a healthy
-  /// group, so no rank abandoned a collective whose messages could still arrive. A rank that
-  /// frees while a peer's abandoned collective still sends to it leaves those messages pending
-  /// in MPI, and OpenMPI then hung the next MPI_Comm_dup of the job in 1 run of 3. The ranks
-  /// agree with one all-reduce on the control communicator; a rank that is not `healthy`
-  /// contributes without waiting (destroying a broken group never blocks), a healthy one waits
-  /// up to kDrainSecondsAtDestroy, and keeps the communicators when its peers do not answer in
-  /// time (kNoAnswer: they are busy elsewhere, so this rank leaves before them). A rank that a
-  /// peer's departure notice reached votes as not healthy: that notice's sender keeps its
-  /// communicators, and so must everyone.
-  DestroyAgreement AgreeAtDestroy(bool healthy) {
-    // Heap-held: MPI may write them after this returns when the agreement is abandoned.
-    auto votes = std::make_unique<int[]>(2);
-    votes[0] = healthy ? 1 : 0;
-    votes[1] = 0;
-    MPI_Request request = MPI_REQUEST_NULL;
-    if (MPI_Iallreduce(&votes[0], &votes[1], 1, MPI_INT, MPI_MIN, control_, &request) != MPI_SUCCESS) {
-      return DestroyAgreement::kSomeRankNot;
-    }
-    const auto deadline = std::chrono::steady_clock::now() +
-                          std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                              std::chrono::duration<double>(kDrainSecondsAtDestroy));
-    int done = 0;
-    while (healthy && MPI_Test(&request, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && !done &&
-           std::chrono::steady_clock::now() < deadline) {
-      std::this_thread::sleep_for(std::chrono::microseconds(100));
-    }
-    if (done) return votes[1] == 1 ? DestroyAgreement::kEveryRankHealthy : DestroyAgreement::kSomeRankNot;
-    // Abandoned: MPI forbids freeing or cancelling a collective's request, and may still
-    // complete it into the votes, so both are leaked.
-    static_cast<void>(votes.release());
-    return healthy ? DestroyAgreement::kNoAnswer : DestroyAgreement::kSomeRankNot;
-  }
-
-  /// Cancels the posted notice receive; a cancelled receive completes locally, after which MPI
-  /// no longer writes into notices_.incoming.
-  void CancelNoticeReceive() {
-    if (notices_.receive == MPI_REQUEST_NULL) return;
-    MPI_Cancel(&notices_.receive);
-    MPI_Wait(&notices_.receive, MPI_STATUS_IGNORE);
-  }
-
-  /// Tells every peer that this rank leaves having issued collectives #0 to #joined-1 (see
-  /// the file comment), after the progress thread stopped, from a healthy group (no
-  /// broken-group notice uses notices_.outgoing); the sends join notices_.sends, which are
-  /// completed or leaked with their buffer.
-  void SendDepartureNotices(int64_t joined) {
-    DepartureNotice notice;
-    notice.joined = joined;
-    notices_.outgoing.assign(sizeof notice, '\0');
-    std::memcpy(notices_.outgoing.data(), &notice, sizeof notice);
-    for (int peer = 0; peer < size_; ++peer) {
-      if (peer == rank_) continue;
-      notices_.sends.push_back(MPI_REQUEST_NULL);
-      MPI_Isend(notices_.outgoing.data(), static_cast<int>(sizeof notice), MPI_CHAR, peer, kNoticeTag, control_,
-                &notices_.sends.back());
-    }
-    // A notice this small is sent eagerly: its sends complete at once unless MPI is stalled.
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
-    int done = 0;
-    while (MPI_Testall(static_cast<int>(notices_.sends.size()), notices_.sends.data(), &done,
-                       MPI_STATUSES_IGNORE) == MPI_SUCCESS && !done && std::chrono::steady_clock::now() < deadline) {
-      std::this_thread::sleep_for(std::chrono::microseconds(100));
-    }
   }
 
   /// From MPI_Finalize's hook, when the communicator outlives MPI (as one that a garbage
@@ -222,19 +119,13 @@ class MpiCommunicator final : public Communicator {
     // healthy (without waiting), so that no peer frees communicators those collectives use,
     // and tells them it left before the first of them.
     const bool in_flight = first_abandoned_ != INT64_MAX;
-    const bool clean = healthy && notices_.departed < 0 && !in_flight;
-    const DestroyAgreement agreement = AgreeAtDestroy(clean);
-    if (healthy && notices_.departed < 0 && (in_flight || agreement == DestroyAgreement::kNoAnswer)) {
-      SendDepartureNotices(std::min(next_sequence_, first_abandoned_));
+    const bool leaves_healthy = healthy && !notices_.departed();
+    const DestroyAgreement agreement = notices_.Agree(leaves_healthy && !in_flight);
+    if (leaves_healthy && (in_flight || agreement == DestroyAgreement::kNoAnswer)) {
+      notices_.SendDeparture(std::min(next_sequence_, first_abandoned_));
     }
-    CancelNoticeReceive();
-    bool pending = false;  // MPI_Finalize completes them; their buffer must outlive us
-    for (MPI_Request& send : notices_.sends) {
-      if (send == MPI_REQUEST_NULL) continue;
-      MPI_Request_free(&send);
-      pending = true;
-    }
-    if (pending) static_cast<void>(new std::vector<char>(std::move(notices_.outgoing)));
+    notices_.CancelReceive();
+    notices_.ReleaseSends();  // MPI_Finalize completes them
   }
 
   /// Stops the progress thread, draining what is in flight (once: from the destructor, or
@@ -582,69 +473,25 @@ class MpiCommunicator final : public Communicator {
     active.clear();
   }
 
-  // After a peer's departure notice: breaks the group when a collective in flight is one the
-  // leaver never joined (those it joined go on: they may complete).
-  void BreakIfWaitingForTheDeparted(const std::deque<std::unique_ptr<Operation>>& active) {
-    for (const auto& o : active) {
-      if (o->completion->done() || o->sequence < notices_.departed_joined) continue;
-      const std::string when = notices_.departed_joined == 0
-                                   ? std::string(" before any collective")
-                                   : absl::StrCat(" after its collective #", notices_.departed_joined - 1);
-      health_->Break(absl::UnavailableError(absl::StrCat(
-          "rank ", notices_.departed, " left", when, ": it destroyed its MPI communicator or ended its process (MPI_Finalize), so it will never "
-          "join collective #", o->sequence, ", which rank ", rank_, " waits in. Rank ", notices_.departed,
-          "'s own output says why it ended: an exception or sys.exit() outside the training loop, or "
-          "a script that runs fewer steps or batches on some ranks (every rank must call the same "
-          "collectives)")));
-      return;
-    }
-  }
-
-  // Checks for a peer's notice; once the group is broken (here or by a notice), fails every
-  // collective in flight and, once, tells every peer. Called by the progress thread only.
+  // Takes a peer's notice: a departure breaks the group when a collective in flight is one
+  // the leaver never issued (those it issued go on: they may complete). Once the group is
+  // broken (here, by a notice or elsewhere), fails every collective in flight and, once,
+  // tells every peer why. Called by the progress thread only.
   void ExchangeNotices(std::deque<std::unique_ptr<Operation>>& active) {
-    if (notices_.receive == MPI_REQUEST_NULL && health_->Get().ok()) {
-      MPI_Irecv(notices_.incoming, kNoticeBytes, MPI_CHAR, MPI_ANY_SOURCE, kNoticeTag, control_, &notices_.receive);
+    notices_.Receive(*health_);
+    for (const auto& o : active) {
+      if (!notices_.departed() || !health_->Get().ok()) break;
+      if (!o->completion->done()) health_->Break(notices_.DepartureError(o->sequence, rank_));
     }
-    int arrived = 0;
-    MPI_Status from;
-    if (notices_.receive != MPI_REQUEST_NULL && MPI_Test(&notices_.receive, &arrived, &from) == MPI_SUCCESS && arrived) {
-      int32_t code = 0;  // the notice: the first error's code, then its message
-      std::memcpy(&code, notices_.incoming, sizeof(code));
-      notices_.incoming[kNoticeBytes - 1] = '\0';
-      if (code == kDepartureCode) {  // the receive is posted again on the next call
-        DepartureNotice notice;
-        std::memcpy(&notice, notices_.incoming, sizeof notice);
-        if (notices_.departed < 0 || notice.joined < notices_.departed_joined) {
-          notices_.departed = from.MPI_SOURCE;
-          notices_.departed_joined = notice.joined;
-        }
-      } else {
-        health_->Break(Status(static_cast<absl::StatusCode>(code),
-                              absl::StrCat("rank ", from.MPI_SOURCE, " reported its group broken: ",
-                                           notices_.incoming + sizeof(code))));
-      }
-    }
-    if (notices_.departed >= 0) BreakIfWaitingForTheDeparted(active);
     const Status broken = health_->Get();
     if (broken.ok()) return;
     AbandonActive(active);
-    if (notices_.sent) return;
+    if (notices_.broken_sent()) return;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       if (finalizing_) return;  // MPI is going (StopBeforeFinalize tells the peers itself)
     }
-    notices_.sent = true;
-    const int32_t code = static_cast<int32_t>(broken.code());
-    notices_.outgoing.assign(kNoticeBytes, '\0');
-    std::memcpy(notices_.outgoing.data(), &code, sizeof(code));
-    std::memcpy(notices_.outgoing.data() + sizeof(code), broken.message().data(),
-                std::min<size_t>(broken.message().size(), kNoticeBytes - sizeof(code) - 1));
-    for (int peer = 0; peer < size_; ++peer) {
-      if (peer == rank_) continue;
-      notices_.sends.push_back(MPI_REQUEST_NULL);
-      MPI_Isend(notices_.outgoing.data(), kNoticeBytes, MPI_CHAR, peer, kNoticeTag, control_, &notices_.sends.back());
-    }
+    notices_.SendBroken(broken);
   }
 
   void ProgressLoop() {
@@ -659,7 +506,7 @@ class MpiCommunicator final : public Communicator {
         // invalid call, an abandoned Work), which checks no condition variable.
         if (active.empty()) {
           wake_.wait_for(lock, kBrokenCheckInterval, [this] {
-            return stopping_ || !submitted_.empty() || (!notices_.sent && !health_->Get().ok());
+            return stopping_ || !submitted_.empty() || (!notices_.broken_sent() && !health_->Get().ok());
           });
         }
         while (!submitted_.empty()) {
@@ -721,7 +568,7 @@ class MpiCommunicator final : public Communicator {
 
   MPI_Comm comm_;      // untagged collectives: gradients, and params at stages 0-2
   MPI_Comm tagged_;    // tagged ones (stage-3 gathers, values) and every signature check
-  MPI_Comm control_;  // broken-group notices only
+  PeerNotices notices_;  // progress thread, then (once it stopped) destructor or hook only
   const int rank_, size_, ranks_on_this_host_;
   UserOps ops_;
   const MpiOptions options_;
@@ -738,7 +585,6 @@ class MpiCommunicator final : public Communicator {
   std::shared_ptr<GroupHealth> health_ = std::make_shared<GroupHealth>();
   ScratchPool scratch_;
   std::vector<MPI_Status> statuses_;                  // Advance's, reused (progress thread only)
-  Notices notices_;                                   // progress thread (and destructor) only
   std::vector<std::unique_ptr<Operation>> abandoned_;  // never freed: MPI may still use them
   int64_t first_abandoned_ = INT64_MAX;                // the first collective failed unfinished
   std::mutex stop_mutex_;  // StopProgress, from the destructor or MPI_Finalize's hook
