@@ -237,6 +237,11 @@ zero_status zero_accumulate_grads(zero_engine* engine, int64_t count, const int6
   return ZERO_OK;
 }
 
+zero_status zero_sync_replicas(zero_engine* engine) {
+  ZERO_C_REQUIRE(engine, "zero_sync_replicas");
+  return Report(engine->engine->SyncReplicas());
+}
+
 zero_status zero_begin_iteration(zero_engine* engine) {
   ZERO_C_REQUIRE(engine, "zero_begin_iteration");
   return Report(engine->engine->BeginIteration());

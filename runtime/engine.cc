@@ -303,7 +303,7 @@ Status EngineImpl::Gather(int unit) {
   if (phase_ == Phase::kRegistering) return RequirePhase(Phase::kIdle, "Gather");
   // Where Gather is a collective (no replicas: stage 3), the first comes before the first
   // BeginIteration, so the values given to SetParam are compared before it.
-  if (!params_->holds_replicas()) ZERO_RETURN_IF_ERROR(SyncReplicas());
+  if (!params_->holds_replicas()) ZERO_RETURN_IF_ERROR(SyncReplicasOnce());
   return params_->Gather(unit);
 }
 

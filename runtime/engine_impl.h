@@ -61,6 +61,7 @@ class EngineImpl final : public Engine {
   Status ReleaseUntilBackward(int unit) override;
   StatusOr<GatheredPlace> GatheredPlaceOf(ParamId id) const override;
   Status LendGatheredMemory(GatheredMemoryLender lender) override;
+  Status SyncReplicas() override;
   Status BeginIteration() override;
   StatusOr<void*> GradBuffer(ParamId id) override;
   Status GradReady(ParamId id) override;
@@ -224,7 +225,7 @@ class EngineImpl final : public Engine {
   // `*ranks_of_first` gets the ranks that differ on the first of them.
   StatusOr<std::vector<int>> ParamsDifferingFromRank0(std::vector<int>* ranks_of_first);
   // Once, before the first iteration: rank 0's params everywhere (guard.init_params).
-  Status SyncReplicas();
+  Status SyncReplicasOnce();
   // After Step, every guard.replica_check_every steps: kDataLoss if the replicas differ.
   Status CheckReplicasAgree();
 

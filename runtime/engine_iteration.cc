@@ -31,7 +31,7 @@ Status EngineImpl::BeginIteration() {
         "BeginIteration: ", micro_batch_, " micro-batches are done (gradient_accumulation_steps = ",
         config_.gradient_accumulation_steps, "); call Step() first"));
   }
-  ZERO_RETURN_IF_ERROR(SyncReplicas());
+  ZERO_RETURN_IF_ERROR(SyncReplicasOnce());
   ZERO_RETURN_IF_ERROR(scheduler_->Reset());
   ++iteration_;
   guard_->BeginMicroBatch(iteration_);

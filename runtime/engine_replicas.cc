@@ -32,6 +32,16 @@ StatusOr<std::vector<int>> EngineImpl::ParamsDifferingFromRank0(std::vector<int>
 }
 
 Status EngineImpl::SyncReplicas() {
+  ZERO_RETURN_IF_ERROR(RequireHealthyGroup("SyncReplicas"));
+  ZERO_RETURN_IF_ERROR(RequirePhase(Phase::kIdle, "SyncReplicas"));
+  replicas_synced_ = false;
+  ZERO_RETURN_IF_ERROR(SyncReplicasOnce());
+  // With replicas, the first iteration compares them again (writes into the views since).
+  if (params_->holds_replicas()) replicas_synced_ = false;
+  return absl::OkStatus();
+}
+
+Status EngineImpl::SyncReplicasOnce() {
   if (replicas_synced_ || comm_.size() == 1) {
     replicas_synced_ = true;
     return absl::OkStatus();

@@ -229,6 +229,14 @@ class Engine {
   /// lender with only one function.
   virtual Status LendGatheredMemory(GatheredMemoryLender lender) = 0;
 
+  /// Collective, between steps: does now what the first BeginIteration does to the params
+  /// (guard.init_params): every rank's become rank 0's ("broadcast"), or are checked equal
+  /// ("verify"; always at stage 3, for the values given to SetParam). The next BeginIteration
+  /// compares them again, so values written into the ParamData views before it still count.
+  /// For a trainer that may compute with the params before its first BeginIteration (PyTorch:
+  /// a forward through another method than the model's own). kFailedPrecondition inside an
+  /// iteration or before Finalize.
+  virtual Status SyncReplicas() = 0;
   /// Starts a micro-batch.
   virtual Status BeginIteration() = 0;
   /// A view into which this micro-batch's gradient for `id` is added (device memory on device

@@ -170,6 +170,9 @@ enum {
 ZERO_API zero_status zero_accumulate_grads(zero_engine* engine, int64_t count, const int64_t* ids,
                                            const void* const* grads, int flags, int* kept,
                                            int64_t* handed);
+/** Collective, between steps: the params' replicas made equal to rank 0's (or checked equal)
+ *  now, as the first zero_begin_iteration does; see Engine::SyncReplicas. */
+ZERO_API zero_status zero_sync_replicas(zero_engine* engine);
 ZERO_API zero_status zero_begin_iteration(zero_engine* engine);
 ZERO_API zero_status zero_end_backward(zero_engine* engine);
 ZERO_API zero_status zero_step(zero_engine* engine, zero_step_info* info);

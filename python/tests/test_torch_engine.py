@@ -59,6 +59,11 @@ class TinyLM(nn.Module):
         self.input_requires_grad = input_requires_grad
 
     def forward(self, tokens, use_branch=True):
+        return self.logits(tokens, use_branch)
+
+    def logits(self, tokens, use_branch=True):
+        """The forward's computation, as another method (CLIP's encode_text): a trainer may
+        call it instead of the model, so that the model's own forward never runs."""
         x = self.embed(tokens)
         if self.input_requires_grad:
             x = x.detach().requires_grad_()
@@ -80,8 +85,8 @@ def batch(step):
     return tokens, targets
 
 
-def loss_of(model, tokens, targets, use_branch=True):
-    logits = model(tokens, use_branch)
+def loss_of(model, tokens, targets, use_branch=True, via_method=False):
+    logits = model.logits(tokens, use_branch) if via_method else model(tokens, use_branch)
     return F.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1))
 
 
@@ -131,13 +136,14 @@ def skips_branch(rank, step):
 
 def train_sharded(stage, world=2, guard=None, raise_first=True, steps=range(STEPS),
                   load=None, save=None, perturb=False, perturb_frozen=False,
-                  preempt_at=None, device="cpu", **model_options):
+                  preempt_at=None, device="cpu", via_method=False, **model_options):
     """Trains on `world` in-process ranks; optionally loads a checkpoint first and saves one
     after. With `preempt_at`, rank 0 sends itself SIGUSR1 after that step; every rank
     polls preemption_requested() after each step and, once it is true, saves the checkpoint
     `save`/step-N and stops. Rows are split as evenly as `world` allows, each rank's loss
     weighted so that the ranks' averaged gradients are the whole batch's. `device`: where
-    the models and batches live ("cuda": the engines run on the GPU)."""
+    the models and batches live ("cuda": the engines run on the GPU). `via_method`: the
+    ranks compute through TinyLM.logits, never calling the model itself."""
     config = {"stage": stage, "optimizer": OPTIMIZER, "stage3": {"persistence_threshold": 0},
               "buckets": {"first_bucket_elems": 64, "reduce_bucket_elems": 256},
               "guard": dict({"timeout_s": 30}, **(guard or {}))}
@@ -172,7 +178,8 @@ def train_sharded(stage, world=2, guard=None, raise_first=True, steps=range(STEP
         preempted = False
         for step in steps:
             tokens, targets = (t.to(device) for t in batch(step))
-            loss = loss_of(model, tokens[mine], targets[mine], not skips_branch(rank, step))
+            loss = loss_of(model, tokens[mine], targets[mine], not skips_branch(rank, step),
+                           via_method)
             (weight * loss).backward()
             engine.step()
             if preempt_at is None:
@@ -406,6 +413,15 @@ def test_rank0_values_reach_every_rank_before_the_first_forward(stage):
     """Ranks built with different initial values train like rank 0's model (as DDP's
     broadcast at construction)."""
     for trained in train_sharded(stage, perturb=True):
+        assert_close(trained, reference())
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_a_model_trained_through_another_method_than_its_forward(stage):
+    """CLIP's model.encode_text(x): the model's own forward never runs, so none of its hooks
+    do; rank 0's values still reach every rank before any computes (initialize() makes the
+    replicas equal; stage 3 refuses different ones there)."""
+    for trained in train_sharded(stage, perturb=stage < 3, via_method=True):
         assert_close(trained, reference())
 
 

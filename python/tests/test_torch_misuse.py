@@ -376,6 +376,19 @@ def test_bad_model_parameters_are_invalid_arguments(groups, words):
     comm.close()
 
 
+@pytest.mark.parametrize("stage", [0, 2])
+def test_a_model_with_nothing_to_train_is_named_at_initialize(stage):
+    """A LoRA model whose adapters were never unfrozen: the error says that every param is
+    frozen and what to do, not that the engine has no params."""
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1)).requires_grad_(False)
+    comm = zerort.local_group(1)[0]
+    with pytest.raises(zerort.InvalidArgumentError) as raised:
+        zerort.torch.initialize(model, {"stage": stage}, comm)
+    assert "requires_grad=False" in str(raised.value)
+    assert "requires_grad=True" in str(raised.value)
+    comm.close()
+
+
 def test_sparse_embedding_is_refused_at_initialize():
     model = nn.Sequential(nn.Embedding(10, 4, sparse=True), nn.Linear(4, 1))
     comm = zerort.local_group(1)[0]

@@ -176,11 +176,14 @@ def test_bf16_params_accumulate_in_fp32_by_default(precision, close):
 
 @pytest.mark.parametrize("stage", [0, 1, 2])
 @pytest.mark.parametrize("write", ["load_state_dict", "copy_"])
-def test_values_written_into_16_bit_params_reach_the_master(tmp_path, stage, write):
+@pytest.mark.parametrize("via_method", [False, True])
+def test_values_written_into_16_bit_params_reach_the_master(tmp_path, stage, write, via_method):
     """A 16-bit param's view is not what the optimizer steps from (the fp32 master is): values
     written in place after initialize() (pretrained weights loaded into the wrapped model)
     must survive the next steps and reach a checkpoint (its trainable params: frozen ones are
-    saved only under checkpoint.save_frozen), not be overwritten from the master."""
+    saved only under checkpoint.save_frozen), not be overwritten from the master; also when
+    the steps compute through another method than the model's forward (`via_method`: its
+    hooks never run, the writes are taken at the step's first gradient)."""
     torch.manual_seed(1)
     written = {n: torch.randn_like(p) for n, p in bf16_model().named_parameters()}
 
@@ -201,7 +204,7 @@ def test_values_written_into_16_bit_params_reach_the_master(tmp_path, stage, wri
 
         write_values(written)
         for step in range(2):
-            loss_of(model, *batch(step)).backward()
+            loss_of(model, *batch(step), via_method=via_method).backward()
             engine.step()
         after_steps = {n: p.detach().clone() for n, p in model.named_parameters()}
         halved = {n: v / 2 for n, v in written.items()}

@@ -84,6 +84,7 @@ _PROTOTYPES = {
     "zero_grad_absent": ([ctypes.c_void_p, ctypes.c_int64], ctypes.c_int),
     "zero_engine_counters_sized": ([ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t],
                                    ctypes.c_int),
+    "zero_sync_replicas": ([ctypes.c_void_p], ctypes.c_int),
     "zero_begin_iteration": ([ctypes.c_void_p], ctypes.c_int),
     "zero_end_backward": ([ctypes.c_void_p], ctypes.c_int),
     "zero_step": ([ctypes.c_void_p, ctypes.POINTER(StepInfo)], ctypes.c_int),

@@ -430,6 +430,12 @@ class Engine:
             raise error
         return [bool(k) for k in kept] if lend else None
 
+    def sync_replicas(self):
+        """Collective, between steps: every rank's params become rank 0's (or are checked
+        equal: guard.init_params) now, as the first begin_iteration() does; that one
+        compares them again."""
+        _check(library().zero_sync_replicas(self._handle), "zero_sync_replicas")
+
     def begin_iteration(self):
         """Starts a micro-batch."""
         _check(library().zero_begin_iteration(self._handle), "zero_begin_iteration")

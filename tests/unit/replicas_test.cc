@@ -3,6 +3,7 @@
 // at stage 3); guard.replica_check_every catches replicas that drift later.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <functional>
 #include <vector>
 
@@ -81,6 +82,39 @@ TEST(Replicas, BroadcastGivesEveryRankRank0sInitialValues) {
   }
 }
 
+// SyncReplicas does the first iteration's broadcast at once (a trainer computing before its
+// first BeginIteration), and that iteration compares again: a write into rank 0's view in
+// between still reaches every rank.
+TEST(Replicas, SyncReplicasBroadcastsNowAndTheFirstIterationComparesAgain) {
+  for (int stage : {0, 2}) {
+    Config config;
+    config.stage = stage;
+    config.guard.timeout_s = 30;
+    std::vector<std::vector<float>> synced(kWorld, std::vector<float>(35, -1.0f));
+    std::vector<std::vector<float>> begun(kWorld, std::vector<float>(7, -1.0f));
+    const auto results = OnRanks(config, [&](int rank, Engine& engine) -> Status {
+      ZERO_RETURN_IF_ERROR(SetInitialParams(engine, rank));
+      ZERO_RETURN_IF_ERROR(engine.SyncReplicas());
+      ZERO_ASSIGN_OR_RETURN(void* w, engine.ParamData(0));
+      std::copy_n(static_cast<const float*>(w), 35, synced[rank].data());
+      if (rank == 0) {
+        ZERO_ASSIGN_OR_RETURN(void* b, engine.ParamData(1));
+        static_cast<float*>(b)[3] = 42.0f;
+      }
+      ZERO_RETURN_IF_ERROR(engine.BeginIteration());
+      ZERO_RETURN_IF_ERROR(engine.GetParam(1, begun[rank].data()));
+      const Status inside = engine.SyncReplicas();  // inside an iteration: refused
+      if (inside.code() != absl::StatusCode::kFailedPrecondition) return inside;
+      return absl::OkStatus();
+    });
+    for (int r = 0; r < kWorld; ++r) {
+      EXPECT_THAT(results[r], IsOk()) << "stage " << stage << " rank " << r;
+      for (int i = 0; i < 35; ++i) ASSERT_EQ(synced[r][i], 0.01f * i) << "stage " << stage << " rank " << r;
+      EXPECT_EQ(begun[r][3], 42.0f) << "stage " << stage << " rank " << r;
+    }
+  }
+}
+
 TEST(Replicas, VerifyNamesTheFirstDifferingParamAndRanks) {
   Config config;
   config.guard.timeout_s = 30;
@@ -102,12 +136,15 @@ TEST(Replicas, AtStage3DifferentInitialValuesAreAnErrorNamingTheParam) {
   Config config;
   config.stage = 3;
   config.guard.timeout_s = 30;
-  const auto results = OnRanks(config, [](int rank, Engine& engine) -> Status {
-    ZERO_RETURN_IF_ERROR(SetInitialParams(engine, rank));
-    return engine.Gather(0);
-  });
-  EXPECT_THAT(results, Each(StatusIs(absl::StatusCode::kInvalidArgument,
-                                     AllOf(HasSubstr("\"w\" (index 0)"), HasSubstr("stage 3")))));
+  for (bool sync_first : {false, true}) {
+    const auto results = OnRanks(config, [&](int rank, Engine& engine) -> Status {
+      ZERO_RETURN_IF_ERROR(SetInitialParams(engine, rank));
+      return sync_first ? engine.SyncReplicas() : engine.Gather(0);
+    });
+    EXPECT_THAT(results, Each(StatusIs(absl::StatusCode::kInvalidArgument,
+                                       AllOf(HasSubstr("\"w\" (index 0)"), HasSubstr("stage 3")))))
+        << (sync_first ? "SyncReplicas" : "Gather");
+  }
 }
 
 // At stage 0 every rank steps its own full replica, so a write on one rank persists (at stages

@@ -148,6 +148,15 @@ class TorchEngine(DeepSpeedAPI, _checkpoint.CheckpointMethods, _gathered.Gathere
             self._frozen.append((name, param, pid))
             self._records[pid] = _params.Registered(name, param, pid, unit_of.get(param))
             self._detacher.records.append(self._records[pid])
+        if not self._params and not self._frozen:
+            raise errors.InvalidArgumentError(
+                "zerort.torch.initialize: the model has no param to train: "
+                + ("every param has requires_grad=False" if not self._empty else
+                   "its trainable params hold no elements")
+                + " (a LoRA model whose adapters were not unfrozen, or a model frozen for "
+                "evaluation). Set requires_grad=True on the params to train before "
+                "initialize(); a model with nothing to train needs no engine (run it under "
+                "torch.no_grad()).", errors.InvalidArgumentError.status)
         self._engine.finalize()
         for _, param, pid in self._params + self._frozen:
             sharded = _init_context.is_sharded(param)
@@ -158,6 +167,9 @@ class TorchEngine(DeepSpeedAPI, _checkpoint.CheckpointMethods, _gathered.Gathere
             self._engine.set_param(pid, values.data_ptr())
             if sharded:  # a storage to find its gradient node by, of no size (_stage3 binds it)
                 param.data = _params.placeholder(param)
+        # Every rank computes with rank 0's values from here (guard.init_params), whichever
+        # method of the model runs first: its forward, or another (CLIP's encode_text).
+        self._engine.sync_replicas()
         self._accumulators = []  # AccumulateGrad nodes must outlive their hooks
         # Gradients the engine reads where they are (core.Engine.lend_grad), until a step
         # returns: one rank, where the copy into its bucket was all the engine did with them.
@@ -207,10 +219,10 @@ class TorchEngine(DeepSpeedAPI, _checkpoint.CheckpointMethods, _gathered.Gathere
                                                 lambda: self._passes.failed)
             if self._units is not None:
                 self._units.mark_unreached_at_backward(self._unused)
-        # The first micro-batch starts before the first forward: its BeginIteration makes the
-        # replicas identical (rank 0's values broadcast into the views at stages 0-2), so
-        # no rank computes with its own initial values. Later micro-batches start at their
-        # first gradient.
+        # The first micro-batch starts before the model's first forward: its BeginIteration
+        # compares the replicas again (rank 0's values broadcast into the views at stages
+        # 0-2), so a write into them since initialize() on rank 0 alone reaches every rank
+        # before any computes with it. Later micro-batches start at their first gradient.
         # The hooks are EngineHooks: a copy of the model runs none of them (_copies.py).
         self._written = module.register_forward_pre_hook(
             EngineHook(lambda _m, _i: self._before_forward()))
@@ -263,6 +275,11 @@ class TorchEngine(DeepSpeedAPI, _checkpoint.CheckpointMethods, _gathered.Gathere
 
     def _begin_micro_batch(self):
         if not self._in_micro_batch:
+            if not self._ran_forward and self._versioned and self._between_steps():
+                # A step's first gradient, and the model's forward did not run (another of
+                # its methods computed: encode_text): the writes since the last step are
+                # taken here, as the forward's pre-hook takes them.
+                self._take_written_params()
             self._engine.begin_iteration()
             self._in_micro_batch = True
 
