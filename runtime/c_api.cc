@@ -3,7 +3,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <exception>
 #include <memory>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -41,6 +43,28 @@ zero_status NullArgument(const char* call, const char* what) {
 #define ZERO_C_REQUIRE(pointer, call) \
   if ((pointer) == nullptr) return NullArgument(call, #pointer)
 
+// No exception leaves the C ABI (it would end the caller's process): an allocation that fails
+// is ZERO_RESOURCE_EXHAUSTED, anything else thrown ZERO_INTERNAL, both with a message.
+zero_status ReportCurrentException(const char* call) {
+  try {
+    throw;
+  } catch (const std::bad_alloc&) {
+    return Report(absl::ResourceExhaustedError(
+        absl::StrCat(call, ": out of host memory (an allocation inside this call failed): free memory or ask "
+                     "for less")));
+  } catch (const std::exception& error) {
+    return Report(absl::InternalError(absl::StrCat(call, ": ", error.what())));
+  } catch (...) {
+    return Report(absl::InternalError(absl::StrCat(call, ": an unknown exception")));
+  }
+}
+
+// Ends a C ABI function written as a function-try-block: `zero_status f(...) try { ... }`.
+#define ZERO_C_CATCH(call) \
+  catch (...) {            \
+    return ReportCurrentException(call); \
+  }
+
 }  // namespace
 
 extern "C" {
@@ -48,36 +72,36 @@ extern "C" {
 const char* zero_last_error(void) { return last_error.c_str(); }
 const char* zero_version(void) { return zero::BuildSummary(); }
 
-zero_status zero_comm_local_group(int world, zero_comm** comms) {
+zero_status zero_comm_local_group(int world, zero_comm** comms) try {
   ZERO_C_REQUIRE(comms, "zero_comm_local_group");
   auto group = zero::comm::CreateLocalGroup(world);
   if (!group.ok()) return Report(group.status());
   for (int r = 0; r < world; ++r) comms[r] = new zero_comm{std::move((*group)[r])};
   return ZERO_OK;
-}
+} ZERO_C_CATCH("zero_comm_local_group")
 
-zero_status zero_comm_mpi(const void* mpi_comm, zero_comm** out) {
+zero_status zero_comm_mpi(const void* mpi_comm, zero_comm** out) try {
   ZERO_C_REQUIRE(out, "zero_comm_mpi");
   auto comm = zero::comm::CreateMpiCommunicator(mpi_comm);
   if (!comm.ok()) return Report(comm.status());
   *out = new zero_comm{std::move(*comm)};
   return ZERO_OK;
-}
+} ZERO_C_CATCH("zero_comm_mpi")
 
-zero_status zero_comm_nccl(zero_comm* bootstrap, int device, void* cuda_stream, zero_comm** out) {
+zero_status zero_comm_nccl(zero_comm* bootstrap, int device, void* cuda_stream, zero_comm** out) try {
   ZERO_C_REQUIRE(bootstrap, "zero_comm_nccl");
   ZERO_C_REQUIRE(out, "zero_comm_nccl");
   auto comm = zero::comm::CreateNcclCommunicator(*bootstrap->comm, {cuda_stream, device});
   if (!comm.ok()) return Report(comm.status());
   *out = new zero_comm{std::move(*comm)};
   return ZERO_OK;
-}
+} ZERO_C_CATCH("zero_comm_nccl")
 
 int zero_comm_rank(const zero_comm* comm) { return comm ? comm->comm->rank() : -1; }
 int zero_comm_size(const zero_comm* comm) { return comm ? comm->comm->size() : -1; }
 void zero_comm_destroy(zero_comm* comm) { delete comm; }
 
-zero_status zero_comm_broadcast_bytes(zero_comm* comm, void* data, int64_t bytes, int root, double timeout_s) {
+zero_status zero_comm_broadcast_bytes(zero_comm* comm, void* data, int64_t bytes, int root, double timeout_s) try {
   ZERO_C_REQUIRE(comm, "zero_comm_broadcast_bytes");
   if (bytes < 0) return Report(absl::InvalidArgumentError("zero_comm_broadcast_bytes: bytes is negative"));
   if (!(timeout_s >= 0)) {  // NaN too; a negative one waited forever
@@ -90,6 +114,7 @@ zero_status zero_comm_broadcast_bytes(zero_comm* comm, void* data, int64_t bytes
   }
   if (bytes == 0) return ZERO_OK;
   ZERO_C_REQUIRE(data, "zero_comm_broadcast_bytes");
+  if (comm->comm->size() == 1) return ZERO_OK;  // the root's bytes are every rank's already
   // In pieces of at most 1 GiB: MPI counts are ints.
   constexpr int64_t kPiece = int64_t{1} << 30;
   for (int64_t first = 0; first < bytes; first += kPiece) {
@@ -99,9 +124,9 @@ zero_status zero_comm_broadcast_bytes(zero_comm* comm, void* data, int64_t bytes
     if (!status.ok()) return Report(status);
   }
   return ZERO_OK;
-}
+} ZERO_C_CATCH("zero_comm_broadcast_bytes")
 
-zero_status zero_engine_create(const char* config_json, zero_comm* comm, zero_engine** out) {
+zero_status zero_engine_create(const char* config_json, zero_comm* comm, zero_engine** out) try {
   ZERO_C_REQUIRE(comm, "zero_engine_create");
   ZERO_C_REQUIRE(out, "zero_engine_create");
   zero::Config config;
@@ -114,12 +139,12 @@ zero_status zero_engine_create(const char* config_json, zero_comm* comm, zero_en
   if (!engine.ok()) return Report(engine.status());
   *out = new zero_engine{std::move(*engine)};
   return ZERO_OK;
-}
+} ZERO_C_CATCH("zero_engine_create")
 
 void zero_engine_destroy(zero_engine* engine) { delete engine; }
 
 zero_status zero_register_param(zero_engine* engine, const char* name, const int64_t* shape, int ndim,
-                                 zero_dtype dtype, int requires_grad, int group, int unit, int64_t* id) {
+                                 zero_dtype dtype, int requires_grad, int group, int unit, int64_t* id) try {
   ZERO_C_REQUIRE(engine, "zero_register_param");
   ZERO_C_REQUIRE(name, "zero_register_param");
   ZERO_C_REQUIRE(id, "zero_register_param");
@@ -137,72 +162,72 @@ zero_status zero_register_param(zero_engine* engine, const char* name, const int
   if (!registered.ok()) return Report(registered.status());
   *id = *registered;
   return ZERO_OK;
-}
+} ZERO_C_CATCH("zero_register_param")
 
-zero_status zero_finalize(zero_engine* engine) {
+zero_status zero_finalize(zero_engine* engine) try {
   ZERO_C_REQUIRE(engine, "zero_finalize");
   return Report(engine->engine->Finalize());
-}
+} ZERO_C_CATCH("zero_finalize")
 
-zero_status zero_set_param(zero_engine* engine, int64_t id, const void* host_src) {
+zero_status zero_set_param(zero_engine* engine, int64_t id, const void* host_src) try {
   ZERO_C_REQUIRE(engine, "zero_set_param");
   return Report(engine->engine->SetParam(id, host_src));
-}
+} ZERO_C_CATCH("zero_set_param")
 
-zero_status zero_get_param(zero_engine* engine, int64_t id, void* host_dst) {
+zero_status zero_get_param(zero_engine* engine, int64_t id, void* host_dst) try {
   ZERO_C_REQUIRE(engine, "zero_get_param");
   return Report(engine->engine->GetParam(id, host_dst));
-}
+} ZERO_C_CATCH("zero_get_param")
 
-zero_status zero_param_data(zero_engine* engine, int64_t id, void** view) {
+zero_status zero_param_data(zero_engine* engine, int64_t id, void** view) try {
   ZERO_C_REQUIRE(engine, "zero_param_data");
   ZERO_C_REQUIRE(view, "zero_param_data");
   auto data = engine->engine->ParamData(id);
   if (!data.ok()) return Report(data.status());
   *view = *data;
   return ZERO_OK;
-}
+} ZERO_C_CATCH("zero_param_data")
 
-zero_status zero_grad_buffer(zero_engine* engine, int64_t id, void** view) {
+zero_status zero_grad_buffer(zero_engine* engine, int64_t id, void** view) try {
   ZERO_C_REQUIRE(engine, "zero_grad_buffer");
   ZERO_C_REQUIRE(view, "zero_grad_buffer");
   auto data = engine->engine->GradBuffer(id);
   if (!data.ok()) return Report(data.status());
   *view = *data;
   return ZERO_OK;
-}
+} ZERO_C_CATCH("zero_grad_buffer")
 
-zero_status zero_grad_ready(zero_engine* engine, int64_t id) {
+zero_status zero_grad_ready(zero_engine* engine, int64_t id) try {
   ZERO_C_REQUIRE(engine, "zero_grad_ready");
   return Report(engine->engine->GradReady(id));
-}
+} ZERO_C_CATCH("zero_grad_ready")
 
-zero_status zero_grad_absent(zero_engine* engine, int64_t id) {
+zero_status zero_grad_absent(zero_engine* engine, int64_t id) try {
   ZERO_C_REQUIRE(engine, "zero_grad_absent");
   return Report(engine->engine->GradAbsent(id));
-}
+} ZERO_C_CATCH("zero_grad_absent")
 
-zero_status zero_accumulate_grad(zero_engine* engine, int64_t id, const void* grad) {
+zero_status zero_accumulate_grad(zero_engine* engine, int64_t id, const void* grad) try {
   ZERO_C_REQUIRE(engine, "zero_accumulate_grad");
   return Report(engine->engine->AccumulateGrad(id, grad));
-}
+} ZERO_C_CATCH("zero_accumulate_grad")
 
-zero_status zero_accumulate_device_grad(zero_engine* engine, int64_t id, const void* grad) {
+zero_status zero_accumulate_device_grad(zero_engine* engine, int64_t id, const void* grad) try {
   ZERO_C_REQUIRE(engine, "zero_accumulate_device_grad");
   return Report(engine->engine->AccumulateGrad(id, grad, zero::Placement::kDevice));
-}
+} ZERO_C_CATCH("zero_accumulate_device_grad")
 
-zero_status zero_lend_grad(zero_engine* engine, int64_t id, const void* grad, int on_device, int* kept) {
+zero_status zero_lend_grad(zero_engine* engine, int64_t id, const void* grad, int on_device, int* kept) try {
   ZERO_C_REQUIRE(engine, "zero_lend_grad");
   ZERO_C_REQUIRE(kept, "zero_lend_grad");
   auto lent = engine->engine->LendGrad(id, grad, on_device ? zero::Placement::kDevice : zero::Placement::kHost);
   if (!lent.ok()) return Report(lent.status());
   *kept = *lent ? 1 : 0;
   return ZERO_OK;
-}
+} ZERO_C_CATCH("zero_lend_grad")
 
 zero_status zero_accumulate_grads(zero_engine* engine, int64_t count, const int64_t* ids, const void* const* grads,
-                                  int flags, int* kept, int64_t* handed) {
+                                  int flags, int* kept, int64_t* handed) try {
   if (handed != nullptr) *handed = 0;
   ZERO_C_REQUIRE(engine, "zero_accumulate_grads");
   ZERO_C_REQUIRE(handed, "zero_accumulate_grads");
@@ -235,67 +260,67 @@ zero_status zero_accumulate_grads(zero_engine* engine, int64_t count, const int6
     *handed = i + 1;
   }
   return ZERO_OK;
-}
+} ZERO_C_CATCH("zero_accumulate_grads")
 
-zero_status zero_sync_replicas(zero_engine* engine) {
+zero_status zero_sync_replicas(zero_engine* engine) try {
   ZERO_C_REQUIRE(engine, "zero_sync_replicas");
   return Report(engine->engine->SyncReplicas());
-}
+} ZERO_C_CATCH("zero_sync_replicas")
 
-zero_status zero_begin_iteration(zero_engine* engine) {
+zero_status zero_begin_iteration(zero_engine* engine) try {
   ZERO_C_REQUIRE(engine, "zero_begin_iteration");
   return Report(engine->engine->BeginIteration());
-}
+} ZERO_C_CATCH("zero_begin_iteration")
 
-zero_status zero_end_backward(zero_engine* engine) {
+zero_status zero_end_backward(zero_engine* engine) try {
   ZERO_C_REQUIRE(engine, "zero_end_backward");
   return Report(engine->engine->EndBackward());
-}
+} ZERO_C_CATCH("zero_end_backward")
 
-zero_status zero_drop_gradients(zero_engine* engine) {
+zero_status zero_drop_gradients(zero_engine* engine) try {
   ZERO_C_REQUIRE(engine, "zero_drop_gradients");
   return Report(engine->engine->DropGradients());
-}
+} ZERO_C_CATCH("zero_drop_gradients")
 
-zero_status zero_step(zero_engine* engine, zero_step_info* info) {
+zero_status zero_step(zero_engine* engine, zero_step_info* info) try {
   ZERO_C_REQUIRE(engine, "zero_step");
   auto step = engine->engine->Step();
   if (!step.ok()) return Report(step.status());
   if (info != nullptr) *info = {step->step, step->skipped ? 1 : 0, step->grad_norm, step->loss_scale};
   return ZERO_OK;
-}
+} ZERO_C_CATCH("zero_step")
 
-zero_status zero_last_grad_norm(zero_engine* engine, float* norm) {
+zero_status zero_last_grad_norm(zero_engine* engine, float* norm) try {
   ZERO_C_REQUIRE(engine, "zero_last_grad_norm");
   ZERO_C_REQUIRE(norm, "zero_last_grad_norm");
   auto value = engine->engine->LastGradNorm();
   if (!value.ok()) return Report(value.status());
   *norm = *value;
   return ZERO_OK;
-}
+} ZERO_C_CATCH("zero_last_grad_norm")
 
-zero_status zero_set_stream(zero_engine* engine, void* cuda_stream) {
+zero_status zero_set_stream(zero_engine* engine, void* cuda_stream) try {
   ZERO_C_REQUIRE(engine, "zero_set_stream");
   return Report(engine->engine->SetStream(cuda_stream));
-}
+} ZERO_C_CATCH("zero_set_stream")
 
-zero_status zero_gather(zero_engine* engine, int unit) {
+zero_status zero_gather(zero_engine* engine, int unit) try {
   ZERO_C_REQUIRE(engine, "zero_gather");
   return Report(engine->engine->Gather(unit));
-}
+} ZERO_C_CATCH("zero_gather")
 
-zero_status zero_release(zero_engine* engine, int unit) {
+zero_status zero_release(zero_engine* engine, int unit) try {
   ZERO_C_REQUIRE(engine, "zero_release");
   return Report(engine->engine->Release(unit));
-}
+} ZERO_C_CATCH("zero_release")
 
-zero_status zero_release_until_backward(zero_engine* engine, int unit) {
+zero_status zero_release_until_backward(zero_engine* engine, int unit) try {
   ZERO_C_REQUIRE(engine, "zero_release_until_backward");
   return Report(engine->engine->ReleaseUntilBackward(unit));
-}
+} ZERO_C_CATCH("zero_release_until_backward")
 
 zero_status zero_gathered_place(const zero_engine* engine, int64_t id, int* unit, int64_t* offset_bytes,
-                                int64_t* unit_bytes, int* persistent) {
+                                int64_t* unit_bytes, int* persistent) try {
   ZERO_C_REQUIRE(engine, "zero_gathered_place");
   ZERO_C_REQUIRE(unit, "zero_gathered_place");
   ZERO_C_REQUIRE(offset_bytes, "zero_gathered_place");
@@ -308,10 +333,10 @@ zero_status zero_gathered_place(const zero_engine* engine, int64_t id, int* unit
   *unit_bytes = place->unit_bytes;
   *persistent = place->persistent ? 1 : 0;
   return ZERO_OK;
-}
+} ZERO_C_CATCH("zero_gathered_place")
 
 zero_status zero_lend_gathered_memory(zero_engine* engine, zero_lend_fn lend, zero_give_back_fn give_back,
-                                      void* user) {
+                                      void* user) try {
   ZERO_C_REQUIRE(engine, "zero_lend_gathered_memory");
   zero::GatheredMemoryLender lender;
   if (lend != nullptr) {
@@ -329,56 +354,56 @@ zero_status zero_lend_gathered_memory(zero_engine* engine, zero_lend_fn lend, ze
   }
   if (give_back != nullptr) lender.give_back = [give_back, user](int unit) { give_back(user, unit); };
   return Report(engine->engine->LendGatheredMemory(std::move(lender)));
-}
+} ZERO_C_CATCH("zero_lend_gathered_memory")
 
-zero_status zero_save_checkpoint(zero_engine* engine, const char* dir) {
+zero_status zero_save_checkpoint(zero_engine* engine, const char* dir) try {
   ZERO_C_REQUIRE(engine, "zero_save_checkpoint");
   ZERO_C_REQUIRE(dir, "zero_save_checkpoint");
   return Report(engine->engine->SaveCheckpoint(dir));
-}
+} ZERO_C_CATCH("zero_save_checkpoint")
 
-zero_status zero_save_checkpoint_tagged(zero_engine* engine, const char* root, const char* tag) {
+zero_status zero_save_checkpoint_tagged(zero_engine* engine, const char* root, const char* tag) try {
   ZERO_C_REQUIRE(engine, "zero_save_checkpoint_tagged");
   ZERO_C_REQUIRE(root, "zero_save_checkpoint_tagged");
   ZERO_C_REQUIRE(tag, "zero_save_checkpoint_tagged");
   return Report(engine->engine->SaveCheckpoint(root, tag));
-}
+} ZERO_C_CATCH("zero_save_checkpoint_tagged")
 
-zero_status zero_load_checkpoint(zero_engine* engine, const char* dir) {
+zero_status zero_load_checkpoint(zero_engine* engine, const char* dir) try {
   ZERO_C_REQUIRE(engine, "zero_load_checkpoint");
   ZERO_C_REQUIRE(dir, "zero_load_checkpoint");
   return Report(engine->engine->LoadCheckpoint(dir));
-}
+} ZERO_C_CATCH("zero_load_checkpoint")
 
 zero_status zero_abort_mpi_job(int exit_code) { return Report(zero::comm::AbortMpiJob(exit_code)); }
 
 zero_status zero_install_preemption_handler(void) { return Report(zero::InstallPreemptionHandler()); }
 
-zero_status zero_preemption_requested(zero_engine* engine, int* requested) {
+zero_status zero_preemption_requested(zero_engine* engine, int* requested) try {
   ZERO_C_REQUIRE(engine, "zero_preemption_requested");
   ZERO_C_REQUIRE(requested, "zero_preemption_requested");
   zero::StatusOr<bool> answer = engine->engine->PreemptionRequested();
   if (answer.ok()) *requested = *answer ? 1 : 0;
   return Report(answer.status());
-}
+} ZERO_C_CATCH("zero_abort_mpi_job")
 
-zero_status zero_set_checkpoint_user_data(zero_engine* engine, const char* data) {
+zero_status zero_set_checkpoint_user_data(zero_engine* engine, const char* data) try {
   ZERO_C_REQUIRE(engine, "zero_set_checkpoint_user_data");
   ZERO_C_REQUIRE(data, "zero_set_checkpoint_user_data");
   const zero::Status text = zero::runtime::CheckMetaText(data, "zero_set_checkpoint_user_data: the data");
   if (!text.ok()) return Report(text);
   engine->engine->set_checkpoint_user_data(data);
   return ZERO_OK;
-}
+} ZERO_C_CATCH("zero_set_checkpoint_user_data")
 
-zero_status zero_checkpoint_user_data(const zero_engine* engine, const char** data) {
+zero_status zero_checkpoint_user_data(const zero_engine* engine, const char** data) try {
   ZERO_C_REQUIRE(engine, "zero_checkpoint_user_data");
   ZERO_C_REQUIRE(data, "zero_checkpoint_user_data");
   *data = engine->engine->checkpoint_user_data().c_str();
   return ZERO_OK;
-}
+} ZERO_C_CATCH("zero_checkpoint_user_data")
 
-zero_status zero_memory_stats(const zero_engine* engine, struct zero_memory_stats* out) {
+zero_status zero_memory_stats(const zero_engine* engine, struct zero_memory_stats* out) try {
   ZERO_C_REQUIRE(engine, "zero_memory_stats");
   ZERO_C_REQUIRE(out, "zero_memory_stats");
   const zero::MemoryStats stats = engine->engine->GetMemoryStats();
@@ -388,12 +413,12 @@ zero_status zero_memory_stats(const zero_engine* engine, struct zero_memory_stat
     out->peak[c] = stats.peak[c];
   }
   return ZERO_OK;
-}
+} ZERO_C_CATCH("zero_memory_stats")
 
 int zero_engine_rank(const zero_engine* engine) { return engine ? engine->engine->rank() : -1; }
 int zero_engine_world_size(const zero_engine* engine) { return engine ? engine->engine->world_size() : -1; }
 
-zero_status zero_engine_counters_sized(const zero_engine* engine, zero_engine_counters_t* out, size_t size) {
+zero_status zero_engine_counters_sized(const zero_engine* engine, zero_engine_counters_t* out, size_t size) try {
   ZERO_C_REQUIRE(engine, "zero_engine_counters_sized");
   ZERO_C_REQUIRE(out, "zero_engine_counters_sized");
   if (size % sizeof(int64_t) != 0) {
@@ -407,21 +432,21 @@ zero_status zero_engine_counters_sized(const zero_engine* engine, zero_engine_co
                                       c.gather_allocations,    c.releases_kept};
   std::memcpy(out, &all, std::min(size, sizeof all));
   return ZERO_OK;
-}
+} ZERO_C_CATCH("zero_engine_counters_sized")
 
-zero_status zero_engine_counters(const zero_engine* engine, zero_engine_counters_t* out) {
+zero_status zero_engine_counters(const zero_engine* engine, zero_engine_counters_t* out) try {
   constexpr size_t kFirstSevenFields = 7 * sizeof(int64_t);
   return zero_engine_counters_sized(engine, out, kFirstSevenFields);
-}
+} ZERO_C_CATCH("zero_engine_counters")
 
-zero_status zero_num_groups(const zero_engine* engine, int* groups) {
+zero_status zero_num_groups(const zero_engine* engine, int* groups) try {
   ZERO_C_REQUIRE(engine, "zero_num_groups");
   ZERO_C_REQUIRE(groups, "zero_num_groups");
   *groups = engine->engine->num_groups();
   return ZERO_OK;
-}
+} ZERO_C_CATCH("zero_num_groups")
 
-zero_status zero_get_group_hyper(const zero_engine* engine, int group, zero_group_hyper* out) {
+zero_status zero_get_group_hyper(const zero_engine* engine, int group, zero_group_hyper* out) try {
   ZERO_C_REQUIRE(engine, "zero_get_group_hyper");
   ZERO_C_REQUIRE(out, "zero_get_group_hyper");
   auto hyper = engine->engine->GroupHyper(group);
@@ -429,9 +454,9 @@ zero_status zero_get_group_hyper(const zero_engine* engine, int group, zero_grou
   *out = {hyper->lr, hyper->beta1, hyper->beta2, hyper->eps, hyper->weight_decay, hyper->momentum,
           hyper->dampening, hyper->nesterov ? 1 : 0};
   return ZERO_OK;
-}
+} ZERO_C_CATCH("zero_get_group_hyper")
 
-zero_status zero_set_group_hyper(zero_engine* engine, int group, const zero_group_hyper* hyper) {
+zero_status zero_set_group_hyper(zero_engine* engine, int group, const zero_group_hyper* hyper) try {
   ZERO_C_REQUIRE(engine, "zero_set_group_hyper");
   ZERO_C_REQUIRE(hyper, "zero_set_group_hyper");
   zero::OptimizerHyper h;
@@ -444,40 +469,40 @@ zero_status zero_set_group_hyper(zero_engine* engine, int group, const zero_grou
   h.dampening = hyper->dampening;
   h.nesterov = hyper->nesterov != 0;
   return Report(engine->engine->SetGroupHyper(group, h));
-}
+} ZERO_C_CATCH("zero_set_group_hyper")
 
-zero_status zero_set_lr(zero_engine* engine, int group, float lr) {
+zero_status zero_set_lr(zero_engine* engine, int group, float lr) try {
   ZERO_C_REQUIRE(engine, "zero_set_lr");
   auto hyper = engine->engine->GroupHyper(group);
   if (!hyper.ok()) return Report(hyper.status());
   hyper->lr = lr;
   return Report(engine->engine->SetGroupHyper(group, *hyper));
-}
+} ZERO_C_CATCH("zero_set_lr")
 
-zero_status zero_get_lr(const zero_engine* engine, int group, float* lr) {
+zero_status zero_get_lr(const zero_engine* engine, int group, float* lr) try {
   ZERO_C_REQUIRE(engine, "zero_get_lr");
   ZERO_C_REQUIRE(lr, "zero_get_lr");
   auto hyper = engine->engine->GroupHyper(group);
   if (!hyper.ok()) return Report(hyper.status());
   *lr = hyper->lr;
   return ZERO_OK;
-}
+} ZERO_C_CATCH("zero_get_lr")
 
-zero_status zero_loss_scale(const zero_engine* engine, float* scale) {
+zero_status zero_loss_scale(const zero_engine* engine, float* scale) try {
   ZERO_C_REQUIRE(engine, "zero_loss_scale");
   ZERO_C_REQUIRE(scale, "zero_loss_scale");
   *scale = engine->engine->loss_scale();
   return ZERO_OK;
-}
+} ZERO_C_CATCH("zero_loss_scale")
 
-zero_status zero_lr_schedule_iteration(const zero_engine* engine, int64_t* iteration) {
+zero_status zero_lr_schedule_iteration(const zero_engine* engine, int64_t* iteration) try {
   ZERO_C_REQUIRE(engine, "zero_lr_schedule_iteration");
   ZERO_C_REQUIRE(iteration, "zero_lr_schedule_iteration");
   *iteration = engine->engine->lr_schedule_iteration();
   return ZERO_OK;
-}
+} ZERO_C_CATCH("zero_lr_schedule_iteration")
 
-zero_status zero_comm_all_reduce_f32(zero_comm* comm, float* data, int64_t count, int op, double timeout_s) {
+zero_status zero_comm_all_reduce_f32(zero_comm* comm, float* data, int64_t count, int op, double timeout_s) try {
   ZERO_C_REQUIRE(comm, "zero_comm_all_reduce_f32");
   if (count < 0) return Report(absl::InvalidArgumentError("zero_comm_all_reduce_f32: count is negative"));
   if (op != 0 && op != 1) {
@@ -514,9 +539,9 @@ zero_status zero_comm_all_reduce_f32(zero_comm* comm, float* data, int64_t count
   }
   std::copy_n(scratch.get(), count, data);
   return ZERO_OK;
-}
+} ZERO_C_CATCH("zero_comm_all_reduce_f32")
 
-zero_status zero_config_normalize(const char* config_json, const char** out) {
+zero_status zero_config_normalize(const char* config_json, const char** out) try {
   ZERO_C_REQUIRE(config_json, "zero_config_normalize");
   ZERO_C_REQUIRE(out, "zero_config_normalize");
   thread_local std::string normalized;
@@ -525,6 +550,6 @@ zero_status zero_config_normalize(const char* config_json, const char** out) {
   normalized = std::move(*result);
   *out = normalized.c_str();
   return ZERO_OK;
-}
+} ZERO_C_CATCH("zero_config_normalize")
 
 }  // extern "C"

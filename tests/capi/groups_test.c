@@ -3,6 +3,7 @@
  * step moves a param by exactly -lr * gradient and shows the lr its group stepped with.
  * Exits 0 when every check holds, 1 naming the first that does not. */
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -103,6 +104,12 @@ int main(void) {
   CHECK(metrics[0] == 1.5f && metrics[1] == -2.0f && metrics[2] == 4.0f, "sum over one rank changed values");
   CHECK(zero_comm_all_reduce_f32(comm, metrics, 3, 7, 10.0) == ZERO_INVALID_ARGUMENT, "op 7 accepted");
   CHECK(zero_comm_all_reduce_f32(comm, metrics, 3, 0, -1.0) == ZERO_INVALID_ARGUMENT, "timeout -1 accepted");
+  /* A count whose scratch copy no machine can allocate is a status, not an exception that ends
+   * the process (the library never reads that far into `metrics`). */
+  CHECK(zero_comm_all_reduce_f32(comm, metrics, INT64_MAX / 8, 0, 10.0) == ZERO_RESOURCE_EXHAUSTED,
+        "an impossible scratch allocation: %s", zero_last_error());
+  CHECK(strstr(zero_last_error(), "zero_comm_all_reduce_f32: out of host memory") != NULL, "message: %s",
+        zero_last_error());
   /* A broadcast's timeout too (a negative one waited forever), checked before any byte moves. */
   unsigned char bytes[4] = {1, 2, 3, 4};
   CHECK(zero_comm_broadcast_bytes(comm, bytes, 4, 0, -1.0) == ZERO_INVALID_ARGUMENT, "timeout -1 accepted");
