@@ -442,6 +442,44 @@ def check_flags():
           "zero-mem measure --frozen_fraction (a flag of estimate) is refused, naming measure's own")
 
 
+def check_resume_edges():
+    """What a resubmitted job meets: a run already complete, flags that change the lr, a
+    checkpoint path that is a file, a --config that is a directory, a config's batch section."""
+    with tempfile.TemporaryDirectory() as scratch:
+        ckpt = os.path.join(scratch, "ckpt")
+        common = ["--ranks", "2", "--checkpoint_dir", ckpt]
+        first = train(["--steps", "3"] + common)
+        again = run([os.path.join(BIN, "zero-train"), "--json", "--steps", "3", "--resume"] + common)
+        summary = json.loads(again.stdout.splitlines()[-1]) if again.returncode == 0 else {}
+        check(first is not None and summary.get("steps") == 3 and summary.get("final_loss", 0) is None
+              and "nothing left to train" in again.stderr,
+              "--resume of a finished run says there is nothing left to train, with no made-up loss")
+        resumed = train(["--steps", "5", "--resume", "--lr", "0.05"] + common)
+        check(resumed is not None and all(close(r["lr"], 0.05, 1e-6) for r in resumed[0]),
+              "--lr given with --resume replaces the checkpoint's lr")
+        a_file = os.path.join(scratch, "a_file")
+        open(a_file, "w").close()
+        check(refused("zero-train", ["--steps", "3", "--checkpoint_dir", a_file, "--resume"],
+                      "is not a directory"), "--checkpoint_dir naming a file is refused before any step")
+        check(refused("zero-train", ["--config", scratch], "is a directory"),
+              "--config naming a directory says so")
+        batch = os.path.join(scratch, "batch.json")
+        with open(batch, "w") as f:
+            f.write('{"train_batch_size": 8, "train_micro_batch_size_per_gpu": 4}')
+        sized = run([os.path.join(BIN, "zero-train"), "--steps", "1", "--ranks", "2", "--config", batch])
+        check(sized.returncode == 0 and "batch 4/rank" in sized.stdout,
+              "a config's train_micro_batch_size_per_gpu sets the batch per rank")
+        check(refused("zero-train", ["--ranks", "2", "--config", batch, "--batch", "16"], "--batch 16",
+                      "disagrees"), "--batch against a config's micro-batch is refused")
+        warmup = os.path.join(scratch, "warmup.json")
+        with open(warmup, "w") as f:
+            f.write('{"optimizer": {"lr": 0.01}, "scheduler": {"type": "WarmupLR", '
+                    '"params": {"warmup_num_steps": 100, "warmup_type": "linear"}}}')
+        warmed = train(["--steps", "4", "--ranks", "1", "--config", warmup, "--warmup_steps", "2"])
+        check(warmed is not None and close(warmed[0][3]["lr"], 0.01, 1e-6),
+              "--warmup_steps sets the warmup of a --config's schedule")
+
+
 if MODE == "params":
     print_engine_params(sys.argv[3])
     sys.exit(0)
@@ -486,6 +524,7 @@ if MODE == "local":
     check_preempted(signal.SIGTERM, flags=["--ranks", "2"])
     check_zero_ckpt()
     check_lr_schedule()
+    check_resume_edges()
     check_slurm_example()
     with tempfile.TemporaryDirectory() as root:  # a checkpoint without zero-train's position
         ckpt = os.path.join(root, "ckpt")

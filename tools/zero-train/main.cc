@@ -29,6 +29,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "mlp.h"
 #include "report.h"
 #include "zero/communicator.h"
@@ -43,7 +44,7 @@ ABSL_FLAG(double, weight_decay, 0.01, "weight decay");
 ABSL_FLAG(std::string, lr_schedule, "none",
           "none, or DeepSpeed's WarmupLR, WarmupDecayLR or WarmupCosineLR (linear warmup over "
           "--warmup_steps to --lr; the decays end at --steps)");
-ABSL_FLAG(int, warmup_steps, 10, "warmup steps of --lr_schedule");
+ABSL_FLAG(int, warmup_steps, 10, "warmup steps of --lr_schedule (or of the schedule of --config)");
 ABSL_FLAG(std::string, precision, "fp32",
           "params and gradients: fp32, bf16 or fp16 (16-bit keep fp32 master weights; fp16 adds dynamic loss scaling)");
 ABSL_FLAG(int, steps, 100, "optimizer steps (≥ 1; with --resume, the total including those already done)");
@@ -69,7 +70,9 @@ ABSL_FLAG(bool, resume, false,
           "step 0; one holding no loadable checkpoint is an error)");
 ABSL_FLAG(int, depth, 4, "hidden layers (≥ 1; depth × width² ≤ 1e9)");
 ABSL_FLAG(int, width, 64, "layer width (≥ 1)");
-ABSL_FLAG(int, batch, 16, "samples per rank per step (≥ --accumulation)");
+ABSL_FLAG(int, batch, 16,
+          "samples per rank per step (≥ --accumulation; a --config with train_micro_batch_size_per_gpu sets "
+          "it to that × --accumulation)");
 ABSL_FLAG(bool, tied, false, "tie the output projection to layer0.weight (its gradient arrives twice)");
 ABSL_FLAG(bool, branch, false, "a branch used on even steps only (no rank uses it on odd steps)");
 ABSL_FLAG(bool, recompute, false, "re-fire the middle layer's gradient as reentrant checkpointing does");
@@ -144,6 +147,10 @@ Status NameTheFlag(const Status& status, const GivenFlags& given) {
 }
 
 StatusOr<std::string> ReadFile(const std::string& path) {
+  std::error_code error;
+  if (std::filesystem::is_directory(path, error)) {
+    return absl::InvalidArgumentError(absl::StrCat("--config ", path, " is a directory; name a JSON file"));
+  }
   std::ifstream in(path);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot read --config ", path));
   std::stringstream text;
@@ -175,8 +182,14 @@ StatusOr<Json> ConfigJson(const GivenFlags& given) {
   if (use("lr")) json["optimizer"]["lr"] = absl::GetFlag(FLAGS_lr);
   if (use("weight_decay")) json["optimizer"]["weight_decay"] = absl::GetFlag(FLAGS_weight_decay);
   const std::string schedule = absl::GetFlag(FLAGS_lr_schedule);
-  if (given.count("warmup_steps") > 0 && (given.count("lr_schedule") == 0 || schedule == "none")) {
-    return absl::InvalidArgumentError("--warmup_steps needs --lr_schedule (WarmupLR, WarmupDecayLR or WarmupCosineLR)");
+  const auto scheduler = json.find("scheduler");
+  const bool config_schedules = given.count("lr_schedule") == 0 && scheduler != json.end() && scheduler->is_object();
+  if (given.count("warmup_steps") > 0 && config_schedules) {  // the --config's schedule warms up so long
+    json["scheduler"]["params"]["warmup_num_steps"] = absl::GetFlag(FLAGS_warmup_steps);
+  } else if (given.count("warmup_steps") > 0 && (given.count("lr_schedule") == 0 || schedule == "none")) {
+    return absl::InvalidArgumentError(
+        "--warmup_steps needs --lr_schedule (WarmupLR, WarmupDecayLR or WarmupCosineLR), or a --config with a "
+        "scheduler");
   }
   if (given.count("lr_schedule") > 0 && schedule != "none") {
     Json& params = json["scheduler"]["params"];
@@ -244,7 +257,14 @@ Status CheckToolFlags(int accumulation) {
     return absl::InvalidArgumentError(absl::StrCat("--depth ", depth, " --width ", width,
                                                    ": the model would have depth × width² > 1e9 params"));
   }
-  const bool checkpoints = !absl::GetFlag(FLAGS_checkpoint_dir).empty();
+  const std::string checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
+  const bool checkpoints = !checkpoint_dir.empty();
+  std::error_code error;
+  if (checkpoints && std::filesystem::exists(checkpoint_dir, error) &&
+      !std::filesystem::is_directory(checkpoint_dir, error)) {  // refused before any step, not at the first save
+    return absl::InvalidArgumentError(
+        absl::StrCat("--checkpoint_dir ", checkpoint_dir, " is not a directory; name a directory (created if absent)"));
+  }
   if (save_every > 0 && !checkpoints) return absl::InvalidArgumentError("--save_every needs --checkpoint_dir");
   if (absl::GetFlag(FLAGS_resume) && !checkpoints) return absl::InvalidArgumentError("--resume needs --checkpoint_dir");
   return absl::OkStatus();
@@ -279,6 +299,10 @@ StatusOr<int> Resume(Engine& engine, const std::string& dir, bool reports) {
     const std::string name = entry.path().filename().string();
     fresh = fresh && (absl::EndsWith(name, ".partial") || name == ".zerort-lock");
   }
+  if (error && error != std::errc::no_such_file_or_directory) {  // unreadable: never a silent restart
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot resume from ", dir, ": cannot list it (", error.message(), ")"));
+  }
   if (fresh) {
     if (reports) std::fprintf(stderr, "zero-train: no checkpoint in %s yet: starting at step 0\n", dir.c_str());
     return 0;
@@ -298,8 +322,27 @@ StatusOr<int> Resume(Engine& engine, const std::string& dir, bool reports) {
   return first;
 }
 
+// After a resume: the --lr and --weight_decay given on the command line replace the values the
+// checkpoint restored (every group's), as given flags win everywhere else.
+Status ApplyGivenHyper(Engine& engine, const GivenFlags& given, bool reports) {
+  const bool lr = given.count("lr") > 0, weight_decay = given.count("weight_decay") > 0;
+  if (!lr && !weight_decay) return absl::OkStatus();
+  for (int group = 0; group < engine.num_groups(); ++group) {
+    ZERO_ASSIGN_OR_RETURN(OptimizerHyper hyper, engine.GroupHyper(group));
+    if (reports && group == 0) {
+      std::fprintf(stderr, "zero-train: the flags replace the checkpoint's%s%s\n",
+                   lr ? absl::StrFormat(" lr %g", hyper.lr).c_str() : "",
+                   weight_decay ? absl::StrFormat(" weight_decay %g", hyper.weight_decay).c_str() : "");
+    }
+    if (lr) hyper.lr = static_cast<float>(absl::GetFlag(FLAGS_lr));
+    if (weight_decay) hyper.weight_decay = static_cast<float>(absl::GetFlag(FLAGS_weight_decay));
+    ZERO_RETURN_IF_ERROR(engine.SetGroupHyper(group, hyper));
+  }
+  return absl::OkStatus();
+}
+
 Status RunRank(comm::Communicator& comm, const Config& config, const MlpOptions& options, Report* report,
-               const std::string& setup) {
+               const std::string& setup, const GivenFlags& given) {
   ZERO_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(config, comm));
   Mlp model(options);
   ZERO_RETURN_IF_ERROR(model.Setup(*engine));
@@ -309,6 +352,11 @@ Status RunRank(comm::Communicator& comm, const Config& config, const MlpOptions&
   int first = 0;
   if (absl::GetFlag(FLAGS_resume)) {
     ZERO_ASSIGN_OR_RETURN(first, Resume(*engine, checkpoints, report != nullptr));
+    ZERO_RETURN_IF_ERROR(ApplyGivenHyper(*engine, given, report != nullptr));
+    if (first >= steps && report != nullptr) {
+      std::fprintf(stderr, "zero-train: the checkpoint is at step %d and --steps is %d: nothing left to train (a "
+                   "larger --steps trains on)\n", first, steps);
+    }
   }
   float loss_scale = engine->loss_scale();
   double loss = 0;
@@ -349,7 +397,7 @@ Status RunRank(comm::Communicator& comm, const Config& config, const MlpOptions&
   }
   ZERO_ASSIGN_OR_RETURN(double checksum, model.Checksum(*engine));
   ZERO_ASSIGN_OR_RETURN(std::vector<RankMemory> memory, GatherMemory(comm, *engine, config.guard.timeout_s));
-  if (report != nullptr) report->Finish(reached, preempted, loss, checksum, memory, setup);
+  if (report != nullptr) report->Finish(first, reached, preempted, loss, checksum, memory, setup);
   return absl::OkStatus();
 }
 
@@ -365,6 +413,22 @@ int Main(const GivenFlags& given) {
   options.width = absl::GetFlag(FLAGS_width);
   options.batch = absl::GetFlag(FLAGS_batch);
   options.micro_batches = config->gradient_accumulation_steps;
+  const int64_t micro_batch = config->batch.micro_batch_size_per_rank;
+  if (micro_batch > 0) {  // the config's batch section (DeepSpeed's train_micro_batch_size_per_gpu)
+    const int64_t per_step = micro_batch * options.micro_batches;
+    if (given.count("batch") > 0 && per_step != options.batch) {
+      std::fprintf(stderr, "zero-train: --batch %d disagrees with the config's micro-batch of %lld samples × %d "
+                   "micro-batches = %lld per rank per step; drop one of them\n", options.batch,
+                   static_cast<long long>(micro_batch), options.micro_batches, static_cast<long long>(per_step));
+      return 2;
+    }
+    if (per_step > 1'000'000) {
+      std::fprintf(stderr, "zero-train: the config's micro-batch gives %lld samples per rank per step; at most "
+                   "1000000\n", static_cast<long long>(per_step));
+      return 2;
+    }
+    options.batch = static_cast<int>(per_step);
+  }
   options.tied = absl::GetFlag(FLAGS_tied);
   options.branch = absl::GetFlag(FLAGS_branch);
   options.recompute = absl::GetFlag(FLAGS_recompute);
@@ -414,7 +478,7 @@ int Main(const GivenFlags& given) {
   for (size_t i = 0; i < comms.size(); ++i) {
     threads.emplace_back([&, i] {
       comm::Communicator& comm = *comms[i];
-      results[i] = RunRank(comm, *config, options, comm.rank() == 0 ? &report : nullptr, setup);
+      results[i] = RunRank(comm, *config, options, comm.rank() == 0 ? &report : nullptr, setup, given);
     });
   }
   for (auto& t : threads) t.join();

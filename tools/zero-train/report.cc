@@ -63,8 +63,9 @@ void Report::Step(int step, double loss, const StepInfo& info, float lr, const R
   }
 }
 
-void Report::Finish(int reached, bool preempted, double final_loss, double checksum,
+void Report::Finish(int first, int reached, bool preempted, double final_loss, double checksum,
                     const std::vector<RankMemory>& memory, const std::string& setup) {
+  const bool ran = reached > first;
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
   if (json_) {
     std::string ranks;
@@ -72,7 +73,7 @@ void Report::Finish(int reached, bool preempted, double final_loss, double check
     std::printf(
         "{\"summary\":true,\"final_loss\":%s,\"checksum\":%s,\"steps\":%d,\"of_steps\":%d,\"preempted\":%s,"
         "\"seconds\":%s,\"peak_bytes\":[%s]}\n",
-        Number(final_loss).c_str(), Number(checksum).c_str(), reached, steps_, preempted ? "true" : "false",
+        ran ? Number(final_loss).c_str() : "null", Number(checksum).c_str(), reached, steps_, preempted ? "true" : "false",
         Number(seconds).c_str(), ranks.c_str());
     std::fflush(stdout);
     return;
@@ -80,8 +81,8 @@ void Report::Finish(int reached, bool preempted, double final_loss, double check
   const std::string done = reached >= steps_ ? absl::StrCat(reached, " steps")
                                               : absl::StrCat(reached, " of ", steps_, " steps",
                                                              preempted ? " (stopped on a scheduler's signal)" : "");
-  std::printf("%s\nfinal loss %.6f after %s in %.1f s; checksum %.10g\n", setup.c_str(), final_loss, done.c_str(),
-              seconds, checksum);
+  const std::string loss = ran ? absl::StrFormat("final loss %.6f after", final_loss) : "no step to run:";
+  std::printf("%s\n%s %s in %.1f s; checksum %.10g\n", setup.c_str(), loss.c_str(), done.c_str(), seconds, checksum);
   std::printf("peak bytes per rank: %-6s", "rank");
   for (int c = 0; c < kMemoryCategoryCount; ++c) std::printf(" %13s", MemoryCategoryName(static_cast<MemoryCategory>(c)));
   std::printf(" %13s\n", "total");

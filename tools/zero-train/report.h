@@ -24,10 +24,11 @@ class Report {
 
   /// After each step (rank 0 only).
   void Step(int step, double loss, const StepInfo& info, float lr, const RankMemory& memory);
-  /// At the end (rank 0 only): `reached` steps done of the run's --steps, `preempted`: it stopped
-  /// there on a scheduler's signal.
-  void Finish(int reached, bool preempted, double final_loss, double checksum, const std::vector<RankMemory>& memory,
-              const std::string& setup);
+  /// At the end (rank 0 only): `reached` steps done of the run's --steps, from step `first` (a
+  /// resumed run's; when they are equal no step ran and there is no final loss), `preempted`: it
+  /// stopped there on a scheduler's signal.
+  void Finish(int first, int reached, bool preempted, double final_loss, double checksum,
+              const std::vector<RankMemory>& memory, const std::string& setup);
 
  private:
   const int steps_;
