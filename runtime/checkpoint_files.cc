@@ -115,12 +115,18 @@ Status WriteAll(int fd, const void* data, size_t bytes, const std::string& path)
 }
 
 Status VerifyChecksum(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO or a device must not wait (fstat below refuses them).
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
   if (fd < 0) return SystemError("read", path);
   struct stat info {};
   if (::fstat(fd, &info) != 0) {
     ::close(fd);
     return SystemError("stat", path);
+  }
+  if (!S_ISREG(info.st_mode)) {
+    ::close(fd);
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint: ", path, " is not a regular file",
+                                                   S_ISDIR(info.st_mode) ? " (it is a directory)" : ""));
   }
   const auto size = static_cast<uint64_t>(info.st_size);
   if (size < kChecksumBytes) {

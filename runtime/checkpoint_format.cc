@@ -479,7 +479,8 @@ RankFileReader::~RankFileReader() { ::close(fd_); }
 
 StatusOr<std::unique_ptr<RankFileReader>> RankFileReader::Open(const std::string& path,
                                                               const CheckpointMeta& meta, int rank) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO or a device must not wait (refused below); no effect on a file.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
   if (fd < 0) {
     if (errno == ENOENT) {
       return absl::DataLossError(absl::StrCat("checkpoint: ", path, " is missing (the checkpoint is incomplete)"));
@@ -490,6 +491,11 @@ StatusOr<std::unique_ptr<RankFileReader>> RankFileReader::Open(const std::string
   if (::fstat(fd, &info) != 0) {
     ::close(fd);
     return SystemError("stat", path);
+  }
+  if (!S_ISREG(info.st_mode)) {
+    ::close(fd);
+    return absl::DataLossError(absl::StrCat("checkpoint: ", path, " is not a regular file",
+                                            S_ISDIR(info.st_mode) ? " (it is a directory)" : ""));
   }
   std::unique_ptr<RankFileReader> reader(new RankFileReader(fd, path, meta.moments, info.st_size));
   char magic[8] = {};

@@ -228,6 +228,13 @@ def check_zero_ckpt():
             "format 4", "step 6", "stage 3", "world 2", "adamw", "layer0.weight", "[24, 24]",
             "rank-1-of-2.bin", "every checksum matches")), "zero-ckpt inspect says what a checkpoint holds")
         check(run([tool, "verify", ckpt]).returncode == 0, "zero-ckpt verify: exit 0 on an intact checkpoint")
+        check(refused("zero-ckpt", ["consolidate", ckpt, "--out", os.path.join(ckpt, "latest")],
+                      "would replace", "latest")
+              and run([tool, "verify", ckpt]).returncode == 0,
+              "zero-ckpt consolidate --out SERIES/latest is refused and the series stays resumable")
+        check(refused("zero-ckpt", ["inspect", ckpt, "--world", "3"], "--world", "reshard")
+              and refused("zero-ckpt", ["verify", ckpt, "--out", "x"], "--out", "consolidate"),
+              "zero-ckpt refuses a flag of another command instead of ignoring it")
         damaged = os.path.join(root, "damaged")
         subprocess.run(["cp", "-r", latest(ckpt), damaged], check=True)
         victim = os.path.join(damaged, "rank-1-of-2.bin")
@@ -241,6 +248,11 @@ def check_zero_ckpt():
         os.remove(victim)
         check(refused("zero-ckpt", ["verify", damaged], "rank-1-of-2.bin", "missing"),
               "zero-ckpt verify: a missing rank file is a non-zero exit naming it")
+        os.mkfifo(victim)  # opened for reading, a FIFO waits for a writer that never comes
+        check(refused("zero-ckpt", ["verify", damaged], "rank-1-of-2.bin", "not a regular file")
+              and refused("zero-ckpt", ["inspect", damaged], "DAMAGED"),
+              "zero-ckpt verify and inspect: a rank file that is a FIFO is refused, not waited on")
+        os.remove(victim)
         series = os.path.join(root, "series")  # saved after steps 3 and 6
         train(["--steps", "6", "--save_every", "3"] + flags + ["--checkpoint_dir", series])
         mixed = os.path.join(root, "mixed")

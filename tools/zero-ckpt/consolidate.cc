@@ -35,12 +35,32 @@ Status OutputOutsideCheckpoint(const std::string& checkpoint_dir, const std::str
   return absl::OkStatus();
 }
 
+// `out` must not replace what a series root `dir` (a directory of step-N checkpoints, given in
+// place of one of them) needs: its `latest` file, its lock, or any checkpoint in it. A new file
+// beside them is fine.
+Status OutputOutsideSeries(const std::string& dir, const std::string& out) {
+  std::error_code error;
+  const std::filesystem::path root = std::filesystem::weakly_canonical(dir, error);
+  const std::filesystem::path output = std::filesystem::weakly_canonical(out, error);
+  if (error) return absl::OkStatus();
+  const auto mismatch = std::mismatch(root.begin(), root.end(), output.begin(), output.end());
+  if (mismatch.first != root.end() || mismatch.second == output.end()) return absl::OkStatus();
+  const std::string entry = mismatch.second->string();
+  if (entry != "latest" && entry != ".zerort-lock" && !std::filesystem::is_directory(root / entry, error)) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat("--out ", out, " would replace ", (root / entry).string(),
+                                                 ", which the checkpoint series ", dir,
+                                                 " needs to resume: choose another name or a path outside"));
+}
+
 Status Consolidate(const std::string& dir, const std::string& out, DType dtype) {
   if (dtype != DType::kFP32 && dtype != DType::kBF16) {
     return absl::InvalidArgumentError(absl::StrCat("--dtype ", DTypeName(dtype), ": consolidate writes fp32 or bf16"));
   }
   ZERO_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader, CheckpointReader::Open(dir));
   ZERO_RETURN_IF_ERROR(OutputOutsideCheckpoint(reader->dir(), out));
+  ZERO_RETURN_IF_ERROR(OutputOutsideSeries(dir, out));
   std::error_code error;
   if (std::filesystem::is_directory(out, error)) {
     return absl::InvalidArgumentError(absl::StrCat("--out ", out, " is a directory; name the file to write (e.g. ",

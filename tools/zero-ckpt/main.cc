@@ -6,6 +6,7 @@
 //   zero-ckpt reshard DIR --world N --out DIR2     # offline, for a job at N ranks
 //
 // DIR is a checkpoint directory, or a series root whose `latest` names one.
+#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -18,6 +19,30 @@
 ABSL_FLAG(std::string, out, "", "consolidate: the .safetensors file; reshard: the new checkpoint directory");
 ABSL_FLAG(std::string, dtype, "fp32", "consolidate: fp32 or bf16 (rounded to nearest even)");
 ABSL_FLAG(int, world, 0, "reshard: the rank count of the new checkpoint");
+
+namespace {
+
+// Each flag and the commands that read it; given to another command it would be ignored
+// silently, so that is refused.
+bool FlagsBelongTo(const std::string& command, int argc, char** argv) {
+  struct Owner {
+    const char* flag;
+    std::vector<std::string> commands;
+  };
+  const Owner owners[] = {{"out", {"consolidate", "reshard"}}, {"dtype", {"consolidate"}}, {"world", {"reshard"}}};
+  for (const Owner& owner : owners) {
+    if (!zero::tools::FlagGiven(argc, argv, owner.flag)) continue;
+    if (std::find(owner.commands.begin(), owner.commands.end(), command) != owner.commands.end()) continue;
+    std::string readers;
+    for (const std::string& reader : owner.commands) readers += (readers.empty() ? "" : " and ") + reader;
+    std::fprintf(stderr, "zero-ckpt %s: --%s is a flag of %s only; %s would ignore it\n", command.c_str(), owner.flag,
+                 readers.c_str(), command.c_str());
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
@@ -34,6 +59,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string command = positional[1], dir = positional[2], out = absl::GetFlag(FLAGS_out);
+  const bool known = command == "inspect" || command == "verify" || command == "consolidate" || command == "reshard";
+  if (known && !FlagsBelongTo(command, argc, argv)) return 2;
   zero::Status status;
   if (command == "inspect") {
     status = zero::tools::Inspect(dir);
