@@ -274,6 +274,10 @@ Status ReadObject(const Value& object, const std::map<std::string, Handler>& han
 template <typename T>
 Status ReadNumber(const Value& v, const Range& range, T* out) {
   const std::string quoted = v.Quoted();
+  if (v.json.is_string() && v.json.get<std::string>() == "auto") {
+    return KeyError(v.key, absl::StrCat("\"auto\" is filled in by Hugging Face's Trainer, which is not here; write "
+                                        "a number (allowed: ", range.allowed, ")"));
+  }
   if (!v.json.is_number()) return KeyError(v.key, absl::StrCat(quoted, " is not a number; allowed: ", range.allowed));
   const double value = v.json.get<double>();
   if (value == 0 && !LiteralIsZero(quoted)) {
@@ -562,6 +566,11 @@ StatusOr<Config> Config::FromJson(std::string_view text) {
       {"batch", section(batch)}};
   const std::string root;
   ZERO_RETURN_IF_ERROR(ReadObject(Value{json, root, literals}, top));
+  const auto section_of_scheduler = json.find("scheduler");
+  if (section_of_scheduler != json.end() && !section_of_scheduler->empty() && !section_of_scheduler->contains("type")) {
+    return KeyError("scheduler", "has no \"type\", so its params would do nothing; name one of WarmupLR, "
+                                 "WarmupDecayLR or WarmupCosineLR, or drop the section");
+  }
   // Without optimizer.weight_decay, the type's own default, as PyTorch's optimizers have it
   // (AdamW 0.01; Adam and SGD 0) and Lion's and LAMB's reference ones (0).
   const auto section_of_optimizer = json.find("optimizer");

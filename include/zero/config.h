@@ -238,7 +238,8 @@ struct Config {
 };
 
 /// `json` as ZeroRT's JSON: a DeepSpeed config translated (the translation FromJson makes),
-/// a ZeroRT config as it is; either checked as FromJson checks it ("" reads as "{}").
+/// a ZeroRT config as it is; either checked as FromJson checks it (empty text is refused, as
+/// there: "{}" gives the defaults).
 StatusOr<std::string> NormalizeConfigJson(std::string_view json);
 
 /// Checks one group's hyperparameters against the config's ranges; errors name the field as

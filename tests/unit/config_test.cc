@@ -117,7 +117,12 @@ INSTANTIATE_TEST_SUITE_P(
         Rejected{R"({"guard": {"replica_check_every": -1}})", "guard.replica_check_every", "-1"},
         // Wrong types quote the value too.
         Rejected{R"({"optimizer": {"lr": "fast"}})", "optimizer.lr", "\"fast\""},
-        Rejected{R"({"guard": {"consistency_check": 1}})", "guard.consistency_check", "1"}));
+        Rejected{R"({"guard": {"consistency_check": 1}})", "guard.consistency_check", "1"},
+        // Hugging Face's "auto" in ZeroRT's own keys says who fills it in.
+        Rejected{R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_max_lr": "auto"}}})",
+                 "scheduler.params.warmup_max_lr", "Hugging Face"},
+        // A schedule's params without its type would do nothing.
+        Rejected{R"({"scheduler": {"params": {"warmup_max_lr": 0.5}}})", "scheduler", "no \"type\""}));
 
 TEST(ConfigJson, TextThatIsNotJsonSaysWhere) {
   const StatusOr<Config> config = Config::FromJson("{\"stage\": 2,\n \"device\": cpu}");
