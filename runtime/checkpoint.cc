@@ -214,8 +214,8 @@ Status EngineImpl::SaveCheckpointAs(const std::string& target, int64_t series_se
     for (size_t p = 0; p < specs_.size(); ++p) {
       const ParamSpec& s = specs_[p];
       const bool saved = s.requires_grad || config_.checkpoint.save_frozen;
-      meta.params.push_back(
-          {s.name, s.shape, DTypeName(s.dtype), s.requires_grad, saved, plan_->params()[p].numel, param_steps_[p]});
+      meta.params.push_back({s.name, s.shape, DTypeName(s.dtype), s.requires_grad, saved, plan_->params()[p].numel,
+                             param_steps_[p], s.requires_grad ? s.group : -1});
     }
     meta.format = FormatFor(meta);
     written = CheckEveryRankFileIsHere(partial, meta);
@@ -356,6 +356,16 @@ StatusOr<std::vector<int>> EngineImpl::MatchCheckpointParams(const CheckpointMet
         "checkpoint has ", meta.groups.size(), " optimizer groups but this engine has ", num_groups(),
         ": register the params in the same groups (ParamSpec::group; model_parameters in "
         "zerort.torch) and the same optimizer.param_groups as the run that saved it"));
+  }
+  for (size_t c = 0; c < params.size(); ++c) {  // same count, same membership
+    const int p = registered[c];
+    if (p < 0 || params[c].group < 0 || params[c].group == specs_[p].group) continue;
+    return absl::InvalidArgumentError(absl::StrCat(
+        "checkpoint param ", c, " \"", params[c].name, "\" was in optimizer group ", params[c].group,
+        " when saved but ", ParamLabel(p), " is registered in group ", specs_[p].group,
+        ": the groups' hyperparameters (lr, weight_decay, ...) would go to other params. Register the params in "
+        "the same groups, listed in the same order (ParamSpec::group; model_parameters in zerort.torch), as the "
+        "run that saved it"));
   }
   if (meta.moments != optimizer_->state_count()) {
     return absl::InvalidArgumentError(absl::StrCat("checkpoint was written by optimizer \"", meta.optimizer,

@@ -113,6 +113,12 @@ Status ReadParams(const nlohmann::json& json, const std::string& path, Checkpoin
         return FieldError(path, field + ".saved", "false for a frozen param below format 5");
       }
     }
+    if (entry.contains("group")) {
+      ZERO_RETURN_IF_ERROR(Field(entry, "group", path, field + ".group", &param.group));
+      if (param.group < 0 || param.group > (1 << 20) || !param.requires_grad) {
+        return FieldError(path, field + ".group", "a group index from 0 to 2^20, of a trainable param");
+      }
+    }
     param.steps = meta->step;
     if (entry.contains("steps")) {
       ZERO_RETURN_IF_ERROR(Field(entry, "steps", path, field + ".steps", &param.steps));
@@ -373,6 +379,7 @@ StatusOr<std::string> CheckpointMetaJson(const CheckpointMeta& meta) {
   for (const CheckpointMeta::Param& p : meta.params) {
     json["params"].push_back({{"name", p.name}, {"shape", p.shape}, {"dtype", p.dtype},
                               {"requires_grad", p.requires_grad}, {"saved", p.saved}, {"steps", p.steps}});
+    if (p.group >= 0) json["params"].back()["group"] = p.group;
   }
   if (!meta.rank_files.empty()) {
     json["rank_files"] = nlohmann::json::array();

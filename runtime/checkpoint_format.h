@@ -59,6 +59,9 @@ struct CheckpointMeta {
     /// Optimizer steps that updated this param (bias correction); the checkpoint's step when
     /// the file has none.
     int64_t steps = 0;
+    /// A trainable param's optimizer group (ParamSpec::group); -1 for a frozen one and in files
+    /// written before it was recorded (then not checked at a load).
+    int group = -1;
   };
   int format = kCheckpointFormat;
   int world = 0;

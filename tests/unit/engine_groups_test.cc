@@ -327,6 +327,30 @@ TEST(EngineGroupsSchedule, ResumedAtAnotherWorldSizeFollowsTheUninterruptedRun) 
   EXPECT_FLOAT_EQ(resumed.back(), 0.05f);  // group 1's weight decay came back
 }
 
+// The same number of groups with other members (the no-decay group listed first this time):
+// the saved hyperparameters would go to other params, so the load is refused naming one.
+TEST(EngineGroupsSchedule, ACheckpointLoadedWithOtherGroupMembersIsRefused) {
+  const Config config = TwoGroupConfig(1);
+  const std::string dir = testing::ScratchDir("groups_members") + "/ckpt";
+  RunOnRanks(2, [&](int, comm::Communicator& comm) {
+    std::unique_ptr<Engine> saved = TwoParamEngine(config, comm);
+    ASSERT_NE(saved, nullptr);
+    ASSERT_THAT(saved->SaveCheckpoint(dir), IsOk());
+    auto swapped = Engine::Create(config, comm);
+    ASSERT_THAT(swapped, IsOk());
+    ASSERT_THAT((*swapped)->RegisterParam({"w", {kWeightNumel}, DType::kFP32, true, 1, 0}), IsOk());
+    ASSERT_THAT((*swapped)->RegisterParam({"b", {kBiasNumel}, DType::kFP32, true, 0, 1}), IsOk());
+    ASSERT_THAT((*swapped)->Finalize(), IsOk());
+    EXPECT_THAT((*swapped)->LoadCheckpoint(dir),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         ::testing::AllOf(::testing::HasSubstr("\"w\" was in optimizer group 0"),
+                                          ::testing::HasSubstr("registered in group 1"))));
+    std::unique_ptr<Engine> same = TwoParamEngine(config, comm);
+    ASSERT_NE(same, nullptr);
+    EXPECT_THAT(same->LoadCheckpoint(dir), IsOk());
+  });
+}
+
 TEST(EngineGroupsCalls, BadGroupsAndValuesAreRefusedNamingThem) {
   RunOnRanks(1, [&](int, comm::Communicator& comm) {
     auto created = Engine::Create(TwoGroupConfig(2), comm);
