@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 
 import pytest
 import torch
@@ -75,6 +76,34 @@ def test_engine_backward_with_four_micro_batches_matches_pytorch(stage, loss_sca
     want = sgd_reference()
     for got in run_ranks(world, body):
         assert_close(got, want)
+
+
+@pytest.mark.parametrize("scaled_by", [None, "backward", "scale"])
+def test_a_loss_left_unscaled_under_loss_scaling_is_named_once(scaled_by):
+    """With a loss scale, `loss.backward()` gives gradients the step divides by the scale
+    all the same (the params barely move): a warning says so, once; engine.backward(loss) and
+    engine.scale(loss).backward() scale it and say nothing."""
+    model = TinyLM()
+    comm = zerort.local_group(1)[0]
+    engine = zerort.torch.initialize(model, {
+        "stage": 2, "optimizer": SGD, "loss_scale": {"mode": "static", "initial_power": 4}}, comm)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for step in range(3):
+            loss = loss_of(model, *batch(step))
+            if scaled_by == "backward":
+                engine.backward(loss)
+            elif scaled_by == "scale":
+                engine.scale(loss).backward()
+            else:
+                loss.backward()
+            engine.step()
+    unscaled = [w for w in caught if "was not scaled" in str(w.message)]
+    assert len(unscaled) == (1 if scaled_by is None else 0)
+    if unscaled:
+        assert "engine.backward(loss)" in str(unscaled[0].message)
+    engine.close()
+    comm.close()
 
 
 def bf16_ulps(a, b):

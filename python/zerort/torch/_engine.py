@@ -38,7 +38,8 @@ class TorchEngine(DeepSpeedAPI, _checkpoint.CheckpointMethods, _gathered.Gathere
       gradient and returns 0.0; the norm of the last step is engine.get_global_grad_norm().
     - `engine.backward(loss)` multiplies the loss by the loss scale and divides it by
       gradient_accumulation_steps before backward; with `loss.backward()` do that yourself
-      (engine.scale(loss) applies the loss scale).
+      (engine.scale(loss) applies the loss scale; gradients that arrive under a loss scale
+      nobody read are warned of once).
     - `engine.lend_gradients` (default: True on a GPU): where the engine would only copy a
       gradient into its bucket (a rank alone; on several ranks a param that fills its
       bucket, whose reduction then reads it), the hook lends autograd's tensor to the engine
@@ -69,7 +70,11 @@ class TorchEngine(DeepSpeedAPI, _checkpoint.CheckpointMethods, _gathered.Gathere
         self.stage = _config.stage(self.config)
         self.gradient_accumulation_steps = AccumulationSteps(
             self.config.get("gradient_accumulation_steps", 1))
-        self.loss_scale = _config.initial_loss_scale(self.config)
+        self._loss_scale = _config.initial_loss_scale(self.config)
+        # Whether this micro-batch read the loss scale (engine.backward and engine.scale do):
+        # gradients of a loss nobody scaled are divided by it all the same (_end_micro_batch).
+        self._loss_scale_read = False
+        self._warned_unscaled = False
         self.global_steps = 0  # optimizer steps, skipped ones included (as DeepSpeed's)
         self._last_info = None
         self._step_applied = False  # was_step_applied(): the last step() stepped
@@ -501,6 +506,32 @@ class TorchEngine(DeepSpeedAPI, _checkpoint.CheckpointMethods, _gathered.Gathere
             return changed
         return failure
 
+    @property
+    def loss_scale(self):
+        """The current loss scale (1.0 without loss scaling): the loss is multiplied by it
+        before backward (engine.backward, engine.scale), and the step divides by it."""
+        self._loss_scale_read = True
+        return self._loss_scale
+
+    @loss_scale.setter
+    def loss_scale(self, value):
+        self._loss_scale = value
+
+    def _check_loss_was_scaled(self):
+        """Warns once when a micro-batch's gradients arrived under a loss scale that nobody
+        read: a `loss.backward()` with loss scaling on, whose gradients the step divides by the
+        scale all the same."""
+        read, self._loss_scale_read = self._loss_scale_read, False
+        if read or self._loss_scale == 1.0 or self._warned_unscaled:
+            return
+        self._warned_unscaled = True
+        warnings.warn(
+            f"zerort.torch: loss scaling is on (loss scale {self._loss_scale:g}) but this "
+            "micro-batch's loss was not scaled: its backward went neither through "
+            "engine.backward(loss) nor engine.scale(loss), and nothing read engine.loss_scale. "
+            "The step divides the gradients by the loss scale all the same, so the params barely "
+            "move. Call engine.backward(loss), or engine.scale(loss).backward().", stacklevel=4)
+
     def scale(self, loss):
         """`loss` times the current loss scale (1 unless loss_scale.mode is set)."""
         return loss * self.loss_scale
@@ -544,6 +575,8 @@ class TorchEngine(DeepSpeedAPI, _checkpoint.CheckpointMethods, _gathered.Gathere
         dropped, self._dropped_by_zero_grad = self._dropped_by_zero_grad, False
         self._flush_grads()  # gradients handed over outside a backward pass
         handed, self._handed_since_step_call = self._handed_since_step_call, False
+        if handed:
+            self._check_loss_was_scaled()
         arrived = self._in_micro_batch
         self._check_model("step()")
         for _, param in self._empty:
