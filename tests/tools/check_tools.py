@@ -445,6 +445,8 @@ def check_flags():
         check(result.returncode == 0 and "after the last step" in result.stderr and saved and step == "3",
               "--checkpoint_dir without --save_every says so and saves after the last step")
     check(refused("zero-mem", ["measure", "--layers", "0"], "--layers 0"), "zero-mem measure --layers 0 is refused")
+    check(refused("zero-mem", ["measure", "--layers", "1000000000", "--width", "1"], "--layers 1000000000", "10000"),
+          "zero-mem measure --layers 1e9 --width 1 is refused instead of running for hours")
     check(refused("zero-mem", ["estimate", "--params", "-5"], "--params -5"), "zero-mem estimate --params -5 is refused")
     check(refused("zero-mem", ["estimate", "--preset", "llama-7b", "--params", "1e9"], "both give"),
           "zero-mem estimate --preset with --params is refused (the preset won silently)")

@@ -51,7 +51,7 @@ ABSL_FLAG(double, frozen_fraction, 0,
           "sharded at stage 3), in [0, 1)");
 ABSL_FLAG(int, lora_rank, 0,
           "measure: > 0 freezes each layer's width² weight (sharded at stage 3) and trains a rank-R adapter beside it");
-ABSL_FLAG(int, layers, 8, "measure: square layers in the model (≥ 1; layers × width² ≤ 1e9)");
+ABSL_FLAG(int, layers, 8, "measure: square layers in the model (1 to 10000; layers × width² ≤ 1e9)");
 ABSL_FLAG(int, width, 512, "measure: layer width (≥ 1)");
 ABSL_FLAG(int, steps, 2, "measure: optimizer steps before reading the peaks (≥ 1)");
 ABSL_FLAG(bool, csv, false, "print CSV instead of a table");
@@ -63,6 +63,7 @@ namespace {
 constexpr int kMaxRanks = 1 << 20;           // estimate: a formula, any plausible rank count
 constexpr int kMaxMeasuredRanks = 1024;      // measure: in-process ranks are threads
 constexpr double kMaxMeasuredParams = 1e9;   // layers × width², on every in-process rank
+constexpr int kMaxMeasuredLayers = 10000;    // a measurement of seconds, not hours
 
 std::string Gb(double bytes) {
   const double gb = bytes / 1e9;
@@ -221,7 +222,10 @@ Status Estimate() {
 
 // measure's model flags.
 Status CheckModelFlags(const MeasureOptions& o) {
-  if (o.layers < 1) return absl::InvalidArgumentError(absl::StrCat("--layers ", o.layers, ": allowed: ≥ 1"));
+  if (o.layers < 1 || o.layers > kMaxMeasuredLayers) {
+    return absl::InvalidArgumentError(absl::StrCat("--layers ", o.layers, ": allowed: 1 to ", kMaxMeasuredLayers,
+                                                   " (each layer is a param and, at stage 3, a unit)"));
+  }
   if (o.width < 1) return absl::InvalidArgumentError(absl::StrCat("--width ", o.width, ": allowed: ≥ 1"));
   if (o.steps < 1) return absl::InvalidArgumentError(absl::StrCat("--steps ", o.steps, ": allowed: ≥ 1"));
   if (o.lora_rank < 0 || o.lora_rank > o.width) {
