@@ -1,0 +1,133 @@
+"""zerort.torch.deepspeed.initialize, deepspeed.initialize's signature and return value: a
+script's own torch optimizer and scheduler callable (as Hugging Face's Trainer passes them),
+the training data as this rank's loader, and the arguments it refuses, each named. The ranks
+are threads (zerort.local_group)."""
+import argparse
+import json
+
+import pytest
+import torch
+
+import zerort
+import zerort.torch
+from zerort.torch import deepspeed
+from test_torch_engine import BATCH, STEPS, TinyLM, assert_close, batch, loss_of, run_ranks
+
+DS_CONFIG = {"zero_optimization": {"stage": 2}, "gradient_clipping": 0.0,
+             "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1}
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    torch.set_num_threads(1)
+
+
+def hf_groups(model):
+    """Hugging Face's Trainer's groups: weight decay on weights, none on biases and norms."""
+    decay = [p for n, p in model.named_parameters()
+             if p.requires_grad and not n.endswith("bias") and "norm" not in n]
+    no_decay = [p for n, p in model.named_parameters()
+                if p.requires_grad and (n.endswith("bias") or "norm" in n)]
+    return [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+OPTIMIZERS = {
+    "adamw": lambda groups: torch.optim.AdamW(groups, lr=0.01, betas=(0.9, 0.99), eps=1e-7),
+    "adam": lambda groups: torch.optim.Adam(groups, lr=0.01),
+    "sgd": lambda groups: torch.optim.SGD(groups, lr=0.05, momentum=0.9, nesterov=True),
+}
+
+
+def warmup(optimizer):
+    """The scheduler callable a trainer passes: a linear warmup over 4 steps."""
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / 4))
+
+
+def reference(kind):
+    """Single-process PyTorch: the optimizer over Hugging Face's groups and the warmup."""
+    model = TinyLM()
+    optimizer = OPTIMIZERS[kind](hf_groups(model))
+    scheduler = warmup(optimizer)
+    for step in range(STEPS):
+        optimizer.zero_grad()
+        loss_of(model, *batch(step)).backward()
+        optimizer.step()
+        scheduler.step()
+    return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+
+
+@pytest.mark.parametrize("kind", sorted(OPTIMIZERS))
+@pytest.mark.parametrize("stage", [1, 3])
+def test_a_scripts_own_optimizer_and_scheduler_train_as_in_pytorch(kind, stage):
+    models = [TinyLM() for _ in range(2)]
+    config = dict(DS_CONFIG, zero_optimization={"stage": stage,
+                                                "stage3_param_persistence_threshold": 0})
+
+    def body(rank, comm):
+        model = models[rank]
+        client = OPTIMIZERS[kind](hf_groups(model))
+        engine, optimizer, loader, scheduler = deepspeed.initialize(
+            model=model, optimizer=client, lr_scheduler=warmup, config=config, comm=comm)
+        assert optimizer is engine.optimizer and loader is None
+        assert scheduler.optimizer is engine.optimizer
+        assert [g["weight_decay"] for g in optimizer.param_groups] == [0.1, 0.0]
+        mine = slice(rank * BATCH // 2, (rank + 1) * BATCH // 2)
+        for step in range(STEPS):
+            tokens, targets = batch(step)
+            engine.backward(loss_of(model, tokens[mine], targets[mine]))
+            engine.step()
+            scheduler.step()
+        engine.close()
+        return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+
+    want = reference(kind)
+    for got in run_ranks(2, body):
+        assert_close(got, want)
+
+
+def test_training_data_becomes_this_ranks_loader_and_the_config_may_come_from_args(tmp_path):
+    path = tmp_path / "ds_config.json"
+    path.write_text(json.dumps(dict(DS_CONFIG, optimizer={"type": "AdamW",
+                                                          "params": {"lr": 1e-3}})))
+    args = argparse.Namespace(deepspeed_config=str(path), local_rank=0)
+    dataset = torch.utils.data.TensorDataset(torch.arange(20.0))
+    models = [TinyLM() for _ in range(2)]
+
+    def body(rank, comm):
+        engine, _, loader, scheduler = deepspeed.initialize(
+            args=args, model=models[rank], model_parameters=models[rank].parameters(),
+            training_data=dataset, comm=comm)
+        assert scheduler is None
+        seen = [row for (rows,) in loader for row in rows.tolist()]
+        sizes = [len(rows) for (rows,) in loader]
+        engine.close()
+        return seen, sizes
+
+    (first, sizes0), (second, sizes1) = run_ranks(2, body)
+    assert sorted(first + second) == [float(i) for i in range(20)]
+    assert sizes0 == sizes1 == [4, 4, 2]
+
+
+@pytest.mark.parametrize("arguments,words", [
+    (lambda m: {"optimizer": torch.optim.AdamW(m.parameters()),
+                "config": dict(DS_CONFIG, optimizer={"type": "AdamW", "params": {"lr": 1e-3}})},
+     ["both", "optimizer"]),
+    (lambda m: {"lr_scheduler": warmup(torch.optim.SGD(m.parameters(), lr=0.1)),
+                "config": DS_CONFIG}, ["callable"]),
+    (lambda m: {"lr_scheduler": warmup, "config": dict(DS_CONFIG, scheduler={
+        "type": "WarmupLR", "params": {"warmup_num_steps": 2}})}, ["both", "scheduler"]),
+    (lambda m: {"config": DS_CONFIG, "config_params": DS_CONFIG}, ["twice", "config_params"]),
+    (lambda m: {}, ["no config"]),
+    (lambda m: {"optimizer": torch.optim.AdamW(m.parameters(), amsgrad=True),
+                "config": DS_CONFIG}, ["amsgrad"]),
+    (lambda m: {"optimizer": torch.optim.RMSprop(m.parameters()), "config": DS_CONFIG},
+     ["RMSprop", "AdamW, Adam and SGD"]),
+    (lambda m: {"mpu": object(), "config": DS_CONFIG}, ["mpu"]),
+])
+def test_what_it_cannot_do_is_named(arguments, words):
+    model = TinyLM()
+    comm = zerort.local_group(1)[0]
+    with pytest.raises(zerort.ZeroError) as raised:
+        deepspeed.initialize(model=model, comm=comm, **arguments(model))
+    assert all(word in str(raised.value) for word in words), str(raised.value)
+    comm.close()

@@ -1,0 +1,168 @@
+"""deepspeed.initialize's signature and return value over ZeroRT, so that a DeepSpeed training
+script switches by its import:
+
+    from zerort.torch import deepspeed          # was: import deepspeed
+    engine, optimizer, loader, scheduler = deepspeed.initialize(
+        args=args, model=model, model_parameters=params, training_data=dataset,
+        config="ds_config.json")
+
+What DeepSpeed takes, ZeroRT takes the same way:
+- the config from `config`, `config_params` or `args.deepspeed_config` (one of them);
+- `optimizer`: None (the config's), a torch.optim.AdamW, Adam or SGD the script built (its
+  type, param groups and their hyperparameters become the engine's: Hugging Face's Trainer
+  passes its own when the config has no optimizer), or a callable that builds one from the
+  params; the returned optimizer is always the engine's (engine.optimizer);
+- `lr_scheduler`: None (the config's, if any), or a callable that builds one from the
+  engine's optimizer (Hugging Face's Trainer passes one); a scheduler built on another
+  optimizer cannot drive the engine's and is refused, naming the way;
+- `training_data`: a torch Dataset, returned as a DataLoader of the config's
+  train_micro_batch_size_per_gpu over this rank's share (a DistributedSampler, as DeepSpeed's
+  loader), with `collate_fn`;
+- `dist_init_required` is accepted and has nothing to do: ZeroRT's ranks need no
+  torch.distributed (under mpirun each process is its MPI rank). `mpu` (model parallelism) is
+  not supported.
+`comm`, which DeepSpeed has not, picks the ranks as in zerort.torch.initialize (None: this
+process's MPI rank).
+"""
+import torch
+
+from .. import core, errors
+from ._engine import TorchEngine
+
+# The client optimizers ZeroRT steps itself: the class, ZeroRT's type, DeepSpeed's type with
+# the params that make it that optimizer, and the group keys that carry over.
+_ADAM_KEYS = ("lr", "betas", "eps", "weight_decay")
+_SGD_KEYS = ("lr", "momentum", "dampening", "weight_decay", "nesterov")
+_CLIENT_OPTIMIZERS = (  # AdamW first: newer PyTorch makes it a subclass of Adam
+    (torch.optim.AdamW, "adamw", "AdamW", {}, _ADAM_KEYS),
+    (torch.optim.Adam, "adam", "Adam", {"adam_w_mode": False}, _ADAM_KEYS),
+    (torch.optim.SGD, "sgd", "SGD", {}, _SGD_KEYS),
+)
+# Top-level keys only ZeroRT's own config has: such a config takes ZeroRT's optimizer section.
+_ZERORT_ONLY_KEYS = ("stage", "precision", "buckets", "stage3", "clip_grad_norm",
+                     "sync_grad_norm", "loss_scale", "batch")
+
+
+def initialize(args=None, model=None, optimizer=None, model_parameters=None,
+               training_data=None, lr_scheduler=None, mpu=None, dist_init_required=None,
+               collate_fn=None, config=None, config_params=None, comm=None):
+    """(engine, engine.optimizer, a DataLoader of `training_data` or None, the lr scheduler or
+    None), as deepspeed.initialize returns them; see the module's comment for each argument.
+    """
+    del dist_init_required  # nothing to initialize: see the module's comment
+    if model is None:
+        raise errors.InvalidArgumentError("zerort.torch.deepspeed.initialize: model is required")
+    if mpu is not None:
+        raise errors.UnimplementedError(
+            "zerort.torch.deepspeed.initialize: mpu (model parallelism) is not supported: "
+            "ZeroRT's ranks are data-parallel only", errors.UnimplementedError.status)
+    raw = core.config_dict(_one_config(args, config, config_params))
+    if not isinstance(raw, dict):
+        raise errors.InvalidArgumentError(
+            f"zerort.torch: the config must be a JSON object, not {type(raw).__name__}")
+    if optimizer is not None:
+        if "optimizer" in raw:
+            raise errors.InvalidArgumentError(
+                "zerort.torch.deepspeed.initialize: both the config's \"optimizer\" and an "
+                "optimizer argument were given; keep one of them")
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            params = (model_parameters if model_parameters is not None
+                      else [p for p in model.parameters() if p.requires_grad])
+            optimizer = optimizer(params)
+        raw, model_parameters = _with_client_optimizer(raw, optimizer)
+    if lr_scheduler is not None:
+        if "scheduler" in raw:
+            raise errors.InvalidArgumentError(
+                "zerort.torch.deepspeed.initialize: both the config's \"scheduler\" and an "
+                "lr_scheduler argument were given; keep one of them")
+        if not callable(lr_scheduler):
+            raise errors.InvalidArgumentError(
+                "zerort.torch.deepspeed.initialize: lr_scheduler is a scheduler built on "
+                "another optimizer than the engine's, which it could not drive: pass a "
+                "callable that builds it from an optimizer (lambda optimizer: "
+                "LambdaLR(optimizer, ...)), or build it on the returned optimizer")
+    if comm is None:
+        comm = core.mpi_communicator()
+    engine = TorchEngine(model, raw, comm, model_parameters=model_parameters)
+    scheduler = engine.lr_scheduler
+    if lr_scheduler is not None:
+        scheduler = lr_scheduler(engine.optimizer)
+    loader = None
+    if training_data is not None:
+        loader = _data_loader(engine, training_data, collate_fn, raw)
+    return engine, engine.optimizer, loader, scheduler
+
+
+def _one_config(args, config, config_params):
+    """The config given once, by `config`, `config_params` or `args.deepspeed_config`."""
+    from_args = getattr(args, "deepspeed_config", None) if args is not None else None
+    given = [(name, value) for name, value in (("config", config),
+                                                ("config_params", config_params),
+                                                ("args.deepspeed_config", from_args))
+             if value is not None]
+    if not given:
+        raise errors.InvalidArgumentError(
+            "zerort.torch.deepspeed.initialize: no config: pass config= (a dict, JSON text or "
+            "a .json path), config_params=, or args with deepspeed_config")
+    if len(given) > 1:
+        raise errors.InvalidArgumentError(
+            "zerort.torch.deepspeed.initialize: the config is given twice ("
+            + " and ".join(name for name, _ in given) + "); keep one")
+    return given[0][1]
+
+
+def _with_client_optimizer(raw, optimizer):
+    """(`raw` with an optimizer section for the torch optimizer `optimizer`, its param
+    groups as model_parameters)."""
+    for cls, zerort_type, deepspeed_type, extra, keys in _CLIENT_OPTIMIZERS:
+        if isinstance(optimizer, cls):
+            break
+    else:
+        raise errors.UnimplementedError(
+            f"zerort.torch.deepspeed.initialize: the optimizer argument is a "
+            f"{type(optimizer).__name__}; ZeroRT steps torch.optim.AdamW, Adam and SGD itself "
+            "(or name one of its optimizers in the config's \"optimizer\": AdamW, Adam, SGD, "
+            "Lion, Lamb)", errors.UnimplementedError.status)
+    groups = []
+    for index, group in enumerate(optimizer.param_groups):
+        for option in ("amsgrad", "maximize"):
+            if group.get(option):
+                raise errors.UnimplementedError(
+                    f"zerort.torch.deepspeed.initialize: the {type(optimizer).__name__}'s group "
+                    f"{index} sets {option}=True, which ZeroRT's {zerort_type} does not do",
+                    errors.UnimplementedError.status)
+        if group.get("decoupled_weight_decay"):  # Adam(decoupled_weight_decay=True) is AdamW
+            zerort_type, deepspeed_type, extra = "adamw", "AdamW", {}
+        if group["params"]:  # as DeepSpeed, empty groups are dropped
+            groups.append(dict({key: _plain(group[key]) for key in keys if key in group},
+                               params=group["params"]))
+    hyper = {key: value for key, value in groups[0].items() if key != "params"} if groups else {}
+    if any(key in raw for key in _ZERORT_ONLY_KEYS):
+        section = dict(hyper, type=zerort_type)
+    else:
+        section = {"type": deepspeed_type, "params": dict(hyper, **extra)}
+    return dict(raw, optimizer=section), groups
+
+
+def _plain(value):
+    """A group value as JSON holds it (a tensor lr as its number, betas as a list)."""
+    if isinstance(value, torch.Tensor):
+        return value.item()
+    if isinstance(value, tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _data_loader(engine, dataset, collate_fn, raw):
+    """DeepSpeed's loader: this rank's share of `dataset` (a DistributedSampler over the
+    engine's ranks) in batches of train_micro_batch_size_per_gpu."""
+    micro = engine.train_micro_batch_size_per_gpu()
+    if not micro:
+        raise errors.InvalidArgumentError(
+            "zerort.torch.deepspeed.initialize: training_data needs the batch size: set "
+            "train_micro_batch_size_per_gpu (or train_batch_size) in the config")
+    sampler = torch.utils.data.distributed.DistributedSampler(
+        dataset, num_replicas=engine.world_size, rank=engine.rank)
+    return torch.utils.data.DataLoader(dataset, batch_size=micro, sampler=sampler,
+                                       collate_fn=collate_fn,
+                                       drop_last=bool(raw.get("dataloader_drop_last", False)))
