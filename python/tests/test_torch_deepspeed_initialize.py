@@ -131,3 +131,23 @@ def test_what_it_cannot_do_is_named(arguments, words):
         deepspeed.initialize(model=model, comm=comm, **arguments(model))
     assert all(word in str(raised.value) for word in words), str(raised.value)
     comm.close()
+
+
+def test_a_groups_own_keys_stay_in_the_optimizers_groups():
+    """A group's "name" or timm's "lr_scale" is the trainer's, kept as PyTorch keeps it; an
+    option that would change the step (amsgrad) is named instead of dropped."""
+    model = TinyLM()
+    comm = zerort.local_group(1)[0]
+    groups = hf_groups(model)
+    groups[0]["name"], groups[1]["lr_scale"] = "decay", 0.5
+    engine = zerort.torch.initialize(model, DS_CONFIG, comm, model_parameters=groups)
+    kept = engine.optimizer.param_groups
+    assert kept[0]["name"] == "decay" and kept[1]["lr_scale"] == 0.5
+    assert [g["weight_decay"] for g in kept] == [0.1, 0.0]
+    engine.close()
+    other = TinyLM()
+    with pytest.raises(zerort.UnimplementedError) as raised:
+        zerort.torch.initialize(other, DS_CONFIG, comm, model_parameters=[
+            {"params": [p for p in other.parameters() if p.requires_grad], "amsgrad": True}])
+    assert "amsgrad" in str(raised.value)
+    comm.close()

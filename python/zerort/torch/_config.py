@@ -101,9 +101,10 @@ class ParamGroups:
     `group_of`: {param: group index} (empty: every param in group 0); `overrides`: one dict
     per group in the config's param_groups format, or None when no groups were given."""
 
-    def __init__(self, group_of=None, overrides=None):
+    def __init__(self, group_of=None, overrides=None, extras=None):
         self.group_of = group_of or {}
         self.overrides = overrides
+        self.extras = extras or []  # per group: the trainer's own keys (group_extras)
 
     def group(self, param):
         """The group index of a trainable param."""
@@ -120,15 +121,30 @@ def _as_float(value, what):
             f"zerort.torch: {what} must be a number, not {value!r}") from None
 
 
+# PyTorch's optimizer options that pick an implementation, or are off (group_extras checks those).
+TORCH_OPTIONS = ("amsgrad", "maximize", "foreach", "fused", "capturable", "differentiable",
+                  "decoupled_weight_decay")
+
+
+def group_extras(group, index):
+    """The keys of param group `group` (PyTorch's format) that are no hyperparameter of
+    ZeroRT's: the trainer's own (a group's "name", timm's "lr_scale"), kept in
+    engine.optimizer.param_groups as PyTorch keeps them. PyTorch's options that would change
+    the step (amsgrad, maximize, decoupled_weight_decay) are an UnimplementedError naming them; those that only pick
+    PyTorch's implementation (foreach, fused, ...) are dropped."""
+    for option in ("amsgrad", "maximize", "decoupled_weight_decay"):
+        if group.get(option):
+            raise errors.UnimplementedError(
+                f"zerort.torch: model_parameters group {index} sets {option}=True, which "
+                "ZeroRT's optimizers do not take per group (the config's optimizer.type picks "
+                "adam or adamw)", errors.UnimplementedError.status)
+    return {key: value for key, value in group.items()
+            if key not in GROUP_KEYS and key not in TORCH_OPTIONS and key != "params"}
+
+
 def group_overrides(group, index):
     """Param group `group` (PyTorch's format) as the config's optimizer.param_groups[index]
-    entry; an unknown key is an InvalidArgumentError naming it."""
-    unknown = sorted(set(group) - set(GROUP_KEYS) - {"params"})
-    if unknown:
-        raise errors.InvalidArgumentError(
-            f"zerort.torch: model_parameters group {index} has keys ZeroRT does not know: "
-            f"{', '.join(unknown)} (a group may set {', '.join(GROUP_KEYS)}; the optimizer "
-            "itself is the config's \"optimizer\")")
+    entry (its hyperparameters: group_extras has the rest)."""
     overrides = {}
     for key in GROUP_KEYS:
         if key not in group:
@@ -186,12 +202,13 @@ def resolve_param_groups(module, model_parameters):
     names = {}
     for name, param in module.named_parameters():
         names.setdefault(param, name)
-    group_of, overrides = {}, []
+    group_of, overrides, extras = {}, [], []
     for index, group in enumerate(groups):
         if "params" not in group:
             raise errors.InvalidArgumentError(
                 f"zerort.torch: model_parameters group {index} has no \"params\"")
         overrides.append(group_overrides(group, index))
+        extras.append(group_extras(group, index))
         params = group["params"]
         try:
             params = [params] if isinstance(params, torch.Tensor) else list(params)
@@ -224,7 +241,7 @@ def resolve_param_groups(module, model_parameters):
             "zerort.torch: trainable params in no group of model_parameters: "
             f"{', '.join(missing)}; add each to a group, or set requires_grad=False on it "
             "(frozen params are never stepped)")
-    return ParamGroups(group_of, overrides)
+    return ParamGroups(group_of, overrides, extras)
 
 
 def with_param_groups(config, overrides):

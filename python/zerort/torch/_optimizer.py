@@ -129,7 +129,8 @@ class ZeroOptimizer(torch.optim.Optimizer):
             values = {k: _prefer_exact(v, given.get(k)) for k, v in values.items()}
             params = [p for _, p, _ in engine._params if param_groups.group(p) == group]
             params += [p for _, p in engine._empty if param_groups.group(p) == group]
-            groups.append(dict(values, params=params))
+            extras = param_groups.extras[group] if group < len(param_groups.extras) else {}
+            groups.append(dict(extras, **values, params=params))
         defaults = _torch_values(self._known[0], self._keys) if count else {}
         defaults = {k: _prefer_exact(v, optimizer.get(k)) for k, v in defaults.items()}
         self._adding_allowed = True

@@ -27,6 +27,7 @@ process's MPI rank).
 import torch
 
 from .. import core, errors
+from ._config import TORCH_OPTIONS
 from ._engine import TorchEngine
 
 # The client optimizers ZeroRT steps itself: the class, ZeroRT's type, DeepSpeed's type with
@@ -133,10 +134,11 @@ def _with_client_optimizer(raw, optimizer):
                     errors.UnimplementedError.status)
         if group.get("decoupled_weight_decay"):  # Adam(decoupled_weight_decay=True) is AdamW
             zerort_type, deepspeed_type, extra = "adamw", "AdamW", {}
-        if group["params"]:  # as DeepSpeed, empty groups are dropped
-            groups.append(dict({key: _plain(group[key]) for key in keys if key in group},
-                               params=group["params"]))
-    hyper = {key: value for key, value in groups[0].items() if key != "params"} if groups else {}
+        if group["params"]:  # as DeepSpeed, empty groups are dropped; the trainer's own
+            # keys ("name") stay in the engine's param_groups
+            groups.append({key: value if key == "params" else _plain(value)
+                           for key, value in group.items() if key not in TORCH_OPTIONS})
+    hyper = {key: groups[0][key] for key in keys if key in groups[0]} if groups else {}
     if any(key in raw for key in _ZERORT_ONLY_KEYS):
         section = dict(hyper, type=zerort_type)
     else:
