@@ -335,6 +335,7 @@ const Table& TopLevel() {
       {"memory_breakdown", Ignored("ZeroRT reports its memory in MemoryStats(), per category")},
       {"sparse_gradients", Ignored("it sends embedding gradients sparse; ZeroRT reduces them dense, as it would")},
       {"dump_state", Ignored("it prints DeepSpeed's engine state")},
+      {"dataloader_drop_last", Ignored("the training data's loader reads it (zerort.torch.deepspeed.initialize)")},
       {"tensorboard", Ignored(monitor)}, {"wandb", Ignored(monitor)}, {"csv_monitor", Ignored(monitor)},
       {"comet", Ignored(monitor)}, {"comms_logger", Ignored(monitor)},
       {"flops_profiler", Ignored("ZeroRT does not run the model")},

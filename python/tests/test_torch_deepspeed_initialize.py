@@ -85,10 +85,12 @@ def test_a_scripts_own_optimizer_and_scheduler_train_as_in_pytorch(kind, stage):
         assert_close(got, want)
 
 
-def test_training_data_becomes_this_ranks_loader_and_the_config_may_come_from_args(tmp_path):
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_training_data_becomes_this_ranks_loader_and_the_config_may_come_from_args(
+        tmp_path, drop_last):
     path = tmp_path / "ds_config.json"
-    path.write_text(json.dumps(dict(DS_CONFIG, optimizer={"type": "AdamW",
-                                                          "params": {"lr": 1e-3}})))
+    path.write_text(json.dumps(dict(DS_CONFIG, dataloader_drop_last=drop_last,
+                                    optimizer={"type": "AdamW", "params": {"lr": 1e-3}})))
     args = argparse.Namespace(deepspeed_config=str(path), local_rank=0)
     dataset = torch.utils.data.TensorDataset(torch.arange(20.0))
     models = [TinyLM() for _ in range(2)]
@@ -104,8 +106,10 @@ def test_training_data_becomes_this_ranks_loader_and_the_config_may_come_from_ar
         return seen, sizes
 
     (first, sizes0), (second, sizes1) = run_ranks(2, body)
-    assert sorted(first + second) == [float(i) for i in range(20)]
-    assert sizes0 == sizes1 == [4, 4, 2]
+    assert not set(first) & set(second)  # each rank its own share
+    assert sizes0 == sizes1 == ([4, 4] if drop_last else [4, 4, 2])
+    if not drop_last:
+        assert sorted(first + second) == [float(i) for i in range(20)]
 
 
 @pytest.mark.parametrize("arguments,words", [
