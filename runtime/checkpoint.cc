@@ -448,6 +448,7 @@ Status EngineImpl::LoadCheckpoint(const std::string& target) {
   ZERO_RETURN_IF_ERROR(RequireHealthyGroup("LoadCheckpoint"));
   ZERO_RETURN_IF_ERROR(RequirePhase(Phase::kIdle, "LoadCheckpoint"));
   if (micro_batch_ != 0) return absl::FailedPreconditionError("LoadCheckpoint: micro-batches are pending");
+  if (target.empty()) return absl::InvalidArgumentError("LoadCheckpoint: the directory is \"\"; name one");
   // Every rank reads its part; nothing changes unless every rank succeeded.
   StatusOr<CheckpointShard> shard;
   StatusOr<CheckpointMeta> meta;

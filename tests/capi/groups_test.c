@@ -119,6 +119,9 @@ int main(void) {
   CHECK(strstr(zero_last_error(), "root 1") != NULL, "message: %s", zero_last_error());
   CHECK_OK(zero_comm_broadcast_bytes(comm, bytes, 4, 0, 10.0));
   CHECK(bytes[0] == 1 && bytes[3] == 4, "a broadcast from the one rank changed its bytes");
+  /* An empty checkpoint directory is named as such, on a load as on a save. */
+  CHECK(zero_load_checkpoint(engine, "") == ZERO_INVALID_ARGUMENT, "a load from \"\" accepted");
+  CHECK(strstr(zero_last_error(), "name one") != NULL, "message: %s", zero_last_error());
   /* User data a checkpoint's meta.json cannot hold is refused where it is given. */
   CHECK(zero_set_checkpoint_user_data(engine, "epoch \xff") == ZERO_INVALID_ARGUMENT, "binary user data accepted");
   CHECK(strstr(zero_last_error(), "UTF-8") != NULL, "message: %s", zero_last_error());

@@ -485,6 +485,10 @@ def check_resume_edges():
               "a config's train_micro_batch_size_per_gpu sets the batch per rank")
         check(refused("zero-train", ["--ranks", "2", "--config", batch, "--batch", "16"], "--batch 16",
                       "disagrees"), "--batch against a config's micro-batch is refused")
+        diverged = run([os.path.join(BIN, "zero-train"), "--json", "--ranks", "1", "--steps", "5",
+                        "--optimizer", "sgd", "--lr", "1e6"])
+        check(diverged.returncode == 0 and "diverged" in diverged.stderr,
+              "a run whose loss is no longer finite says so on stderr (JSON writes inf and nan as null)")
         warmup = os.path.join(scratch, "warmup.json")
         with open(warmup, "w") as f:
             f.write('{"optimizer": {"lr": 0.01}, "scheduler": {"type": "WarmupLR", '

@@ -41,6 +41,11 @@ Report::Report(int steps, bool json)
     : steps_(steps), json_(json), terminal_(isatty(STDERR_FILENO) == 1) {}
 
 void Report::Step(int step, double loss, const StepInfo& info, float lr, const RankMemory& memory) {
+  if (!std::isfinite(loss) && !said_diverged_) {  // JSON writes inf and nan alike as null
+    said_diverged_ = true;
+    std::fprintf(stderr, "zero-train: the loss is %s at step %d: the run diverged (a lower --lr, --clip, or "
+                 "--precision fp32 keeps it finite)\n", std::isnan(loss) ? "nan" : "inf", step + 1);
+  }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
   const double rate = (step + 1) / seconds;
   if (json_) {

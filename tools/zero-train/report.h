@@ -34,6 +34,7 @@ class Report {
   const int steps_;
   const bool json_, terminal_;
   const std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+  bool said_diverged_ = false;  // a non-finite loss is said once, on stderr
 };
 
 }  // namespace zero::tools
