@@ -45,18 +45,26 @@ zero_status NullArgument(const char* call, const char* what) {
 
 // No exception leaves the C ABI (it would end the caller's process): an allocation that fails
 // is ZERO_RESOURCE_EXHAUSTED, anything else thrown ZERO_INTERNAL, both with a message.
+// The message itself allocates: when that fails too, the status stands with an empty message.
 zero_status ReportCurrentException(const char* call) {
+  zero_status code = ZERO_INTERNAL;
   try {
-    throw;
-  } catch (const std::bad_alloc&) {
-    return Report(absl::ResourceExhaustedError(
-        absl::StrCat(call, ": out of host memory (an allocation inside this call failed): free memory or ask "
-                     "for less")));
-  } catch (const std::exception& error) {
-    return Report(absl::InternalError(absl::StrCat(call, ": ", error.what())));
+    try {
+      throw;
+    } catch (const std::bad_alloc&) {
+      code = ZERO_RESOURCE_EXHAUSTED;
+      last_error.clear();
+      last_error = absl::StrCat(call, ": out of host memory (an allocation inside this call failed): free memory "
+                                "or ask for less");
+    } catch (const std::exception& error) {
+      last_error = absl::StrCat(call, ": ", error.what());
+    } catch (...) {
+      last_error = absl::StrCat(call, ": an unknown exception");
+    }
   } catch (...) {
-    return Report(absl::InternalError(absl::StrCat(call, ": an unknown exception")));
+    last_error.clear();
   }
+  return code;
 }
 
 // Ends a C ABI function written as a function-try-block: `zero_status f(...) try { ... }`.
@@ -375,9 +383,13 @@ zero_status zero_load_checkpoint(zero_engine* engine, const char* dir) try {
   return Report(engine->engine->LoadCheckpoint(dir));
 } ZERO_C_CATCH("zero_load_checkpoint")
 
-zero_status zero_abort_mpi_job(int exit_code) { return Report(zero::comm::AbortMpiJob(exit_code)); }
+zero_status zero_abort_mpi_job(int exit_code) try {
+  return Report(zero::comm::AbortMpiJob(exit_code));
+} ZERO_C_CATCH("zero_abort_mpi_job")
 
-zero_status zero_install_preemption_handler(void) { return Report(zero::InstallPreemptionHandler()); }
+zero_status zero_install_preemption_handler(void) try {
+  return Report(zero::InstallPreemptionHandler());
+} ZERO_C_CATCH("zero_install_preemption_handler")
 
 zero_status zero_preemption_requested(zero_engine* engine, int* requested) try {
   ZERO_C_REQUIRE(engine, "zero_preemption_requested");
@@ -385,7 +397,7 @@ zero_status zero_preemption_requested(zero_engine* engine, int* requested) try {
   zero::StatusOr<bool> answer = engine->engine->PreemptionRequested();
   if (answer.ok()) *requested = *answer ? 1 : 0;
   return Report(answer.status());
-} ZERO_C_CATCH("zero_abort_mpi_job")
+} ZERO_C_CATCH("zero_preemption_requested")
 
 zero_status zero_set_checkpoint_user_data(zero_engine* engine, const char* data) try {
   ZERO_C_REQUIRE(engine, "zero_set_checkpoint_user_data");

@@ -123,10 +123,10 @@ Status VerifyChecksum(const std::string& path) {
     ::close(fd);
     return SystemError("stat", path);
   }
-  if (!S_ISREG(info.st_mode)) {
+  if (!S_ISREG(info.st_mode)) {  // a rank file: the checkpoint is damaged, as RankFileReader says
     ::close(fd);
-    return absl::InvalidArgumentError(absl::StrCat("checkpoint: ", path, " is not a regular file",
-                                                   S_ISDIR(info.st_mode) ? " (it is a directory)" : ""));
+    return absl::DataLossError(absl::StrCat("checkpoint: ", path, " is not a regular file",
+                                            S_ISDIR(info.st_mode) ? " (it is a directory)" : ""));
   }
   const auto size = static_cast<uint64_t>(info.st_size);
   if (size < kChecksumBytes) {

@@ -34,6 +34,7 @@ StatusOr<std::vector<int>> EngineImpl::ParamsDifferingFromRank0(std::vector<int>
 Status EngineImpl::SyncReplicas() {
   ZERO_RETURN_IF_ERROR(RequireHealthyGroup("SyncReplicas"));
   ZERO_RETURN_IF_ERROR(RequirePhase(Phase::kIdle, "SyncReplicas"));
+  if (micro_batch_ != 0) return absl::FailedPreconditionError("SyncReplicas: micro-batches of a step are pending");
   replicas_synced_ = false;
   ZERO_RETURN_IF_ERROR(SyncReplicasOnce());
   // With replicas, the first iteration compares them again (writes into the views since).

@@ -235,7 +235,7 @@ class Engine {
   /// compares them again, so values written into the ParamData views before it still count.
   /// For a trainer that may compute with the params before its first BeginIteration (PyTorch:
   /// a forward through another method than the model's own). kFailedPrecondition inside an
-  /// iteration or before Finalize.
+  /// iteration, between the micro-batches of one step, or before Finalize.
   virtual Status SyncReplicas() = 0;
   /// Starts a micro-batch.
   virtual Status BeginIteration() = 0;

@@ -69,14 +69,13 @@ def test_a_scripts_own_optimizer_and_scheduler_train_as_in_pytorch(kind, stage):
         engine, optimizer, loader, scheduler = deepspeed.initialize(
             model=model, optimizer=client, lr_scheduler=warmup, config=config, comm=comm)
         assert optimizer is engine.optimizer and loader is None
-        assert scheduler.optimizer is engine.optimizer
+        assert scheduler is engine.lr_scheduler and scheduler.optimizer is engine.optimizer
         assert [g["weight_decay"] for g in optimizer.param_groups] == [0.1, 0.0]
         mine = slice(rank * BATCH // 2, (rank + 1) * BATCH // 2)
         for step in range(STEPS):
             tokens, targets = batch(step)
             engine.backward(loss_of(model, tokens[mine], targets[mine]))
-            engine.step()
-            scheduler.step()
+            engine.step()  # steps the scheduler too, as DeepSpeed's engine
         engine.close()
         return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
 
@@ -154,4 +153,31 @@ def test_a_groups_own_keys_stay_in_the_optimizers_groups():
         zerort.torch.initialize(other, DS_CONFIG, comm, model_parameters=[
             {"params": [p for p in other.parameters() if p.requires_grad], "amsgrad": True}])
     assert "amsgrad" in str(raised.value)
+    comm.close()
+
+
+def test_the_engine_steps_the_scheduler_and_checkpoints_carry_it(tmp_path):
+    """As DeepSpeed's engine: step() steps the scheduler the script handed over, and a
+    checkpoint saves and loads its position."""
+    comm = zerort.local_group(1)[0]
+
+    def build():
+        model = TinyLM()
+        return deepspeed.initialize(model=model, optimizer=OPTIMIZERS["adamw"](hf_groups(model)),
+                                    lr_scheduler=warmup, config=DS_CONFIG, comm=comm)
+
+    engine, optimizer, _, scheduler = build()
+    for step in range(3):
+        engine.backward(loss_of(engine.module, *batch(step)))
+        engine.step()
+    assert scheduler.last_epoch == 3
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.01)  # warmed up: factor 1
+    engine.save_checkpoint(str(tmp_path))
+    engine.close()
+    resumed, resumed_optimizer, _, resumed_scheduler = build()
+    assert resumed_scheduler.last_epoch == 0
+    resumed.load_checkpoint(str(tmp_path))
+    assert resumed_scheduler.last_epoch == 3
+    assert resumed_optimizer.param_groups[0]["lr"] == pytest.approx(0.01)
+    resumed.close()
     comm.close()

@@ -433,6 +433,29 @@ def test_rank0_frozen_weights_and_buffers_reach_every_rank(stage):
         assert_close(trained, reference())
 
 
+def test_verify_compares_at_the_first_iteration_after_every_rank_loaded_the_same_values():
+    """guard.init_params "verify": ranks built with different values that all load the same
+    ones after initialize() train; the comparison waits for the first iteration."""
+    models = [TinyLM() for _ in range(2)]
+    with torch.no_grad():
+        for param in models[1].parameters():
+            param.add_(0.1)
+    same = TinyLM().state_dict()
+
+    def body(rank, comm):
+        model = models[rank]
+        engine = zerort.torch.initialize(model, {
+            "stage": 1, "optimizer": OPTIMIZER,
+            "guard": {"init_params": "verify", "timeout_s": 30}}, comm)
+        model.load_state_dict(same)
+        loss_of(model, *batch(0)).backward()
+        info = engine.step()
+        engine.close()
+        return info["step"]
+
+    assert run_ranks(2, body) == [1, 1]
+
+
 def test_stage3_refuses_different_initial_values():
     with pytest.raises(zerort.InvalidArgumentError) as raised:
         train_sharded(3, perturb=True)

@@ -662,11 +662,17 @@ def test_param_in_two_groups_is_named():
     assert "head.bias" in message and "groups 0 and 1" in message
 
 
-def test_unknown_group_key_is_named():
-    message = model_parameters_error(lambda m: [
-        {"params": [p for p in m.parameters() if p.requires_grad], "amsgrad": True,
-         "foreach": False}])
-    assert "amsgrad" in message and "foreach" in message
+def test_a_group_option_that_would_change_the_step_is_named():
+    """amsgrad would change the step: named, not dropped (foreach only picks PyTorch's
+    implementation, and a key of the trainer's own is kept: test_torch_deepspeed_initialize)."""
+    comm = zerort.local_group(1)[0]
+    model = TinyLM()
+    with pytest.raises(zerort.UnimplementedError) as raised:
+        zerort.torch.initialize(model, {"stage": 2}, comm, model_parameters=[
+            {"params": [p for p in model.parameters() if p.requires_grad], "amsgrad": True,
+             "foreach": False}])
+    comm.close()
+    assert "amsgrad" in str(raised.value) and "foreach" not in str(raised.value)
 
 
 def test_tensor_outside_the_model_is_refused():

@@ -7,6 +7,7 @@
 #include <functional>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "tests/engine/run_on_ranks.h"
 #include "tests/status_matchers.h"
 #include "zero/communicator.h"
@@ -104,7 +105,9 @@ TEST(Replicas, SyncReplicasBroadcastsNowAndTheFirstIterationComparesAgain) {
       ZERO_RETURN_IF_ERROR(engine.BeginIteration());
       ZERO_RETURN_IF_ERROR(engine.GetParam(1, begun[rank].data()));
       const Status inside = engine.SyncReplicas();  // inside an iteration: refused
-      if (inside.code() != absl::StatusCode::kFailedPrecondition) return inside;
+      if (inside.code() != absl::StatusCode::kFailedPrecondition) {
+        return absl::InternalError(absl::StrCat("SyncReplicas inside an iteration gave ", inside.ToString()));
+      }
       return absl::OkStatus();
     });
     for (int r = 0; r < kWorld; ++r) {

@@ -36,21 +36,23 @@ Status OutputOutsideCheckpoint(const std::string& checkpoint_dir, const std::str
 }
 
 // `out` must not replace what a series root `dir` (a directory of step-N checkpoints, given in
-// place of one of them) needs: its `latest` file, its lock, or any checkpoint in it. A new file
-// beside them is fine.
+// place of one of them) needs: its `latest` file, its lock, or a checkpoint in it (or write into
+// one). A new file beside them, or in another directory under the root, is fine.
 Status OutputOutsideSeries(const std::string& dir, const std::string& out) {
-  std::error_code error;
-  const std::filesystem::path root = std::filesystem::weakly_canonical(dir, error);
-  const std::filesystem::path output = std::filesystem::weakly_canonical(out, error);
-  if (error) return absl::OkStatus();
+  std::error_code root_error, output_error;
+  const std::filesystem::path root = std::filesystem::weakly_canonical(dir, root_error);
+  const std::filesystem::path output = std::filesystem::weakly_canonical(out, output_error);
+  if (root_error || output_error) return absl::OkStatus();  // the write itself will say what is wrong
   const auto mismatch = std::mismatch(root.begin(), root.end(), output.begin(), output.end());
   if (mismatch.first != root.end() || mismatch.second == output.end()) return absl::OkStatus();
-  const std::string entry = mismatch.second->string();
-  if (entry != "latest" && entry != ".zerort-lock" && !std::filesystem::is_directory(root / entry, error)) {
-    return absl::OkStatus();
-  }
-  return absl::InvalidArgumentError(absl::StrCat("--out ", out, " would replace ", (root / entry).string(),
-                                                 ", which the checkpoint series ", dir,
+  const std::filesystem::path entry = root / *mismatch.second;
+  const bool replaces = output == entry && (mismatch.second->string() == "latest" ||
+                                            mismatch.second->string() == ".zerort-lock" ||
+                                            std::filesystem::is_directory(entry, root_error));
+  const bool inside_checkpoint = std::filesystem::exists(entry / "meta.json", root_error);
+  if (!replaces && !inside_checkpoint) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("--out ", out, replaces ? " would replace " : " is inside ",
+                                                 entry.string(), ", which the checkpoint series ", dir,
                                                  " needs to resume: choose another name or a path outside"));
 }
 

@@ -322,20 +322,23 @@ StatusOr<int> Resume(Engine& engine, const std::string& dir, bool reports) {
   return first;
 }
 
-// After a resume: the --lr and --weight_decay given on the command line replace the values the
-// checkpoint restored (every group's), as given flags win everywhere else.
-Status ApplyGivenHyper(Engine& engine, const GivenFlags& given, bool reports) {
+// After a resume from a checkpoint: the --lr and --weight_decay given on the command line replace
+// the values it restored, as given flags win everywhere else; in each group whose config entry
+// does not set its own (as in a fresh run, where they are the optimizer's values groups inherit).
+Status ApplyGivenHyper(Engine& engine, const Config& config, const GivenFlags& given, bool reports) {
   const bool lr = given.count("lr") > 0, weight_decay = given.count("weight_decay") > 0;
   if (!lr && !weight_decay) return absl::OkStatus();
+  const std::vector<ParamGroupOverrides>& groups = config.optimizer.param_groups;
   for (int group = 0; group < engine.num_groups(); ++group) {
+    const ParamGroupOverrides own = group < static_cast<int>(groups.size()) ? groups[group] : ParamGroupOverrides{};
     ZERO_ASSIGN_OR_RETURN(OptimizerHyper hyper, engine.GroupHyper(group));
     if (reports && group == 0) {
       std::fprintf(stderr, "zero-train: the flags replace the checkpoint's%s%s\n",
                    lr ? absl::StrFormat(" lr %g", hyper.lr).c_str() : "",
                    weight_decay ? absl::StrFormat(" weight_decay %g", hyper.weight_decay).c_str() : "");
     }
-    if (lr) hyper.lr = static_cast<float>(absl::GetFlag(FLAGS_lr));
-    if (weight_decay) hyper.weight_decay = static_cast<float>(absl::GetFlag(FLAGS_weight_decay));
+    if (lr && !own.lr) hyper.lr = static_cast<float>(absl::GetFlag(FLAGS_lr));
+    if (weight_decay && !own.weight_decay) hyper.weight_decay = static_cast<float>(absl::GetFlag(FLAGS_weight_decay));
     ZERO_RETURN_IF_ERROR(engine.SetGroupHyper(group, hyper));
   }
   return absl::OkStatus();
@@ -352,7 +355,7 @@ Status RunRank(comm::Communicator& comm, const Config& config, const MlpOptions&
   int first = 0;
   if (absl::GetFlag(FLAGS_resume)) {
     ZERO_ASSIGN_OR_RETURN(first, Resume(*engine, checkpoints, report != nullptr));
-    ZERO_RETURN_IF_ERROR(ApplyGivenHyper(*engine, given, report != nullptr));
+    if (first > 0) ZERO_RETURN_IF_ERROR(ApplyGivenHyper(*engine, config, given, report != nullptr));
     if (first >= steps && report != nullptr) {
       std::fprintf(stderr, "zero-train: the checkpoint is at step %d and --steps is %d: nothing left to train (a "
                    "larger --steps trains on)\n", first, steps);

@@ -220,6 +220,8 @@ class CheckpointMethods:
             self._take_written_params()
         self.optimizer.push()  # the groups' values as they are now (a scheduler's new lr)
         extras = {"global_steps": self.global_steps, "loss_scale": self.loss_scale}
+        if self._driven_scheduler is not None:  # DeepSpeed's client scheduler: saved too
+            extras["lr_scheduler"] = _saved(self._driven_scheduler.state_dict())
         buffers = {name: tensor.detach().cpu().clone()
                    for name, tensor, is_param in module_state_items(self.module) if not is_param}
         self._engine.set_checkpoint_user_data(encode(client_state, extras, buffers))
@@ -286,6 +288,8 @@ class CheckpointMethods:
         if buffers is not None:
             restore_buffers(self.module, buffers)
         self.global_steps = int(extras.get("global_steps", self.global_steps))
+        if self._driven_scheduler is not None and "lr_scheduler" in extras:
+            self._driven_scheduler.load_state_dict(_loaded(extras["lr_scheduler"]))
         # The engine's: a checkpoint's dynamic scale reaches only an engine that scales
         # dynamically (a static or no loss scale stays what this config says).
         self.loss_scale = self._engine.loss_scale

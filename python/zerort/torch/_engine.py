@@ -154,10 +154,12 @@ class TorchEngine(DeepSpeedAPI, _checkpoint.CheckpointMethods, _gathered.Gathere
             self._records[pid] = _params.Registered(name, param, pid, unit_of.get(param))
             self._detacher.records.append(self._records[pid])
         if not self._params and not self._frozen:
-            raise errors.InvalidArgumentError(
-                "zerort.torch.initialize: the model has no param to train: "
-                + ("every param has requires_grad=False" if not self._empty else
+            why = ("every param has requires_grad=False" if not self._empty else
                    "its trainable params hold no elements")
+            if next(module.parameters(), None) is None:
+                why = "it has no params at all"
+            raise errors.InvalidArgumentError(
+                "zerort.torch.initialize: the model has no param to train: " + why
                 + " (a LoRA model whose adapters were not unfrozen, or a model frozen for "
                 "evaluation). Set requires_grad=True on the params to train before "
                 "initialize(); a model with nothing to train needs no engine (run it under "
@@ -172,9 +174,13 @@ class TorchEngine(DeepSpeedAPI, _checkpoint.CheckpointMethods, _gathered.Gathere
             self._engine.set_param(pid, values.data_ptr())
             if sharded:  # a storage to find its gradient node by, of no size (_stage3 binds it)
                 param.data = _params.placeholder(param)
-        # Every rank computes with rank 0's values from here (guard.init_params), whichever
-        # method of the model runs first: its forward, or another (CLIP's encode_text).
-        self._engine.sync_replicas()
+        # Every rank computes with rank 0's values from here, whichever method of the model
+        # runs first: its forward, or another (CLIP's encode_text). guard.init_params
+        # "verify" compares at the first iteration instead (the trainer may still load the
+        # same values on every rank); stage 3 compares at its first gather.
+        init_params = self.config.get("guard", {}).get("init_params", "broadcast")
+        if self.stage < 3 and init_params == "broadcast":
+            self._engine.sync_replicas()
         self._accumulators = []  # AccumulateGrad nodes must outlive their hooks
         # Gradients the engine reads where they are (core.Engine.lend_grad), until a step
         # returns: one rank, where the copy into its bucket was all the engine did with them.
@@ -243,8 +249,11 @@ class TorchEngine(DeepSpeedAPI, _checkpoint.CheckpointMethods, _gathered.Gathere
             self._module_hooks.append(module.register_forward_pre_hook(
                 EngineHook(lambda _m, _i: self._follow_engine_stream())))
         self.optimizer = ZeroOptimizer(self, self.config, groups)
-        self.lr_scheduler = (EngineLRScheduler(self, self.config)
-                             if _config.has_scheduler(self.config) else None)
+        self._config_schedule = (EngineLRScheduler(self, self.config)
+                                 if _config.has_scheduler(self.config) else None)
+        self.lr_scheduler = self._config_schedule
+        # A scheduler the trainer handed over (drive_lr_scheduler): stepped by step().
+        self._driven_scheduler = None
         # One open engine per param (a second initialize() is refused until close()).
         tracked = self._inventory.tracked.values()
         self._detacher.claimed = [weakref.ref(p) for p in tracked]
@@ -356,7 +365,9 @@ class TorchEngine(DeepSpeedAPI, _checkpoint.CheckpointMethods, _gathered.Gathere
         updates: nothing to take). Every rank must write the same values (as
         load_state_dict on every rank does): a rank that sets a param compares the replicas
         at its next iteration. A write inside a micro-batch (a forward's own, such as
-        nn.Embedding(max_norm=...)'s) is not taken; nor is a write through .data, which
+        nn.Embedding(max_norm=...)'s) is not taken, except where the model's forward did not
+        run (another of its methods computed: the writes are taken at the step's first
+        gradient then, the forward's own with them); nor is a write through .data, which
         moves no counter."""
         written = [(param, record) for param, record in self._versioned
                    if param._version != record.version]
@@ -519,9 +530,11 @@ class TorchEngine(DeepSpeedAPI, _checkpoint.CheckpointMethods, _gathered.Gathere
 
     def _check_loss_was_scaled(self):
         """Warns once when a micro-batch's gradients arrived under a loss scale that nobody
-        read: a `loss.backward()` with loss scaling on, whose gradients the step divides by the
-        scale all the same."""
-        read, self._loss_scale_read = self._loss_scale_read, False
+        read (a static one: never read): a `loss.backward()` with loss scaling on, whose
+        gradients the step divides by the scale all the same."""
+        read = self._loss_scale_read
+        if self.config.get("loss_scale", {}).get("mode") != "static":
+            self._loss_scale_read = False  # a dynamic scale must be read for each loss
         if read or self._loss_scale == 1.0 or self._warned_unscaled:
             return
         self._warned_unscaled = True
@@ -550,9 +563,10 @@ class TorchEngine(DeepSpeedAPI, _checkpoint.CheckpointMethods, _gathered.Gathere
         steps the optimizer (through engine.optimizer.step, with its param_groups' values)
         and returns a mapping {"step", "skipped", "grad_norm", "loss_scale"} (None in
         between; on a GPU "grad_norm" is read from the device when first asked for).
-        `lr_kwargs`: DeepSpeed's arguments for the config's schedule, which takes none
-        (ignored without one, as DeepSpeed does; step a torch scheduler yourself)."""
-        if lr_kwargs and self.lr_scheduler is not None:
+        `lr_kwargs`: DeepSpeed's arguments for the lr scheduler's step: passed to a driven
+        one (drive_lr_scheduler); the config's schedule takes none; ignored without either,
+        as DeepSpeed does (step a torch scheduler of your own yourself)."""
+        if lr_kwargs and self._config_schedule is not None:
             refuse_unless_default("step", {"lr_kwargs": lr_kwargs}, {
                 "lr_kwargs": (None, "the config's schedule takes no arguments; step a torch "
                                     "lr_scheduler on engine.optimizer yourself")})
@@ -567,7 +581,25 @@ class TorchEngine(DeepSpeedAPI, _checkpoint.CheckpointMethods, _gathered.Gathere
         finally:
             self.optimizer._from_engine = False
         self._step_applied = not self._last_info["skipped"]
+        if self._step_applied and self._driven_scheduler is not None:
+            self._driven_scheduler.step(**(lr_kwargs or {}))  # as DeepSpeed: not after a skip
         return self._last_info
+
+    def drive_lr_scheduler(self, scheduler):
+        """DeepSpeed's client lr_scheduler: `scheduler` (a torch scheduler built on
+        engine.optimizer) becomes engine.lr_scheduler, stepped by step() after each optimizer
+        step it applies (not after one the loss scaler skipped), and saved and loaded with
+        checkpoints. The trainer no longer steps it. Refused with the config's own schedule."""
+        if self._config_schedule is not None:
+            raise errors.InvalidArgumentError(
+                "zerort.torch: the config's \"scheduler\" drives the lr already; drop it or "
+                "the lr scheduler", errors.InvalidArgumentError.status)
+        if getattr(scheduler, "optimizer", self.optimizer) is not self.optimizer:
+            raise errors.InvalidArgumentError(
+                "zerort.torch: the lr scheduler was built on another optimizer than "
+                "engine.optimizer, whose groups drive the engine; build it on engine.optimizer",
+                errors.InvalidArgumentError.status)
+        self._driven_scheduler = self.lr_scheduler = scheduler
 
     def _end_micro_batch(self):
         """Ends the micro-batch; True when it is the last one before an optimizer step."""
@@ -621,7 +653,7 @@ class TorchEngine(DeepSpeedAPI, _checkpoint.CheckpointMethods, _gathered.Gathere
         info = _step_info.StepInfo(info, pending, self._engine_steps,
                                    self._engine.last_grad_norm, lambda: self._engine_steps)
         self._last_info = info
-        if self.lr_scheduler is not None:  # only the config's schedule moves a group in a step
+        if self._config_schedule is not None:  # only it moves a group inside a step
             self.optimizer.pull()
         return info
 

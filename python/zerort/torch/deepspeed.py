@@ -13,8 +13,10 @@ What DeepSpeed takes, ZeroRT takes the same way:
   passes its own when the config has no optimizer), or a callable that builds one from the
   params; the returned optimizer is always the engine's (engine.optimizer);
 - `lr_scheduler`: None (the config's, if any), or a callable that builds one from the
-  engine's optimizer (Hugging Face's Trainer passes one); a scheduler built on another
-  optimizer cannot drive the engine's and is refused, naming the way;
+  engine's optimizer (Hugging Face's Trainer passes one); as DeepSpeed's, the engine steps
+  it after each optimizer step it applies and saves it in checkpoints
+  (TorchEngine.drive_lr_scheduler), so the script does not step it; a scheduler built on
+  another optimizer cannot drive the engine's and is refused, naming the way;
 - `training_data`: a torch Dataset, returned as a DataLoader of the config's
   train_micro_batch_size_per_gpu over this rank's share (a DistributedSampler, as DeepSpeed's
   loader), with `collate_fn`;
@@ -39,9 +41,11 @@ _CLIENT_OPTIMIZERS = (  # AdamW first: newer PyTorch makes it a subclass of Adam
     (torch.optim.Adam, "adam", "Adam", {"adam_w_mode": False}, _ADAM_KEYS),
     (torch.optim.SGD, "sgd", "SGD", {}, _SGD_KEYS),
 )
-# Top-level keys only ZeroRT's own config has: such a config takes ZeroRT's optimizer section.
-_ZERORT_ONLY_KEYS = ("stage", "precision", "buckets", "stage3", "clip_grad_norm",
-                     "sync_grad_norm", "loss_scale", "batch")
+# The top-level keys of ZeroRT's own config: a config with any other key is DeepSpeed's
+# (as the library tells them apart), and takes DeepSpeed's optimizer section.
+_ZERORT_KEYS = ("stage", "device", "optimizer", "precision", "buckets", "stage3",
+                "gradient_accumulation_steps", "clip_grad_norm", "sync_grad_norm", "loss_scale",
+                "guard", "checkpoint", "scheduler", "batch")
 
 
 def initialize(args=None, model=None, optimizer=None, model_parameters=None,
@@ -76,22 +80,25 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None,
             raise errors.InvalidArgumentError(
                 "zerort.torch.deepspeed.initialize: both the config's \"scheduler\" and an "
                 "lr_scheduler argument were given; keep one of them")
-        if not callable(lr_scheduler):
+        if hasattr(lr_scheduler, "optimizer") and hasattr(lr_scheduler, "step"):
             raise errors.InvalidArgumentError(
                 "zerort.torch.deepspeed.initialize: lr_scheduler is a scheduler built on "
                 "another optimizer than the engine's, which it could not drive: pass a "
                 "callable that builds it from an optimizer (lambda optimizer: "
                 "LambdaLR(optimizer, ...)), or build it on the returned optimizer")
+        if not callable(lr_scheduler):
+            raise errors.InvalidArgumentError(
+                "zerort.torch.deepspeed.initialize: lr_scheduler must be a callable that "
+                f"builds a scheduler from an optimizer, not a {type(lr_scheduler).__name__}")
     if comm is None:
         comm = core.mpi_communicator()
     engine = TorchEngine(model, raw, comm, model_parameters=model_parameters)
-    scheduler = engine.lr_scheduler
     if lr_scheduler is not None:
-        scheduler = lr_scheduler(engine.optimizer)
+        engine.drive_lr_scheduler(lr_scheduler(engine.optimizer))
     loader = None
     if training_data is not None:
         loader = _data_loader(engine, training_data, collate_fn, raw)
-    return engine, engine.optimizer, loader, scheduler
+    return engine, engine.optimizer, loader, engine.lr_scheduler
 
 
 def _one_config(args, config, config_params):
@@ -139,7 +146,7 @@ def _with_client_optimizer(raw, optimizer):
             groups.append({key: value if key == "params" else _plain(value)
                            for key, value in group.items() if key not in TORCH_OPTIONS})
     hyper = {key: groups[0][key] for key in keys if key in groups[0]} if groups else {}
-    if any(key in raw for key in _ZERORT_ONLY_KEYS):
+    if all(key in _ZERORT_KEYS for key in raw):
         section = dict(hyper, type=zerort_type)
     else:
         section = {"type": deepspeed_type, "params": dict(hyper, **extra)}
