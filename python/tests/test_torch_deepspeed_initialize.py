@@ -179,5 +179,24 @@ def test_the_engine_steps_the_scheduler_and_checkpoints_carry_it(tmp_path):
     resumed.load_checkpoint(str(tmp_path))
     assert resumed_scheduler.last_epoch == 3
     assert resumed_optimizer.param_groups[0]["lr"] == pytest.approx(0.01)
+    # engine.optimizer.step() steps it, as engine.step() does
+    resumed.backward(loss_of(resumed.module, *batch(3)))
+    resumed_optimizer.step()
+    assert resumed_scheduler.last_epoch == 4
     resumed.close()
+    comm.close()
+
+
+def test_a_checkpoint_without_the_scheduler_is_said_at_its_load(tmp_path):
+    """A scheduler handed over to an engine that loads a checkpoint saved without one would
+    start its warmup again: said with a warning."""
+    comm = zerort.local_group(1)[0]
+    unscheduled = zerort.torch.initialize(TinyLM(), DS_CONFIG, comm)
+    unscheduled.save_checkpoint(str(tmp_path))
+    unscheduled.close()
+    scheduled = zerort.torch.initialize(TinyLM(), DS_CONFIG, comm)
+    scheduled.drive_lr_scheduler(warmup(scheduled.optimizer))
+    with pytest.warns(UserWarning, match="without an lr scheduler"):
+        scheduled.load_checkpoint(str(tmp_path))
+    scheduled.close()
     comm.close()

@@ -232,6 +232,9 @@ def check_zero_ckpt():
                       "would replace", "latest")
               and run([tool, "verify", ckpt]).returncode == 0,
               "zero-ckpt consolidate --out SERIES/latest is refused and the series stays resumable")
+        check(refused("zero-ckpt", ["consolidate", latest(ckpt), "--out", os.path.join(ckpt, "latest")],
+                      "would replace", "latest"),
+              "zero-ckpt consolidate of one checkpoint of a series refuses --out SERIES/latest too")
         check(refused("zero-ckpt", ["inspect", ckpt, "--world", "3"], "--world", "reshard")
               and refused("zero-ckpt", ["verify", ckpt, "--out", "x"], "--out", "consolidate"),
               "zero-ckpt refuses a flag of another command instead of ignoring it")

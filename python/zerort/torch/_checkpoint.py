@@ -290,6 +290,13 @@ class CheckpointMethods:
         self.global_steps = int(extras.get("global_steps", self.global_steps))
         if self._driven_scheduler is not None and "lr_scheduler" in extras:
             self._driven_scheduler.load_state_dict(_loaded(extras["lr_scheduler"]))
+        elif self._driven_scheduler is not None or "lr_scheduler" in extras:
+            warnings.warn(
+                f"zerort.torch: load_checkpoint(): {loaded_path} was saved "
+                + ("without an lr scheduler, so this engine's starts again from its first "
+                   "step" if self._driven_scheduler is not None else
+                   "with an lr scheduler, which this engine has not (drive_lr_scheduler): "
+                   "its position is not restored"), stacklevel=2)
         # The engine's: a checkpoint's dynamic scale reaches only an engine that scales
         # dynamically (a static or no loss scale stays what this config says).
         self.loss_scale = self._engine.loss_scale

@@ -30,8 +30,9 @@ class TorchEngine(DeepSpeedAPI, _checkpoint.CheckpointMethods, _gathered.Gathere
 
     - `engine.optimizer`: a torch.optim.Optimizer whose param_groups are the engine's groups
       (_optimizer.py); PyTorch's lr schedulers work on it. `engine.lr_scheduler`: the config's
-      built-in schedule (None without one; _schedulers.py). `engine.get_lr()`: each group's lr
-      for the next step.
+      built-in schedule (_schedulers.py), or a torch scheduler handed over with
+      drive_lr_scheduler() (DeepSpeed's client scheduler, which step() steps), or None.
+      `engine.get_lr()`: each group's lr for the next step.
     - Clipping is the config's `clip_grad_norm` (DeepSpeed's `gradient_clipping`), applied by
       the engine to the global norm over every rank's gradients. The hooks hand each gradient
       to the engine and clear `.grad`, so torch.nn.utils.clip_grad_norm_ on the model sees no
@@ -252,8 +253,10 @@ class TorchEngine(DeepSpeedAPI, _checkpoint.CheckpointMethods, _gathered.Gathere
         self._config_schedule = (EngineLRScheduler(self, self.config)
                                  if _config.has_scheduler(self.config) else None)
         self.lr_scheduler = self._config_schedule
-        # A scheduler the trainer handed over (drive_lr_scheduler): stepped by step().
+        # A scheduler the trainer handed over (drive_lr_scheduler), stepped after each
+        # optimizer step, with step()'s lr_kwargs.
         self._driven_scheduler = None
+        self._lr_kwargs = None
         # One open engine per param (a second initialize() is refused until close()).
         tracked = self._inventory.tracked.values()
         self._detacher.claimed = [weakref.ref(p) for p in tracked]
@@ -576,20 +579,20 @@ class TorchEngine(DeepSpeedAPI, _checkpoint.CheckpointMethods, _gathered.Gathere
         if not boundary:
             return None
         self.optimizer._from_engine = True
+        self._lr_kwargs = lr_kwargs
         try:
             self.optimizer.step()  # the attribute: lr schedulers wrap it to see steps
         finally:
             self.optimizer._from_engine = False
-        self._step_applied = not self._last_info["skipped"]
-        if self._step_applied and self._driven_scheduler is not None:
-            self._driven_scheduler.step(**(lr_kwargs or {}))  # as DeepSpeed: not after a skip
+            self._lr_kwargs = None
         return self._last_info
 
     def drive_lr_scheduler(self, scheduler):
         """DeepSpeed's client lr_scheduler: `scheduler` (a torch scheduler built on
-        engine.optimizer) becomes engine.lr_scheduler, stepped by step() after each optimizer
-        step it applies (not after one the loss scaler skipped), and saved and loaded with
-        checkpoints. The trainer no longer steps it. Refused with the config's own schedule."""
+        engine.optimizer) becomes engine.lr_scheduler, stepped after each optimizer step the
+        engine applies (not after one the loss scaler skipped; by engine.step() or
+        engine.optimizer.step()), and saved and loaded with checkpoints. The trainer no
+        longer steps it. Refused with the config's own schedule."""
         if self._config_schedule is not None:
             raise errors.InvalidArgumentError(
                 "zerort.torch: the config's \"scheduler\" drives the lr already; drop it or "
@@ -653,8 +656,13 @@ class TorchEngine(DeepSpeedAPI, _checkpoint.CheckpointMethods, _gathered.Gathere
         info = _step_info.StepInfo(info, pending, self._engine_steps,
                                    self._engine.last_grad_norm, lambda: self._engine_steps)
         self._last_info = info
+        self._step_applied = not info["skipped"]
         if self._config_schedule is not None:  # only it moves a group inside a step
             self.optimizer.pull()
+        if self._step_applied and self._driven_scheduler is not None:
+            # As DeepSpeed's engine, after each step applied (not one the scaler skipped),
+            # whether engine.step() or engine.optimizer.step() stepped.
+            self._driven_scheduler.step(**(self._lr_kwargs or {}))
         return info
 
     def zero_grad(self, set_to_none=True):

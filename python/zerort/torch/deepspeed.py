@@ -82,10 +82,12 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None,
                 "lr_scheduler argument were given; keep one of them")
         if hasattr(lr_scheduler, "optimizer") and hasattr(lr_scheduler, "step"):
             raise errors.InvalidArgumentError(
-                "zerort.torch.deepspeed.initialize: lr_scheduler is a scheduler built on "
-                "another optimizer than the engine's, which it could not drive: pass a "
-                "callable that builds it from an optimizer (lambda optimizer: "
-                "LambdaLR(optimizer, ...)), or build it on the returned optimizer")
+                "zerort.torch.deepspeed.initialize: lr_scheduler is a scheduler already built "
+                "(on the script's own optimizer, before initialize), which cannot drive the "
+                "engine's optimizer: pass a callable that builds it from an optimizer "
+                "(lambda optimizer: get_linear_schedule_with_warmup(optimizer, ...)), or build "
+                "it on the returned optimizer and hand it over with "
+                "engine.drive_lr_scheduler(scheduler)")
         if not callable(lr_scheduler):
             raise errors.InvalidArgumentError(
                 "zerort.torch.deepspeed.initialize: lr_scheduler must be a callable that "
@@ -131,6 +133,12 @@ def _with_client_optimizer(raw, optimizer):
             f"{type(optimizer).__name__}; ZeroRT steps torch.optim.AdamW, Adam and SGD itself "
             "(or name one of its optimizers in the config's \"optimizer\": AdamW, Adam, SGD, "
             "Lion, Lamb)", errors.UnimplementedError.status)
+    decoupled = {bool(group.get("decoupled_weight_decay")) for group in optimizer.param_groups}
+    if len(decoupled) > 1:
+        raise errors.UnimplementedError(
+            "zerort.torch.deepspeed.initialize: the Adam's groups mix decoupled_weight_decay "
+            "True and False; ZeroRT steps one optimizer type for every group",
+            errors.UnimplementedError.status)
     groups = []
     for index, group in enumerate(optimizer.param_groups):
         for option in ("amsgrad", "maximize"):
