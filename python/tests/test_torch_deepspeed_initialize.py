@@ -200,3 +200,23 @@ def test_a_checkpoint_without_the_scheduler_is_said_at_its_load(tmp_path):
         scheduled.load_checkpoint(str(tmp_path))
     scheduled.close()
     comm.close()
+
+
+def test_deepspeeds_zero_and_utils_names_reach_zerorts_calls():
+    """deepspeed.zero.GatheredParameters writes rank 0's values into a stage-3 param (and
+    does nothing when not enabled); deepspeed.utils.set_z3_leaf_modules flags a leaf."""
+    model = TinyLM()
+    deepspeed.utils.set_z3_leaf_modules(model, [torch.nn.LayerNorm])
+    assert deepspeed.utils.z3_leaf_module(model.blocks[0].norm)
+    comm = zerort.local_group(1)[0]
+    engine, _, _, _ = deepspeed.initialize(model=model, comm=comm, config=dict(
+        DS_CONFIG, zero_optimization={"stage": 3, "stage3_param_persistence_threshold": 0}))
+    with deepspeed.zero.GatheredParameters(model.head.weight, modifier_rank=0):
+        with torch.no_grad():
+            model.head.weight.fill_(0.5)
+    with deepspeed.zero.GatheredParameters([model.head.weight], enabled=False):
+        pass
+    assert torch.equal(engine.state_dict()["head.weight"],
+                       torch.full_like(engine.state_dict()["head.weight"], 0.5))
+    engine.close()
+    comm.close()

@@ -25,12 +25,21 @@ What DeepSpeed takes, ZeroRT takes the same way:
   not supported.
 `comm`, which DeepSpeed has not, picks the ranks as in zerort.torch.initialize (None: this
 process's MPI rank).
+
+The script's other DeepSpeed calls keep their names: `deepspeed.zero.GatheredParameters`
+and `deepspeed.zero.register_external_parameter` (zerort.torch.gathered and
+register_external_parameter), `deepspeed.utils.set_z3_leaf_modules` and its kin.
 """
+import contextlib
+import types
+
 import torch
 
 from .. import core, errors
+from . import _leaf_modules
 from ._config import TORCH_OPTIONS
 from ._engine import TorchEngine
+from ._gathered import gathered, register_external_parameter
 
 # The client optimizers ZeroRT steps itself: the class, ZeroRT's type, DeepSpeed's type with
 # the params that make it that optimizer, and the group keys that carry over.
@@ -183,3 +192,26 @@ def _data_loader(engine, dataset, collate_fn, raw):
     return torch.utils.data.DataLoader(dataset, batch_size=micro, sampler=sampler,
                                        collate_fn=collate_fn,
                                        drop_last=bool(raw.get("dataloader_drop_last", False)))
+
+
+def _gathered_parameters(params, modifier_rank=None, fwd_module=None, enabled=True):
+    """deepspeed.zero.GatheredParameters: zerort.torch.gathered(params, modifier_rank), or
+    nothing when not `enabled`; with `fwd_module`, the params are first registered as read
+    by that module's forward (register_external_parameter), as DeepSpeed does."""
+    if not enabled:
+        return contextlib.nullcontext()
+    if fwd_module is not None:
+        for param in [params] if isinstance(params, torch.Tensor) else list(params):
+            register_external_parameter(fwd_module, param)
+    return gathered(params, modifier_rank)
+
+
+zero = types.SimpleNamespace(GatheredParameters=_gathered_parameters,
+                             register_external_parameter=register_external_parameter)
+utils = types.SimpleNamespace(
+    set_z3_leaf_modules=_leaf_modules.set_z3_leaf_modules,
+    unset_z3_leaf_modules=_leaf_modules.unset_z3_leaf_modules,
+    get_z3_leaf_modules=_leaf_modules.get_z3_leaf_modules,
+    z3_leaf_module=_leaf_modules.z3_leaf_module,
+    set_z3_leaf_modules_by_name=_leaf_modules.set_z3_leaf_modules_by_name,
+    set_z3_leaf_modules_by_suffix=_leaf_modules.set_z3_leaf_modules_by_suffix)
