@@ -56,9 +56,12 @@ def reference(kind):
     return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
 
 
+@pytest.mark.parametrize("built", [False, True])
 @pytest.mark.parametrize("kind", sorted(OPTIMIZERS))
 @pytest.mark.parametrize("stage", [1, 3])
-def test_a_scripts_own_optimizer_and_scheduler_train_as_in_pytorch(kind, stage):
+def test_a_scripts_own_optimizer_and_scheduler_train_as_in_pytorch(kind, stage, built):
+    """The script's optimizer with its scheduler as a callable, or (`built`) built on that
+    optimizer before initialize, as DeepSpeed scripts often pass both."""
     models = [TinyLM() for _ in range(2)]
     config = dict(DS_CONFIG, zero_optimization={"stage": stage,
                                                 "stage3_param_persistence_threshold": 0})
@@ -67,7 +70,8 @@ def test_a_scripts_own_optimizer_and_scheduler_train_as_in_pytorch(kind, stage):
         model = models[rank]
         client = OPTIMIZERS[kind](hf_groups(model))
         engine, optimizer, loader, scheduler = deepspeed.initialize(
-            model=model, optimizer=client, lr_scheduler=warmup, config=config, comm=comm)
+            model=model, optimizer=client, lr_scheduler=warmup(client) if built else warmup,
+            config=config, comm=comm)
         assert optimizer is engine.optimizer and loader is None
         assert scheduler is engine.lr_scheduler and scheduler.optimizer is engine.optimizer
         assert [g["weight_decay"] for g in optimizer.param_groups] == [0.1, 0.0]
@@ -116,7 +120,7 @@ def test_training_data_becomes_this_ranks_loader_and_the_config_may_come_from_ar
                 "config": dict(DS_CONFIG, optimizer={"type": "AdamW", "params": {"lr": 1e-3}})},
      ["both", "optimizer"]),
     (lambda m: {"lr_scheduler": warmup(torch.optim.SGD(m.parameters(), lr=0.1)),
-                "config": DS_CONFIG}, ["callable"]),
+                "config": DS_CONFIG}, ["another optimizer", "callable"]),
     (lambda m: {"lr_scheduler": warmup, "config": dict(DS_CONFIG, scheduler={
         "type": "WarmupLR", "params": {"warmup_num_steps": 2}})}, ["both", "scheduler"]),
     (lambda m: {"config": DS_CONFIG, "config_params": DS_CONFIG}, ["twice", "config_params"]),

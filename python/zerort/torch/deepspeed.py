@@ -12,11 +12,12 @@ What DeepSpeed takes, ZeroRT takes the same way:
   type, param groups and their hyperparameters become the engine's: Hugging Face's Trainer
   passes its own when the config has no optimizer), or a callable that builds one from the
   params; the returned optimizer is always the engine's (engine.optimizer);
-- `lr_scheduler`: None (the config's, if any), or a callable that builds one from the
-  engine's optimizer (Hugging Face's Trainer passes one); as DeepSpeed's, the engine steps
-  it after each optimizer step it applies and saves it in checkpoints
-  (TorchEngine.drive_lr_scheduler), so the script does not step it; a scheduler built on
-  another optimizer cannot drive the engine's and is refused, naming the way;
+- `lr_scheduler`: None (the config's, if any), a callable that builds one from the engine's
+  optimizer (Hugging Face's Trainer passes one), or a scheduler the script built on the
+  optimizer it passes (it then drives the engine's optimizer, which took over that
+  optimizer's groups); as DeepSpeed's, the engine steps it after each optimizer step it
+  applies and saves it in checkpoints (TorchEngine.drive_lr_scheduler), so the script does
+  not step it; a scheduler built on any other optimizer is refused, naming the way;
 - `training_data`: a torch Dataset, returned as a DataLoader of the config's
   train_micro_batch_size_per_gpu over this rank's share (a DistributedSampler, as DeepSpeed's
   loader), with `collate_fn`;
@@ -74,6 +75,7 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None,
     if not isinstance(raw, dict):
         raise errors.InvalidArgumentError(
             f"zerort.torch: the config must be a JSON object, not {type(raw).__name__}")
+    client = None  # the script's own optimizer, whose groups become the engine's
     if optimizer is not None:
         if "optimizer" in raw:
             raise errors.InvalidArgumentError(
@@ -83,28 +85,35 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None,
             params = (model_parameters if model_parameters is not None
                       else [p for p in model.parameters() if p.requires_grad])
             optimizer = optimizer(params)
+        client = optimizer
         raw, model_parameters = _with_client_optimizer(raw, optimizer)
     if lr_scheduler is not None:
         if "scheduler" in raw:
             raise errors.InvalidArgumentError(
                 "zerort.torch.deepspeed.initialize: both the config's \"scheduler\" and an "
                 "lr_scheduler argument were given; keep one of them")
-        if hasattr(lr_scheduler, "optimizer") and hasattr(lr_scheduler, "step"):
+        built = hasattr(lr_scheduler, "optimizer") and hasattr(lr_scheduler, "step")
+        if built and (client is None or lr_scheduler.optimizer is not client
+                      or any(not g["params"] for g in client.param_groups)):
             raise errors.InvalidArgumentError(
-                "zerort.torch.deepspeed.initialize: lr_scheduler is a scheduler already built "
-                "(on the script's own optimizer, before initialize), which cannot drive the "
-                "engine's optimizer: pass a callable that builds it from an optimizer "
-                "(lambda optimizer: get_linear_schedule_with_warmup(optimizer, ...)), or build "
-                "it on the returned optimizer and hand it over with "
+                "zerort.torch.deepspeed.initialize: lr_scheduler is a scheduler built on "
+                + ("another optimizer than the optimizer argument" if client is None
+                   or lr_scheduler.optimizer is not client else
+                   "an optimizer with an empty param group, which the engine drops")
+                + ", so it cannot drive the engine's: pass a callable that builds it from an "
+                "optimizer (lambda optimizer: get_linear_schedule_with_warmup(optimizer, ...)), "
+                "or build it on the returned optimizer and hand it over with "
                 "engine.drive_lr_scheduler(scheduler)")
-        if not callable(lr_scheduler):
+        if not built and not callable(lr_scheduler):
             raise errors.InvalidArgumentError(
                 "zerort.torch.deepspeed.initialize: lr_scheduler must be a callable that "
                 f"builds a scheduler from an optimizer, not a {type(lr_scheduler).__name__}")
     if comm is None:
         comm = core.mpi_communicator()
     engine = TorchEngine(model, raw, comm, model_parameters=model_parameters)
-    if lr_scheduler is not None:
+    if lr_scheduler is not None and hasattr(lr_scheduler, "optimizer"):
+        engine.drive_lr_scheduler(_rebound(lr_scheduler, engine.optimizer))
+    elif lr_scheduler is not None:
         engine.drive_lr_scheduler(lr_scheduler(engine.optimizer))
     loader = None
     if training_data is not None:
@@ -168,6 +177,21 @@ def _with_client_optimizer(raw, optimizer):
     else:
         section = {"type": deepspeed_type, "params": dict(hyper, **extra)}
     return dict(raw, optimizer=section), groups
+
+
+def _rebound(scheduler, optimizer):
+    """`scheduler`, built on the script's optimizer (whose groups `optimizer`, the engine's,
+    took over one for one, with their lr and initial_lr), now driving `optimizer`; a chained
+    scheduler's parts too. `optimizer.step` gets the step counter PyTorch's schedulers put
+    on the optimizer they are built on (a throwaway scheduler puts it there; the groups'
+    lrs are kept)."""
+    lrs = [group["lr"] for group in optimizer.param_groups]
+    torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+    for group, lr in zip(optimizer.param_groups, lrs):
+        group["lr"] = lr
+    for part in [scheduler] + list(getattr(scheduler, "_schedulers", [])):
+        part.optimizer = optimizer
+    return scheduler
 
 
 def _plain(value):
