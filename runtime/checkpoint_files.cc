@@ -114,21 +114,33 @@ Status WriteAll(int fd, const void* data, size_t bytes, const std::string& path)
   return absl::OkStatus();
 }
 
-Status VerifyChecksum(const std::string& path) {
-  // O_NONBLOCK: opening a FIFO or a device must not wait (fstat below refuses them).
+StatusOr<OpenedFile> OpenRegularFile(const std::string& path, absl::StatusCode not_regular) {
+  // O_NONBLOCK: opening a FIFO or a device must not wait (fstat below refuses them); it changes
+  // nothing for a regular file.
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
-  if (fd < 0) return SystemError("read", path);
+  if (fd < 0) {
+    if (errno == ENOENT) return absl::NotFoundError(absl::StrCat("checkpoint: ", path, " does not exist"));
+    return SystemError("open", path);
+  }
   struct stat info {};
   if (::fstat(fd, &info) != 0) {
+    const Status failed = SystemError("stat", path);
     ::close(fd);
-    return SystemError("stat", path);
+    return failed;
   }
-  if (!S_ISREG(info.st_mode)) {  // a rank file: the checkpoint is damaged, as RankFileReader says
+  if (!S_ISREG(info.st_mode)) {
     ::close(fd);
-    return absl::DataLossError(absl::StrCat("checkpoint: ", path, " is not a regular file",
+    return Status(not_regular, absl::StrCat("checkpoint: ", path, " is not a regular file",
                                             S_ISDIR(info.st_mode) ? " (it is a directory)" : ""));
   }
-  const auto size = static_cast<uint64_t>(info.st_size);
+  return OpenedFile{fd, static_cast<int64_t>(info.st_size)};
+}
+
+Status VerifyChecksum(const std::string& path) {
+  // A rank file that is not a file: the checkpoint is damaged, as RankFileReader says.
+  ZERO_ASSIGN_OR_RETURN(const OpenedFile file, OpenRegularFile(path, absl::StatusCode::kDataLoss));
+  const int fd = file.fd;
+  const auto size = static_cast<uint64_t>(file.size);
   if (size < kChecksumBytes) {
     ::close(fd);
     return absl::DataLossError(absl::StrCat("checkpoint: ", path, " is truncated (", size,
@@ -166,26 +178,16 @@ Status VerifyChecksum(const std::string& path) {
 }
 
 StatusOr<std::string> ReadRegularFile(const std::string& path, int64_t max_bytes) {
-  // O_NONBLOCK: opening a FIFO or a device must not wait (fstat below refuses them).
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
-  if (fd < 0) {
-    if (errno == ENOENT) return absl::NotFoundError(absl::StrCat("checkpoint: ", path, " does not exist"));
-    return SystemError("open", path);
-  }
-  struct stat info {};
+  ZERO_ASSIGN_OR_RETURN(const OpenedFile file, OpenRegularFile(path, absl::StatusCode::kInvalidArgument));
+  const int fd = file.fd;
   Status status;
-  if (::fstat(fd, &info) != 0) {
-    status = SystemError("stat", path);
-  } else if (!S_ISREG(info.st_mode)) {
-    status = absl::InvalidArgumentError(absl::StrCat("checkpoint: ", path, " is not a regular file",
-                                                     S_ISDIR(info.st_mode) ? " (it is a directory)" : ""));
-  } else if (info.st_size > max_bytes) {
+  if (file.size > max_bytes) {
     status = absl::InvalidArgumentError(
-        absl::StrCat("checkpoint: ", path, " has ", info.st_size, " bytes; at most ", max_bytes, " expected"));
+        absl::StrCat("checkpoint: ", path, " has ", file.size, " bytes; at most ", max_bytes, " expected"));
   }
   std::string text;
   if (status.ok()) {
-    text.resize(static_cast<size_t>(info.st_size));
+    text.resize(static_cast<size_t>(file.size));
     size_t done = 0;
     while (done < text.size()) {
       const ssize_t n = ::read(fd, text.data() + done, text.size() - done);

@@ -22,6 +22,16 @@ inline constexpr size_t kChecksumBytes = 8;
 /// kUnavailable names `path` and the system's reason.
 Status WriteAll(int fd, const void* data, size_t bytes, const std::string& path);
 
+/// A regular file open for reading (the caller closes `fd`) and its size.
+struct OpenedFile {
+  int fd = -1;
+  int64_t size = 0;
+};
+/// Opens `path` for reading without waiting on what is not a file (a FIFO, a device): kNotFound
+/// when it does not exist; `not_regular` (a status code) when it is not a regular file (a
+/// directory, a FIFO, a device); kUnavailable when it cannot be opened or examined.
+StatusOr<OpenedFile> OpenRegularFile(const std::string& path, absl::StatusCode not_regular);
+
 /// Checks the trailer of a format-2 rank file (the XXH3-64 of everything before it). kDataLoss names the file
 /// and says what is wrong (too short, or the checksums); kUnavailable when it cannot be read.
 Status VerifyChecksum(const std::string& path);

@@ -3,7 +3,6 @@
 #include "runtime/checkpoint_format.h"
 
 #include <fcntl.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 // Header-only XXH3 (Debian's libxxhash-dev): nothing to link, and inlined into the loops.
@@ -486,25 +485,12 @@ RankFileReader::~RankFileReader() { ::close(fd_); }
 
 StatusOr<std::unique_ptr<RankFileReader>> RankFileReader::Open(const std::string& path,
                                                               const CheckpointMeta& meta, int rank) {
-  // O_NONBLOCK: opening a FIFO or a device must not wait (refused below); no effect on a file.
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
-  if (fd < 0) {
-    if (errno == ENOENT) {
-      return absl::DataLossError(absl::StrCat("checkpoint: ", path, " is missing (the checkpoint is incomplete)"));
-    }
-    return SystemError("read", path);
+  StatusOr<OpenedFile> file = OpenRegularFile(path, absl::StatusCode::kDataLoss);
+  if (absl::IsNotFound(file.status())) {
+    return absl::DataLossError(absl::StrCat("checkpoint: ", path, " is missing (the checkpoint is incomplete)"));
   }
-  struct stat info {};
-  if (::fstat(fd, &info) != 0) {
-    ::close(fd);
-    return SystemError("stat", path);
-  }
-  if (!S_ISREG(info.st_mode)) {
-    ::close(fd);
-    return absl::DataLossError(absl::StrCat("checkpoint: ", path, " is not a regular file",
-                                            S_ISDIR(info.st_mode) ? " (it is a directory)" : ""));
-  }
-  std::unique_ptr<RankFileReader> reader(new RankFileReader(fd, path, meta.moments, info.st_size));
+  ZERO_RETURN_IF_ERROR(file.status());
+  std::unique_ptr<RankFileReader> reader(new RankFileReader(file->fd, path, meta.moments, file->size));
   char magic[8] = {};
   ZERO_RETURN_IF_ERROR(reader->ReadAt(magic, sizeof magic, 0));
   if (std::memcmp(magic, kMagicV3, sizeof magic) == 0) {
