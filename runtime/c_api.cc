@@ -307,6 +307,15 @@ zero_status zero_last_grad_norm(zero_engine* engine, float* norm) try {
   return ZERO_OK;
 } ZERO_C_CATCH("zero_last_grad_norm")
 
+zero_status zero_get_full_state(zero_engine* engine, int64_t id, zero_param_state state, float* host_dst) try {
+  ZERO_C_REQUIRE(engine, "zero_get_full_state");
+  if (state < ZERO_STATE_WEIGHTS || state > ZERO_STATE_GRAD) {
+    return Report(absl::InvalidArgumentError(
+        absl::StrCat("zero_get_full_state: state ", static_cast<int>(state), " is not a zero_param_state (0-3)")));
+  }
+  return Report(engine->engine->GetFullState(id, static_cast<zero::ParamState>(state), host_dst));
+} ZERO_C_CATCH("zero_get_full_state")
+
 zero_status zero_set_stream(zero_engine* engine, void* cuda_stream) try {
   ZERO_C_REQUIRE(engine, "zero_set_stream");
   return Report(engine->engine->SetStream(cuda_stream));

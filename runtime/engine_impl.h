@@ -73,6 +73,7 @@ class EngineImpl final : public Engine {
   StatusOr<StepInfo> Step() override;
   Status DropGradients() override;
   StatusOr<float> LastGradNorm() override;
+  Status GetFullState(ParamId id, ParamState state, float* out) override;
   Status SaveCheckpoint(const std::string& dir) override;
   Status SaveCheckpoint(const std::string& root, const std::string& tag) override;
   Status LoadCheckpoint(const std::string& dir) override;

@@ -178,6 +178,35 @@ Status OptimizerState::VisitOwned(
   return status;
 }
 
+Status OptimizerState::VisitOwnedGrad(
+    int param, std::vector<float>* scratch,
+    const std::function<Status(int64_t begin, int64_t numel, const float* values)>& fn) const {
+  const auto& place = plan_.placement(param);
+  const partition::Bucket& b = plan_.buckets()[place.bucket];
+  const int64_t element = b.grad_element_bytes();
+  const char* lent = static_cast<const char*>(grads_.LentGrad(param));
+  std::vector<uint16_t> narrow;
+  Status status = absl::OkStatus();
+  ForOwnedPart(param, [&](const OwnedRange& r, int64_t begin, int64_t end) {
+    if (!status.ok()) return;
+    const int64_t n = end - begin;
+    const char* from = lent != nullptr ? lent + (begin - place.offset) * element
+                                       : static_cast<const char*>(grads_.OwnedGrad(r.bucket)) + (begin - r.begin) * element;
+    scratch->resize(static_cast<size_t>(n));
+    if (b.grad_dtype == DType::kFP32) {
+      status.Update(ops_.Copy(scratch->data(), from, n * element));
+    } else {
+      narrow.resize(static_cast<size_t>(n));
+      status.Update(ops_.Copy(narrow.data(), from, n * element));
+      for (int64_t i = 0; i < n; ++i) {
+        (*scratch)[i] = b.grad_dtype == DType::kBF16 ? Bf16ToFloat(narrow[i]) : HalfToFloat(narrow[i]);
+      }
+    }
+    if (status.ok()) status = fn(begin - place.offset, n, scratch->data());
+  });
+  return status;
+}
+
 std::vector<std::pair<int64_t, int64_t>> OptimizerState::OwnedExtents(int param) const {
   const int64_t offset = plan_.placement(param).offset;
   std::vector<std::pair<int64_t, int64_t>> extents;

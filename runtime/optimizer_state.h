@@ -79,6 +79,11 @@ class OptimizerState {
   /// checkpoint touches no fresh memory per part): fn(begin, numel, values).
   Status VisitOwned(int param, std::vector<float>* scratch,
                     const std::function<Status(int64_t begin, int64_t numel, const float* values)>& fn) const;
+  /// Each part of the reduced gradient of `param` that the rank steps, as Step reads it (the
+  /// param's lent gradient where it has one), widened to fp32 into `scratch`: fn(begin,
+  /// numel, values), `begin` in param coordinates. Valid where Step may run.
+  Status VisitOwnedGrad(int param, std::vector<float>* scratch,
+                        const std::function<Status(int64_t begin, int64_t numel, const float* values)>& fn) const;
   /// The (begin, numel) of each part ReadOwned returns, without reading anything.
   std::vector<std::pair<int64_t, int64_t>> OwnedExtents(int param) const;
   /// Writes back parts from ReadOwned (same begin and numel), and the bf16/fp16 model copy

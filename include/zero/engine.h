@@ -116,6 +116,16 @@ struct EngineCounters {
   int64_t releases_kept = 0;
 };
 
+/// One of a trainable param's full fp32 values that Engine::GetFullState copies out.
+enum class ParamState {
+  kWeights = 0,       ///< the fp32 master weights (the params themselves for fp32 params)
+  kFirstMoment = 1,   ///< the optimizer's first buffer: AdamW/Adam/LAMB/Lion exp_avg, SGD momentum
+  kSecondMoment = 2,  ///< AdamW/Adam/LAMB exp_avg_sq
+  /// the gradient the next Step applies: summed over the micro-batches, averaged over the
+  /// ranks, loss scale divided out, before clipping
+  kGrad = 3,
+};
+
 /// Stage 3: where a param's values sit in its unit's gathered memory (Engine::GatheredPlaceOf).
 struct GatheredPlace {
   int unit = -1;              ///< the param's unit (ParamSpec::unit)
@@ -292,6 +302,15 @@ class Engine {
   /// when Step left it there (Config::sync_grad_norm false: one wait for the device, then
   /// kept). kFailedPrecondition before the first Step.
   virtual StatusOr<float> LastGradNorm() = 0;
+  /// Copies the full fp32 `state` of trainable param `id` (its numel floats, in host
+  /// memory `out`) on every rank, wherever its parts live (DeepSpeed's
+  /// safe_get_full_fp32_param, safe_get_full_optimizer_state and safe_get_full_grad).
+  /// Collective at stages 1-3 (every rank asks for the same param and state). kGrad exists
+  /// between the step's last EndBackward and Step. kNotFound for a moment the optimizer
+  /// does not keep (SGD without momentum keeps none, Lion and SGD no second);
+  /// kFailedPrecondition for a frozen param, before Finalize, inside a micro-batch, or for
+  /// kGrad elsewhere.
+  virtual Status GetFullState(ParamId id, ParamState state, float* out) = 0;
 
   /// Writes a checkpoint into directory `dir`: every rank its own shard of the fp32 weights
   /// and optimizer moments (`rank-R-of-N.bin`, an index of its records first, each record

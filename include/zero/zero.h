@@ -182,6 +182,18 @@ ZERO_API zero_status zero_drop_gradients(zero_engine* engine);
 /** The last step's global gradient norm, read from the device when the step left it there
  *  ("sync_grad_norm": false; one wait for the device). ZERO_FAILED_PRECONDITION before a step. */
 ZERO_API zero_status zero_last_grad_norm(zero_engine* engine, float* norm);
+/** Which full fp32 value of a trainable param zero_get_full_state copies out. */
+typedef enum {
+  ZERO_STATE_WEIGHTS = 0,        /* the fp32 master weights */
+  ZERO_STATE_FIRST_MOMENT = 1,   /* exp_avg (AdamW, Adam, LAMB, Lion), SGD's momentum */
+  ZERO_STATE_SECOND_MOMENT = 2,  /* exp_avg_sq (AdamW, Adam, LAMB) */
+  ZERO_STATE_GRAD = 3            /* the gradient the next step applies (averaged, unscaled) */
+} zero_param_state;
+/** Copies trainable param `id`'s full `state` as numel fp32 values into host_dst on every
+ *  rank; collective at stages 1-3. ZERO_STATE_GRAD exists between the step's last
+ *  zero_end_backward and zero_step. See Engine::GetFullState. */
+ZERO_API zero_status zero_get_full_state(zero_engine* engine, int64_t id, zero_param_state state,
+                                         float* host_dst);
 /** Stage 3: gather a unit's params for compute / release them (no-ops at stages 0-2). */
 ZERO_API zero_status zero_gather(zero_engine* engine, int unit);
 ZERO_API zero_status zero_release(zero_engine* engine, int unit);

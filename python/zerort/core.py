@@ -26,6 +26,9 @@ HYPER_FIELDS = ("lr", "beta1", "beta2", "eps", "weight_decay", "momentum", "damp
 _GRADS_ON_DEVICE = 1
 _GRADS_LEND = 2
 
+# zero_param_state (zero.h): the full fp32 values of a param zero_get_full_state copies out.
+FULL_STATES = {"weights": 0, "first_moment": 1, "second_moment": 2, "grad": 3}
+
 _lib = None
 _lib_lock = threading.Lock()
 
@@ -372,6 +375,17 @@ class Engine:
         "cuda"; collective at stage 3)."""
         self._check_lent(library().zero_get_param(self._handle, pid, address),
                          "zero_get_param")
+
+    def get_full_state(self, pid, state, address):
+        """Copies a trainable param's full fp32 `state` ("weights", "first_moment",
+        "second_moment" or "grad"; see FULL_STATES) as numel floats to `address` (host
+        memory) on every rank; collective at stages 1-3 (zero_get_full_state)."""
+        if state not in FULL_STATES:
+            raise errors.InvalidArgumentError(
+                f"get_full_state: state {state!r} is not one of {sorted(FULL_STATES)}",
+                errors.InvalidArgumentError.status)
+        _check(library().zero_get_full_state(self._handle, pid, FULL_STATES[state], address),
+               "zero_get_full_state")
 
     def param_data(self, pid):
         """The address of the engine's full copy of a param (stages 0-2; device memory on

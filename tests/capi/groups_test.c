@@ -1,5 +1,5 @@
 /* The C ABI's optimizer groups, learning rates, schedule position, config normalisation,
- * metric all-reduce, counters and the last step's norm, as a C trainer calls them. One in-process rank; plain SGD, so that each
+ * metric all-reduce, counters, the last step's norm and a param's full state, as a C trainer calls them. One in-process rank; plain SGD, so that each
  * step moves a param by exactly -lr * gradient and shows the lr its group stepped with.
  * Exits 0 when every check holds, 1 naming the first that does not. */
 #include <math.h>
@@ -30,8 +30,17 @@ static void StepAndMeasure(zero_engine* engine, float moved[2]) {
   CHECK_OK(zero_begin_iteration(engine));
   for (int p = 1; p >= 0; --p) CHECK_OK(zero_accumulate_grad(engine, p, grad));
   CHECK_OK(zero_end_backward(engine));
+  float full[kNumel];
+  for (int p = 0; p < 2; ++p) {
+    for (int i = 0; i < kNumel; ++i) full[i] = NAN;
+    CHECK_OK(zero_get_full_state(engine, p, ZERO_STATE_GRAD, full));
+    for (int i = 0; i < kNumel; ++i) CHECK(full[i] == 1.0f, "full gradient %d[%d] is %g", p, i, full[i]);
+  }
+  CHECK(zero_get_full_state(engine, 0, ZERO_STATE_SECOND_MOMENT, full) == ZERO_NOT_FOUND, "SGD has no second moment");
+  CHECK(zero_get_full_state(engine, 0, (zero_param_state)7, full) == ZERO_INVALID_ARGUMENT, "state 7 accepted");
   zero_step_info info;
   CHECK_OK(zero_step(engine, &info));
+  CHECK(zero_get_full_state(engine, 0, ZERO_STATE_GRAD, full) == ZERO_FAILED_PRECONDITION, "a gradient after the step");
   /* Each gradient is 1 everywhere on one rank: the norm is sqrt(2 * kNumel). */
   float norm = -1.0f;
   CHECK_OK(zero_last_grad_norm(engine, &norm));
@@ -39,6 +48,8 @@ static void StepAndMeasure(zero_engine* engine, float moved[2]) {
         "zero_last_grad_norm gave %g, the step's info %g", norm, info.grad_norm);
   for (int p = 0; p < 2; ++p) {
     CHECK_OK(zero_get_param(engine, p, after[p]));
+    CHECK_OK(zero_get_full_state(engine, p, ZERO_STATE_WEIGHTS, full));
+    CHECK(memcmp(full, after[p], sizeof full) == 0, "the fp32 master of %d is not the param", p);
     moved[p] = before[p][kNumel - 1] - after[p][kNumel - 1];
   }
 }

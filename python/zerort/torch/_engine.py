@@ -11,13 +11,15 @@ from . import (_backward, _checkpoint, _config, _device, _gathered, _handover, _
 from ._collective import all_reduce, every_rank_calls
 from ._copies import EngineHook
 from ._deepspeed_api import AccumulationSteps, DeepSpeedAPI, refuse_unless_default
+from ._full_state import FullStateMethods
 from ._optimizer import ZeroOptimizer
 from ._schedulers import EngineLRScheduler
 
 _DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
-class TorchEngine(DeepSpeedAPI, _checkpoint.CheckpointMethods, _gathered.GatheredMethods):
+class TorchEngine(DeepSpeedAPI, _checkpoint.CheckpointMethods, _gathered.GatheredMethods,
+                  FullStateMethods):
     """One rank's engine driving `module`'s trainable params. Build it with initialize().
 
     The loop, as DeepSpeed's:
@@ -221,6 +223,8 @@ class TorchEngine(DeepSpeedAPI, _checkpoint.CheckpointMethods, _gathered.Gathere
         self._micro_batches = 0
         self._closed = False
         self._in_micro_batch = False
+        # The window's last micro-batch was ended early to read its gradient (_full_state.py).
+        self._window_ended = False
         self._handed_since_step_call = False  # gradients reached the engine since step()
         self._ran_forward = False  # the model's forward ran since the last micro-batch ended
         # guard.on_unused = "zero": params the graph of the model's outputs does not reach
@@ -288,7 +292,7 @@ class TorchEngine(DeepSpeedAPI, _checkpoint.CheckpointMethods, _gathered.Gathere
     def _between_steps(self):
         """Whether no micro-batch of the next optimizer step has begun (the engine is idle:
         SetParam's phase)."""
-        return not self._in_micro_batch and self._micro_batches == 0
+        return not self._in_micro_batch and self._micro_batches == 0 and not self._window_ended
 
     def _begin_micro_batch(self):
         if not self._in_micro_batch:
@@ -606,6 +610,9 @@ class TorchEngine(DeepSpeedAPI, _checkpoint.CheckpointMethods, _gathered.Gathere
 
     def _end_micro_batch(self):
         """Ends the micro-batch; True when it is the last one before an optimizer step."""
+        if self._window_ended:  # ended already, for safe_get_full_grad
+            self._window_ended = False
+            return True
         ran_forward, self._ran_forward = self._ran_forward, False
         dropped, self._dropped_by_zero_grad = self._dropped_by_zero_grad, False
         self._flush_grads()  # gradients handed over outside a backward pass
@@ -676,7 +683,7 @@ class TorchEngine(DeepSpeedAPI, _checkpoint.CheckpointMethods, _gathered.Gathere
         this discriminator), ends that micro-batch and drops every gradient the engine holds
         for the next optimizer step (core.Engine.drop_gradients; collective). Otherwise
         nothing: after step(), the engine already holds only the window's accumulation."""
-        if not self._handed_since_step_call:
+        if not self._handed_since_step_call and not self._window_ended:
             return
         self._end_micro_batch()
         self._engine.drop_gradients()

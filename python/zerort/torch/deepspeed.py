@@ -29,7 +29,9 @@ process's MPI rank).
 
 The script's other DeepSpeed calls keep their names: `deepspeed.zero.GatheredParameters`
 and `deepspeed.zero.register_external_parameter` (zerort.torch.gathered and
-register_external_parameter), `deepspeed.utils.set_z3_leaf_modules` and its kin.
+register_external_parameter), `deepspeed.utils.set_z3_leaf_modules` and its kin, and
+`deepspeed.utils.safe_get_full_fp32_param`, `safe_get_full_optimizer_state` and
+`safe_get_full_grad` (_full_state.py).
 """
 import contextlib
 import types
@@ -37,7 +39,7 @@ import types
 import torch
 
 from .. import core, errors
-from . import _leaf_modules
+from . import _full_state, _leaf_modules
 from ._config import TORCH_OPTIONS
 from ._engine import TorchEngine
 from ._gathered import gathered, register_external_parameter
@@ -238,4 +240,7 @@ utils = types.SimpleNamespace(
     get_z3_leaf_modules=_leaf_modules.get_z3_leaf_modules,
     z3_leaf_module=_leaf_modules.z3_leaf_module,
     set_z3_leaf_modules_by_name=_leaf_modules.set_z3_leaf_modules_by_name,
-    set_z3_leaf_modules_by_suffix=_leaf_modules.set_z3_leaf_modules_by_suffix)
+    set_z3_leaf_modules_by_suffix=_leaf_modules.set_z3_leaf_modules_by_suffix,
+    safe_get_full_fp32_param=_full_state.safe_get_full_fp32_param,
+    safe_get_full_optimizer_state=_full_state.safe_get_full_optimizer_state,
+    safe_get_full_grad=_full_state.safe_get_full_grad)

@@ -1,0 +1,129 @@
+"""safe_get_full_fp32_param, safe_get_full_optimizer_state and safe_get_full_grad (DeepSpeed's
+names, zerort.torch and zerort.torch.deepspeed.utils): every rank reads the whole fp32 master,
+moments and gradient of each trainable param, equal to single-process PyTorch's param, AdamW
+state and .grad, at every stage on 3 in-process ranks with gradient accumulation."""
+import pytest
+import torch
+
+import zerort
+import zerort.torch
+from zerort.torch import deepspeed
+from test_torch_engine import OPTIMIZER, TinyLM, batch, loss_of, run_ranks
+
+WORLD, ACCUMULATION, STEPS = 3, 2, 3
+ROWS = 4  # per rank and micro-batch (each batch(i) has 8 rows: two micro-batches' worth)
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    torch.set_num_threads(1)
+
+
+def rows(step, micro, rank):
+    """The rows rank `rank` trains on in micro-batch `micro` of step `step`."""
+    tokens, targets = batch(100 + WORLD * (ACCUMULATION * step + micro) + rank)
+    return tokens[:ROWS], targets[:ROWS]
+
+
+def reference():
+    """Single-process PyTorch over every rank's micro-batches; per step, each param's .grad
+    before the step and its value and AdamW state after it."""
+    model = TinyLM()
+    params = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    optimizer = torch.optim.AdamW(params.values(), lr=OPTIMIZER["lr"], betas=OPTIMIZER["betas"],
+                                  eps=OPTIMIZER["eps"], weight_decay=OPTIMIZER["weight_decay"])
+    seen = []
+    for step in range(STEPS):
+        optimizer.zero_grad()
+        for micro in range(ACCUMULATION):
+            for rank in range(WORLD):
+                (loss_of(model, *rows(step, micro, rank)) / (WORLD * ACCUMULATION)).backward()
+        grads = {n: p.grad.clone() for n, p in params.items()}
+        optimizer.step()
+        seen.append({n: (grads[n], p.detach().clone(), optimizer.state[p]["exp_avg"].clone(),
+                         optimizer.state[p]["exp_avg_sq"].clone()) for n, p in params.items()})
+    return seen
+
+
+def assert_near(got, want, what):
+    scale = max(want.abs().max().item(), 1e-6)
+    error = (got - want).abs().max().item() / scale
+    assert got.dtype == torch.float32 and got.shape == want.shape, what
+    assert error <= 2e-5, f"{what}: relative error {error:.2e}"
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_every_rank_reads_the_full_master_moments_and_gradient(stage):
+    want = reference()
+    config = {"zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0},
+              "optimizer": {"type": "AdamW", "params": {
+                  "lr": OPTIMIZER["lr"], "betas": OPTIMIZER["betas"], "eps": OPTIMIZER["eps"],
+                  "weight_decay": OPTIMIZER["weight_decay"]}},
+              "gradient_clipping": 0.0, "gradient_accumulation_steps": ACCUMULATION,
+              "train_micro_batch_size_per_gpu": ROWS}
+    models = [TinyLM() for _ in range(WORLD)]
+
+    def body(rank, comm):
+        model = models[rank]
+        engine, _, _, _ = deepspeed.initialize(model=model, config=config, comm=comm)
+        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        for step in range(STEPS):
+            for micro in range(ACCUMULATION):
+                engine.backward(loss_of(model, *rows(step, micro, rank)))
+                if micro + 1 < ACCUMULATION:
+                    engine.step()
+            for name, param in named:
+                assert_near(deepspeed.utils.safe_get_full_grad(param), want[step][name][0],
+                            f"step {step} grad of {name}")
+            engine.step()
+            assert engine.was_step_applied()
+            for name, param in named:
+                _, weights, exp_avg, exp_avg_sq = want[step][name]
+                assert_near(zerort.torch.safe_get_full_fp32_param(param), weights, name)
+                assert_near(zerort.torch.safe_get_full_optimizer_state(param, "exp_avg"),
+                            exp_avg, f"exp_avg of {name}")
+                assert_near(deepspeed.utils.safe_get_full_optimizer_state(param, "exp_avg_sq"),
+                            exp_avg_sq, f"exp_avg_sq of {name}")
+        engine.close()
+        return {n: p.detach().clone() for n, p in named}
+
+    for trained in run_ranks(WORLD, body):
+        for name, value in trained.items():
+            assert_near(value, want[-1][name][1], f"trained {name}")
+
+
+def test_zero_grad_after_reading_the_gradient_drops_the_step():
+    comm = zerort.local_group(1)[0]
+    model = TinyLM()
+    engine = zerort.torch.initialize(model, {"stage": 2, "optimizer": OPTIMIZER}, comm)
+    before = model.head.weight.detach().clone()
+    loss_of(model, *batch(0)).backward()
+    assert zerort.torch.safe_get_full_grad(model.head.weight).abs().sum() > 0
+    engine.optimizer.zero_grad()
+    loss_of(model, *batch(1)).backward()
+    engine.step()
+    second = zerort.torch.safe_get_full_fp32_param(model.head.weight)
+    assert torch.equal(second, model.head.weight.detach())
+    assert not torch.equal(second, before)
+    engine.close()
+
+
+def test_what_cannot_be_read_is_named():
+    comm = zerort.local_group(1)[0]
+    model = TinyLM()
+    engine = zerort.torch.initialize(model, {"stage": 1, "optimizer": OPTIMIZER}, comm)
+    with pytest.raises(zerort.FailedPreconditionError, match="after the backward of the last"):
+        zerort.torch.safe_get_full_grad(model.head.weight)  # no backward yet
+    with pytest.raises(zerort.InvalidArgumentError, match="momentum"):
+        zerort.torch.safe_get_full_optimizer_state(model.head.weight, "exp_avg_sqr")
+    with pytest.raises(zerort.InvalidArgumentError, match="no open engine"):
+        zerort.torch.safe_get_full_fp32_param(torch.nn.Parameter(torch.zeros(3)))
+    loss_of(model, *batch(0)).backward()
+    with pytest.raises(zerort.FailedPreconditionError, match="between micro-batches"):
+        zerort.torch.safe_get_full_fp32_param(model.head.weight)
+    engine.step()
+    sgd = zerort.torch.initialize(TinyLM(), {"stage": 1, "optimizer": {"type": "sgd"}}, comm)
+    with pytest.raises(zerort.NotFoundError, match="keeps 0 moment"):
+        zerort.torch.safe_get_full_optimizer_state(sgd.module.head.weight, "momentum_buffer")
+    sgd.close()
+    engine.close()

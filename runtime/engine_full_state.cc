@@ -1,0 +1,57 @@
+// GetFullState(): a trainable param's full fp32 master weights, optimizer moments or reduced
+// gradient, assembled from the parts each rank steps (DeepSpeed's safe_get_full_* calls).
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "runtime/engine_impl.h"
+
+namespace zero::runtime {
+
+Status EngineImpl::GetFullState(ParamId id, ParamState state, float* out) {
+  ZERO_RETURN_IF_ERROR(RequireHealthyGroup("GetFullState"));
+  ZERO_RETURN_IF_ERROR(CheckParamId(id, "GetFullState"));
+  ZERO_RETURN_IF_ERROR(RequirePhase(Phase::kIdle, "GetFullState"));
+  if (out == nullptr) return absl::InvalidArgumentError("GetFullState: out is null");
+  const int param = static_cast<int>(id);
+  if (!specs_[param].requires_grad) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "GetFullState: param '", ParamLabel(param),
+        "' is frozen (requires_grad false): it has no master, moments or gradient; GetParam reads its values"));
+  }
+  const int moment = state == ParamState::kFirstMoment ? 1 : state == ParamState::kSecondMoment ? 2 : 0;
+  if (moment > optimizer_->state_count()) {
+    return absl::NotFoundError(absl::StrCat("GetFullState: the optimizer keeps ", optimizer_->state_count(),
+                                            " moment buffer(s) per param, so there is no moment ", moment,
+                                            " of '", ParamLabel(param), "'"));
+  }
+  if (state == ParamState::kGrad && micro_batch_ != config_.gradient_accumulation_steps) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "GetFullState: the gradient of '", ParamLabel(param), "' exists between the step's last EndBackward and Step; ",
+        micro_batch_, " of ", config_.gradient_accumulation_steps, " micro-batches are done"));
+  }
+  const int64_t numel = plan_->placement(param).numel;
+  std::fill(out, out + numel, 0.0f);
+  // Each part lands where it belongs; the rest stays zero, so a sum over the ranks (which own
+  // disjoint parts from stage 1 on) assembles the whole param exactly.
+  std::vector<float> scratch;
+  auto place = [&](int64_t begin, int64_t n, const float* values) {
+    std::copy(values, values + n, out + begin);
+    return absl::OkStatus();
+  };
+  if (state == ParamState::kGrad) {
+    ZERO_RETURN_IF_ERROR(grads_->ZeroUnreduced());
+    ZERO_RETURN_IF_ERROR(optimizer_->VisitOwnedGrad(param, &scratch, place));
+    const double scale = 1.0 / (static_cast<double>(comm_.size()) * loss_scaler_.scale());
+    for (int64_t i = 0; i < numel; ++i) out[i] = static_cast<float>(out[i] * scale);
+  } else {
+    ZERO_RETURN_IF_ERROR(optimizer_->VisitOwned(param, &scratch, [&](int64_t begin, int64_t n, const float* values) {
+      return place(begin, n, values + moment * n);  // weights, then each moment: n floats each
+    }));
+  }
+  if (config_.stage == 0 || comm_.size() == 1) return absl::OkStatus();  // every rank steps it whole
+  Status summed = host_.AllReduce(out, numel, comm::ReduceOp::kSum);
+  if (!summed.ok()) return Status(summed.code(), absl::StrCat("GetFullState: ", summed.message()));
+  return absl::OkStatus();
+}
+
+}  // namespace zero::runtime

@@ -1,0 +1,161 @@
+// GetFullState: a param's full fp32 master weights, AdamW moments and reduced gradient on
+// every rank, at every stage and world size, against a float64 AdamW written here; and the
+// calls it refuses.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <memory>
+#include <vector>
+
+#include "tests/engine/reference_adamw.h"
+#include "tests/engine/run_on_ranks.h"
+#include "tests/status_matchers.h"
+#include "zero/communicator.h"
+#include "zero/engine.h"
+
+namespace zero {
+namespace {
+
+using testing::InitialValues;
+using testing::IsOk;
+using testing::RankGradient;
+using testing::ReferenceAdamW;
+using testing::RunOnRanks;
+using testing::StatusIs;
+
+// Two params of odd sizes that straddle buckets and shards.
+constexpr int64_t kNumel[] = {997, 61};
+constexpr int kSteps = 3, kMicroBatches = 2;
+constexpr float kLossScale = 64.0f;  // a static scale: the gradients arrive multiplied by it
+
+Config FullStateConfig(int stage) {
+  Config c;
+  c.stage = stage;
+  c.optimizer.type = OptimizerType::kAdamW;
+  c.optimizer.lr = 1e-2f;
+  c.optimizer.weight_decay = 0.1f;
+  c.gradient_accumulation_steps = kMicroBatches;
+  c.loss_scale.mode = LossScaleMode::kStatic;
+  c.loss_scale.initial_power = 6;
+  c.buckets.reduce_bucket_elems = 300;
+  c.buckets.first_bucket_elems = 300;
+  c.buckets.last_bucket_elems = 0;
+  c.stage3.persistence_threshold = 0;
+  return c;
+}
+
+// A rank's gradient of `param` in micro-batch `micro` of step `step`, unscaled.
+std::vector<float> MicroGradient(int param, int step, int micro, int rank) {
+  return RankGradient(param, kNumel[param], 10 * step + micro, rank);
+}
+
+// The step's gradient as the optimizer applies it: the micro-batches summed, averaged over ranks.
+std::vector<double> StepGradient(int param, int step, int world) {
+  std::vector<double> g(kNumel[param], 0.0);
+  for (int micro = 0; micro < kMicroBatches; ++micro) {
+    for (int r = 0; r < world; ++r) {
+      const std::vector<float> part = MicroGradient(param, step, micro, r);
+      for (int64_t i = 0; i < kNumel[param]; ++i) g[i] += static_cast<double>(part[i]) / world;
+    }
+  }
+  return g;
+}
+
+void ExpectNear(const std::vector<float>& got, const std::vector<double>& want, double tolerance, const char* what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < want.size(); ++i) {
+    ASSERT_NEAR(got[i], want[i], tolerance * (1.0 + std::fabs(want[i]))) << what << " element " << i;
+  }
+}
+
+class EngineFullState : public ::testing::TestWithParam<std::tuple<int, int>> {};
+
+TEST_P(EngineFullState, EveryRankReadsTheWholeParamsMomentsAndGradient) {
+  const auto [stage, world] = GetParam();
+  const Config config = FullStateConfig(stage);
+  std::vector<ReferenceAdamW> reference;
+  for (int p = 0; p < 2; ++p) reference.emplace_back(InitialValues(p, kNumel[p]));
+  std::vector<std::vector<double>> step_grads(kSteps * 2);
+  for (int step = 1; step <= kSteps; ++step) {
+    for (int p = 0; p < 2; ++p) step_grads[(step - 1) * 2 + p] = StepGradient(p, step, world);
+  }
+  // Each rank's reads after each step (weights, moments) and before it (gradient).
+  RunOnRanks(world, [&](int r, comm::Communicator& comm) {
+    auto created = Engine::Create(config, comm);
+    ASSERT_THAT(created, IsOk());
+    Engine& engine = **created;
+    for (int p = 0; p < 2; ++p) {
+      ASSERT_THAT(engine.RegisterParam({p == 0 ? "w" : "b", {kNumel[p]}, DType::kFP32, true, 0, p}), IsOk());
+    }
+    ASSERT_THAT(engine.Finalize(), IsOk());
+    for (int p = 0; p < 2; ++p) ASSERT_THAT(engine.SetParam(p, InitialValues(p, kNumel[p]).data()), IsOk());
+    std::vector<ReferenceAdamW> mine = reference;
+    for (int step = 1; step <= kSteps; ++step) {
+      for (int micro = 0; micro < kMicroBatches; ++micro) {
+        ASSERT_THAT(engine.BeginIteration(), IsOk());
+        for (int p : {1, 0}) {
+          if (stage == 3) ASSERT_THAT(engine.Gather(p), IsOk());
+          std::vector<float> g = MicroGradient(p, step, micro, r);
+          for (float& x : g) x *= kLossScale;
+          ASSERT_THAT(engine.AccumulateGrad(p, g.data()), IsOk());
+          if (stage == 3) ASSERT_THAT(engine.Release(p), IsOk());
+        }
+        ASSERT_THAT(engine.EndBackward(), IsOk());
+      }
+      for (int p = 0; p < 2; ++p) {
+        std::vector<float> got(kNumel[p], std::nanf(""));  // poisoned
+        ASSERT_THAT(engine.GetFullState(p, ParamState::kGrad, got.data()), IsOk());
+        ExpectNear(got, step_grads[(step - 1) * 2 + p], 1e-6, "gradient");
+      }
+      ASSERT_THAT(engine.Step(), IsOk());
+      for (int p = 0; p < 2; ++p) {
+        mine[p].Step(step_grads[(step - 1) * 2 + p], config.optimizer.Group(0));
+        const std::pair<ParamState, const std::vector<double>*> reads[] = {
+            {ParamState::kWeights, &mine[p].w}, {ParamState::kFirstMoment, &mine[p].m},
+            {ParamState::kSecondMoment, &mine[p].v}};
+        for (const auto& [state, want] : reads) {
+          std::vector<float> got(kNumel[p], std::nanf(""));
+          ASSERT_THAT(engine.GetFullState(p, state, got.data()), IsOk());
+          ExpectNear(got, *want, 1e-5, "weights or moment");
+        }
+      }
+    }
+    std::vector<float> out(kNumel[0]);
+    EXPECT_THAT(engine.GetFullState(0, ParamState::kGrad, out.data()), StatusIs(absl::StatusCode::kFailedPrecondition))
+        << "after Step there is no gradient";
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(StagesAndWorlds, EngineFullState,
+                         ::testing::Combine(::testing::Values(0, 1, 2, 3), ::testing::Values(1, 2, 3)));
+
+TEST(EngineFullStateRefusals, NamesWhatCannotBeRead) {
+  for (int stage : {0, 3}) {
+    Config config = FullStateConfig(stage);
+    config.optimizer.type = OptimizerType::kSgd;
+    config.optimizer.momentum = 0.9f;
+    config.gradient_accumulation_steps = 1;
+    auto group = comm::CreateLocalGroup(1);
+    ASSERT_THAT(group, IsOk());
+    auto created = Engine::Create(config, *(*group)[0]);
+    ASSERT_THAT(created, IsOk());
+    Engine& engine = **created;
+    std::vector<float> out(kNumel[0]);
+    ASSERT_THAT(engine.RegisterParam({"w", {kNumel[0]}, DType::kFP32, true, 0, 0}), IsOk());
+    ASSERT_THAT(engine.RegisterParam({"frozen", {kNumel[0]}, DType::kFP32, false, 0, 1}), IsOk());
+    EXPECT_THAT(engine.GetFullState(0, ParamState::kWeights, out.data()), StatusIs(absl::StatusCode::kFailedPrecondition));
+    ASSERT_THAT(engine.Finalize(), IsOk());
+    EXPECT_THAT(engine.GetFullState(0, ParamState::kFirstMoment, out.data()), IsOk());
+    EXPECT_THAT(engine.GetFullState(0, ParamState::kSecondMoment, out.data()), StatusIs(absl::StatusCode::kNotFound));
+    EXPECT_THAT(engine.GetFullState(1, ParamState::kWeights, out.data()), StatusIs(absl::StatusCode::kFailedPrecondition));
+    EXPECT_THAT(engine.GetFullState(2, ParamState::kWeights, out.data()), StatusIs(absl::StatusCode::kInvalidArgument));
+    EXPECT_THAT(engine.GetFullState(0, ParamState::kWeights, nullptr), StatusIs(absl::StatusCode::kInvalidArgument));
+    EXPECT_THAT(engine.GetFullState(0, ParamState::kGrad, out.data()), StatusIs(absl::StatusCode::kFailedPrecondition));
+    ASSERT_THAT(engine.BeginIteration(), IsOk());
+    EXPECT_THAT(engine.GetFullState(0, ParamState::kWeights, out.data()), StatusIs(absl::StatusCode::kFailedPrecondition))
+        << "inside a micro-batch";
+  }
+}
+
+}  // namespace
+}  // namespace zero
