@@ -172,6 +172,12 @@ zero_status zero_register_param(zero_engine* engine, const char* name, const int
   return ZERO_OK;
 } ZERO_C_CATCH("zero_register_param")
 
+zero_status zero_add_param_alias(zero_engine* engine, int64_t id, const char* alias) try {
+  ZERO_C_REQUIRE(engine, "zero_add_param_alias");
+  ZERO_C_REQUIRE(alias, "zero_add_param_alias");
+  return Report(engine->engine->AddParamAlias(id, alias));
+} ZERO_C_CATCH("zero_add_param_alias")
+
 zero_status zero_finalize(zero_engine* engine) try {
   ZERO_C_REQUIRE(engine, "zero_finalize");
   return Report(engine->engine->Finalize());

@@ -215,7 +215,7 @@ Status EngineImpl::SaveCheckpointAs(const std::string& target, int64_t series_se
       const ParamSpec& s = specs_[p];
       const bool saved = s.requires_grad || config_.checkpoint.save_frozen;
       meta.params.push_back({s.name, s.shape, DTypeName(s.dtype), s.requires_grad, saved, plan_->params()[p].numel,
-                             param_steps_[p], s.requires_grad ? s.group : -1});
+                             param_steps_[p], s.requires_grad ? s.group : -1, aliases_[p]});
     }
     meta.format = FormatFor(meta);
     written = CheckEveryRankFileIsHere(partial, meta);

@@ -118,6 +118,16 @@ Status ReadParams(const nlohmann::json& json, const std::string& path, Checkpoin
         return FieldError(path, field + ".group", "a group index from 0 to 2^20, of a trainable param");
       }
     }
+    if (entry.contains("aliases")) {
+      const nlohmann::json& aliases = entry["aliases"];
+      if (!aliases.is_array()) return FieldError(path, field + ".aliases", "an array of names");
+      for (const nlohmann::json& alias : aliases) {
+        if (!alias.is_string() || alias.get<std::string>().empty()) {
+          return FieldError(path, field + ".aliases", "an array of names");
+        }
+        param.aliases.push_back(alias.get<std::string>());
+      }
+    }
     param.steps = meta->step;
     if (entry.contains("steps")) {
       ZERO_RETURN_IF_ERROR(Field(entry, "steps", path, field + ".steps", &param.steps));
@@ -379,6 +389,7 @@ StatusOr<std::string> CheckpointMetaJson(const CheckpointMeta& meta) {
     json["params"].push_back({{"name", p.name}, {"shape", p.shape}, {"dtype", p.dtype},
                               {"requires_grad", p.requires_grad}, {"saved", p.saved}, {"steps", p.steps}});
     if (p.group >= 0) json["params"].back()["group"] = p.group;
+    if (!p.aliases.empty()) json["params"].back()["aliases"] = p.aliases;
   }
   if (!meta.rank_files.empty()) {
     json["rank_files"] = nlohmann::json::array();

@@ -62,6 +62,9 @@ struct CheckpointMeta {
     /// A trainable param's optimizer group (ParamSpec::group); -1 for a frozen one and in files
     /// written before it was recorded (then not checked at a load).
     int group = -1;
+    /// Other names of the same param (Engine::AddParamAlias: a tied weight's); in meta.json
+    /// only where there are some.
+    std::vector<std::string> aliases;
   };
   int format = kCheckpointFormat;
   int world = 0;

@@ -35,7 +35,7 @@ StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(const std::st
       return absl::InvalidArgumentError(absl::StrCat("checkpoint: ", state->dir, "/meta.json: param \"", p.name,
                                                      "\": ", dtype.status().message()));
     }
-    state->params.push_back({p.name, p.shape, *dtype, p.requires_grad, p.saved, p.numel});
+    state->params.push_back({p.name, p.shape, *dtype, p.requires_grad, p.saved, p.numel, p.aliases});
   }
   for (int r = 0; r < state->meta.world; ++r) {
     File file;

@@ -484,10 +484,11 @@ void FinishPrecision(Translation& t) {
       }
     }
   } else if (bf16 && Flag(t, "bf16.check_grad_overflow", true)) {
-    // precision_config.py: check_grad_overflow defaults to true (since v0.19.3): a step with an
-    // Inf/NaN gradient is skipped, as ZeroRT's static scale 2^0 = 1 does.
+    // precision_config.py: check_grad_overflow defaults to true in DeepSpeed's newest releases
+    // (false before): a step with an Inf/NaN gradient is skipped, as ZeroRT's static scale 2^0 = 1
+    // does.
     t.out["loss_scale"] = {{"mode", "static"}, {"initial_power", 0}};
-    t.Note("bf16.check_grad_overflow", "true (DeepSpeed's default): steps with Inf/NaN gradients are skipped "
+    t.Note("bf16.check_grad_overflow", "true (the default of DeepSpeed's newest releases): steps with Inf/NaN gradients are skipped "
                                        "(loss_scale {\"mode\": \"static\", \"initial_power\": 0})");
   }
 }
@@ -545,8 +546,14 @@ bool IsDeepSpeedConfig(const nlohmann::json& config) {
   for (auto it = config.begin(); it != config.end(); ++it) {
     if (TopLevel().count(it.key()) != 0 && shared.count(it.key()) == 0) return true;
   }
-  // DeepSpeed's optimizer nests its hyperparameters under "params"; ZeroRT's does not.
-  return Member(config, "optimizer").contains("params");
+  // DeepSpeed's optimizer nests its hyperparameters under "params"; ZeroRT's does not (both
+  // schedulers do).
+  if (Member(config, "optimizer").contains("params")) return true;
+  // DeepSpeed's checkpoint section has keys ZeroRT's (keep_last, save_frozen) has not.
+  for (const char* key : {"tag_validation", "load_universal", "use_node_local_storage", "parallel_write"}) {
+    if (Member(config, "checkpoint").contains(key)) return true;
+  }
+  return false;
 }
 
 StatusOr<nlohmann::json> TranslateDeepSpeedConfig(const nlohmann::json& config,

@@ -14,9 +14,10 @@ namespace zero::runtime {
 
 /// Whether `config` is a DeepSpeed config: a JSON object with one of DeepSpeed's top-level keys
 /// that ZeroRT's config does not have (zero_optimization, fp16, bf16, train_batch_size,
-/// train_micro_batch_size_per_gpu, gradient_clipping, ...), or an "optimizer" with "params".
-/// Keys both configs have (optimizer, scheduler, gradient_accumulation_steps, checkpoint,
-/// device) do not make it one. A translation is never a DeepSpeed config.
+/// train_micro_batch_size_per_gpu, gradient_clipping, ...), an "optimizer" with "params", or
+/// a "checkpoint" with one of DeepSpeed's own keys (tag_validation, ...). Keys both
+/// configs have (optimizer, scheduler, gradient_accumulation_steps, checkpoint, device) do not
+/// otherwise make it one. A translation is never a DeepSpeed config.
 bool IsDeepSpeedConfig(const nlohmann::json& config);
 
 /// ZeroRT's JSON for DeepSpeed config `config`, with DeepSpeed's defaults written out where they

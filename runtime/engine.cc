@@ -186,7 +186,24 @@ StatusOr<ParamId> EngineImpl::RegisterParam(const ParamSpec& spec) {
     return absl::InvalidArgumentError(absl::StrCat("param name \"", spec.name, "\" is already registered"));
   }
   specs_.push_back(spec);
+  aliases_.emplace_back();
   return static_cast<ParamId>(specs_.size() - 1);
+}
+
+Status EngineImpl::AddParamAlias(ParamId id, const std::string& alias) {
+  ZERO_RETURN_IF_ERROR(RequirePhase(Phase::kRegistering, "AddParamAlias"));
+  ZERO_RETURN_IF_ERROR(CheckParamId(id, "AddParamAlias"));
+  const std::string& name = specs_[id].name;
+  if (alias.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("AddParamAlias: an empty alias for \"", name, "\""));
+  }
+  ZERO_RETURN_IF_ERROR(CheckMetaText(alias, absl::StrCat("AddParamAlias: an alias of \"", name, "\"")));
+  if (!registered_names_.insert(alias).second) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("AddParamAlias: \"", alias, "\" (an alias of \"", name, "\") is already a registered name"));
+  }
+  aliases_[id].push_back(alias);
+  return absl::OkStatus();
 }
 
 Status EngineImpl::Finalize() {

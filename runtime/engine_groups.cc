@@ -1,5 +1,8 @@
 // Optimizer groups: each group's hyperparameters (config optimizer.param_groups, changed
-// between steps by SetGroupHyper), and the learning-rate schedule that sets their lr.
+// between steps by SetGroupHyper), checked to agree across ranks at each step, and the
+// learning-rate schedule that sets their lr.
+#include <utility>
+
 #include "absl/strings/str_cat.h"
 #include "runtime/engine_impl.h"
 
@@ -44,6 +47,44 @@ Status EngineImpl::SetGroupHyper(int group, const OptimizerHyper& hyper) {
   }
   ZERO_RETURN_IF_ERROR(ValidateOptimizerHyper(hyper, absl::StrCat("SetGroupHyper: group ", group)));
   groups_[group] = hyper;
+  return absl::OkStatus();
+}
+
+Status EngineImpl::CheckGroupsAgree() {
+  if (comm_.size() == 1 || !ReadsNormOnHost()) return absl::OkStatus();
+  // Every setting of every group, then each negated: one max over the ranks gives each
+  // setting's maximum and minimum, equal exactly when every rank has the same value.
+  using Setting = std::pair<const char*, float OptimizerHyper::*>;
+  static constexpr Setting kSettings[] = {
+      {"lr", &OptimizerHyper::lr},       {"beta1", &OptimizerHyper::beta1},
+      {"beta2", &OptimizerHyper::beta2}, {"eps", &OptimizerHyper::eps},
+      {"weight_decay", &OptimizerHyper::weight_decay}, {"momentum", &OptimizerHyper::momentum},
+      {"dampening", &OptimizerHyper::dampening}};
+  constexpr size_t kPerGroup = std::size(kSettings) + 1;  // and nesterov
+  const size_t n = groups_.size() * kPerGroup;
+  std::vector<float> values(2 * n);
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    for (size_t k = 0; k < kPerGroup; ++k) {
+      const float value = k < std::size(kSettings) ? groups_[g].*kSettings[k].second : (groups_[g].nesterov ? 1.0f : 0.0f);
+      values[g * kPerGroup + k] = value;
+      values[n + g * kPerGroup + k] = -value;
+    }
+  }
+  const std::vector<float> mine(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(n));
+  Status reduced = host_.AllReduce(values.data(), static_cast<int64_t>(values.size()), comm::ReduceOp::kMax);
+  if (!reduced.ok()) return Status(reduced.code(), absl::StrCat("Step: comparing the optimizer settings: ", reduced.message()));
+  for (size_t i = 0; i < n; ++i) {
+    const float highest = values[i], lowest = -values[n + i];
+    if (highest == lowest) continue;
+    const size_t k = i % kPerGroup;
+    return absl::FailedPreconditionError(absl::StrCat(
+        "Step: the ranks would step with different optimizer settings: group ", i / kPerGroup, "'s ",
+        k < std::size(kSettings) ? kSettings[k].first : "nesterov", " is ", lowest, " on one rank and ", highest,
+        " on another (", mine[i], " on this rank). Each rank steps its own shard of the params (stages 1-3), so "
+        "the model would mix them silently, and at stage 0 the replicas would drift apart. Set the same values on "
+        "every rank: step the lr scheduler on every rank, not only on rank 0. Nothing was stepped; Step may be "
+        "called again once they agree."));
+  }
   return absl::OkStatus();
 }
 

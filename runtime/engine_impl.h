@@ -51,6 +51,7 @@ class EngineImpl final : public Engine {
   ~EngineImpl() override;
 
   StatusOr<ParamId> RegisterParam(const ParamSpec& spec) override;
+  Status AddParamAlias(ParamId id, const std::string& alias) override;
   Status Finalize() override;
   Status SetStream(void* cuda_stream) override;
   Status SetParam(ParamId id, const void* values) override;
@@ -163,6 +164,11 @@ class EngineImpl final : public Engine {
   void InitGroups();
   // After an applied step (and a load): the schedule's lr for the next step in every group.
   void ApplySchedule();
+  // Step, where the host reads the step's values anyway (ReadsNormOnHost: always on the CPU):
+  // every rank holds the same settings in every group (SetGroupHyper is local, so a rank that
+  // alone changed its lr would step its shard with it); else kFailedPrecondition naming the
+  // first group and setting that differ, before anything changed. A collective.
+  Status CheckGroupsAgree();
 
   // Checkpoints (checkpoint.cc).
   // After a step every rank took on its own (writing or reading its part): `local` on this
@@ -241,6 +247,7 @@ class EngineImpl final : public Engine {
 
   EngineCounters counters_;  // before the stores, which count into it
   std::vector<ParamSpec> specs_;
+  std::vector<std::vector<std::string>> aliases_;  // by param: its other names (AddParamAlias)
   std::unordered_set<std::string> registered_names_;  // specs_' names (RegisterParam's check)
   std::optional<partition::PartitionPlan> plan_;
   std::unique_ptr<ParamStore> params_;

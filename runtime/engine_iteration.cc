@@ -94,25 +94,32 @@ Status EngineImpl::BufferPoolExhausted(int arriving) const {
       }
     }
   }
+  const bool marks_unused = config_.guard.on_unused == UnusedPolicy::kZero;
+  // Under guard.on_unused = "zero", a param that gets no gradient holds its bucket until
+  // EndBackward unless the trainer says so as soon as it knows.
+  const char* declare_absent =
+      marks_unused ? " A param that gets no gradient in this micro-batch holds its bucket back until EndBackward "
+                     "unless the trainer declares it with GradAbsent(id) as soon as it knows (zerort.torch does so "
+                     "where the autograd graph tells: not behind a custom autograd.Function such as reentrant "
+                     "checkpointing)."
+                   : "";
   if (missing.empty()) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        message, " Gradients are arriving far from backward order; raise buckets.pool_buffers or "
+        message, declare_absent, " Gradients are arriving far from backward order; raise buckets.pool_buffers or "
                  "buckets.reduce_bucket_elems"));
   }
   const size_t shown = std::min<size_t>(missing.size(), 4);
-  const bool marks_unused = config_.guard.on_unused == UnusedPolicy::kZero;
   return absl::ResourceExhaustedError(absl::StrCat(
       message, " Buckets launch in one fixed order on every rank, and bucket ", blocking,
       ", next in it, still waits for params that have had no gradient in this backward: ",
       absl::StrJoin(missing.begin(), missing.begin() + static_cast<std::ptrdiff_t>(shown), ", "),
       missing.size() > shown ? absl::StrCat(" and ", missing.size() - shown, " more") : "",
-      marks_unused ? ". guard.on_unused = \"zero\" marks a param the forward did not use only where the "
-                     "autograd graph tells (not behind a custom autograd.Function such as reentrant "
-                     "checkpointing); "
-                   : ". If the forward does not use them (a module or branch left out), set guard.on_unused = "
+      ".", declare_absent,
+      marks_unused ? " If"
+                   : " If the forward does not use them (a module or branch left out), set guard.on_unused = "
                      "\"zero\" (DeepSpeed: zero_optimization.ignore_unused_parameters = true), or freeze them "
-                     "before initialize; ",
-      "if their gradients come later in this backward, raise buckets.pool_buffers or "
+                     "before initialize; if",
+      " their gradients come later in this backward, raise buckets.pool_buffers or "
       "buckets.reduce_bucket_elems"));
 }
 

@@ -18,6 +18,7 @@ StatusOr<StepInfo> EngineImpl::Step() {
         " micro-batches are done (gradient_accumulation_steps); finish them with "
         "BeginIteration … EndBackward first"));
   }
+  ZERO_RETURN_IF_ERROR(CheckGroupsAgree());
   // The global norm: the sum of squares of the rank's shard, summed over ranks (an Inf/NaN
   // anywhere makes the sum non-finite everywhere), and the clip decision, all on the engine's
   // device, where the optimizer kernels read the gradient scale. Where nothing waits for the

@@ -31,6 +31,7 @@ class CheckpointReader {
     bool saved = true;           ///< has records: trainable params, and frozen params saved
                                  ///< with checkpoint.save_frozen
     int64_t numel = 0;
+    std::vector<std::string> aliases;  ///< its other names (a tied weight's; Engine::AddParamAlias)
   };
   struct File {
     std::string path;

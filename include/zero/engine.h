@@ -162,6 +162,11 @@ class Engine {
 
   /// Declares a parameter (before Finalize). Returns its id (0, 1, 2, … in order).
   virtual StatusOr<ParamId> RegisterParam(const ParamSpec& spec) = 0;
+  /// Records `alias` as another name of registered param `id` (a tied weight: a language
+  /// model's output layer that is its embedding), before Finalize. Checkpoints record it, so
+  /// a consolidated file (zero-ckpt consolidate) holds the values under every name, as the
+  /// model's state dict does. kInvalidArgument when the name is empty, not UTF-8, or taken.
+  virtual Status AddParamAlias(ParamId id, const std::string& alias) = 0;
   /// Builds the partition plan and allocates every buffer. All ranks must register the same
   /// params in the same order.
   virtual Status Finalize() = 0;
@@ -289,6 +294,8 @@ class Engine {
   /// Ends the micro-batch's backward: launches what is left, waits for the reductions.
   virtual Status EndBackward() = 0;
   /// Unscales, checks for overflow, clips, steps the rank's shard and gathers the params.
+  /// kFailedPrecondition, changing nothing, when the ranks' group settings differ
+  /// (SetGroupHyper).
   virtual StatusOr<StepInfo> Step() = 0;
   /// Drops the gradients of every micro-batch ended since the last Step (the trainer skips
   /// this step: a batch it rejects after its backward, or gradients a GAN's generator pass
@@ -361,7 +368,9 @@ class Engine {
   virtual StatusOr<OptimizerHyper> GroupHyper(int group) const = 0;
   /// Sets group `group`'s hyperparameters for the following steps: kernel arguments, nothing
   /// is recomputed. Outside BeginIteration … EndBackward (Step reads them); the config's ranges apply
-  /// (kInvalidArgument naming the field). Every rank must set the same values. A scheduler
+  /// (kInvalidArgument naming the field). Every rank must set the same values: Step refuses
+  /// settings that differ between ranks where its host reads the step's values anyway (on
+  /// the CPU always; on a GPU with sync_grad_norm or a loss scale). A scheduler
   /// overwrites the lr again after the next step.
   virtual Status SetGroupHyper(int group, const OptimizerHyper& hyper) = 0;
   /// The learning-rate schedule's position: DeepSpeed's last_batch_iteration, steps_taken() - 1

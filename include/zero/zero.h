@@ -123,6 +123,9 @@ ZERO_API void zero_engine_destroy(zero_engine* engine);
 ZERO_API zero_status zero_register_param(zero_engine* engine, const char* name, const int64_t* shape,
                                          int ndim, zero_dtype dtype, int requires_grad, int group,
                                          int unit, int64_t* id);
+/** Another name of param `id` (a tied weight's), before zero_finalize: checkpoints record it,
+ *  and zero-ckpt consolidate writes the values under every name. See Engine::AddParamAlias. */
+ZERO_API zero_status zero_add_param_alias(zero_engine* engine, int64_t id, const char* alias);
 ZERO_API zero_status zero_finalize(zero_engine* engine);
 /** Device "cuda": the cudaStream_t the trainer computes on (NULL: the legacy default stream). */
 ZERO_API zero_status zero_set_stream(zero_engine* engine, void* cuda_stream);

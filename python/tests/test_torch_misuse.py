@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import warnings
 import weakref
 
 import pytest
@@ -690,4 +691,28 @@ def test_a_module_replaced_after_initialize_at_stage_3_is_named_in_backward():
                        match='"2.weight" was added to the model after initialize'):
         model(torch.randn(2, 4)).sum().backward()
     engine.close()
+    comm.close()
+
+
+@pytest.mark.parametrize("micro_batches", [3, 4])
+def test_close_names_micro_batches_left_unstepped(micro_batches):
+    """A rank that ran one micro-batch more than its peers steps other windows, which nothing
+    else shows at stages 0-1: close() says how many micro-batches were never stepped, and
+    stays silent after full windows (and after a forward alone)."""
+    comm = zerort.local_group(1)[0]
+    model = nn.Linear(4, 2)
+    config = {"stage": 1, "optimizer": SGD, "gradient_accumulation_steps": 2}
+    engine = zerort.torch.initialize(model, config, comm)
+    for _ in range(micro_batches):
+        engine.backward(model(torch.ones(3, 4)).sum())
+        engine.step()
+    with torch.no_grad():
+        model(torch.ones(3, 4))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        engine.close()
+    messages = [str(w.message) for w in caught if "never stepped" in str(w.message)]
+    assert len(messages) == (1 if micro_batches % 2 else 0), messages
+    if messages:
+        assert "1 micro-batch(es)" in messages[0] and "same number" in messages[0]
     comm.close()

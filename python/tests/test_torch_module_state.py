@@ -197,3 +197,40 @@ def test_zero_ckpt_inspect_shows_odd_param_names_safely(tmp_path):
     assert "red\\x1b[31m" in printed
     short_row = next(line for line in printed.splitlines() if "short" in line)
     assert len(short_row) < 100, short_row
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_zero_ckpt_consolidate_writes_a_tied_param_under_every_name(stage, tmp_path):
+    """The head tied to the embedding is one engine param; the checkpoint records its other
+    name, and zero-ckpt consolidate writes it under both (as DeepSpeed's zero_to_fp32), so
+    the file's params load into the model as its state dict names them."""
+    tool = pathlib.Path(os.environ.get("ZERORT_LIBRARY", "")).parent.parent / "bin" / "zero-ckpt"
+    if not tool.exists():
+        pytest.skip(f"{tool} not built")
+    from test_torch_stage3 import read_safetensors
+    models = [Tied() for _ in range(2)]
+    config = {"stage": stage, "optimizer": OPTIMIZER, "checkpoint": {"save_frozen": True},
+              "guard": {"timeout_s": 30}}
+
+    def body(rank, comm):
+        model = models[rank]
+        engine = zerort.torch.initialize(model, config, comm)
+        train_steps(model, engine, 2, rank)
+        engine.save_checkpoint(str(tmp_path / "ckpt"))
+        state = engine.module_state_dict()
+        engine.close()
+        return state
+
+    state = run_ranks(2, body)[0]
+    out = tmp_path / "model.safetensors"
+    printed = subprocess.run([str(tool), "consolidate", str(tmp_path / "ckpt"), "--out", str(out)],
+                             check=True, capture_output=True, text=True).stdout
+    assert "1 tied names" in printed
+    consolidated = read_safetensors(out)
+    plain = Tied()
+    params = [name for name, _ in plain.named_parameters(prefix="")] + ["head.weight"]
+    assert sorted(consolidated) == sorted(params)
+    for name in params:
+        assert torch.equal(consolidated[name], state[name].float()), name
+    missing, unexpected = plain.load_state_dict(consolidated, strict=False)
+    assert not unexpected and all("weight" not in name and "bias" not in name for name in missing)

@@ -936,7 +936,8 @@ class Scale(nn.Module):
 def test_deepspeed_engine_queries_of_accelerate_and_the_hf_trainer():
     """engine.parameters(), device, fp16_enabled()/bfloat16_enabled(), gradient_clipping(),
     was_step_applied() (False between boundaries, as DeepSpeed's) and
-    optimizer.overflow/cur_scale (a step the loss scaler skips on an inf gradient),
+    optimizer.overflow/cur_scale and skipped_steps (a step the loss scaler skips on an inf
+    gradient),
     backward(scale_wrt_gas=False) and step(lr_kwargs=...) (refused with the config's
     schedule, ignored without one, as DeepSpeed does)."""
     comm = zerort.local_group(1)[0]
@@ -959,6 +960,7 @@ def test_deepspeed_engine_queries_of_accelerate_and_the_hf_trainer():
             engine.step()
             assert engine.was_step_applied() == (boundary and values == 1.0)
         assert engine.optimizer.overflow == (values != 1.0)
+        assert engine.skipped_steps == 1 and engine.global_steps == (1 if values != 1.0 else 2)
     with pytest.raises(zerort.UnimplementedError, match="lr_kwargs"):
         engine.step(lr_kwargs={"last_batch_iteration": 3})
     engine.close()

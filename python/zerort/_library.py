@@ -62,6 +62,8 @@ _PROTOTYPES = {
                              ctypes.c_int, ctypes.c_int, ctypes.c_int,
                              ctypes.c_int, ctypes.c_int, _c_int64_p],
                             ctypes.c_int),
+    "zero_add_param_alias": ([ctypes.c_void_p, ctypes.c_int64, ctypes.c_char_p],
+                             ctypes.c_int),
     "zero_finalize": ([ctypes.c_void_p], ctypes.c_int),
     "zero_set_stream": ([ctypes.c_void_p, ctypes.c_void_p], ctypes.c_int),
     "zero_set_param": ([ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p],

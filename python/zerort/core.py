@@ -356,6 +356,12 @@ class Engine:
             f"registering {name}")
         return pid.value
 
+    def add_param_alias(self, pid, alias):
+        """Another name of param `pid` (a tied weight's), before finalize(): checkpoints
+        record it (zero_add_param_alias)."""
+        _check(library().zero_add_param_alias(self._handle, pid, alias.encode()),
+               "zero_add_param_alias")
+
     def finalize(self):
         """Builds the layout and checks that every rank registered the same params."""
         _check(library().zero_finalize(self._handle), "zero_finalize")

@@ -525,6 +525,14 @@ if MODE == "local":
     patterns = train(["--steps", "60", "--tied", "--branch", "--recompute", "--precision", "bf16"])
     check(patterns is not None and patterns[1]["final_loss"] < patterns[0][0]["loss"],
           "tied weights, an unused branch and re-fired gradients train under the guard policies")
+    # More buckets than gradient buffers: the branch the forward left out must not hold its
+    # bucket (and every later one's buffer) until EndBackward.
+    small = ["--branch", "--ranks", "2", "--steps", "4", "--depth", "8", "--width", "64",
+             "--reduce_bucket_elems", "4096", "--first_bucket_elems", "4096"]
+    branched = {stage: train(small + ["--stage", str(stage)]) for stage in (0, 2, 3)}
+    check(all(r is not None for r in branched.values())
+          and len({r[1]["checksum"] for r in branched.values()}) == 1,
+          "--branch with more buckets than gradient buffers trains alike at stages 0, 2 and 3")
     with tempfile.TemporaryDirectory() as ckpt:  # resumed at a step that skips the branch
         odd = ["--tied", "--branch", "--ranks", "2", "--checkpoint_dir", ckpt]
         train(["--steps", "5"] + odd)

@@ -95,5 +95,33 @@ TEST_F(CheckpointReaderTest, VerifyNamesEveryDamagedOrMissingFile) {
   EXPECT_THAT(CheckpointReader::Open(dir_ + "-none"), Not(IsOk()));
 }
 
+// A tied weight is one param with other names (AddParamAlias): the checkpoint records them, and
+// the reader gives them with the param. Names already taken, empty ones and late ones are refused.
+TEST(CheckpointReaderAliases, AParamsOtherNamesAreRecorded) {
+  const std::string dir = testing::ScratchDir("zerort-aliases");
+  auto group = comm::CreateLocalGroup(1);
+  ASSERT_THAT(group, IsOk());
+  auto created = Engine::Create(ToyConfig(2), *(*group)[0]);
+  ASSERT_THAT(created, IsOk());
+  Engine& engine = **created;
+  ASSERT_THAT(engine.RegisterParam({"embed.weight", {7, 3}}), IsOk());
+  ASSERT_THAT(engine.RegisterParam({"norm.bias", {3}}), IsOk());
+  EXPECT_THAT(engine.AddParamAlias(0, "head.weight"), IsOk());
+  EXPECT_THAT(engine.AddParamAlias(0, "lm.head.weight"), IsOk());
+  EXPECT_THAT(engine.AddParamAlias(1, "head.weight"), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("already")));
+  EXPECT_THAT(engine.AddParamAlias(1, "norm.bias"), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(engine.AddParamAlias(1, ""), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("empty")));
+  EXPECT_THAT(engine.AddParamAlias(2, "x"), StatusIs(absl::StatusCode::kInvalidArgument));
+  ASSERT_THAT(engine.Finalize(), IsOk());
+  EXPECT_THAT(engine.AddParamAlias(1, "late"), StatusIs(absl::StatusCode::kFailedPrecondition));
+  ASSERT_THAT(engine.SaveCheckpoint(dir), IsOk());
+  auto reader = CheckpointReader::Open(dir);
+  ASSERT_THAT(reader, IsOk());
+  ASSERT_EQ((*reader)->params().size(), 2u);
+  EXPECT_EQ((*reader)->params()[0].aliases, (std::vector<std::string>{"head.weight", "lm.head.weight"}));
+  EXPECT_TRUE((*reader)->params()[1].aliases.empty());
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace zero

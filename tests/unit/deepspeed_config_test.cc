@@ -342,7 +342,9 @@ TEST(DeepSpeedConfig, RecognisedByDeepSpeedOnlyKeys) {
   for (const char* text : {R"({"zero_optimization": {"stage": 2}})", R"({"train_batch_size": 8})",
                            R"({"train_micro_batch_size_per_gpu": 1})", R"({"fp16": {"enabled": true}})",
                            R"({"bf16": {"enabled": true}})", R"({"gradient_clipping": 1.0})",
-                           R"({"optimizer": {"type": "Adam", "params": {"lr": 1e-3}}})"}) {
+                           R"({"optimizer": {"type": "Adam", "params": {"lr": 1e-3}}})",
+                           R"({"checkpoint": {"tag_validation": "Warn"}})",
+                           R"({"checkpoint": {"use_node_local_storage": true}, "scheduler": {"type": "WarmupLR"}})"}) {
     EXPECT_TRUE(IsDeepSpeedConfig(Json::parse(text))) << text;
   }
   // ZeroRT's own config (the one in include/zero/config.h), and keys both configs have.

@@ -129,6 +129,44 @@ TEST_P(EngineGroups, TwoGroupsWithLrChangedBetweenStepsFollowTheReference) {
 INSTANTIATE_TEST_SUITE_P(StagesAndWorlds, EngineGroups,
                          ::testing::Combine(::testing::Values(0, 1, 2, 3), ::testing::Values(2, 3)));
 
+// One rank alone changes a group's setting (an lr scheduler stepped on rank 0 only): each rank
+// would step its shard with its own value. Step refuses on every rank, naming the group and the
+// setting, and changes nothing; once the ranks agree, the same Step goes on.
+TEST_P(EngineGroups, SettingsThatDifferBetweenRanksAreRefusedAtStep) {
+  const auto [stage, world] = GetParam();
+  const Config config = TwoGroupConfig(stage);
+  RunOnRanks(world, [&](int r, comm::Communicator& comm) {
+    std::unique_ptr<Engine> created = TwoParamEngine(config, comm);
+    ASSERT_NE(created, nullptr);
+    Engine& engine = *created;
+    auto hyper = engine.GroupHyper(1);
+    ASSERT_THAT(hyper, IsOk());
+    const OptimizerHyper agreed = *hyper;
+    if (r == world - 1) hyper->weight_decay = 0.5f;
+    ASSERT_THAT(engine.SetGroupHyper(1, *hyper), IsOk());
+    ASSERT_THAT(engine.BeginIteration(), IsOk());
+    for (int param : {1, 0}) {
+      if (stage == 3) ASSERT_THAT(engine.Gather(param), IsOk());
+      const int64_t numel = param == 0 ? kWeightNumel : kBiasNumel;
+      ASSERT_THAT(engine.AccumulateGrad(param, RankGradient(param, numel, 1, r).data()), IsOk());
+      if (stage == 3) ASSERT_THAT(engine.Release(param), IsOk());
+    }
+    ASSERT_THAT(engine.EndBackward(), IsOk());
+    EXPECT_THAT(engine.Step(), StatusIs(absl::StatusCode::kFailedPrecondition,
+                                        ::testing::AllOf(::testing::HasSubstr("group 1's weight_decay is 0 on one "
+                                                                              "rank and 0.5 on another"),
+                                                         ::testing::HasSubstr("every rank"))));
+    EXPECT_EQ(engine.steps_taken(), 0);
+    std::vector<float> w(kWeightNumel);
+    ASSERT_THAT(engine.GetParam(0, w.data()), IsOk());
+    EXPECT_EQ(w, InitialValues(0, kWeightNumel)) << "nothing was stepped";
+    ASSERT_THAT(engine.SetGroupHyper(1, agreed), IsOk());
+    auto info = engine.Step();
+    ASSERT_THAT(info, IsOk());
+    EXPECT_EQ(info->step, 1);
+  });
+}
+
 // A param that no rank used keeps its own step count (guard.on_unused = "zero"), so its first
 // update is bias-corrected as step 1, as PyTorch's per-param state does. Declared absent early
 // (GradAbsent, as zerort.torch does for params its forward did not reach) or never mentioned,

@@ -108,7 +108,8 @@ TEST(EngineProtocol, AnExhaustedBufferPoolNamesTheParamsItsFirstBucketWaitsFor) 
                                         HasSubstr("guard.on_unused"), HasSubstr("buckets.pool_buffers"))));
 }
 
-// The same pool with guard.on_unused = "zero" already set: the error does not suggest it.
+// The same pool with guard.on_unused = "zero" already set: the error does not suggest it, and
+// names GradAbsent, which frees the bucket of a param the trainer knows gets no gradient.
 TEST(EngineProtocol, AnExhaustedBufferPoolUnderOnUnusedZeroSaysWhereItMarks) {
   Config config = ToyConfig(2);
   config.guard.on_unused = UnusedPolicy::kZero;
@@ -119,7 +120,7 @@ TEST(EngineProtocol, AnExhaustedBufferPoolUnderOnUnusedZeroSaysWhereItMarks) {
   EXPECT_THAT(e->AccumulateGrad(0, kGrad.data()),
               StatusIs(absl::StatusCode::kResourceExhausted,
                        ::testing::AllOf(HasSubstr("\"pooler.weight\" (index 2)"),
-                                        HasSubstr("only where the autograd graph tells"),
+                                        HasSubstr("GradAbsent(id)"), HasSubstr("where the autograd graph tells"),
                                         Not(HasSubstr("set guard.on_unused")))));
 }
 

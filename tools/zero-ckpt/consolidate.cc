@@ -72,12 +72,21 @@ Status Consolidate(const std::string& dir, const std::string& out, DType dtype) 
   }
   // Every record checked first: the sizes below are then backed by the files' real bytes.
   ZERO_RETURN_IF_ERROR(reader->Verify());
+  // Each param under its name and its aliases (a tied weight's other names), as the model's
+  // state dict holds it: a strict load_state_dict finds every name.
+  auto names_of = [](const CheckpointReader::Param& p) {
+    std::vector<std::string> names = {p.name};
+    names.insert(names.end(), p.aliases.begin(), p.aliases.end());
+    return names;
+  };
   std::set<std::string> names;
   for (const CheckpointReader::Param& p : reader->params()) {
-    if (p.name == "__metadata__" || !names.insert(p.name).second) {
-      return absl::InvalidArgumentError(absl::StrCat("param name \"", p.name, "\" is ",
-                                                     p.name == "__metadata__" ? "reserved" : "not unique",
-                                                     " in a safetensors file"));
+    for (const std::string& name : names_of(p)) {
+      if (name == "__metadata__" || !names.insert(name).second) {
+        return absl::InvalidArgumentError(absl::StrCat("param name \"", name, "\" is ",
+                                                       name == "__metadata__" ? "reserved" : "not unique",
+                                                       " in a safetensors file"));
+      }
     }
   }
   const size_t element = DTypeSize(dtype);
@@ -92,9 +101,11 @@ Status Consolidate(const std::string& dir, const std::string& out, DType dtype) 
       continue;
     }
     const int64_t bytes = p.numel * static_cast<int64_t>(element);
-    header[p.name] = {{"dtype", dtype == DType::kFP32 ? "F32" : "BF16"}, {"shape", p.shape},
+    for (const std::string& name : names_of(p)) {  // safetensors lets no two names share bytes
+      header[name] = {{"dtype", dtype == DType::kFP32 ? "F32" : "BF16"}, {"shape", p.shape},
                       {"data_offsets", {offset, offset + bytes}}};
-    offset += bytes;
+      offset += bytes;
+    }
   }
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');
@@ -111,12 +122,14 @@ Status Consolidate(const std::string& dir, const std::string& out, DType dtype) 
     if (!param.saved) continue;
     values.resize(static_cast<size_t>(param.numel));
     ZERO_RETURN_IF_ERROR(reader->ReadParam(p, values.data()));
-    if (dtype == DType::kFP32) {
-      written = std::fwrite(values.data(), sizeof(float), values.size(), file.get()) == values.size();
-    } else {
+    if (dtype != DType::kFP32) {
       narrow.resize(values.size());
       for (size_t i = 0; i < values.size(); ++i) narrow[i] = FloatToBf16(values[i]);
-      written = std::fwrite(narrow.data(), sizeof(uint16_t), narrow.size(), file.get()) == narrow.size();
+    }
+    for (size_t copy = 0; written && copy < 1 + param.aliases.size(); ++copy) {
+      written = dtype == DType::kFP32
+                    ? std::fwrite(values.data(), sizeof(float), values.size(), file.get()) == values.size()
+                    : std::fwrite(narrow.data(), sizeof(uint16_t), narrow.size(), file.get()) == narrow.size();
     }
   }
   if (!written || std::fclose(file.release()) != 0) return absl::UnavailableError(absl::StrCat("cannot write ", partial));
@@ -125,8 +138,12 @@ Status Consolidate(const std::string& dir, const std::string& out, DType dtype) 
     std::remove(partial.c_str());
     return absl::UnavailableError(absl::StrCat("cannot rename ", partial, " to ", out, ": ", why));
   }
-  std::printf("%s: %zu params, %lld bytes of %s data (step %lld)%s\n", out.c_str(),
-              reader->params().size() - skipped, static_cast<long long>(offset), DTypeName(dtype),
+  size_t aliases = 0;
+  for (const CheckpointReader::Param& p : reader->params()) aliases += p.saved ? p.aliases.size() : 0;
+  std::printf("%s: %zu params%s, %lld bytes of %s data (step %lld)%s\n", out.c_str(),
+              reader->params().size() - skipped,
+              aliases > 0 ? absl::StrCat(" (and ", aliases, " tied names of them)").c_str() : "",
+              static_cast<long long>(offset), DTypeName(dtype),
               static_cast<long long>(reader->step()),
               skipped > 0 ? absl::StrCat("; ", skipped, " frozen params were not saved (checkpoint.save_frozen)").c_str()
                           : "");

@@ -177,7 +177,11 @@ StatusOr<double> Mlp::TrainStep(Engine& engine, int step, float loss_scale) {
     } else {
       ZERO_RETURN_IF_ERROR(Hand(engine, head, g[head], loss_scale));
     }
-    if (branch_active) ZERO_RETURN_IF_ERROR(Hand(engine, branch_, g[branch_], loss_scale));
+    if (branch_active) {
+      ZERO_RETURN_IF_ERROR(Hand(engine, branch_, g[branch_], loss_scale));
+    } else if (branch_ >= 0) {  // the forward left it out: its bucket need not wait for EndBackward
+      ZERO_RETURN_IF_ERROR(engine.GradAbsent(ids_[branch_]));
+    }
     const int recomputed = depth / 2;
     for (int l = depth - 1; l >= 0; --l) {
       ZERO_RETURN_IF_ERROR(engine.Gather(unit_[2 * l]));  // backward needs the layer's weights again

@@ -219,7 +219,8 @@ class CheckpointMethods:
         if self._between_steps():
             self._take_written_params()
         self.optimizer.push()  # the groups' values as they are now (a scheduler's new lr)
-        extras = {"global_steps": self.global_steps, "loss_scale": self.loss_scale}
+        extras = {"global_steps": self.global_steps, "skipped_steps": self.skipped_steps,
+                  "loss_scale": self.loss_scale}
         if self._driven_scheduler is not None:  # DeepSpeed's client scheduler: saved too
             extras["lr_scheduler"] = _saved(self._driven_scheduler.state_dict())
         buffers = {name: tensor.detach().cpu().clone()
@@ -288,6 +289,7 @@ class CheckpointMethods:
         if buffers is not None:
             restore_buffers(self.module, buffers)
         self.global_steps = int(extras.get("global_steps", self.global_steps))
+        self.skipped_steps = int(extras.get("skipped_steps", self.skipped_steps))
         if self._driven_scheduler is not None and "lr_scheduler" in extras:
             self._driven_scheduler.load_state_dict(_loaded(extras["lr_scheduler"]))
         elif self._driven_scheduler is not None or "lr_scheduler" in extras:

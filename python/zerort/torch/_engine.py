@@ -79,6 +79,7 @@ class TorchEngine(DeepSpeedAPI, _checkpoint.CheckpointMethods, _gathered.Gathere
         self._loss_scale_read = False
         self._warned_unscaled = False
         self.global_steps = 0  # optimizer steps, skipped ones included (as DeepSpeed's)
+        self.skipped_steps = 0  # of which the loss scaler skipped (DeepSpeed's)
         self._last_info = None
         self._step_applied = False  # was_step_applied(): the last step() stepped
         self.micro_steps = 0  # step() calls, as DeepSpeed's engine.micro_steps
@@ -167,6 +168,13 @@ class TorchEngine(DeepSpeedAPI, _checkpoint.CheckpointMethods, _gathered.Gathere
                 "evaluation). Set requires_grad=True on the params to train before "
                 "initialize(); a model with nothing to train needs no engine (run it under "
                 "torch.no_grad()).", errors.InvalidArgumentError.status)
+        # A tied param's other names in the model's state dict (an output layer that is the
+        # embedding): checkpoints record them, so a consolidated file holds every name.
+        registered = {id(param): pid for _, param, pid in self._params + self._frozen}
+        for name, tensor, is_param in _checkpoint.module_state_items(module):
+            pid = registered.get(id(tensor)) if is_param else None
+            if pid is not None and name != self._records[pid].name:
+                self._engine.add_param_alias(pid, name)
         self._engine.finalize()
         for _, param, pid in self._params + self._frozen:
             sharded = _init_context.is_sharded(param)
@@ -659,6 +667,7 @@ class TorchEngine(DeepSpeedAPI, _checkpoint.CheckpointMethods, _gathered.Gathere
         self._lent_grads.clear()
         self.loss_scale = info["loss_scale"]
         self.global_steps += 1
+        self.skipped_steps += bool(info["skipped"])
         pending = self._norm_on_device and math.isnan(info["grad_norm"])
         info = _step_info.StepInfo(info, pending, self._engine_steps,
                                    self._engine.last_grad_norm, lambda: self._engine_steps)
@@ -773,6 +782,21 @@ class TorchEngine(DeepSpeedAPI, _checkpoint.CheckpointMethods, _gathered.Gathere
         if self._closed or self._engine.closed:
             return
         self._closed = True
+        # Micro-batches ended by step() but not stepped: a rank that ran another number of
+        # micro-batches than its peers steps other accumulation windows (stages 0-1 reduce
+        # only at each window's end, so nothing else tells), and its last ones are left over
+        # here. Gradients handed over with no step() since (a GAN's last generator pass
+        # through this discriminator) are the trainer's choice and are not counted.
+        unstepped = (int(self.gradient_accumulation_steps) if self._window_ended else
+                     self._micro_batches)
+        if unstepped:
+            warnings.warn(
+                f"zerort.torch: close(): the gradients of {unstepped} micro-batch(es) since the "
+                f"last optimizer step (gradient_accumulation_steps = "
+                f"{int(self.gradient_accumulation_steps)}) were never stepped and are dropped. "
+                "Every rank must run the same number of micro-batches (a DistributedSampler "
+                "with drop_last=True, or the same number of batches per rank), ending with a "
+                "full window.", UserWarning, stacklevel=2)
         self._queue.clear()  # gradients of an unfinished backward: never handed over
         if self._stream is not None:
             self._follow_engine_stream()  # the params' copies (Detacher) read its last step
