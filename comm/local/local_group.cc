@@ -236,15 +236,17 @@ class LocalWork final : public Work {
   }
 
  private:
-  // Called with the slot locked.
+  // Called with the slot locked. Every rank that waited reads this one status, so it names the
+  // rank that timed out first as that, not as the reader.
   Status Timeout(double timeout_s) const {
     std::vector<int> missing;
     for (size_t r = 0; r < slot_->arrivals.size(); ++r) {
       if (!slot_->arrivals[r].has_value()) missing.push_back(static_cast<int>(r));
     }
     return absl::DeadlineExceededError(absl::StrCat(
-        signature_.ToString(), " (collective #", slot_->sequence, ") on rank ", rank_, " of ",
-        slot_->arrivals.size(), " did not complete within ", timeout_s, " s: rank(s) ",
+        signature_.ToString(), " (collective #", slot_->sequence, ") in the group of ",
+        slot_->arrivals.size(), " ranks did not complete within ", timeout_s, " s on rank ", rank_,
+        ", the first to time out: rank(s) ",
         absl::StrJoin(missing, ", "), " never joined it (diverged, stuck, or failed earlier)"));
   }
 
