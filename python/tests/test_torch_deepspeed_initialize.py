@@ -224,3 +224,36 @@ def test_deepspeeds_zero_and_utils_names_reach_zerorts_calls():
                        torch.full_like(engine.state_dict()["head.weight"], 0.5))
     engine.close()
     comm.close()
+
+
+def test_zero_init_builds_the_model_sharded_as_init_context():
+    """deepspeed.zero.Init: each rank keeps its slice of the model built in the block (none
+    with enabled=False); deepspeed.initialize() puts it together, and the ranks train one
+    replica. Options ZeroRT does not have are named."""
+    from zerort.torch import _init_context
+    world = 2
+
+    def body(rank, comm):
+        with deepspeed.zero.Init(comm=comm, config_dict_or_path=DS_CONFIG, enabled=True):
+            model = TinyLM()
+        sharded = all(_init_context.is_sharded(p) for p in model.parameters() if p.dim() > 0)
+        with deepspeed.zero.Init(comm=comm, enabled=False):
+            plain = TinyLM()
+        assert not any(_init_context.is_sharded(p) for p in plain.parameters())
+        config = dict(DS_CONFIG, zero_optimization={"stage": 3})
+        engine, _, _, _ = deepspeed.initialize(model=model, config=config, comm=comm)
+        for step in range(3):
+            engine.backward(loss_of(model, *batch(step)))
+            engine.step()
+        state = engine.module_state_dict()
+        engine.close()
+        return sharded, state
+
+    results = run_ranks(world, body)
+    assert all(sharded for sharded, _ in results)
+    for name, value in results[0][1].items():
+        assert torch.equal(value, results[1][1][name]), name
+    for options in ({"remote_device": "cpu"}, {"mpu": object()}, {"dtype": torch.bfloat16},
+                    {"zero_quantized_weights": True}):
+        with pytest.raises(zerort.UnimplementedError, match=next(iter(options))):
+            deepspeed.zero.Init(comm=object(), **options)

@@ -27,7 +27,8 @@ What DeepSpeed takes, ZeroRT takes the same way:
 `comm`, which DeepSpeed has not, picks the ranks as in zerort.torch.initialize (None: this
 process's MPI rank).
 
-The script's other DeepSpeed calls keep their names: `deepspeed.zero.GatheredParameters`
+The script's other DeepSpeed calls keep their names: `deepspeed.zero.Init` (init_context;
+`comm` as initialize's), `deepspeed.zero.GatheredParameters`
 and `deepspeed.zero.register_external_parameter` (zerort.torch.gathered and
 register_external_parameter), `deepspeed.utils.set_z3_leaf_modules` and its kin, and
 `deepspeed.utils.safe_get_full_fp32_param`, `safe_get_full_optimizer_state` and
@@ -43,6 +44,7 @@ from . import _full_state, _leaf_modules
 from ._config import TORCH_OPTIONS
 from ._engine import TorchEngine
 from ._gathered import gathered, register_external_parameter
+from ._init_context import init_context
 
 # The client optimizers ZeroRT steps itself: the class, ZeroRT's type, DeepSpeed's type with
 # the params that make it that optimizer, and the group keys that carry over.
@@ -246,8 +248,35 @@ def _gathered_parameters(params, modifier_rank=None, fwd_module=None, enabled=Tr
     return gathered(params, modifier_rank)
 
 
+def _zero_init(module=None, data_parallel_group=None, mem_efficient_linear=True,
+               remote_device=None, pin_memory=False, config_dict_or_path=None, config=None,
+               enabled=True, dtype=None, mpu=None, comm=None, **options):
+    """deepspeed.zero.Init: modules built inside the block keep only this rank's slice of
+    their float params (zerort.torch.init_context over `comm`, None: this process's MPI
+    rank, as initialize's); nothing when not `enabled`. The params stay float32 until
+    initialize() casts the slices to the config's bf16/fp16 (so `dtype` may only be None or
+    float32), and the config is read there, not here. Converting a `module` built outside
+    the block, `mpu`, `data_parallel_group`, `remote_device` offload and DeepSpeed's other
+    options are named as unsupported."""
+    del mem_efficient_linear, pin_memory, config_dict_or_path, config  # nothing to do here
+    unsupported = {"module": module, "data_parallel_group": data_parallel_group,
+                   "remote_device": None if remote_device in (None, "none") else remote_device,
+                   "mpu": mpu, "dtype": None if dtype in (None, torch.float32) else dtype}
+    unsupported.update({key: value for key, value in options.items() if value})
+    for name, value in unsupported.items():
+        if value is not None:
+            raise errors.UnimplementedError(
+                f"zerort.torch: deepspeed.zero.Init({name}=...) is not supported: build the "
+                "model inside `with deepspeed.zero.Init():` (one data-parallel group, params "
+                "on the device)", errors.UnimplementedError.status)
+    if not enabled:
+        return contextlib.nullcontext()
+    return init_context(core.mpi_communicator() if comm is None else comm)
+
+
 zero = types.SimpleNamespace(GatheredParameters=_gathered_parameters,
-                             register_external_parameter=register_external_parameter)
+                             register_external_parameter=register_external_parameter,
+                             Init=_zero_init)
 utils = types.SimpleNamespace(
     set_z3_leaf_modules=_leaf_modules.set_z3_leaf_modules,
     unset_z3_leaf_modules=_leaf_modules.unset_z3_leaf_modules,
