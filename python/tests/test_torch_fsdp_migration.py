@@ -1,0 +1,90 @@
+"""An FSDP training loop switched to ZeroRT as the README's "Coming from FSDP" says: the
+wrapping line becomes deepspeed.initialize with the script's own torch optimizer, and the
+loop keeps loss.backward(), optimizer.step(), its own scheduler.step() and
+optimizer.zero_grad(), gradient accumulation under no_sync(), and reads full values where
+FSDP's summon_full_params and full state dict do; it equals single-process PyTorch at every
+stage on 2 in-process ranks."""
+import pytest
+import torch
+
+import zerort.torch
+from zerort.torch import deepspeed
+from test_torch_engine import TinyLM, batch, loss_of, run_ranks
+
+WORLD, STEPS, ACCUMULATION, ROWS = 2, 4, 2, 4
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    torch.set_num_threads(1)
+
+
+def rows(step, micro, rank):
+    tokens, targets = batch(200 + WORLD * (ACCUMULATION * step + micro) + rank)
+    return tokens[:ROWS], targets[:ROWS]
+
+
+def warmup(optimizer):
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / 3))
+
+
+def fsdp_like_loop(model, optimizer, scheduler, rank, no_sync):
+    """The loop of an FSDP script: accumulation under no_sync(), then the optimizer step."""
+    for step in range(STEPS):
+        for micro in range(ACCUMULATION):
+            context = no_sync() if micro + 1 < ACCUMULATION else _nothing()
+            with context:
+                (loss_of(model, *rows(step, micro, rank)) / ACCUMULATION).backward()
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad()
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def reference():
+    model = TinyLM()
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad],
+                                  lr=0.01, weight_decay=0.05)
+    scheduler = warmup(optimizer)
+    for step in range(STEPS):
+        for micro in range(ACCUMULATION):
+            for rank in range(WORLD):
+                (loss_of(model, *rows(step, micro, rank)) / (ACCUMULATION * WORLD)).backward()
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad()
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("stage", [0, 2, 3])
+def test_an_fsdp_loop_trains_as_single_process_pytorch(stage):
+    want = reference()
+    models = [TinyLM() for _ in range(WORLD)]
+
+    def body(rank, comm):
+        model = models[rank]
+        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad],
+                                      lr=0.01, weight_decay=0.05)
+        config = {"zero_optimization": {"stage": stage}, "gradient_clipping": 0.0,
+                  "gradient_accumulation_steps": ACCUMULATION}
+        engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer,
+                                                       config=config, comm=comm)
+        fsdp_like_loop(model, optimizer, warmup(optimizer), rank, engine.no_sync)
+        with zerort.torch.gathered(list(model.parameters())):  # summon_full_params
+            summoned = {n: p.detach().clone() for n, p in model.named_parameters()}
+        full_state = engine.module_state_dict()  # FULL_STATE_DICT
+        engine.close()
+        return summoned, full_state
+
+    for summoned, full_state in run_ranks(WORLD, body):
+        for name, value in want.items():
+            scale = max(value.abs().max().item(), 1e-3)
+            assert (summoned[name] - value).abs().max().item() <= 1e-5 * scale, name
+            assert torch.equal(full_state[name], summoned[name]), name
