@@ -85,6 +85,13 @@ def batch(step):
     return tokens, targets
 
 
+def micro_batch(seed, world, accumulation, rows, step, micro, rank):
+    """The `rows` rows rank `rank` of `world` trains on in micro-batch `micro` of step `step`
+    (`accumulation` micro-batches per step): a fresh batch per (seed, step, micro, rank)."""
+    tokens, targets = batch(seed + world * (accumulation * step + micro) + rank)
+    return tokens[:rows], targets[:rows]
+
+
 def loss_of(model, tokens, targets, use_branch=True, via_method=False):
     logits = model.logits(tokens, use_branch) if via_method else model(tokens, use_branch)
     return F.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1))

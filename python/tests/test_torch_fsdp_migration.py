@@ -9,7 +9,7 @@ import torch
 
 import zerort.torch
 from zerort.torch import deepspeed
-from test_torch_engine import TinyLM, batch, loss_of, run_ranks
+from test_torch_engine import TinyLM, loss_of, micro_batch, run_ranks
 
 WORLD, STEPS, ACCUMULATION, ROWS = 2, 4, 2, 4
 
@@ -20,8 +20,7 @@ def one_thread():
 
 
 def rows(step, micro, rank):
-    tokens, targets = batch(200 + WORLD * (ACCUMULATION * step + micro) + rank)
-    return tokens[:ROWS], targets[:ROWS]
+    return micro_batch(200, WORLD, ACCUMULATION, ROWS, step, micro, rank)
 
 
 def warmup(optimizer):

@@ -8,7 +8,7 @@ import torch
 import zerort
 import zerort.torch
 from zerort.torch import deepspeed
-from test_torch_engine import OPTIMIZER, TinyLM, batch, loss_of, run_ranks
+from test_torch_engine import OPTIMIZER, TinyLM, batch, loss_of, micro_batch, run_ranks
 
 WORLD, ACCUMULATION, STEPS = 3, 2, 3
 ROWS = 4  # per rank and micro-batch (each batch(i) has 8 rows: two micro-batches' worth)
@@ -21,8 +21,7 @@ def one_thread():
 
 def rows(step, micro, rank):
     """The rows rank `rank` trains on in micro-batch `micro` of step `step`."""
-    tokens, targets = batch(100 + WORLD * (ACCUMULATION * step + micro) + rank)
-    return tokens[:ROWS], targets[:ROWS]
+    return micro_batch(100, WORLD, ACCUMULATION, ROWS, step, micro, rank)
 
 
 def reference():
