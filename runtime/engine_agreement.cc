@@ -158,6 +158,8 @@ std::vector<std::pair<std::string, std::string>> CollectiveSettings(const Config
       {"guard.init_params", g.init_params == InitParams::kVerify ? "\"verify\"" : "\"broadcast\""},
       {"precision.reduce", DTypeName(c.precision.reduce)},
       {"checkpoint.save_frozen", c.checkpoint.save_frozen ? "true" : "false"},
+      // Where the host reads the norm, Step also compares the group settings (one more collective).
+      {"sync_grad_norm", c.sync_grad_norm ? "true" : "false"},
   };
   if (c.stage == 3) {
     settings.insert(settings.end(), {{"stage3.prefetch_elems", absl::StrCat(s.prefetch_elems)},

@@ -15,18 +15,18 @@ Status EngineImpl::GetFullState(ParamId id, ParamState state, float* out) {
   const int param = static_cast<int>(id);
   if (!specs_[param].requires_grad) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "GetFullState: param '", ParamLabel(param),
-        "' is frozen (requires_grad false): it has no master, moments or gradient; GetParam reads its values"));
+        "GetFullState: param ", ParamLabel(param),
+        " is frozen (requires_grad false): it has no master, moments or gradient; GetParam reads its values"));
   }
   const int moment = state == ParamState::kFirstMoment ? 1 : state == ParamState::kSecondMoment ? 2 : 0;
   if (moment > optimizer_->state_count()) {
     return absl::NotFoundError(absl::StrCat("GetFullState: the optimizer keeps ", optimizer_->state_count(),
                                             " moment buffer(s) per param, so there is no moment ", moment,
-                                            " of '", ParamLabel(param), "'"));
+                                            " of ", ParamLabel(param)));
   }
   if (state == ParamState::kGrad && micro_batch_ != config_.gradient_accumulation_steps) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "GetFullState: the gradient of '", ParamLabel(param), "' exists between the step's last EndBackward and Step; ",
+        "GetFullState: the gradient of ", ParamLabel(param), " exists between the step's last EndBackward and Step; ",
         micro_batch_, " of ", config_.gradient_accumulation_steps, " micro-batches are done"));
   }
   const int64_t numel = plan_->placement(param).numel;

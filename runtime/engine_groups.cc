@@ -1,12 +1,28 @@
 // Optimizer groups: each group's hyperparameters (config optimizer.param_groups, changed
 // between steps by SetGroupHyper), checked to agree across ranks at each step, and the
 // learning-rate schedule that sets their lr.
+#include <cstdlib>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "runtime/engine_impl.h"
 
 namespace zero::runtime {
+namespace {
+
+// `value` in the fewest significant digits (6 to 9) that read back as the same float, so two
+// values a message tells apart never print alike.
+std::string Shortest(float value) {
+  for (int digits = 6; digits < 9; ++digits) {
+    const std::string text = absl::StrFormat("%.*g", digits, value);
+    if (std::strtof(text.c_str(), nullptr) == value) return text;
+  }
+  return absl::StrFormat("%.9g", value);
+}
+
+}  // namespace
 
 void EngineImpl::InitGroups() {
   int count = static_cast<int>(config_.optimizer.param_groups.size());
@@ -79,8 +95,9 @@ Status EngineImpl::CheckGroupsAgree() {
     const size_t k = i % kPerGroup;
     return absl::FailedPreconditionError(absl::StrCat(
         "Step: the ranks would step with different optimizer settings: group ", i / kPerGroup, "'s ",
-        k < std::size(kSettings) ? kSettings[k].first : "nesterov", " is ", lowest, " on one rank and ", highest,
-        " on another (", mine[i], " on this rank). Each rank steps its own shard of the params (stages 1-3), so "
+        k < std::size(kSettings) ? kSettings[k].first : "nesterov", " is ", Shortest(lowest),
+        " on one rank and ", Shortest(highest), " on another (", Shortest(mine[i]),
+        " on this rank). Each rank steps its own shard of the params (stages 1-3), so "
         "the model would mix them silently, and at stage 0 the replicas would drift apart. Set the same values on "
         "every rank: step the lr scheduler on every rank, not only on rank 0. Nothing was stepped; Step may be "
         "called again once they agree."));

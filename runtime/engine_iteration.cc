@@ -105,7 +105,7 @@ Status EngineImpl::BufferPoolExhausted(int arriving) const {
                    : "";
   if (missing.empty()) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        message, declare_absent, " Gradients are arriving far from backward order; raise buckets.pool_buffers or "
+        message, " Gradients are arriving far from backward order; raise buckets.pool_buffers or "
                  "buckets.reduce_bucket_elems"));
   }
   const size_t shown = std::min<size_t>(missing.size(), 4);

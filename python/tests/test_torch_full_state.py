@@ -110,19 +110,70 @@ def test_zero_grad_after_reading_the_gradient_drops_the_step():
 def test_what_cannot_be_read_is_named():
     comm = zerort.local_group(1)[0]
     model = TinyLM()
-    engine = zerort.torch.initialize(model, {"stage": 1, "optimizer": OPTIMIZER}, comm)
+    config = {"stage": 1, "optimizer": OPTIMIZER, "gradient_accumulation_steps": 2}
+    engine = zerort.torch.initialize(model, config, comm)
     with pytest.raises(zerort.FailedPreconditionError, match="after the backward of the last"):
-        zerort.torch.safe_get_full_grad(model.head.weight)  # no backward yet
-    with pytest.raises(zerort.InvalidArgumentError, match="momentum"):
-        zerort.torch.safe_get_full_optimizer_state(model.head.weight, "exp_avg_sqr")
+        zerort.torch.safe_get_full_grad(model.head.weight)  # the window's first micro-batch
+    with pytest.raises(zerort.InvalidArgumentError, match="keeps no 'momentum_buffer'"):
+        zerort.torch.safe_get_full_optimizer_state(model.head.weight, "momentum_buffer")
     with pytest.raises(zerort.InvalidArgumentError, match="no open engine"):
         zerort.torch.safe_get_full_fp32_param(torch.nn.Parameter(torch.zeros(3)))
+    # As DeepSpeed's: None for a param the optimizer does not step (the frozen embedding).
+    assert zerort.torch.safe_get_full_fp32_param(model.embed.weight) is None
     loss_of(model, *batch(0)).backward()
-    with pytest.raises(zerort.FailedPreconditionError, match="between micro-batches"):
+    with pytest.raises(zerort.FailedPreconditionError, match="between optimizer steps"):
         zerort.torch.safe_get_full_fp32_param(model.head.weight)
-    engine.step()
+    engine.close()
     sgd = zerort.torch.initialize(TinyLM(), {"stage": 1, "optimizer": {"type": "sgd"}}, comm)
     with pytest.raises(zerort.NotFoundError, match="keeps 0 moment"):
         zerort.torch.safe_get_full_optimizer_state(sgd.module.head.weight, "momentum_buffer")
+    with pytest.raises(zerort.InvalidArgumentError, match="keeps no 'exp_avg'"):
+        zerort.torch.safe_get_full_optimizer_state(sgd.module.head.weight, "exp_avg")
+    sgd.module.head.weight.data = torch.zeros(1)  # replaced: refused, never written past
+    with pytest.raises(zerort.FailedPreconditionError, match="head.weight"):
+        zerort.torch.safe_get_full_fp32_param(sgd.module.head.weight)
     sgd.close()
+
+
+def test_the_window_a_gradient_read_ended_is_the_boundary_and_steps_once():
+    """After safe_get_full_grad the window's last micro-batch is over: the engine reports the
+    boundary, refuses no_sync() and save_checkpoint(), and step() steps once."""
+    comm = zerort.local_group(1)[0]
+    model = TinyLM()
+    config = {"stage": 2, "optimizer": OPTIMIZER, "gradient_accumulation_steps": 2}
+    engine = zerort.torch.initialize(model, config, comm)
+    engine.backward(loss_of(model, *batch(0)))
+    assert not engine.is_gradient_accumulation_boundary()
+    engine.step()
+    engine.backward(loss_of(model, *batch(1)))
+    zerort.torch.safe_get_full_grad(model.head.weight)
+    assert engine.is_gradient_accumulation_boundary()
+    with pytest.raises(zerort.FailedPreconditionError):
+        with engine.no_sync():
+            pass
+    with pytest.raises(zerort.FailedPreconditionError, match="2 of 2 micro-batches"):
+        engine.save_checkpoint("unused-directory")
+    engine.step()
+    assert engine.global_steps == 1 and engine.was_step_applied()
     engine.close()
+
+
+def test_a_rank_whose_last_micro_batch_had_no_backward_reads_with_its_peers():
+    """guard.on_unused = "zero": rank 1 rejects its last batch and runs no backward. Reading
+    the gradient ends that micro-batch on both ranks, as step() does, instead of refusing on
+    rank 1 alone while rank 0 waits in the reduction."""
+    models = [TinyLM() for _ in range(2)]
+    config = {"stage": 1, "optimizer": OPTIMIZER, "guard": {"on_unused": "zero", "timeout_s": 20}}
+
+    def body(rank, comm):
+        model = models[rank]
+        engine = zerort.torch.initialize(model, config, comm)
+        if rank == 0:
+            engine.backward(loss_of(model, *batch(0)))
+        grad = zerort.torch.safe_get_full_grad(model.head.weight)
+        engine.step()
+        engine.close()
+        return grad
+
+    grads = run_ranks(2, body)
+    assert torch.equal(grads[0], grads[1]) and grads[0].abs().sum() > 0

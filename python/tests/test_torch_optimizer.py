@@ -470,3 +470,32 @@ def test_the_engines_last_grad_norm_is_the_steps():
     assert engine._engine.last_grad_norm() == info["grad_norm"]
     assert engine.get_global_grad_norm() == info["grad_norm"]
     engine.close()
+
+
+@pytest.mark.parametrize("stage", [0, 2, 3])
+def test_an_lr_changed_on_one_rank_is_refused_and_the_step_can_be_retried(stage):
+    """A scheduler stepped on rank 0 only: step() is refused on every rank, naming the group
+    and the setting, with nothing changed; once the ranks agree the same step goes ahead."""
+    models = [TinyLM() for _ in range(2)]
+    config = {"stage": stage, "optimizer": OPTIMIZER, "guard": {"timeout_s": 20}}
+
+    def body(rank, comm):
+        model = models[rank]
+        engine = zerort.torch.initialize(model, config, comm)
+        before = {n: v.clone() for n, v in engine.state_dict().items()}
+        if rank == 0:
+            engine.optimizer.param_groups[0]["lr"] *= 0.5
+        loss_of(model, *batch(0)).backward()
+        with pytest.raises(zerort.FailedPreconditionError, match="group 0's lr is 0.005"):
+            engine.step()
+        assert engine.global_steps == 0
+        assert all(torch.equal(v, before[n]) for n, v in engine.state_dict().items())
+        engine.optimizer.param_groups[0]["lr"] = OPTIMIZER["lr"]
+        engine.step()
+        assert engine.global_steps == 1 and engine.was_step_applied()
+        after = engine.state_dict()
+        engine.close()
+        return after
+
+    first, second = run_ranks(2, body)
+    assert_close(first, second)

@@ -33,7 +33,7 @@ def refuse_unless_default(call, given, defaults):
 
 class DeepSpeedAPI:
     """DeepSpeed's names on TorchEngine (which sets module, config, stage, rank, world_size,
-    gradient_accumulation_steps, optimizer, global_steps, _micro_batches, _last_info,
+    gradient_accumulation_steps, optimizer, global_steps, _micro_batches, _window_ended, _last_info,
     _step_applied, _handed_since_step_call, _passes and _torch_device)."""
 
     def parameters(self, recurse=True):
@@ -88,7 +88,7 @@ class DeepSpeedAPI:
         gradient shard (ZeRO-2's trade: no full-size gradient is kept between them). When the
         block raises, the micro-batch is not ended: the exception propagates, and the engine
         stays inside it (the next step() or no_sync exit ends it with what arrived)."""
-        if self._micro_batches + 1 >= self.gradient_accumulation_steps:
+        if self._window_ended or self._micro_batches + 1 >= self.gradient_accumulation_steps:
             raise errors.FailedPreconditionError(
                 f"no_sync(): this is micro-batch {self._micro_batches + 1} of "
                 f"{self.gradient_accumulation_steps} (gradient_accumulation_steps), the one "
@@ -159,8 +159,8 @@ class DeepSpeedAPI:
 
     def is_gradient_accumulation_boundary(self):
         """DeepSpeed's: whether the next step() steps the optimizer (it ends the last
-        micro-batch of gradient_accumulation_steps)."""
-        return self._micro_batches + 1 >= self.gradient_accumulation_steps
+        micro-batch of gradient_accumulation_steps, or safe_get_full_grad ended it)."""
+        return self._window_ended or self._micro_batches + 1 >= self.gradient_accumulation_steps
 
     def set_gradient_accumulation_boundary(self, is_boundary):
         """DeepSpeed's. Accelerate (from 1.8) calls it before each micro-batch with its

@@ -663,7 +663,14 @@ class TorchEngine(DeepSpeedAPI, _checkpoint.CheckpointMethods, _gathered.Gathere
         # Counted before the step: one that fails has still replaced the norm on the device.
         # Never reset (global_steps is a checkpoint's after a load).
         self._engine_steps += 1
-        info = self._engine.step()
+        try:
+            info = self._engine.step()
+        except errors.FailedPreconditionError:
+            # Refused before it changed anything (the ranks' group settings differ): the
+            # window stays ended, so the next step() steps it and zero_grad() drops it.
+            self._engine_steps -= 1
+            self._window_ended = True
+            raise
         self._lent_grads.clear()
         self.loss_scale = info["loss_scale"]
         self.global_steps += 1

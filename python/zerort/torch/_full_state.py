@@ -6,59 +6,69 @@
 
 Each returns a new fp32 tensor of the param's shape on its device, assembled from every
 rank's part (core.Engine.get_full_state): collective at stages 1-3, so every rank asks for
-the same params in the same order. The gradient is the one the next optimizer step applies
+the same params in the same order. As DeepSpeed's, each returns None for a param of the
+model that the optimizer does not step (a frozen one, one without elements). A key the
+optimizer does not keep (exp_avg_sq of SGD, momentum_buffer of AdamW) is refused. The gradient is the one the next optimizer step applies
 (summed over the accumulation window, averaged over the ranks, loss scale divided out,
 before clipping): read it after the backward of the window's last micro-batch and before
 step(), as DeepSpeed's. Reading it ends that micro-batch (as step() would: its gradients
-are reduced), so no gradient may arrive between the read and step() (or zero_grad(), which
-drops them). The weights and moments are read between micro-batches: after step(), or
-before the first backward.
+are reduced; a rank whose last micro-batch had no backward ends it as step() does), so no
+gradient may arrive between the read and step() (or zero_grad(), which drops them). The
+weights and moments are read between optimizer steps: after step(), or before the first
+backward.
 """
 import torch
 
 from .. import errors
+from ._collective import every_rank_calls
+from ._config import optimizer_type
 from ._gathered import driver_of
 
-# DeepSpeed's (and PyTorch's) optimizer state keys -> the engine's moment buffers.
-_STATE_KEYS = {"exp_avg": "first_moment", "exp_avg_sq": "second_moment",
-               "momentum_buffer": "first_moment"}
+# DeepSpeed's (and PyTorch's) optimizer state keys -> the engine's moment buffer, and the
+# optimizer types that keep it.
+_STATE_KEYS = {"exp_avg": ("first_moment", ("adamw", "adam", "lamb", "lion")),
+               "exp_avg_sq": ("second_moment", ("adamw", "adam", "lamb")),
+               "momentum_buffer": ("first_moment", ("sgd",))}
 
 
 class FullStateMethods:
     """TorchEngine's reads of a param's full fp32 values (see the module docstring). Uses
-    TorchEngine's _engine, _pid_of, _in_micro_batch, _micro_batches, _window_ended,
-    gradient_accumulation_steps and _end_micro_batch."""
+    TorchEngine's _engine, _check_model, _pid_of, _names, _records, _handed_since_step_call,
+    _micro_batches, _window_ended, gradient_accumulation_steps and _end_micro_batch."""
 
     def full_state(self, param, state):
         """The full fp32 `state` of `param` ("weights", "first_moment", "second_moment" or
-        "grad"), a tensor of its shape on its device. Collective at stages 1-3."""
+        "grad"), a tensor of its shape on its device; None for a param of the model the
+        optimizer does not step. Collective at stages 1-3."""
         what = f"the full {state} of a param"
-        pid = self._pid_of(param, what)
+        self._check_model(what)
+        pid = self._pid_of(param, what, module_params=True)
+        if pid is None or pid not in self._names:  # frozen, or without elements
+            return None
         if state == "grad":
             self._end_window_for_grad_read()
-        elif self._in_micro_batch:
+        elif self._handed_since_step_call or self._micro_batches or self._window_ended:
             raise errors.FailedPreconditionError(
-                f"zerort.torch: {what} is read between micro-batches (after step(), or before "
-                "the first backward); gradients of this micro-batch have arrived and step() "
-                "has not ended it", errors.FailedPreconditionError.status)
-        values = torch.empty(tuple(param.shape), dtype=torch.float32)
-        self._engine.get_full_state(pid, state, values.data_ptr())
+                f"zerort.torch: {what} is read between optimizer steps (after step(), or "
+                "before the first backward); gradients of the next step have arrived",
+                errors.FailedPreconditionError.status)
+        values = torch.empty(self._records[pid].shape, dtype=torch.float32)
+        with every_rank_calls(f"safe_get_full_* ({state})"):
+            self._engine.get_full_state(pid, state, values.data_ptr())
         return values.to(param.device)
 
     def _end_window_for_grad_read(self):
-        """Ends the window's last micro-batch now (its gradients reduced), when its backward
-        has run: the gradient exists from then until step()."""
+        """Ends the window's last micro-batch now, as step() would (its gradients reduced):
+        the gradient exists from then until step(). Every rank takes the same way (the
+        micro-batch count agrees across ranks), whether or not its own backward ran."""
         if self._window_ended:
             return
-        last = self._micro_batches + 1 == self.gradient_accumulation_steps
-        if not (self._in_micro_batch and last):
+        if self._micro_batches + 1 != self.gradient_accumulation_steps:
             raise errors.FailedPreconditionError(
                 "zerort.torch: safe_get_full_grad: the gradient exists after the backward of "
                 f"the last of the step's {int(self.gradient_accumulation_steps)} micro-batches "
-                "(gradient_accumulation_steps) and before step(); "
-                f"{self._micro_batches} ended so far, and "
-                + ("one has begun" if self._in_micro_batch else "none has begun since"),
-                errors.FailedPreconditionError.status)
+                f"(gradient_accumulation_steps) and before step(); {self._micro_batches} "
+                "ended so far", errors.FailedPreconditionError.status)
         self._end_micro_batch()
         self._window_ended = True
 
@@ -79,14 +89,18 @@ def safe_get_full_fp32_param(param):
 
 
 def safe_get_full_optimizer_state(param, optim_state_key):
-    """DeepSpeed's: the full fp32 optimizer state `optim_state_key` ("exp_avg",
-    "exp_avg_sq", or SGD's "momentum_buffer") of `param` (collective at stages 1-3)."""
-    if optim_state_key not in _STATE_KEYS:
-        raise errors.InvalidArgumentError(
-            f"zerort.torch: safe_get_full_optimizer_state: key {optim_state_key!r} is not one "
-            f"of {sorted(_STATE_KEYS)}", errors.InvalidArgumentError.status)
+    """DeepSpeed's: the full fp32 optimizer state `optim_state_key` ("exp_avg" and
+    "exp_avg_sq" of AdamW, Adam and LAMB, "exp_avg" of Lion, "momentum_buffer" of SGD) of
+    `param` (collective at stages 1-3)."""
     engine = _engine_of(param, "safe_get_full_optimizer_state")
-    return engine.full_state(param, _STATE_KEYS[optim_state_key])
+    kind = optimizer_type(engine.config)
+    state, kinds = _STATE_KEYS.get(optim_state_key, (None, ()))
+    if kind not in kinds:
+        keys = sorted(key for key, (_, owners) in _STATE_KEYS.items() if kind in owners)
+        raise errors.InvalidArgumentError(
+            f"zerort.torch: safe_get_full_optimizer_state: the {kind} optimizer keeps no "
+            f"{optim_state_key!r}; its keys: {keys}", errors.InvalidArgumentError.status)
+    return engine.full_state(param, state)
 
 
 def safe_get_full_grad(param):
