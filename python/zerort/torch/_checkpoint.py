@@ -208,9 +208,10 @@ class CheckpointMethods:
                                   "once it is complete")})
         self._check_model("save_checkpoint()")
         if self._micro_batches or self._handed_since_step_call or self._window_ended:
+            gas = int(self.gradient_accumulation_steps)
             raise errors.FailedPreconditionError(
                 "zerort.torch: save_checkpoint(): "
-                f"{self.gradient_accumulation_steps if self._window_ended else self._micro_batches} of "
+                f"{gas if self._window_ended else self._micro_batches} of "
                 f"{self.gradient_accumulation_steps} micro-batches of the next optimizer step "
                 "have run" + (" (and a backward since)" if self._handed_since_step_call else "")
                 + ": the engine holds their gradients, which a checkpoint does not keep. Save "

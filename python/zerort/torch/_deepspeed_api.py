@@ -33,7 +33,8 @@ def refuse_unless_default(call, given, defaults):
 
 class DeepSpeedAPI:
     """DeepSpeed's names on TorchEngine (which sets module, config, stage, rank, world_size,
-    gradient_accumulation_steps, optimizer, global_steps, _micro_batches, _window_ended, _last_info,
+    gradient_accumulation_steps, optimizer, global_steps, _micro_batches, _window_ended,
+    _last_info,
     _step_applied, _handed_since_step_call, _passes and _torch_device)."""
 
     def parameters(self, recurse=True):

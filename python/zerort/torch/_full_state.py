@@ -8,10 +8,11 @@ Each returns a new fp32 tensor of the param's shape on its device, assembled fro
 rank's part (core.Engine.get_full_state): collective at stages 1-3, so every rank asks for
 the same params in the same order. As DeepSpeed's, each returns None for a param of the
 model that the optimizer does not step (a frozen one, one without elements). A key the
-optimizer does not keep (exp_avg_sq of SGD, momentum_buffer of AdamW) is refused. The gradient is the one the next optimizer step applies
-(summed over the accumulation window, averaged over the ranks, loss scale divided out,
-before clipping): read it after the backward of the window's last micro-batch and before
-step(), as DeepSpeed's. Reading it ends that micro-batch (as step() would: its gradients
+optimizer does not keep (exp_avg_sq of SGD, momentum_buffer of AdamW) is refused.
+
+The gradient is the one the next optimizer step applies (summed over the accumulation
+window, averaged over the ranks, loss scale divided out, before clipping): read it after the
+backward of the window's last micro-batch and before step(), as DeepSpeed's. Reading it ends that micro-batch (as step() would: its gradients
 are reduced; a rank whose last micro-batch had no backward ends it as step() does), so no
 gradient may arrive between the read and step() (or zero_grad(), which drops them). The
 weights and moments are read between optimizer steps: after step(), or before the first
