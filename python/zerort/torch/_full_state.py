@@ -12,11 +12,11 @@ optimizer does not keep (exp_avg_sq of SGD, momentum_buffer of AdamW) is refused
 
 The gradient is the one the next optimizer step applies (summed over the accumulation
 window, averaged over the ranks, loss scale divided out, before clipping): read it after the
-backward of the window's last micro-batch and before step(), as DeepSpeed's. Reading it ends that micro-batch (as step() would: its gradients
-are reduced; a rank whose last micro-batch had no backward ends it as step() does), so no
-gradient may arrive between the read and step() (or zero_grad(), which drops them). The
-weights and moments are read between optimizer steps: after step(), or before the first
-backward.
+backward of the window's last micro-batch and before step(), as DeepSpeed's. Reading it
+ends that micro-batch (as step() would: its gradients are reduced; a rank whose last
+micro-batch had no backward ends it as step() does), so no gradient may arrive between the
+read and step() (or zero_grad(), which drops them). The weights and moments are read between
+optimizer steps: after step(), or before the first backward.
 """
 import torch
 
