@@ -579,4 +579,10 @@ zero_status zero_config_normalize(const char* config_json, const char** out) try
   return ZERO_OK;
 } ZERO_C_CATCH("zero_config_normalize")
 
+int zero_config_is_deepspeed(const char* config_json) try {
+  return config_json != nullptr && zero::IsDeepSpeedConfigJson(config_json) ? 1 : 0;
+} catch (...) {
+  return 0;  // only a failed allocation while parsing: not told apart, as for text that is no JSON
+}
+
 }  // extern "C"

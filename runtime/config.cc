@@ -448,6 +448,11 @@ StatusOr<std::string> NormalizeConfigJson(std::string_view text) {
   return normalized;
 }
 
+bool IsDeepSpeedConfigJson(std::string_view text) {
+  const Json json = Json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
+  return !json.is_discarded() && runtime::IsDeepSpeedConfig(json);
+}
+
 Status ValidateOptimizerHyper(const OptimizerHyper& hyper, const std::string& where) {
   return CheckHyper(where, hyper);
 }

@@ -242,6 +242,11 @@ struct Config {
 /// there: "{}" gives the defaults).
 StatusOr<std::string> NormalizeConfigJson(std::string_view json);
 
+/// Whether `json` is a DeepSpeed config, as FromJson tells them apart (DeepSpeed's own
+/// top-level keys, an optimizer with "params", DeepSpeed's checkpoint keys); false for text
+/// that is not a JSON object.
+bool IsDeepSpeedConfigJson(std::string_view json);
+
 /// Checks one group's hyperparameters against the config's ranges; errors name the field as
 /// `where`.lr, `where`.betas[0], ...
 Status ValidateOptimizerHyper(const OptimizerHyper& hyper, const std::string& where);

@@ -288,6 +288,10 @@ ZERO_API zero_status zero_comm_all_reduce_f32(zero_comm* comm, float* data, int6
  *  by its top-level keys) into ZeroRT JSON and checks it as zero_engine_create would; `*out`
  *  is owned by the calling thread, valid until its next call. */
 ZERO_API zero_status zero_config_normalize(const char* config_json, const char** out);
+/** 1 when `config_json` is a DeepSpeed config (as zero_config_normalize tells them apart:
+ *  DeepSpeed's own top-level keys, an optimizer with "params", DeepSpeed's checkpoint keys),
+ *  0 otherwise (also for NULL or text that is not a JSON object). */
+ZERO_API int zero_config_is_deepspeed(const char* config_json);
 
 /** Rank and world size of the engine's group. */
 ZERO_API int zero_engine_rank(const zero_engine* engine);

@@ -62,6 +62,7 @@ _PROTOTYPES = {
                              ctypes.c_int, ctypes.c_int, ctypes.c_int,
                              ctypes.c_int, ctypes.c_int, _c_int64_p],
                             ctypes.c_int),
+    "zero_config_is_deepspeed": ([ctypes.c_char_p], ctypes.c_int),
     "zero_add_param_alias": ([ctypes.c_void_p, ctypes.c_int64, ctypes.c_char_p],
                              ctypes.c_int),
     "zero_finalize": ([ctypes.c_void_p], ctypes.c_int),

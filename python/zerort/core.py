@@ -309,6 +309,12 @@ def normalize_config(config):
     return json.loads(out.value.decode())
 
 
+def is_deepspeed_config(config):
+    """Whether `config` (as config_dict() takes it) is a DeepSpeed config, as the library
+    tells them apart (zero_config_is_deepspeed)."""
+    return library().zero_config_is_deepspeed(config_json(config).encode()) == 1
+
+
 class Engine:
     """One rank's engine: the C ABI's calls one to one (include/zero/zero.h)."""
 

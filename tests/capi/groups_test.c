@@ -147,6 +147,11 @@ int main(void) {
   CHECK(zero_set_checkpoint_user_data(engine, "epoch \xff") == ZERO_INVALID_ARGUMENT, "binary user data accepted");
   CHECK(strstr(zero_last_error(), "UTF-8") != NULL, "message: %s", zero_last_error());
 
+  /* Told apart as the engine tells them apart. */
+  CHECK(zero_config_is_deepspeed("{\"zero_optimization\": {\"stage\": 3}}") == 1, "a DeepSpeed config");
+  CHECK(zero_config_is_deepspeed("{\"checkpoint\": {\"tag_validation\": \"Warn\"}}") == 1, "DeepSpeed's checkpoint keys");
+  CHECK(zero_config_is_deepspeed("{\"stage\": 3, \"checkpoint\": {\"keep_last\": 2}}") == 0, "ZeroRT's config");
+  CHECK(zero_config_is_deepspeed("not json") == 0 && zero_config_is_deepspeed(NULL) == 0, "text that is no config");
   /* A DeepSpeed config comes back as ZeroRT's JSON; one with unsupported keys names them all. */
   const char* normalized = NULL;
   CHECK_OK(zero_config_normalize(

@@ -94,11 +94,15 @@ TEST_P(EngineFullState, EveryRankReadsTheWholeParamsMomentsAndGradient) {
       for (int micro = 0; micro < kMicroBatches; ++micro) {
         ASSERT_THAT(engine.BeginIteration(), IsOk());
         for (int p : {1, 0}) {
-          if (stage == 3) ASSERT_THAT(engine.Gather(p), IsOk());
+          if (stage == 3) {
+            ASSERT_THAT(engine.Gather(p), IsOk());
+          }
           std::vector<float> g = MicroGradient(p, step, micro, r);
           for (float& x : g) x *= kLossScale;
           ASSERT_THAT(engine.AccumulateGrad(p, g.data()), IsOk());
-          if (stage == 3) ASSERT_THAT(engine.Release(p), IsOk());
+          if (stage == 3) {
+            ASSERT_THAT(engine.Release(p), IsOk());
+          }
         }
         ASSERT_THAT(engine.EndBackward(), IsOk());
       }

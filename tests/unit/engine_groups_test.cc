@@ -146,10 +146,14 @@ TEST_P(EngineGroups, SettingsThatDifferBetweenRanksAreRefusedAtStep) {
     ASSERT_THAT(engine.SetGroupHyper(1, *hyper), IsOk());
     ASSERT_THAT(engine.BeginIteration(), IsOk());
     for (int param : {1, 0}) {
-      if (stage == 3) ASSERT_THAT(engine.Gather(param), IsOk());
+      if (stage == 3) {
+        ASSERT_THAT(engine.Gather(param), IsOk());
+      }
       const int64_t numel = param == 0 ? kWeightNumel : kBiasNumel;
       ASSERT_THAT(engine.AccumulateGrad(param, RankGradient(param, numel, 1, r).data()), IsOk());
-      if (stage == 3) ASSERT_THAT(engine.Release(param), IsOk());
+      if (stage == 3) {
+        ASSERT_THAT(engine.Release(param), IsOk());
+      }
     }
     ASSERT_THAT(engine.EndBackward(), IsOk());
     EXPECT_THAT(engine.Step(), StatusIs(absl::StatusCode::kFailedPrecondition,

@@ -55,25 +55,6 @@ _CLIENT_OPTIMIZERS = (  # AdamW first: newer PyTorch makes it a subclass of Adam
     (torch.optim.Adam, "adam", "Adam", {"adam_w_mode": False}, _ADAM_KEYS),
     (torch.optim.SGD, "sgd", "SGD", {}, _SGD_KEYS),
 )
-# The top-level keys of ZeroRT's own config, and the checkpoint keys only DeepSpeed's has: a
-# config with another top-level key, an optimizer with "params", or one of those
-# checkpoint keys is DeepSpeed's (as the library's IsDeepSpeedConfig tells them apart), and
-# takes DeepSpeed's optimizer section.
-_ZERORT_KEYS = ("stage", "device", "optimizer", "precision", "buckets", "stage3",
-                "gradient_accumulation_steps", "clip_grad_norm", "sync_grad_norm", "loss_scale",
-                "guard", "checkpoint", "scheduler", "batch")
-_DEEPSPEED_CHECKPOINT_KEYS = ("tag_validation", "load_universal", "use_node_local_storage",
-                              "parallel_write")
-
-
-def _is_deepspeed(raw):
-    """Whether the config `raw` is DeepSpeed's (see _ZERORT_KEYS)."""
-    def section(key):
-        value = raw.get(key)
-        return value if isinstance(value, dict) else {}
-    return (any(key not in _ZERORT_KEYS for key in raw)
-            or "params" in section("optimizer")
-            or any(key in section("checkpoint") for key in _DEEPSPEED_CHECKPOINT_KEYS))
 
 
 def initialize(args=None, model=None, optimizer=None, model_parameters=None,
@@ -190,7 +171,7 @@ def _with_client_optimizer(raw, optimizer):
             groups.append({key: value if key == "params" else _plain(value)
                            for key, value in group.items() if key not in TORCH_OPTIONS})
     hyper = {key: groups[0][key] for key in keys if key in groups[0]} if groups else {}
-    if not _is_deepspeed(raw):
+    if not core.is_deepspeed_config(raw):
         section = dict(hyper, type=zerort_type)
     else:
         section = {"type": deepspeed_type, "params": dict(hyper, **extra)}
