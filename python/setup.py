@@ -56,7 +56,8 @@ class PlatformDistribution(Distribution):
 
 setup(
     version=library_version(),
-    packages=["zerort", "zerort.torch"],
+    packages=["zerort", "zerort.torch", "zerort.torch.deepspeed",
+              "zerort.torch.deepspeed.utils"],
     cmdclass={"build_py": BuildWithLibrary},
     distclass=PlatformDistribution,
 )

@@ -3,13 +3,12 @@
 
 #include <algorithm>
 #include <cstring>
-#include <exception>
 #include <memory>
-#include <new>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "runtime/c_api_status.h"
 #include "runtime/checkpoint_format.h"
 #include "zero/communicator.h"
 #include "zero/engine.h"
@@ -24,60 +23,10 @@ struct zero_engine {
   std::unique_ptr<zero::Engine> engine;
 };
 
-namespace {
-
-thread_local std::string last_error;
-
-zero_status Report(const zero::Status& status) {
-  if (status.ok()) return ZERO_OK;
-  last_error = std::string(status.message());
-  if (zero::IsDuplicateGradient(status)) return ZERO_DUPLICATE_GRADIENT;
-  if (zero::IsUnusedParameters(status)) return ZERO_UNUSED_PARAMETERS;
-  return static_cast<zero_status>(static_cast<int>(status.code()));
-}
-
-zero_status NullArgument(const char* call, const char* what) {
-  return Report(absl::InvalidArgumentError(absl::StrCat(call, ": ", what, " is NULL")));
-}
-
-#define ZERO_C_REQUIRE(pointer, call) \
-  if ((pointer) == nullptr) return NullArgument(call, #pointer)
-
-// No exception leaves the C ABI (it would end the caller's process): an allocation that fails
-// is ZERO_RESOURCE_EXHAUSTED, anything else thrown ZERO_INTERNAL, both with a message.
-// The message itself allocates: when that fails too, the status stands with an empty message.
-zero_status ReportCurrentException(const char* call) {
-  zero_status code = ZERO_INTERNAL;
-  try {
-    try {
-      throw;
-    } catch (const std::bad_alloc&) {
-      code = ZERO_RESOURCE_EXHAUSTED;
-      last_error.clear();
-      last_error = absl::StrCat(call, ": out of host memory (an allocation inside this call failed): free memory "
-                                "or ask for less");
-    } catch (const std::exception& error) {
-      last_error = absl::StrCat(call, ": ", error.what());
-    } catch (...) {
-      last_error = absl::StrCat(call, ": an unknown exception");
-    }
-  } catch (...) {
-    last_error.clear();
-  }
-  return code;
-}
-
-// Ends a C ABI function written as a function-try-block: `zero_status f(...) try { ... }`.
-#define ZERO_C_CATCH(call) \
-  catch (...) {            \
-    return ReportCurrentException(call); \
-  }
-
-}  // namespace
+using zero::c_api::Report;
 
 extern "C" {
 
-const char* zero_last_error(void) { return last_error.c_str(); }
 const char* zero_version(void) { return zero::BuildSummary(); }
 
 zero_status zero_comm_local_group(int world, zero_comm** comms) try {

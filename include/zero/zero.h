@@ -293,6 +293,37 @@ ZERO_API zero_status zero_config_normalize(const char* config_json, const char**
  *  0 otherwise (also for NULL or text that is not a JSON object). */
 ZERO_API int zero_config_is_deepspeed(const char* config_json);
 
+/** Reading a checkpoint without an engine or ranks (zero/checkpoint.h): what zero-ckpt
+ *  inspects and consolidates, for a trainer that wants the full fp32 params in one process
+ *  (DeepSpeed's zero_to_fp32).
+ *
+ *    zero_ckpt_reader* r;  zero_ckpt_open("ckpt", &r);   // or a series root with `latest`
+ *    const char* json;     zero_ckpt_describe(r, &json);  // names, shapes, aliases, step, ...
+ *    zero_ckpt_verify(r);  zero_ckpt_read_param(r, 0, values);  zero_ckpt_close(r);
+ */
+typedef struct zero_ckpt_reader zero_ckpt_reader;
+/** Opens checkpoint `dir` (or the one `dir`/latest names): reads meta.json and every rank
+ *  file's index. Fails when meta.json is missing or damaged, naming the field. */
+ZERO_API zero_status zero_ckpt_open(const char* dir, zero_ckpt_reader** out);
+/** What the checkpoint holds, as a JSON object owned by the reader (valid until its next
+ *  zero_ckpt_describe or zero_ckpt_close): "dir" (the checkpoint itself, after `latest`),
+ *  "format", "world", "stage", "step", "optimizer", "loss_scale", "user_data" (the text
+ *  zero_set_checkpoint_user_data saved) and "params": one object per param in registration
+ *  order with "name", "shape", "dtype" (trained in; the records are fp32), "numel",
+ *  "requires_grad", "saved" (false: a frozen param saved without checkpoint.save_frozen,
+ *  which zero_ckpt_read_param refuses) and "aliases" (its other names: a tied weight's). */
+ZERO_API zero_status zero_ckpt_describe(zero_ckpt_reader* reader, const char** json);
+/** Reads every record and checks its checksum, and that the records cover every element of
+ *  every saved param exactly once: ZERO_DATA_LOSS (or ZERO_INVALID_ARGUMENT) naming the file
+ *  otherwise. */
+ZERO_API zero_status zero_ckpt_verify(zero_ckpt_reader* reader);
+/** The full fp32 value of param `index` (its "numel" floats into `out`), assembled from every
+ *  rank file. ZERO_FAILED_PRECONDITION for a param not saved; ZERO_DATA_LOSS for a damaged
+ *  record. */
+ZERO_API zero_status zero_ckpt_read_param(zero_ckpt_reader* reader, int64_t index, float* out);
+/** Frees the reader (NULL is a no-op). */
+ZERO_API void zero_ckpt_close(zero_ckpt_reader* reader);
+
 /** Rank and world size of the engine's group. */
 ZERO_API int zero_engine_rank(const zero_engine* engine);
 ZERO_API int zero_engine_world_size(const zero_engine* engine);

@@ -61,6 +61,8 @@ def test_wheel_installs_and_runs_outside_the_source_tree(tmp_path):
              "    print('no torch')\n"
              "else:\n"
              "    import zerort.torch\n"
+             "    from zerort.torch.deepspeed import initialize  # the subpackages too\n"
+             "    from zerort.torch.deepspeed.utils.zero_to_fp32 import main\n"
              "    print(os.path.realpath(zerort.torch.__file__))\n")
     env = {k: v for k, v in os.environ.items() if k not in ("ZERORT_LIBRARY", "PYTHONPATH")}
     env["PYTHONPATH"] = str(tmp_path / "site")

@@ -7,7 +7,7 @@ The library is found through ZERORT_LIBRARY, the copy a pip install put inside t
 the build tree (build/lib/libzerort.so beside this package's source), an install prefix, or
 the dynamic loader's path.
 """
-from .core import (Communicator, Engine, install_preemption_handler,
+from .core import (CheckpointReader, Communicator, Engine, install_preemption_handler,
                    local_group, mpi_communicator, nccl_communicator, version)
 from .errors import (AbortedError, AlreadyExistsError, CancelledError, DataLossError,
                      DeadlineExceededError, DuplicateGradientError,
@@ -17,7 +17,7 @@ from .errors import (AbortedError, AlreadyExistsError, CancelledError, DataLossE
                      UnimplementedError, UnusedParametersError, ZeroError)
 
 __all__ = [
-    "Communicator", "Engine", "install_preemption_handler", "local_group",
+    "CheckpointReader", "Communicator", "Engine", "install_preemption_handler", "local_group",
     "mpi_communicator", "nccl_communicator", "version", "AbortedError",
     "ZeroError", "CancelledError", "InvalidArgumentError",
     "DeadlineExceededError", "NotFoundError", "AlreadyExistsError",

@@ -135,6 +135,11 @@ _PROTOTYPES = {
     "zero_config_normalize": ([ctypes.c_char_p, ctypes.POINTER(ctypes.c_char_p)],
                               ctypes.c_int),
     "zero_engine_world_size": ([ctypes.c_void_p], ctypes.c_int),
+    "zero_ckpt_open": ([ctypes.c_char_p, _void_pp], ctypes.c_int),
+    "zero_ckpt_describe": ([ctypes.c_void_p, ctypes.POINTER(ctypes.c_char_p)], ctypes.c_int),
+    "zero_ckpt_verify": ([ctypes.c_void_p], ctypes.c_int),
+    "zero_ckpt_read_param": ([ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p], ctypes.c_int),
+    "zero_ckpt_close": ([ctypes.c_void_p], None),
 }
 
 

@@ -79,11 +79,15 @@ class _Handle:
         self._free = free
         self._keep = keep
 
-    def __del__(self):
+    def free(self):
+        """Frees the C object now (once; later calls do nothing)."""
         lib = _lib
         if lib is not None and self.value:
             getattr(lib, self._free)(ctypes.c_void_p(self.value))
             self.value = None
+
+    def __del__(self):
+        self.free()
 
 
 class Communicator:
@@ -313,6 +317,63 @@ def is_deepspeed_config(config):
     """Whether `config` (as config_dict() takes it) is a DeepSpeed config, as the library
     tells them apart (zero_config_is_deepspeed)."""
     return library().zero_config_is_deepspeed(config_json(config).encode()) == 1
+
+
+class CheckpointReader:
+    """A checkpoint read without an engine or ranks (zero_ckpt_*, zero/checkpoint.h): what
+    it holds, whether it is intact, and each param's full fp32 value, in one process.
+
+        with CheckpointReader("ckpt") as reader:        # or a series root with `latest`
+            reader.verify()
+            for index, param in enumerate(reader.params):
+                reader.read_param(index, address)        # param["numel"] floats
+    """
+
+    def __init__(self, directory):
+        handle = ctypes.c_void_p()
+        _check(library().zero_ckpt_open(os.fsencode(directory), ctypes.byref(handle)),
+               "zero_ckpt_open")
+        self._handle = _Handle(handle.value, "zero_ckpt_close")
+        text = ctypes.c_char_p()
+        _check(library().zero_ckpt_describe(self._live(), ctypes.byref(text)),
+               "zero_ckpt_describe")
+        self.description = json.loads(text.value.decode())
+
+    def _live(self):
+        if self._handle.value is None:
+            raise errors.FailedPreconditionError("this checkpoint reader was closed", 9)
+        return self._handle.value
+
+    @property
+    def params(self):
+        """One dict per param, in registration order: name, shape, dtype (trained in),
+        numel, requires_grad, saved (False: a frozen param saved without
+        checkpoint.save_frozen) and aliases (its other names: a tied weight's)."""
+        return self.description["params"]
+
+    @property
+    def user_data(self):
+        """The trainer's text saved with the checkpoint (zero_set_checkpoint_user_data)."""
+        return self.description["user_data"]
+
+    def verify(self):
+        """Reads every record and checks its checksum; DataLossError names what is wrong."""
+        _check(library().zero_ckpt_verify(self._live()), "zero_ckpt_verify")
+
+    def read_param(self, index, address):
+        """Writes param `index`'s full fp32 value (its numel floats) at `address`."""
+        _check(library().zero_ckpt_read_param(self._live(), index, address),
+               "zero_ckpt_read_param")
+
+    def close(self):
+        """Frees the reader (closing a closed reader does nothing)."""
+        self._handle.free()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
 
 class Engine:

@@ -10,7 +10,7 @@
 
 A DeepSpeed script switches by its import: `from zerort.torch import deepspeed` gives
 deepspeed.initialize's signature and return value (engine, optimizer, loader, scheduler),
-taking the script's own torch optimizer and scheduler callable (deepspeed.py).
+taking the script's own torch optimizer and scheduler callable (deepspeed/).
 
 initialize() takes ZeroRT's config or DeepSpeed's (a dict, JSON text or a .json path) and,
 as deepspeed.initialize, `model_parameters`: the params, or PyTorch-style param groups
@@ -89,7 +89,8 @@ params), _gathered.py (gathered() and register_external_parameter), _access.py (
 in another module's forward, found), _init_context.py (init_context: a model built sharded),
 _leaf_modules.py (leaf modules: stage-3 units of whole subtrees), _copies.py (copies of the
 model carry none of the engine), _collective.py (which calls every rank must make;
-all_reduce), deepspeed.py (deepspeed.initialize's signature).
+all_reduce), _consolidated.py (the full state dict of a checkpoint, in one process),
+deepspeed/ (deepspeed.initialize's signature, deepspeed.zero and deepspeed.utils).
 
 Every failure is a zerort exception carrying the status and the library's message
 (zerort.errors): DuplicateGradientError, UnusedParametersError, DeadlineExceededError, ...

@@ -36,11 +36,11 @@ def _saved(value):
     return base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
-def _loaded(text):
+def _loaded(text, map_location=None):
     options = {}
     if "weights_only" in inspect.signature(torch.load).parameters:
         options["weights_only"] = False  # RNG states and the trainer's own objects
-    return torch.load(io.BytesIO(base64.b64decode(text)), **options)
+    return torch.load(io.BytesIO(base64.b64decode(text)), map_location=map_location, **options)
 
 
 def encode(client_state, extras, buffers):
@@ -62,6 +62,21 @@ def decode(text):
         return value, {}, None  # plain JSON: a checkpoint written before the envelope
     buffers = _loaded(value["buffers"]) if "buffers" in value else None
     return _loaded(value["client_state"]), value.get("extras", {}), buffers
+
+
+def saved_module_state(text):
+    """What user-data text holds of the module besides the engine's params, without loading
+    its client state (which may need the trainer's classes or a GPU): ({name: CPU tensor} of
+    the module buffers saved, [names of the frozen params the engine did not keep]), empty
+    where the text has none (another front door's user data, an older checkpoint)."""
+    try:
+        value = json.loads(text) if text else None
+    except ValueError:
+        value = None
+    if not (isinstance(value, dict) and value.get("format") == FORMAT):
+        return {}, []
+    buffers = _loaded(value["buffers"], map_location="cpu") if "buffers" in value else {}
+    return buffers, list(value.get("extras", {}).get("frozen_not_kept", []))
 
 
 def module_state_items(module, prefix=""):
@@ -225,6 +240,9 @@ class CheckpointMethods:
                   "loss_scale": self.loss_scale}
         if self._driven_scheduler is not None:  # DeepSpeed's client scheduler: saved too
             extras["lr_scheduler"] = _saved(self._driven_scheduler.state_dict())
+        kept = {id(param) for _, param, _ in self._frozen}
+        extras["frozen_not_kept"] = [name for name, param in self._inventory.frozen
+                                     if id(param) not in kept]  # named by zero_to_fp32
         buffers = {name: tensor.detach().cpu().clone()
                    for name, tensor, is_param in module_state_items(self.module) if not is_param}
         self._engine.set_checkpoint_user_data(encode(client_state, extras, buffers))

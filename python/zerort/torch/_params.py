@@ -222,12 +222,20 @@ class Inventory:
 _OWNERS = {}
 
 
-def claim_check(named_params):
-    """Refuses params that an open engine already drives (a second initialize())."""
+def driven_param_name(named_params):
+    """The name of the first of `named_params` ((name, param) pairs) that an open engine
+    drives, or None."""
     for name, param in named_params:
         entry = _OWNERS.get(id(param))
-        if entry is None or entry[0]() is not param or entry[1][0] is None:
-            continue
+        if entry is not None and entry[0]() is param and entry[1][0] is not None:
+            return name
+    return None
+
+
+def claim_check(named_params):
+    """Refuses params that an open engine already drives (a second initialize())."""
+    name = driven_param_name(named_params)
+    if name is not None:
         raise errors.FailedPreconditionError(
             f"zerort.torch: param \"{name}\" is already driven by an open engine: "
             "initialize() was called before on this model (or on a model sharing this "

@@ -32,19 +32,20 @@ The script's other DeepSpeed calls keep their names: `deepspeed.zero.Init` (init
 and `deepspeed.zero.register_external_parameter` (zerort.torch.gathered and
 register_external_parameter), `deepspeed.utils.set_z3_leaf_modules` and its kin, and
 `deepspeed.utils.safe_get_full_fp32_param`, `safe_get_full_optimizer_state` and
-`safe_get_full_grad` (_full_state.py).
+`safe_get_full_grad` (_full_state.py), and `deepspeed.utils.zero_to_fp32`'s
+get_fp32_state_dict_from_zero_checkpoint, convert_zero_checkpoint_to_fp32_state_dict and
+load_state_dict_from_zero_checkpoint (_consolidated.py). `zero` and `utils` are modules of
+this package, so imports keep their shape too:
+`from zerort.torch.deepspeed.zero import GatheredParameters`.
 """
-import contextlib
-import types
-
 import torch
 
-from .. import core, errors
-from . import _full_state, _leaf_modules
-from ._config import TORCH_OPTIONS
-from ._engine import TorchEngine
-from ._gathered import gathered, register_external_parameter
-from ._init_context import init_context
+from ... import core, errors
+from .._config import TORCH_OPTIONS
+from .._engine import TorchEngine
+from . import utils, zero
+
+__all__ = ["initialize", "utils", "zero"]
 
 # The client optimizers ZeroRT steps itself: the class, ZeroRT's type, DeepSpeed's type with
 # the params that make it that optimizer, and the group keys that carry over.
@@ -215,56 +216,3 @@ def _data_loader(engine, dataset, collate_fn, raw):
     return torch.utils.data.DataLoader(dataset, batch_size=micro, sampler=sampler,
                                        collate_fn=collate_fn,
                                        drop_last=bool(raw.get("dataloader_drop_last", False)))
-
-
-def _gathered_parameters(params, modifier_rank=None, fwd_module=None, enabled=True):
-    """deepspeed.zero.GatheredParameters: zerort.torch.gathered(params, modifier_rank), or
-    nothing when not `enabled`; with `fwd_module`, the params are first registered as read
-    by that module's forward (register_external_parameter), as DeepSpeed does."""
-    if not enabled:
-        return contextlib.nullcontext()
-    if fwd_module is not None:
-        for param in [params] if isinstance(params, torch.Tensor) else list(params):
-            register_external_parameter(fwd_module, param)
-    return gathered(params, modifier_rank)
-
-
-def _zero_init(module=None, data_parallel_group=None, mem_efficient_linear=True,
-               remote_device=None, pin_memory=False, config_dict_or_path=None, config=None,
-               enabled=True, dtype=None, mpu=None, comm=None, **options):
-    """deepspeed.zero.Init: modules built inside the block keep only this rank's slice of
-    their float params (zerort.torch.init_context over `comm`, None: this process's MPI
-    rank, as initialize's); nothing when not `enabled`. The params stay float32 until
-    initialize() casts the slices to the config's bf16/fp16 (so `dtype` may only be None or
-    float32), and the config is read there, not here. Converting a `module` built outside
-    the block, `mpu`, `data_parallel_group`, `remote_device` offload and DeepSpeed's other
-    options are named as unsupported."""
-    del mem_efficient_linear, pin_memory, config_dict_or_path, config  # nothing to do here
-    unsupported = {"module": module, "data_parallel_group": data_parallel_group,
-                   "remote_device": None if remote_device in (None, "none") else remote_device,
-                   "mpu": mpu, "dtype": None if dtype in (None, torch.float32) else dtype}
-    unsupported.update({key: value for key, value in options.items() if value})
-    for name, value in unsupported.items():
-        if value is not None:
-            raise errors.UnimplementedError(
-                f"zerort.torch: deepspeed.zero.Init({name}=...) is not supported: build the "
-                "model inside `with deepspeed.zero.Init():` (one data-parallel group, params "
-                "on the device)", errors.UnimplementedError.status)
-    if not enabled:
-        return contextlib.nullcontext()
-    return init_context(core.mpi_communicator() if comm is None else comm)
-
-
-zero = types.SimpleNamespace(GatheredParameters=_gathered_parameters,
-                             register_external_parameter=register_external_parameter,
-                             Init=_zero_init)
-utils = types.SimpleNamespace(
-    set_z3_leaf_modules=_leaf_modules.set_z3_leaf_modules,
-    unset_z3_leaf_modules=_leaf_modules.unset_z3_leaf_modules,
-    get_z3_leaf_modules=_leaf_modules.get_z3_leaf_modules,
-    z3_leaf_module=_leaf_modules.z3_leaf_module,
-    set_z3_leaf_modules_by_name=_leaf_modules.set_z3_leaf_modules_by_name,
-    set_z3_leaf_modules_by_suffix=_leaf_modules.set_z3_leaf_modules_by_suffix,
-    safe_get_full_fp32_param=_full_state.safe_get_full_fp32_param,
-    safe_get_full_optimizer_state=_full_state.safe_get_full_optimizer_state,
-    safe_get_full_grad=_full_state.safe_get_full_grad)
