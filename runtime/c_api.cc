@@ -262,6 +262,15 @@ zero_status zero_last_grad_norm(zero_engine* engine, float* norm) try {
   return ZERO_OK;
 } ZERO_C_CATCH("zero_last_grad_norm")
 
+zero_status zero_clip_grad_norm(zero_engine* engine, float max_norm, float* norm) try {
+  ZERO_C_REQUIRE(engine, "zero_clip_grad_norm");
+  ZERO_C_REQUIRE(norm, "zero_clip_grad_norm");
+  auto value = engine->engine->ClipGradNorm(max_norm);
+  if (!value.ok()) return Report(value.status());
+  *norm = *value;
+  return ZERO_OK;
+} ZERO_C_CATCH("zero_clip_grad_norm")
+
 zero_status zero_get_full_state(zero_engine* engine, int64_t id, zero_param_state state, float* host_dst) try {
   ZERO_C_REQUIRE(engine, "zero_get_full_state");
   if (state < ZERO_STATE_WEIGHTS || state > ZERO_STATE_GRAD) {

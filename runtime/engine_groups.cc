@@ -10,10 +10,7 @@
 #include "runtime/engine_impl.h"
 
 namespace zero::runtime {
-namespace {
 
-// `value` in the fewest significant digits (6 to 9) that read back as the same float, so two
-// values a message tells apart never print alike.
 std::string Shortest(float value) {
   for (int digits = 6; digits < 9; ++digits) {
     const std::string text = absl::StrFormat("%.*g", digits, value);
@@ -21,8 +18,6 @@ std::string Shortest(float value) {
   }
   return absl::StrFormat("%.9g", value);
 }
-
-}  // namespace
 
 void EngineImpl::InitGroups() {
   int count = static_cast<int>(config_.optimizer.param_groups.size());

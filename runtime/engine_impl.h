@@ -33,6 +33,10 @@
 
 namespace zero::runtime {
 
+/// `value` in the fewest significant digits (6 to 9) that read back as the same float, so two
+/// values a message tells apart never print alike.
+std::string Shortest(float value);
+
 /// Makes the engine's DeviceOps for its config's device (DeviceOps::Create).
 using OpsFactory = std::function<StatusOr<std::unique_ptr<DeviceOps>>(Device, const kernels::CpuExec&, base::Allocator)>;
 
@@ -74,6 +78,7 @@ class EngineImpl final : public Engine {
   StatusOr<StepInfo> Step() override;
   Status DropGradients() override;
   StatusOr<float> LastGradNorm() override;
+  StatusOr<float> ClipGradNorm(float max_norm) override;
   Status GetFullState(ParamId id, ParamState state, float* out) override;
   Status SaveCheckpoint(const std::string& dir) override;
   Status SaveCheckpoint(const std::string& root, const std::string& tag) override;
@@ -112,9 +117,11 @@ class EngineImpl final : public Engine {
   };
 
   // Step: the squared norm in step_scalars_[kSqNorm] (this rank's) summed over ranks, the
-  // clip decision taken on the device, and, where the host reads them, the norm into `info`
-  // and last_grad_norm_. Returns whether the sum is not finite (false when not read).
-  StatusOr<bool> DecideGradNorm(double divisor, StepInfo* info);
+  // decision to clip to `clip` taken on the device, and, where the host reads them, the norm
+  // into `info` and last_grad_norm_. Returns whether the sum is not finite (false when not read).
+  StatusOr<bool> DecideGradNorm(double divisor, float clip, StepInfo* info);
+  // step_scalars_[kSqNorm], this rank's, summed over the ranks in place (on the device).
+  Status SumSquaresOverRanks(const char* what);
   // Whether Step reads the norm on the host (synchronous ops, sync_grad_norm, or a loss
   // scaler's overflow check): then it is decided before the step, which waits for nothing more.
   bool ReadsNormOnHost() const;
@@ -270,6 +277,7 @@ class EngineImpl final : public Engine {
   base::Buffer step_scalars_;
   std::optional<float> last_grad_norm_;  // the last Step's norm, once on the host
   bool grad_norm_on_device_ = false;     // the last Step left its norm in step_scalars_ only
+  std::optional<float> step_clip_;       // ClipGradNorm's max_norm for the next Step
   Status diverged_;  // set once guard.consistency_check found ranks apart; later checks fail fast
   bool replicas_synced_ = false;   // SyncReplicas ran
   std::string user_data_;  // trainer state saved in and loaded from checkpoints

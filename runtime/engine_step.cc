@@ -1,6 +1,7 @@
 // Step(): overflow check and global norm, loss scaling, clipping, the fused optimizer step on
-// the rank's owned ranges, then the params store brings every rank's view up to date; and
-// LastGradNorm(), the norm a step left on the device.
+// the rank's owned ranges, then the params store brings every rank's view up to date;
+// LastGradNorm(), the norm a step left on the device; and ClipGradNorm(), the norm before the
+// step with the clip that step applies.
 #include <cmath>
 #include <limits>
 
@@ -31,14 +32,15 @@ StatusOr<StepInfo> EngineImpl::Step() {
   float* scalars = step_scalars_.as<float>();
   ZERO_RETURN_IF_ERROR(grads_->ZeroUnreduced());
   const double divisor = static_cast<double>(comm_.size()) * loss_scaler_.scale();
-  const bool norm_after_step = config_.clip_grad_norm <= 0.0f && !ReadsNormOnHost() &&
-                               optimizer_->squares_in_step();
+  const float clip = step_clip_.value_or(config_.clip_grad_norm);
+  const bool norm_after_step = clip <= 0.0f && !ReadsNormOnHost() && optimizer_->squares_in_step();
   StepInfo info;
   bool overflow = false;
   if (!norm_after_step) {
     ZERO_RETURN_IF_ERROR(optimizer_->GradSquaredNorm(scalars + kSqNorm));
-    ZERO_ASSIGN_OR_RETURN(overflow, DecideGradNorm(divisor, &info));
+    ZERO_ASSIGN_OR_RETURN(overflow, DecideGradNorm(divisor, clip, &info));
   }
+  step_clip_.reset();  // this step's alone: a failure from here on is not retried
   // The step counts as taken from the moment it starts changing params or gradients: a local
   // failure before leaves the engine as it was, and one after refuses a retry that would apply
   // the same gradients twice (a failed collective breaks the group either way; see engine.h).
@@ -92,7 +94,7 @@ StatusOr<StepInfo> EngineImpl::Step() {
   for (const auto& [param, parts] : untouched) ZERO_RETURN_IF_ERROR(optimizer_->WriteOwned(param, parts));
   ZERO_RETURN_IF_ERROR(params_->AfterStep(/*updated=*/true));
   ZERO_RETURN_IF_ERROR(grads_->Zero());
-  if (norm_after_step) ZERO_RETURN_IF_ERROR(DecideGradNorm(divisor, &info).status());
+  if (norm_after_step) ZERO_RETURN_IF_ERROR(DecideGradNorm(divisor, clip, &info).status());
   ZERO_RETURN_IF_ERROR(CheckReplicasAgree());
   info.step = step_;
   info.loss_scale = loss_scaler_.scale();
@@ -105,6 +107,7 @@ Status EngineImpl::DropGradients() {
   if (micro_batch_ == 0) return absl::OkStatus();
   // As a step skipped on overflow, but for the loss scaler and the step count.
   micro_batch_ = 0;
+  step_clip_.reset();
   guard_->EndStep();
   ZERO_RETURN_IF_ERROR(params_->AfterStep(/*updated=*/false));
   ZERO_LOG(logger_, kInfo) << "gradients dropped: the next micro-batch starts step " << step_ + 1;
@@ -117,17 +120,19 @@ bool EngineImpl::ReadsNormOnHost() const {
   return !ops_->asynchronous() || config_.sync_grad_norm || loss_scaler_.skips_on_overflow();
 }
 
-StatusOr<bool> EngineImpl::DecideGradNorm(double divisor, StepInfo* info) {
+Status EngineImpl::SumSquaresOverRanks(const char* what) {
+  if (comm_.size() == 1) return absl::OkStatus();
+  float* squares = step_scalars_.as<float>() + kSqNorm;
+  comm::WorkPtr sum = path_.Start([&](comm::Communicator& c) {
+    return c.AllReduce(squares, squares, 1, DType::kFP32, comm::ReduceOp::kSum, comm::kHostValuesTag);
+  });
+  return path_.WaitOnStream(sum, [what] { return absl::StrCat(what, ": the global gradient norm"); });
+}
+
+StatusOr<bool> EngineImpl::DecideGradNorm(double divisor, float clip, StepInfo* info) {
   float* scalars = step_scalars_.as<float>();
-  if (comm_.size() > 1) {
-    comm::WorkPtr sum = path_.Start([&](comm::Communicator& c) {
-      return c.AllReduce(scalars + kSqNorm, scalars + kSqNorm, 1, DType::kFP32, comm::ReduceOp::kSum,
-                         comm::kHostValuesTag);
-    });
-    ZERO_RETURN_IF_ERROR(path_.WaitOnStream(sum, [] { return std::string("Step: the global gradient norm"); }));
-  }
-  ZERO_RETURN_IF_ERROR(ops_->DecideClip(scalars + kSqNorm, divisor, config_.clip_grad_norm, scalars + kGradNorm,
-                                        scalars + kGradScale));
+  ZERO_RETURN_IF_ERROR(SumSquaresOverRanks("Step"));
+  ZERO_RETURN_IF_ERROR(ops_->DecideClip(scalars + kSqNorm, divisor, clip, scalars + kGradNorm, scalars + kGradScale));
   grad_norm_on_device_ = !ReadsNormOnHost();
   if (grad_norm_on_device_) {
     info->grad_norm = std::numeric_limits<float>::quiet_NaN();
@@ -148,6 +153,42 @@ Status EngineImpl::RequireCompletedSum(const char* call) {
   // error may have gone to a later call): then only a working group vouches for the values.
   if (path_.waits_on_stream()) return RequireHealthyGroup(call);
   return absl::OkStatus();
+}
+
+StatusOr<float> EngineImpl::ClipGradNorm(float max_norm) {
+  ZERO_RETURN_IF_ERROR(RequireHealthyGroup("ClipGradNorm"));
+  ZERO_RETURN_IF_ERROR(RequirePhase(Phase::kIdle, "ClipGradNorm"));
+  if (!(max_norm >= 0.0f) || !std::isfinite(max_norm)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ClipGradNorm: max_norm ", max_norm, " is not a finite number >= 0 (0: no clipping)"));
+  }
+  if (micro_batch_ != config_.gradient_accumulation_steps) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "ClipGradNorm: the gradient exists between the step's last EndBackward and Step; ", micro_batch_, " of ",
+        config_.gradient_accumulation_steps, " micro-batches (gradient_accumulation_steps) are done"));
+  }
+  if (comm_.size() > 1) {  // one max over [v, -v]: the largest and the smallest max_norm
+    float bounds[2] = {max_norm, -max_norm};
+    Status agreed = host_.AllReduce(bounds, 2, comm::ReduceOp::kMax);
+    if (!agreed.ok()) return Status(agreed.code(), absl::StrCat("ClipGradNorm: ", agreed.message()));
+    if (bounds[0] != -bounds[1]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "ClipGradNorm: the ranks clip to different norms: max_norm is ", Shortest(-bounds[1]), " on one rank and ",
+          Shortest(bounds[0]), " on another (", Shortest(max_norm), " on this rank); every rank must pass the same "
+          "value, or their shards would be scaled differently. Nothing changed; call it again with one value."));
+    }
+  }
+  ZERO_RETURN_IF_ERROR(grads_->ZeroUnreduced());
+  float* scalars = step_scalars_.as<float>();
+  ZERO_RETURN_IF_ERROR(optimizer_->GradSquaredNorm(scalars + kSqNorm));
+  ZERO_RETURN_IF_ERROR(SumSquaresOverRanks("ClipGradNorm"));
+  const double divisor = static_cast<double>(comm_.size()) * loss_scaler_.scale();
+  ZERO_RETURN_IF_ERROR(ops_->DecideClip(scalars + kSqNorm, divisor, max_norm, scalars + kGradNorm, scalars + kGradScale));
+  float norm = 0.0f;
+  ZERO_RETURN_IF_ERROR(ops_->Copy(&norm, scalars + kGradNorm, sizeof norm));
+  ZERO_RETURN_IF_ERROR(RequireCompletedSum("ClipGradNorm"));
+  step_clip_ = max_norm;
+  return norm;
 }
 
 StatusOr<float> EngineImpl::LastGradNorm() {

@@ -309,6 +309,14 @@ class Engine {
   /// when Step left it there (Config::sync_grad_norm false: one wait for the device, then
   /// kept). kFailedPrecondition before the first Step.
   virtual StatusOr<float> LastGradNorm() = 0;
+  /// FSDP's clip_grad_norm_: between the step's last EndBackward and Step, the global L2
+  /// norm of the gradient the next Step applies (summed over the micro-batches, averaged
+  /// over the ranks, loss scale divided out), and that Step clips it to `max_norm` instead
+  /// of Config::clip_grad_norm (0: no clipping; later steps use the config's again).
+  /// Collective: every rank calls it with the same `max_norm` (kInvalidArgument naming both
+  /// values otherwise, nothing changed); the host waits for the norm. The norm is not
+  /// finite when a gradient is Inf/NaN. kFailedPrecondition elsewhere than before a Step.
+  virtual StatusOr<float> ClipGradNorm(float max_norm) = 0;
   /// Copies the full fp32 `state` of trainable param `id` (its numel floats, in host
   /// memory `out`) on every rank, wherever its parts live (DeepSpeed's
   /// safe_get_full_fp32_param, safe_get_full_optimizer_state and safe_get_full_grad).

@@ -130,6 +130,8 @@ _PROTOTYPES = {
     "zero_loss_scale": ([ctypes.c_void_p, ctypes.POINTER(ctypes.c_float)], ctypes.c_int),
     "zero_last_grad_norm": ([ctypes.c_void_p, ctypes.POINTER(ctypes.c_float)],
                             ctypes.c_int),
+    "zero_clip_grad_norm": ([ctypes.c_void_p, ctypes.c_float, ctypes.POINTER(ctypes.c_float)],
+                            ctypes.c_int),
     "zero_comm_all_reduce_f32": ([ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
                                   ctypes.c_int, ctypes.c_double], ctypes.c_int),
     "zero_config_normalize": ([ctypes.c_char_p, ctypes.POINTER(ctypes.c_char_p)],

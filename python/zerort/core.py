@@ -739,6 +739,15 @@ class Engine:
                "zero_last_grad_norm")
         return value.value
 
+    def clip_grad_norm(self, max_norm):
+        """FSDP's clip_grad_norm_ (zero_clip_grad_norm): after the step's last end_backward,
+        the global norm of the gradient the next step applies; that step clips to max_norm
+        (0: none) instead of the config's clip_grad_norm. Collective."""
+        value = ctypes.c_float()
+        _check(library().zero_clip_grad_norm(self._handle, float(max_norm), ctypes.byref(value)),
+               "zero_clip_grad_norm")
+        return value.value
+
     @property
     def loss_scale(self):
         """The loss scale to multiply the next loss by (1 without loss scaling; after

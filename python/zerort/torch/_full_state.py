@@ -17,7 +17,12 @@ ends that micro-batch (as step() would: its gradients are reduced; a rank whose 
 micro-batch had no backward ends it as step() does), so no gradient may arrive between the
 read and step() (or zero_grad(), which drops them). The weights and moments are read between
 optimizer steps: after step(), or before the first backward.
+
+FSDP's engine.clip_grad_norm_(max_norm) reads the same gradient's global norm at the same
+point, and the next step clips to max_norm (instead of the config's gradient_clipping).
 """
+import math
+
 import torch
 
 from .. import errors
@@ -33,9 +38,10 @@ _STATE_KEYS = {"exp_avg": ("first_moment", ("adamw", "adam", "lamb", "lion")),
 
 
 class FullStateMethods:
-    """TorchEngine's reads of a param's full fp32 values (see the module docstring). Uses
-    TorchEngine's _engine, _check_model, _pid_of, _names, _records, _handed_since_step_call,
-    _micro_batches, _window_ended, gradient_accumulation_steps and _end_micro_batch."""
+    """TorchEngine's reads of a param's full fp32 values, and of the gradient's norm (see
+    the module docstring). Uses TorchEngine's _engine, _check_model, _pid_of, _names,
+    _records, _handed_since_step_call, _micro_batches, _window_ended, _torch_device,
+    gradient_accumulation_steps and _end_micro_batch."""
 
     def full_state(self, param, state):
         """The full fp32 `state` of `param` ("weights", "first_moment", "second_moment" or
@@ -47,7 +53,7 @@ class FullStateMethods:
         if pid is None or pid not in self._names:  # frozen, or without elements
             return None
         if state == "grad":
-            self._end_window_for_grad_read()
+            self._end_window_for_grad_read("safe_get_full_grad")
         elif self._handed_since_step_call or self._micro_batches or self._window_ended:
             raise errors.FailedPreconditionError(
                 f"zerort.torch: {what} is read between optimizer steps (after step(), or "
@@ -58,15 +64,38 @@ class FullStateMethods:
             self._engine.get_full_state(pid, state, values.data_ptr())
         return values.to(param.device)
 
-    def _end_window_for_grad_read(self):
-        """Ends the window's last micro-batch now, as step() would (its gradients reduced):
-        the gradient exists from then until step(). Every rank takes the same way (the
-        micro-batch count agrees across ranks), whether or not its own backward ran."""
+    def clip_grad_norm_(self, max_norm, norm_type=2.0):
+        """FSDP's clip_grad_norm_: the total L2 norm (a float32 tensor on the engine's
+        device) of the gradient the next step() applies (summed over the window, averaged
+        over the ranks, loss scale divided out), read after the window's last backward and
+        before step(); that step clips it to `max_norm` (0: none), in place of the config's
+        gradient_clipping, which later steps use again. Collective: every rank calls it with
+        the same max_norm. The norm is inf or nan when a gradient is (a step an fp16 loss
+        scale then skips). norm_type other than 2 is named as unsupported."""
+        if float(norm_type) != 2.0:
+            raise errors.UnimplementedError(
+                f"zerort.torch: clip_grad_norm_(norm_type={norm_type}) is not supported: the "
+                "engine clips by the L2 norm (norm_type=2)", errors.UnimplementedError.status)
+        if not math.isfinite(float(max_norm)) or float(max_norm) < 0:
+            raise errors.InvalidArgumentError(
+                f"zerort.torch: clip_grad_norm_(max_norm={max_norm}): max_norm must be a "
+                "finite number >= 0 (0: no clipping)", errors.InvalidArgumentError.status)
+        self._check_model("clip_grad_norm_()")
+        self._end_window_for_grad_read("clip_grad_norm_")
+        with every_rank_calls("clip_grad_norm_()", ", with the same max_norm"):
+            norm = self._engine.clip_grad_norm(float(max_norm))
+        return torch.tensor(norm, dtype=torch.float32, device=self._torch_device)
+
+    def _end_window_for_grad_read(self, call):
+        """Ends the window's last micro-batch now, as step() would (its gradients reduced),
+        for `call`, which reads the gradient: it exists from then until step(). Every rank
+        takes the same way (the micro-batch count agrees across ranks), whether or not its
+        own backward ran."""
         if self._window_ended:
             return
         if self._micro_batches + 1 != self.gradient_accumulation_steps:
             raise errors.FailedPreconditionError(
-                "zerort.torch: safe_get_full_grad: the gradient exists after the backward of "
+                f"zerort.torch: {call}: the gradient exists after the backward of "
                 f"the last of the step's {int(self.gradient_accumulation_steps)} micro-batches "
                 f"(gradient_accumulation_steps) and before step(); {self._micro_batches} "
                 "ended so far", errors.FailedPreconditionError.status)

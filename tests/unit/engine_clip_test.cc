@@ -1,0 +1,205 @@
+// ClipGradNorm (FSDP's clip_grad_norm_): the norm before the step, equal to a float64 norm
+// of the averaged, unscaled gradient, and that one step clipped to its max_norm, against a
+// float64 AdamW, at every stage and world size; later steps clip to the config's value again.
+// And what it refuses: ranks passing different max_norms, a call before the window's last
+// EndBackward, a max_norm that is not a finite number >= 0.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <vector>
+
+#include "tests/engine/reference_adamw.h"
+#include "tests/engine/run_on_ranks.h"
+#include "tests/status_matchers.h"
+#include "zero/communicator.h"
+#include "zero/engine.h"
+
+namespace zero {
+namespace {
+
+using testing::InitialValues;
+using testing::IsOk;
+using testing::RankGradient;
+using testing::ReferenceAdamW;
+using testing::RunOnRanks;
+using testing::StatusIs;
+
+constexpr int64_t kNumel[] = {733, 45};  // odd sizes that straddle buckets and shards
+constexpr int kSteps = 4, kMicroBatches = 2;
+constexpr float kLossScale = 16.0f;  // a static scale: the norm must divide it out
+
+Config ClipConfig(int stage, float clip) {
+  Config c;
+  c.stage = stage;
+  c.optimizer.type = OptimizerType::kAdamW;
+  c.optimizer.lr = 1e-2f;
+  c.optimizer.weight_decay = 0.05f;
+  c.clip_grad_norm = clip;
+  c.gradient_accumulation_steps = kMicroBatches;
+  c.loss_scale.mode = LossScaleMode::kStatic;
+  c.loss_scale.initial_power = 4;
+  c.buckets.reduce_bucket_elems = 256;
+  c.buckets.first_bucket_elems = 256;
+  c.buckets.last_bucket_elems = 0;
+  c.stage3.persistence_threshold = 0;
+  return c;
+}
+
+std::vector<float> MicroGradient(int param, int step, int micro, int rank) {
+  return RankGradient(param, kNumel[param], 10 * step + micro, rank);
+}
+
+// Both params' gradients of `step` as the optimizer applies them: summed over the
+// micro-batches, averaged over the ranks.
+std::vector<std::vector<double>> StepGradients(int step, int world) {
+  std::vector<std::vector<double>> g;
+  for (int p = 0; p < 2; ++p) {
+    g.emplace_back(kNumel[p], 0.0);
+    for (int micro = 0; micro < kMicroBatches; ++micro) {
+      for (int r = 0; r < world; ++r) {
+        const std::vector<float> part = MicroGradient(p, step, micro, r);
+        for (int64_t i = 0; i < kNumel[p]; ++i) g[p][i] += static_cast<double>(part[i]) / world;
+      }
+    }
+  }
+  return g;
+}
+
+double Norm(const std::vector<std::vector<double>>& grads) {
+  double squares = 0.0;
+  for (const auto& g : grads) {
+    for (double x : g) squares += x * x;
+  }
+  return std::sqrt(squares);
+}
+
+// Runs the window of `step` on one rank: every micro-batch's gradients, scaled by the loss scale.
+void RunWindow(Engine& engine, int stage, int step, int rank) {
+  for (int micro = 0; micro < kMicroBatches; ++micro) {
+    ASSERT_THAT(engine.BeginIteration(), IsOk());
+    for (int p : {1, 0}) {
+      if (stage == 3) {
+        ASSERT_THAT(engine.Gather(p), IsOk());
+      }
+      std::vector<float> g = MicroGradient(p, step, micro, rank);
+      for (float& x : g) x *= kLossScale;
+      ASSERT_THAT(engine.AccumulateGrad(p, g.data()), IsOk());
+      if (stage == 3) {
+        ASSERT_THAT(engine.Release(p), IsOk());
+      }
+    }
+    ASSERT_THAT(engine.EndBackward(), IsOk());
+  }
+}
+
+std::unique_ptr<Engine> MakeEngine(const Config& config, comm::Communicator& comm) {
+  auto created = Engine::Create(config, comm);
+  EXPECT_THAT(created, IsOk());
+  if (!created.ok()) return nullptr;
+  Engine& engine = **created;
+  for (int p = 0; p < 2; ++p) {
+    EXPECT_THAT(engine.RegisterParam({p == 0 ? "w" : "b", {kNumel[p]}, DType::kFP32, true, 0, p}), IsOk());
+  }
+  EXPECT_THAT(engine.Finalize(), IsOk());
+  for (int p = 0; p < 2; ++p) EXPECT_THAT(engine.SetParam(p, InitialValues(p, kNumel[p]).data()), IsOk());
+  return std::move(*created);
+}
+
+class EngineClip : public ::testing::TestWithParam<std::tuple<int, int>> {};
+
+TEST_P(EngineClip, TheNormBeforeTheStepAndThatStepClippedToMaxNorm) {
+  const auto [stage, world] = GetParam();
+  std::vector<std::vector<std::vector<double>>> grads;
+  std::vector<double> norms;
+  for (int step = 1; step <= kSteps; ++step) {
+    grads.push_back(StepGradients(step, world));
+    norms.push_back(Norm(grads.back()));
+  }
+  // The config clips below every step's norm; ClipGradNorm overrides it for one step each:
+  // step 1 clips harder, step 2 follows the config, step 3 does not clip, step 4 the config.
+  const double smallest = *std::min_element(norms.begin(), norms.end());
+  const float config_clip = static_cast<float>(0.6 * smallest);
+  const float max_norms[kSteps] = {static_cast<float>(0.3 * smallest), -1.0f, 0.0f, -1.0f};  // -1: not called
+  const Config config = ClipConfig(stage, config_clip);
+  std::vector<ReferenceAdamW> reference;
+  for (int p = 0; p < 2; ++p) reference.emplace_back(InitialValues(p, kNumel[p]));
+  for (int step = 0; step < kSteps; ++step) {
+    const float clip = max_norms[step] >= 0.0f ? max_norms[step] : config_clip;
+    const double coefficient = clip > 0.0f && norms[step] > clip ? clip / (norms[step] + 1e-6) : 1.0;
+    for (int p = 0; p < 2; ++p) {
+      std::vector<double> g = grads[step][p];
+      for (double& x : g) x *= coefficient;
+      reference[p].Step(g, config.optimizer.Group(0));
+    }
+  }
+  RunOnRanks(world, [&](int r, comm::Communicator& comm) {
+    std::unique_ptr<Engine> engine = MakeEngine(config, comm);
+    ASSERT_NE(engine, nullptr);
+    for (int step = 0; step < kSteps; ++step) {
+      RunWindow(*engine, stage, step + 1, r);
+      if (max_norms[step] >= 0.0f) {
+        auto norm = engine->ClipGradNorm(max_norms[step]);
+        ASSERT_THAT(norm, IsOk());
+        EXPECT_NEAR(*norm, norms[step], 1e-5 * norms[step]) << "step " << step + 1;
+      }
+      auto info = engine->Step();
+      ASSERT_THAT(info, IsOk());
+      EXPECT_NEAR(info->grad_norm, norms[step], 1e-5 * norms[step]) << "step " << step + 1;
+    }
+    for (int p = 0; p < 2; ++p) {
+      std::vector<float> got(kNumel[p], std::nanf(""));  // poisoned
+      ASSERT_THAT(engine->GetParam(p, got.data()), IsOk());
+      for (int64_t i = 0; i < kNumel[p]; ++i) {
+        ASSERT_NEAR(got[i], reference[p].w[i], 1e-5 * (1.0 + std::fabs(reference[p].w[i])))
+            << "param " << p << " element " << i;
+      }
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(StagesAndWorlds, EngineClip,
+                         ::testing::Combine(::testing::Values(0, 1, 2, 3), ::testing::Values(1, 2, 3)));
+
+TEST(EngineClipRefusals, RanksThatPassDifferentMaxNormsAreRefusedAndMayRetry) {
+  for (int stage : {0, 2, 3}) {
+    RunOnRanks(3, [&](int r, comm::Communicator& comm) {
+      std::unique_ptr<Engine> engine = MakeEngine(ClipConfig(stage, 0.0f), comm);
+      ASSERT_NE(engine, nullptr);
+      RunWindow(*engine, stage, 1, r);
+      const auto refused = engine->ClipGradNorm(r == 1 ? 0.25f : 0.5f);
+      EXPECT_THAT(refused, StatusIs(absl::StatusCode::kInvalidArgument));
+      EXPECT_NE(refused.status().message().find("0.25 on one rank and 0.5 on another"), std::string::npos)
+          << refused.status().message();
+      ASSERT_THAT(engine->ClipGradNorm(0.5f), IsOk());
+      ASSERT_THAT(engine->Step(), IsOk());
+    });
+  }
+}
+
+TEST(EngineClipRefusals, OutsideTheWindowsEndOrWithABadMaxNorm) {
+  auto group = comm::CreateLocalGroup(1);
+  ASSERT_THAT(group, IsOk());
+  std::unique_ptr<Engine> engine = MakeEngine(ClipConfig(2, 0.0f), *(*group)[0]);
+  ASSERT_NE(engine, nullptr);
+  EXPECT_THAT(engine->ClipGradNorm(1.0f), StatusIs(absl::StatusCode::kFailedPrecondition)) << "no gradient yet";
+  ASSERT_THAT(engine->BeginIteration(), IsOk());
+  EXPECT_THAT(engine->ClipGradNorm(1.0f), StatusIs(absl::StatusCode::kFailedPrecondition)) << "inside a micro-batch";
+  for (int p = 0; p < 2; ++p) ASSERT_THAT(engine->AccumulateGrad(p, MicroGradient(p, 1, 0, 0).data()), IsOk());
+  ASSERT_THAT(engine->EndBackward(), IsOk());
+  EXPECT_THAT(engine->ClipGradNorm(1.0f), StatusIs(absl::StatusCode::kFailedPrecondition)) << "1 of 2 micro-batches";
+  ASSERT_THAT(engine->BeginIteration(), IsOk());
+  for (int p = 0; p < 2; ++p) ASSERT_THAT(engine->AccumulateGrad(p, MicroGradient(p, 1, 1, 0).data()), IsOk());
+  ASSERT_THAT(engine->EndBackward(), IsOk());
+  for (float bad : {-1.0f, std::nanf(""), std::numeric_limits<float>::infinity()}) {
+    EXPECT_THAT(engine->ClipGradNorm(bad), StatusIs(absl::StatusCode::kInvalidArgument)) << bad;
+  }
+  ASSERT_THAT(engine->ClipGradNorm(1.0f), IsOk());
+  ASSERT_THAT(engine->Step(), IsOk());
+  EXPECT_THAT(engine->ClipGradNorm(1.0f), StatusIs(absl::StatusCode::kFailedPrecondition)) << "after the step";
+}
+
+}  // namespace
+}  // namespace zero
