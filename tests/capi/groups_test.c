@@ -1,5 +1,6 @@
 /* The C ABI's optimizer groups, learning rates, schedule position, config normalisation,
- * metric all-reduce, counters, the last step's norm and a param's full state, as a C trainer calls them. One in-process rank; plain SGD, so that each
+ * metric all-reduce, counters, the last step's norm, the norm before a step (zero_clip_grad_norm) and a param's
+ * full state, as a C trainer calls them. One in-process rank; plain SGD, so that each
  * step moves a param by exactly -lr * gradient and shows the lr its group stepped with.
  * Exits 0 when every check holds, 1 naming the first that does not. */
 #include <math.h>
@@ -38,9 +39,15 @@ static void StepAndMeasure(zero_engine* engine, float moved[2]) {
   }
   CHECK(zero_get_full_state(engine, 0, ZERO_STATE_SECOND_MOMENT, full) == ZERO_NOT_FOUND, "SGD has no second moment");
   CHECK(zero_get_full_state(engine, 0, (zero_param_state)7, full) == ZERO_INVALID_ARGUMENT, "state 7 accepted");
+  /* FSDP's clip_grad_norm_ with max_norm 0: the norm now, and the step not clipped. */
+  float before_step = -1.0f;
+  CHECK_OK(zero_clip_grad_norm(engine, 0.0f, &before_step));
+  CHECK(fabsf(before_step - sqrtf(2.0f * kNumel)) < 1e-5f, "zero_clip_grad_norm gave %g", before_step);
+  CHECK(zero_clip_grad_norm(engine, 0.0f, NULL) == ZERO_INVALID_ARGUMENT, "a NULL norm accepted");
   zero_step_info info;
   CHECK_OK(zero_step(engine, &info));
   CHECK(zero_get_full_state(engine, 0, ZERO_STATE_GRAD, full) == ZERO_FAILED_PRECONDITION, "a gradient after the step");
+  CHECK(zero_clip_grad_norm(engine, 0.0f, &before_step) == ZERO_FAILED_PRECONDITION, "a norm after the step");
   /* Each gradient is 1 everywhere on one rank: the norm is sqrt(2 * kNumel). */
   float norm = -1.0f;
   CHECK_OK(zero_last_grad_norm(engine, &norm));
