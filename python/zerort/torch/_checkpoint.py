@@ -22,9 +22,10 @@ import warnings
 
 import torch
 
-from .. import errors
+from .. import core, errors
 from ._collective import every_rank_calls
 from ._deepspeed_api import refuse_unless_default
+from ._device import broadcast_tensor
 
 FORMAT = "zerort.torch.client_state/1"
 
@@ -259,6 +260,109 @@ class CheckpointMethods:
         with every_rank_calls("engine.load_checkpoint()"):
             return self.all_reduce(flag, "min").item() == 1.0
 
+    def _load_weights(self, path, strict):
+        """load_checkpoint(load_module_only=True) of checkpoint `path`; returns its client
+        state."""
+        if self._micro_batches or self._handed_since_step_call or self._window_ended:
+            raise errors.FailedPreconditionError(
+                "zerort.torch: load_checkpoint(load_module_only=True) inside an accumulation "
+                "window: gradients of the next step have arrived, computed with the weights "
+                "it would replace. Load at an accumulation boundary, right after the step() "
+                "that steps the optimizer, or before the first forward",
+                errors.FailedPreconditionError.status)
+        readers = {}  # rank 0's: {name or alias: (reader, index)}
+        failure = None
+        try:
+            reader = core.CheckpointReader(path)
+            if self.rank == 0:
+                readers = self._check_weights(reader, strict)
+        except errors.ZeroError as error:
+            failure = error
+        if self._any_rank(failure is not None):
+            self._raise_everywhere(failure, f"zerort.torch: load_checkpoint(load_module_only="
+                                   f"True): another rank could not read {path} (its error "
+                                   "says why); nothing was loaded")
+        names = self._weights_to_load()
+        with reader:
+            seen = set()
+            for module in self.module.modules():
+                chunk = [p for p in module.parameters(recurse=False)
+                         if id(p) not in seen and id(p) in names]
+                seen.update(id(p) for p in chunk)
+                if chunk:
+                    with self.gathered(chunk, modifier_rank=0), torch.no_grad():
+                        for param in chunk:
+                            found = readers.get(names[id(param)])
+                            if found is not None:
+                                value = torch.empty(param.shape, dtype=torch.float32)
+                                found[0].read_param(found[1], value.data_ptr())
+                                param.copy_(value)
+            client_state, _, buffers = decode(reader.user_data)
+        if buffers is not None:
+            restore_buffers(self.module, buffers)
+        return client_state
+
+    def _raise_everywhere(self, failure, otherwise):
+        """Raises rank 0's `failure` on every rank (its class and message); where rank 0 has
+        none, each rank its own, or AbortedError(`otherwise`). Collective."""
+        text = b""
+        if self.rank == 0 and failure is not None:
+            text = json.dumps({"status": failure.status, "message": failure.message}).encode()
+        length = int(self.all_reduce(torch.tensor([float(len(text))]), "max").item())
+        if length:
+            payload = torch.tensor(list(text) or [0] * length, dtype=torch.uint8)
+            broadcast_tensor(payload, self._comm, 0, self._timeout)
+            if failure is None or self.rank != 0:
+                first = json.loads(bytes(payload.tolist()).decode())
+                raise errors.error_for(first["status"], first["message"])
+        if failure is not None:
+            raise failure
+        raise errors.AbortedError(otherwise, errors.AbortedError.status)
+
+    def _weights_to_load(self):
+        """{id(param): its name} for every float param of the model with elements that a
+        weights-only load sets (the engine's, and frozen ones it does not keep)."""
+        names = {id(param): name for name, param, _ in self._params + self._frozen}
+        for name, param in self._inventory.frozen:
+            names.setdefault(id(param), name)
+        return names
+
+    def _check_weights(self, reader, strict):
+        """Rank 0's check of a weights-only load from `reader`: every record intact, every
+        param the engine steps there with its shape (strict: and no other); returns {name:
+        (reader, index)} of the params to read."""
+        reader.verify()
+        found = {}
+        for index, saved in enumerate(reader.params):
+            if saved["saved"]:
+                for name in [saved["name"]] + saved["aliases"]:
+                    found[name] = (reader, index, saved["shape"])
+        wanted = self._weights_to_load()
+        trainable = {id(param) for _, param, _ in self._params}
+        params = {id(p): p for p in self.module.parameters()}
+        problems = []
+        for key, name in wanted.items():
+            entry = found.get(name)
+            if entry is None:
+                if key in trainable and strict:
+                    problems.append(f"{name} is not in it")
+            elif list(entry[2]) != list(params[key].shape):
+                problems.append(f"{name} is {tuple(entry[2])} there and "
+                                f"{tuple(params[key].shape)} here")
+        if strict:  # every name of the model's params counts (a tied weight's other names)
+            model_names = {name for name, _, is_param in module_state_items(self.module)
+                           if is_param}
+            extra = sorted(set(found) - model_names)
+            problems += [f"{name} is there and not in the model" for name in extra[:5]]
+        if problems:
+            raise errors.InvalidArgumentError(
+                "zerort.torch: load_checkpoint(load_module_only=True): "
+                f"{reader.description['dir']} does not fit the model: " + "; ".join(problems[:5])
+                + ". Nothing was loaded"
+                + (" (load_module_strict=False loads the params the two share)" if strict else ""),
+                errors.InvalidArgumentError.status)
+        return {name: (entry[0], entry[1]) for name, entry in found.items()}
+
     def preemption_requested(self):
         """After zerort.install_preemption_handler(): whether any rank got SIGTERM or
         SIGUSR1. Collective (every rank calls it at the same step); the same answer on
@@ -279,16 +383,28 @@ class CheckpointMethods:
         warning, as DeepSpeed does. Unpickles the client state: load only checkpoints you
         trust. DeepSpeed's keyword arguments are taken at their defaults only (a ZeroRT
         checkpoint loads whole; load_module_strict=False is taken too, as every param the
-        engine holds is in a checkpoint of the same model, which a load checks)."""
-        whole = "a ZeroRT checkpoint loads whole: params, optimizer state and schedule"
-        refuse_unless_default("load_checkpoint", {
-            "load_optimizer_states": load_optimizer_states,
-            "load_lr_scheduler_states": load_lr_scheduler_states,
-            "load_module_only": load_module_only}, {
-            "load_optimizer_states": (True, whole),
-            "load_lr_scheduler_states": (True, whole),
-            "load_module_only": (False, whole + " (for weights alone, read them from "
-                                 "engine.state_dict() of a run that loaded it)")})
+        engine holds is in a checkpoint of the same model, which a load checks).
+
+        `load_module_only=True` (or both load_optimizer_states and load_lr_scheduler_states
+        False), as DeepSpeed's: the weights alone (each param's saved fp32 value, and the
+        module buffers), the optimizer state, step counts and schedule staying this engine's
+        (a fine-tune that starts from another run's weights; any stage and world size). Rank
+        0 checks the whole checkpoint first (every checksum; every param the engine drives
+        there, of its shape, and nothing else unless `load_module_strict` is False), so a
+        refused load changes nothing; then it reads one module's params at a time and
+        every rank takes them (gathered(modifier_rank=0)). Frozen params the checkpoint does
+        not hold keep their values."""
+        weights_only = load_module_only or not (load_optimizer_states or load_lr_scheduler_states)
+        if not weights_only:
+            refuse_unless_default("load_checkpoint", {
+                "load_optimizer_states": load_optimizer_states,
+                "load_lr_scheduler_states": load_lr_scheduler_states}, {
+                "load_optimizer_states": (True, "the schedule without the optimizer state "
+                                          "does not load; pass load_lr_scheduler_states=False "
+                                          "too (the weights alone) or neither"),
+                "load_lr_scheduler_states": (True, "the optimizer state without the schedule "
+                                             "does not load; a ZeroRT checkpoint restores "
+                                             "both, or pass load_module_only=True")})
         self._check_model("load_checkpoint()")
         if tag is None and not self._every_rank_finds_a_checkpoint(directory):
             warnings.warn(
@@ -300,6 +416,8 @@ class CheckpointMethods:
         if tag is not None:
             directory = f"{directory}/{tag}"
         loaded_path = resolve_latest(directory)
+        if weights_only:
+            return loaded_path, self._load_weights(loaded_path, load_module_strict)
         with every_rank_calls("engine.load_checkpoint()"):
             self._engine.load_checkpoint(directory)
         text = self._engine.checkpoint_user_data()
