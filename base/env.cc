@@ -64,4 +64,13 @@ StatusOr<EnvTunables> ReadEnvTunables() {
   return env;
 }
 
+std::optional<LauncherPlace> ReadLauncherPlace() {
+  const char* rank = Get("RANK");
+  const char* world = Get("WORLD_SIZE");
+  LauncherPlace place;
+  if (rank == nullptr || world == nullptr || !absl::SimpleAtoi(world, &place.world)) return std::nullopt;
+  place.rank = rank;
+  return place;
+}
+
 }  // namespace zero::base

@@ -12,6 +12,7 @@
 #ifndef ZERO_BASE_ENV_H_
 #define ZERO_BASE_ENV_H_
 
+#include <cstdint>
 #include <optional>
 #include <string>
 
@@ -33,6 +34,16 @@ struct EnvTunables {
 /// Reads and validates the variables above. A malformed value is kInvalidArgument naming the
 /// variable and the accepted values; unset variables keep their defaults.
 StatusOr<EnvTunables> ReadEnvTunables();
+
+/// The place a launcher that is not MPI's gave this process: torchrun, the deepspeed launcher
+/// and accelerate launch set RANK and WORLD_SIZE for each process they start.
+struct LauncherPlace {
+  std::string rank;  ///< RANK as it is set
+  int64_t world = 0;
+};
+
+/// RANK and WORLD_SIZE when both are set and WORLD_SIZE is a number; nullopt otherwise.
+std::optional<LauncherPlace> ReadLauncherPlace();
 
 }  // namespace zero::base
 

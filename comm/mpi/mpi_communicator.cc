@@ -598,6 +598,7 @@ bool MpiAvailable() { return true; }
 StatusOr<std::unique_ptr<Communicator>> CreateMpiCommunicator(const void* mpi_comm,
                                                               MpiOptions options) {
   ZERO_RETURN_IF_ERROR(EnsureMpiInitialized());
+  if (mpi_comm == nullptr) ZERO_RETURN_IF_ERROR(RequireMpiLaunch());
   const MPI_Comm parent = mpi_comm != nullptr ? *static_cast<const MPI_Comm*>(mpi_comm)
                                               : MPI_COMM_WORLD;
   MPI_Comm comm, tagged, control;

@@ -4,10 +4,12 @@
 #include <algorithm>
 #include <cstdlib>
 #include <mutex>
+#include <optional>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/env.h"
 #include "base/status_converters.h"
 #include "zero/communicator.h"
 
@@ -95,6 +97,18 @@ Status EnsureMpiInitialized() {
         "MPI_THREAD_MULTIPLE, ...) (mpi4py does by default)"));
   }
   return absl::OkStatus();
+}
+
+Status RequireMpiLaunch() {
+  int size = 0;
+  ZERO_MPI_RETURN_IF_ERROR(MPI_Comm_size(MPI_COMM_WORLD, &size));
+  const std::optional<base::LauncherPlace> place = base::ReadLauncherPlace();
+  if (size != 1 || !place.has_value() || place->world <= 1) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "this process was started as rank ", place->rank, " of ", place->world, " by a launcher that is not MPI's (RANK=",
+      place->rank, ", WORLD_SIZE=", place->world, ": torchrun, the deepspeed launcher or accelerate launch), but MPI "
+      "sees it alone, so each process would train on its own. ZeroRT's ranks are MPI's: launch with `mpirun -np ",
+      place->world, " python3 ...` (or srun --mpi=pmix under Slurm); for a single process, unset WORLD_SIZE"));
 }
 
 Status AbortMpiJob(int exit_code) {

@@ -15,6 +15,11 @@ namespace zero::comm {
 /// the thread level is MPI_THREAD_SERIALIZED or higher.
 Status EnsureMpiInitialized();
 
+/// kFailedPrecondition when MPI_COMM_WORLD holds this process alone while a launcher that is
+/// not MPI's started it as one of several (base::ReadLauncherPlace: torchrun, the deepspeed
+/// launcher): each process would train on its own, silently. Call after EnsureMpiInitialized.
+Status RequireMpiLaunch();
+
 /// Progress threads make MPI calls on their own, so each must stop before MPI_Finalize,
 /// whoever calls it (this library at exit, the host program, mpi4py at exit). A live
 /// communicator registers its `stop` (which joins its thread; it may then make MPI calls of

@@ -136,6 +136,27 @@ def test_all_reduce_over_mpi_ranks():
         comm.close()
 
 
+def test_init_distributed_gives_torch_distributed_the_mpi_ranks():
+    """deepspeed.init_distributed() under mpirun: the script's own torch.distributed calls
+    see the MPI ranks (a free port: np2 and np3 may run at once)."""
+    from zerort.torch import deepspeed
+    deepspeed.init_distributed(distributed_port=0)
+    try:
+        world = int(os.environ["OMPI_COMM_WORLD_SIZE"])
+        rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
+        dist = torch.distributed
+        assert (dist.get_rank(), dist.get_world_size()) == (rank, world)
+        assert os.environ["RANK"] == str(rank) and os.environ["WORLD_SIZE"] == str(world)
+        value = torch.tensor([float(rank + 1)])
+        dist.all_reduce(value)
+        assert value.item() == world * (world + 1) / 2
+        shares = torch.utils.data.distributed.DistributedSampler(list(range(12)), shuffle=False)
+        assert list(shares) == list(range(rank, 12, world))
+        dist.barrier()
+    finally:
+        torch.distributed.destroy_process_group()
+
+
 def test_frozen_state_of_another_shape_on_one_rank_is_named():
     """A buffer whose shape differs on rank 1 (and 2): every rank raises, naming the buffer
     with both shapes, instead of broadcasting rank 0's bytes into it."""

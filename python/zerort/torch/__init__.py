@@ -90,7 +90,9 @@ in another module's forward, found), _init_context.py (init_context: a model bui
 _leaf_modules.py (leaf modules: stage-3 units of whole subtrees), _copies.py (copies of the
 model carry none of the engine), _collective.py (which calls every rank must make;
 all_reduce), _consolidated.py (the full state dict of a checkpoint, in one process),
-deepspeed/ (deepspeed.initialize's signature, deepspeed.zero and deepspeed.utils).
+_torch_distributed.py (torch.distributed's default group over ZeroRT's ranks), deepspeed/
+(deepspeed.initialize's signature, deepspeed.init_distributed, deepspeed.zero and
+deepspeed.utils).
 
 Every failure is a zerort exception carrying the status and the library's message
 (zerort.errors): DuplicateGradientError, UnusedParametersError, DeadlineExceededError, ...
@@ -106,12 +108,14 @@ from ._leaf_modules import (get_z3_leaf_modules, set_z3_leaf_modules,
                             unset_z3_leaf_modules, z3_leaf_module)
 from ._optimizer import ZeroOptimizer
 from ._schedulers import EngineLRScheduler
+from ._torch_distributed import init_torch_distributed
 
 __all__ = ["initialize", "TorchEngine", "ZeroOptimizer", "EngineLRScheduler", "gathered",
            "register_external_parameter", "init_context", "set_z3_leaf_modules",
            "unset_z3_leaf_modules", "get_z3_leaf_modules", "z3_leaf_module",
            "set_z3_leaf_modules_by_name", "set_z3_leaf_modules_by_suffix",
-           "safe_get_full_fp32_param", "safe_get_full_optimizer_state", "safe_get_full_grad"]
+           "safe_get_full_fp32_param", "safe_get_full_optimizer_state", "safe_get_full_grad",
+           "init_torch_distributed"]
 
 
 def initialize(model, config=None, comm=None, *, model_parameters=None):

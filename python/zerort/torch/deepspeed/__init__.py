@@ -38,14 +38,18 @@ load_state_dict_from_zero_checkpoint (_consolidated.py). `zero` and `utils` are 
 this package, so imports keep their shape too:
 `from zerort.torch.deepspeed.zero import GatheredParameters`.
 """
+import datetime
+
 import torch
 
 from ... import core, errors
 from .._config import TORCH_OPTIONS
+from .._deepspeed_api import refuse_unless_default
 from .._engine import TorchEngine
+from .._torch_distributed import init_torch_distributed
 from . import utils, zero
 
-__all__ = ["initialize", "utils", "zero"]
+__all__ = ["init_distributed", "initialize", "utils", "zero"]
 
 # The client optimizers ZeroRT steps itself: the class, ZeroRT's type, DeepSpeed's type with
 # the params that make it that optimizer, and the group keys that carry over.
@@ -216,3 +220,22 @@ def _data_loader(engine, dataset, collate_fn, raw):
     return torch.utils.data.DataLoader(dataset, batch_size=micro, sampler=sampler,
                                        collate_fn=collate_fn,
                                        drop_last=bool(raw.get("dataloader_drop_last", False)))
+
+
+def init_distributed(dist_backend=None, auto_mpi_discovery=True, distributed_port=29500,
+                     verbose=True, timeout=datetime.timedelta(minutes=30), init_method=None,
+                     dist_init_required=None, config=None, rank=-1, world_size=-1, comm=None):
+    """deepspeed.init_distributed: torch.distributed's default group over ZeroRT's ranks
+    (`comm`, None: this process's MPI rank), so the script's own torch.distributed calls
+    work under mpirun (_torch_distributed.py). Nothing when torch.distributed is set up
+    already, or when dist_init_required is False. `init_method`, `rank` and `world_size`
+    (a group of other ranks) are named as unsupported: the group's ranks are ZeroRT's."""
+    del auto_mpi_discovery, verbose, config  # MPI is where the ranks come from
+    refuse_unless_default("deepspeed.init_distributed", {
+        "init_method": init_method, "rank": rank, "world_size": world_size}, {
+        "init_method": (None, "the group's ranks are ZeroRT's (mpirun's)"),
+        "rank": (-1, "the group's ranks are ZeroRT's (mpirun's)"),
+        "world_size": (-1, "the group's ranks are ZeroRT's (mpirun's)")})
+    if dist_init_required is False:
+        return
+    init_torch_distributed(comm, dist_backend, distributed_port, timeout)

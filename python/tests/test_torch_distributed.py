@@ -1,0 +1,63 @@
+"""torch.distributed over ZeroRT's ranks (zerort.torch.init_torch_distributed, DeepSpeed's
+deepspeed.init_distributed), and a launch by torchrun without MPI, refused: each process would
+otherwise be an MPI world of its own and train alone. Each case runs in a fresh interpreter,
+as a launched script does (torch.distributed and the environment are the process's)."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+
+def run_script(source, **env):
+    """Runs `source` in a fresh interpreter with the test's environment plus `env`."""
+    environment = dict(os.environ)
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        environment.pop(name, None)
+    environment.update(env)
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(source)], env=environment,
+                          capture_output=True, text=True, timeout=120, check=False)
+
+
+def test_init_distributed_gives_torch_distributed_the_ranks():
+    done = run_script("""
+        import os
+        import torch
+        import torch.distributed as dist
+        import zerort
+        from zerort.torch import deepspeed, init_torch_distributed
+        comm = zerort.local_group(1)[0]
+        assert deepspeed.init_distributed(distributed_port=0, comm=comm) is None
+        assert dist.is_initialized() and dist.get_rank() == 0 and dist.get_world_size() == 1
+        assert dist.get_backend() == "gloo"
+        assert (os.environ["RANK"], os.environ["WORLD_SIZE"]) == ("0", "1")
+        value = torch.tensor([2.5])
+        dist.all_reduce(value)
+        sampler = torch.utils.data.distributed.DistributedSampler(list(range(5)))
+        assert len(list(sampler)) == 5 and value.item() == 2.5
+        assert init_torch_distributed(comm) is False  # set up already: nothing to do
+        try:
+            deepspeed.init_distributed(init_method="env://")
+        except zerort.UnimplementedError as error:
+            assert "init_method" in str(error)
+        else:
+            raise AssertionError("init_method was taken")
+        dist.destroy_process_group()
+        print("ok")
+    """)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
+@pytest.mark.parametrize("launcher_rank", ["0", "2"])
+def test_a_torchrun_launch_without_mpi_is_refused_naming_mpirun(launcher_rank):
+    done = run_script("""
+        import zerort, zerort.torch, torch
+        try:
+            zerort.torch.initialize(torch.nn.Linear(2, 2), {"stage": 2})
+        except zerort.FailedPreconditionError as error:
+            print(error)
+    """, RANK=launcher_rank, WORLD_SIZE="3", LOCAL_RANK=launcher_rank)
+    assert done.returncode == 0, done.stderr
+    assert f"started as rank {launcher_rank} of 3" in done.stdout
+    assert "mpirun -np 3" in done.stdout and "unset WORLD_SIZE" in done.stdout
