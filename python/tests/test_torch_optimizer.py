@@ -182,6 +182,36 @@ def test_optimizer_is_a_torch_optimizer_with_the_engines_groups():
     comm.close()
 
 
+def test_a_step_made_by_torchs_grad_scaler_is_refused_and_changes_nothing():
+    """torch's GradScaler hands its scale to an optimizer that takes it: as the grad_scaler
+    keyword (PyTorch 1.x) or the found_inf and grad_scale attributes (2.x); a real scaler
+    where this PyTorch has one for the CPU (torch.amp.GradScaler("cpu"), 2.3 and later)."""
+    comm = zerort.local_group(1)[0]
+    model = TinyLM()
+    engine = zerort.torch.initialize(model, config_for(2), comm)
+    optimizer = engine.optimizer
+    before = [p.detach().clone() for p in model.parameters()]
+    loss_of(model, *batch(0)).backward()
+    with pytest.raises(zerort.InvalidArgumentError, match="GradScaler.*engine.backward"):
+        optimizer.step(grad_scaler=object())
+    optimizer.found_inf, optimizer.grad_scale = torch.zeros(()), torch.ones(())
+    with pytest.raises(zerort.InvalidArgumentError, match="GradScaler"):
+        optimizer.step()
+    del optimizer.found_inf, optimizer.grad_scale
+    with pytest.raises(TypeError, match="'scale'"):
+        optimizer.step(scale=2.0)
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), before))
+    if hasattr(torch, "amp") and hasattr(torch.amp, "GradScaler"):
+        scaler = torch.amp.GradScaler("cpu")
+        with pytest.raises(zerort.InvalidArgumentError, match="GradScaler"):
+            scaler.step(optimizer)
+        del optimizer.found_inf, optimizer.grad_scale
+    optimizer.step()  # the micro-batch's gradients were held: it steps once asked plainly
+    assert not all(torch.equal(p, q) for p, q in zip(model.parameters(), before))
+    engine.close()
+    comm.close()
+
+
 def test_sgd_groups_show_momentum_dampening_and_nesterov():
     comm = zerort.local_group(1)[0]
     config = {"stage": 1, "optimizer": {"type": "sgd", "lr": 0.1, "momentum": 0.9,

@@ -159,8 +159,27 @@ class ZeroOptimizer(torch.optim.Optimizer):
                 "group to initialize(model, config, model_parameters=[...])")
         super().add_param_group(param_group)
 
-    def step(self, closure=None):
-        """See the class docstring."""
+    # torch's GradScaler (torch.cuda.amp, FSDP's ShardedGradScaler) then hands its scale to
+    # step(): as the grad_scaler keyword (PyTorch 1.x) or as the found_inf attribute (2.x).
+    _step_supports_amp_scaling = True
+
+    def step(self, closure=None, **amp):
+        """See the class docstring. A step that torch's GradScaler makes is refused (before
+        anything changes): the engine cannot see that scaler's scale, so every gradient
+        would be applied multiplied by it."""
+        unexpected = sorted(set(amp) - {"grad_scaler"})
+        if unexpected:
+            raise TypeError(f"step() got an unexpected keyword argument {unexpected[0]!r}")
+        if "grad_scaler" in amp or hasattr(self, "found_inf"):
+            raise errors.InvalidArgumentError(
+                "zerort.torch: optimizer.step() was made by torch's GradScaler "
+                "(scaler.step(optimizer); torch.cuda.amp, ShardedGradScaler), whose loss scale "
+                "the engine cannot see: every gradient would be applied multiplied by it. "
+                "The engine scales the loss itself: for fp16 enable the config's \"fp16\" "
+                "(DeepSpeed's dynamic loss scaling; engine.backward(loss)), for bf16 no scaler "
+                "is needed; drop scaler.scale(), unscale_(), step() and update() from the "
+                "loop. Nothing was stepped (the micro-batch's gradients, scaled, are still "
+                "held: zero_grad() drops them)", errors.InvalidArgumentError.status)
         loss = None
         if closure is not None:
             with torch.enable_grad():
