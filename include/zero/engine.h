@@ -321,7 +321,8 @@ class Engine {
   /// memory `out`) on every rank, wherever its parts live (DeepSpeed's
   /// safe_get_full_fp32_param, safe_get_full_optimizer_state and safe_get_full_grad).
   /// Collective at stages 1-3 (every rank asks for the same param and state). kGrad exists
-  /// between the step's last EndBackward and Step. kNotFound for a moment the optimizer
+  /// between the step's last EndBackward and Step (zeros for a param no rank used under
+  /// guard.on_unused "zero", which that Step leaves untouched). kNotFound for a moment the optimizer
   /// does not keep (SGD without momentum keeps none, Lion and SGD no second);
   /// kFailedPrecondition for a frozen param, before Finalize, inside a micro-batch, or for
   /// kGrad elsewhere.
