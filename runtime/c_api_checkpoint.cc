@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 
 #include "runtime/c_api_status.h"
+#include "runtime/checkpoint_format.h"
 #include "zero/checkpoint.h"
 #include "zero/zero.h"
 
@@ -82,5 +83,16 @@ zero_status zero_ckpt_read_param(zero_ckpt_reader* reader, int64_t index, float*
 } ZERO_C_CATCH("zero_ckpt_read_param")
 
 void zero_ckpt_close(zero_ckpt_reader* reader) { delete reader; }
+
+zero_status zero_ckpt_resolve(const char* dir, const char** out) try {
+  ZERO_C_REQUIRE(dir, "zero_ckpt_resolve");
+  ZERO_C_REQUIRE(out, "zero_ckpt_resolve");
+  thread_local std::string resolved;
+  auto path = zero::runtime::ResolveCheckpointDir(dir);
+  if (!path.ok()) return Report(path.status());
+  resolved = std::move(*path);
+  *out = resolved.c_str();
+  return ZERO_OK;
+} ZERO_C_CATCH("zero_ckpt_resolve")
 
 }  // extern "C"

@@ -32,32 +32,6 @@
 namespace zero::runtime {
 namespace {
 
-// A checkpoint of a series in `root` (a directory holding a readable meta.json; not a
-// symlink, nor the .partial and .old leftovers of an interrupted save).
-struct SeriesEntry {
-  int64_t series_seq, step;
-  std::string tag;
-  bool operator<(const SeriesEntry& other) const {
-    return std::tie(series_seq, step, tag) < std::tie(other.series_seq, other.step, other.tag);
-  }
-};
-
-// The series' checkpoints, oldest save first (by series_seq, then step for checkpoints
-// written before it was recorded, then name).
-std::vector<SeriesEntry> SeriesCheckpoints(const std::string& root) {
-  std::vector<SeriesEntry> found;
-  std::error_code error;
-  for (const auto& entry : std::filesystem::directory_iterator(root, error)) {
-    const std::string name = entry.path().filename().string();
-    const bool leftover = absl::EndsWith(name, ".partial") || absl::EndsWith(name, ".old");
-    if (leftover || entry.is_symlink(error) || !entry.is_directory(error)) continue;
-    StatusOr<CheckpointMeta> meta = ReadCheckpointMeta(entry.path().string());
-    if (meta.ok()) found.push_back({meta->series_seq, meta->step, name});
-  }
-  std::sort(found.begin(), found.end());
-  return found;
-}
-
 // keep_last deletes only tags that end in a number (step-1000, global_step1000,
 // checkpoint-500): a tag such as "best" or "final" is the trainer's to keep.
 bool IsNumberedTag(const std::string& tag) { return !tag.empty() && absl::ascii_isdigit(tag.back()); }

@@ -328,6 +328,11 @@ ZERO_API zero_status zero_ckpt_verify(zero_ckpt_reader* reader);
 ZERO_API zero_status zero_ckpt_read_param(zero_ckpt_reader* reader, int64_t index, float* out);
 /** Frees the reader (NULL is a no-op). */
 ZERO_API void zero_ckpt_close(zero_ckpt_reader* reader);
+/** The checkpoint directory a load of `dir` reads (the tag `dir`/latest names; `dir` itself
+ *  when it holds meta.json; the newest checkpoint in it when a series' first save stopped
+ *  before writing `latest`; else `dir`), without reading it: `*out` is owned by the calling
+ *  thread, valid until its next call. ZERO_INVALID_ARGUMENT for a damaged `latest`. */
+ZERO_API zero_status zero_ckpt_resolve(const char* dir, const char** out);
 
 /** Rank and world size of the engine's group. */
 ZERO_API int zero_engine_rank(const zero_engine* engine);

@@ -498,6 +498,30 @@ def test_checkpoint_with_plain_json_client_state_still_loads(tmp_path):
     comm.close()
 
 
+def test_a_series_whose_first_save_lost_its_latest_file_resumes_from_that_save(tmp_path):
+    """The job died after its first checkpoint was complete and before `latest` was written:
+    load_checkpoint(root) loads that checkpoint, saying so, instead of starting over."""
+    comm = zerort.local_group(1)[0]
+    model = TinyLM()
+    engine = zerort.torch.initialize(model, {"stage": 2, "optimizer": OPTIMIZER}, comm)
+    loss_of(model, *batch(0)).backward()
+    engine.step()
+    engine.save_checkpoint(tmp_path, client_state={"epoch": 2})
+    saved = {n: p.detach().clone() for n, p in model.named_parameters()}
+    engine.close()
+    (tmp_path / "latest").unlink()
+    (tmp_path / "global_step2.partial").mkdir()  # a later save that did not finish
+    model = TinyLM()
+    engine = zerort.torch.initialize(model, {"stage": 2, "optimizer": OPTIMIZER}, comm)
+    with pytest.warns(UserWarning, match="no `latest` file.*global_step1"):
+        path, client_state = engine.load_checkpoint(tmp_path)
+    assert path == str(tmp_path / "global_step1") and client_state == {"epoch": 2}
+    assert engine.global_steps == 1
+    assert all(torch.equal(p, saved[n]) for n, p in model.named_parameters())
+    engine.close()
+    comm.close()
+
+
 def frozen_head(model):
     model.head.requires_grad_(False)
     return model

@@ -142,6 +142,7 @@ _PROTOTYPES = {
     "zero_ckpt_verify": ([ctypes.c_void_p], ctypes.c_int),
     "zero_ckpt_read_param": ([ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p], ctypes.c_int),
     "zero_ckpt_close": ([ctypes.c_void_p], None),
+    "zero_ckpt_resolve": ([ctypes.c_char_p, ctypes.POINTER(ctypes.c_char_p)], ctypes.c_int),
 }
 
 

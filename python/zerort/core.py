@@ -319,6 +319,16 @@ def is_deepspeed_config(config):
     return library().zero_config_is_deepspeed(config_json(config).encode()) == 1
 
 
+def resolve_checkpoint(directory):
+    """The checkpoint directory a load of `directory` reads (zero_ckpt_resolve): the tag its
+    `latest` names, itself when it holds meta.json, the newest checkpoint in it when a
+    series' first save stopped before `latest` was written, else itself."""
+    out = ctypes.c_char_p()
+    _check(library().zero_ckpt_resolve(os.fsencode(directory), ctypes.byref(out)),
+           "zero_ckpt_resolve")
+    return os.fsdecode(out.value)
+
+
 class CheckpointReader:
     """A checkpoint read without an engine or ranks (zero_ckpt_*, zero/checkpoint.h): what
     it holds, whether it is intact, and each param's full fp32 value, in one process.

@@ -90,6 +90,38 @@ TEST_F(CheckpointSeries, LatestFollowsTheNewestAndOnlyKeepLastRemain) {
   EXPECT_FALSE(std::filesystem::exists(root_ + "/latest.tmp"));
 }
 
+// A job that died after its checkpoint was swapped in and before `latest` was written (the
+// first save of a series: no older `latest` to fall back on) resumes from that checkpoint;
+// with several and no `latest`, from the newest save.
+TEST_F(CheckpointSeries, WithoutLatestTheNewestCompleteCheckpointLoads) {
+  const Config config = ToyConfig(2);
+  ASSERT_THAT(TrainAndSave(config, "step-9"), ::testing::Each(IsOk()));  // saved first
+  ASSERT_TRUE(std::filesystem::remove(root_ + "/latest"));
+  std::filesystem::create_directory(root_ + "/step-12.partial");  // an unfinished later save
+  std::vector<std::string> loaded(2);
+  auto load = [&](int r, comm::Communicator& c) -> Status {
+    ZERO_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(config, c));
+    ZERO_RETURN_IF_ERROR(testing::RegisterToyModel(*engine, ToyOptions{}).status());
+    ZERO_RETURN_IF_ERROR(engine->LoadCheckpoint(root_));
+    loaded[r] = engine->checkpoint_user_data();
+    return absl::OkStatus();
+  };
+  ASSERT_THAT(RunOnRanks(2, load), ::testing::Each(IsOk()));  // the one saved
+  EXPECT_EQ(loaded, (std::vector<std::string>{"", ""}));
+  ASSERT_THAT(RunOnRanks(2, [&](int, comm::Communicator& c) -> Status {
+    ZERO_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(config, c));
+    ToyOptions o;
+    o.steps = 1;
+    testing::ToyResult result;
+    ZERO_RETURN_IF_ERROR(testing::TrainToy(*engine, o, &result));
+    engine->set_checkpoint_user_data("the-newest");
+    return engine->SaveCheckpoint(root_, "step-3");  // a smaller step, saved later
+  }), ::testing::Each(IsOk()));
+  ASSERT_TRUE(std::filesystem::remove(root_ + "/latest"));
+  ASSERT_THAT(RunOnRanks(2, load), ::testing::Each(IsOk()));
+  EXPECT_EQ(loaded, (std::vector<std::string>{"the-newest", "the-newest"}));
+}
+
 TEST_F(CheckpointSeries, OlderStepsGoFirstAndOtherDirectoriesStay) {
   Config config = ToyConfig(1);
   config.checkpoint.keep_last = 1;

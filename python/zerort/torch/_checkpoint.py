@@ -115,16 +115,22 @@ def restore_buffers(module, saved):
                       + ", ".join(skipped), stacklevel=3)
 
 
-def resolve_latest(directory):
-    """The checkpoint directory a load of `directory` reads: directory/<tag> where
-    directory/latest names one (a series, save_checkpoint with a tag), else `directory`."""
+def resolve_latest(directory, warn=True):
+    """The checkpoint directory a load of `directory` reads, as the library resolves it
+    (core.resolve_checkpoint): directory/<tag> where directory/latest names one, directory
+    itself when it holds meta.json, and the newest checkpoint in it when a series' first save
+    stopped before writing `latest` (said in a warning, if `warn`); a damaged `latest` as it
+    is (the load names what is wrong)."""
     directory = os.fspath(directory).rstrip("/") or "/"
     try:
-        with open(os.path.join(directory, "latest"), encoding="utf-8") as file:
-            tag = file.read().split("\n")[0]  # the first line as it is, as the engine reads it
-    except OSError:
+        resolved = core.resolve_checkpoint(directory)
+    except errors.ZeroError:
         return directory
-    return os.path.join(directory, tag) if tag else directory
+    if warn and resolved != directory and not os.path.exists(os.path.join(directory, "latest")):
+        warnings.warn(f"zerort.torch: {directory} has no `latest` file (the job stopped right "
+                      f"after its first save): loading its newest checkpoint, {resolved}",
+                      stacklevel=3)
+    return resolved
 
 
 class CheckpointMethods:
@@ -254,8 +260,9 @@ class CheckpointMethods:
     def _every_rank_finds_a_checkpoint(self, directory):
         """Whether `directory` holds a checkpoint (meta.json) or a latest file on every
         rank (collective: every rank takes the same way)."""
-        found = any(os.path.isfile(os.path.join(directory, name))
-                    for name in ("latest", "meta.json"))
+        found = (os.path.isfile(os.path.join(directory, "latest"))
+                 or os.path.isfile(os.path.join(resolve_latest(directory, warn=False),
+                                                "meta.json")))
         flag = torch.tensor([1.0 if found else 0.0])
         with every_rank_calls("engine.load_checkpoint()"):
             return self.all_reduce(flag, "min").item() == 1.0
