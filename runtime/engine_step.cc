@@ -158,36 +158,46 @@ Status EngineImpl::RequireCompletedSum(const char* call) {
 StatusOr<float> EngineImpl::ClipGradNorm(float max_norm) {
   ZERO_RETURN_IF_ERROR(RequireHealthyGroup("ClipGradNorm"));
   ZERO_RETURN_IF_ERROR(RequirePhase(Phase::kIdle, "ClipGradNorm"));
-  if (!(max_norm >= 0.0f) || !std::isfinite(max_norm)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("ClipGradNorm: max_norm ", max_norm, " is not a finite number >= 0 (0: no clipping)"));
-  }
   if (micro_batch_ != config_.gradient_accumulation_steps) {
     return absl::FailedPreconditionError(absl::StrCat(
         "ClipGradNorm: the gradient exists between the step's last EndBackward and Step; ", micro_batch_, " of ",
         config_.gradient_accumulation_steps, " micro-batches (gradient_accumulation_steps) are done"));
   }
-  if (comm_.size() > 1) {  // one max over [v, -v]: the largest and the smallest max_norm
-    float bounds[2] = {max_norm, -max_norm};
-    Status agreed = host_.AllReduce(bounds, 2, comm::ReduceOp::kMax);
+  // Every rank learns whether any rank's max_norm is unusable, and the largest and smallest
+  // of them (a max over [v, -v]), before any rank refuses: a refusal on one rank alone would
+  // leave its peers in the norm's collective.
+  const bool valid = max_norm >= 0.0f && !std::isnan(max_norm);
+  const float clip = std::isinf(max_norm) ? 0.0f : max_norm;  // +inf: no clipping, as torch's
+  float bounds[3] = {valid ? clip : 0.0f, valid ? -clip : 0.0f, valid ? 0.0f : 1.0f};
+  if (comm_.size() > 1) {
+    Status agreed = host_.AllReduce(bounds, 3, comm::ReduceOp::kMax);
     if (!agreed.ok()) return Status(agreed.code(), absl::StrCat("ClipGradNorm: ", agreed.message()));
-    if (bounds[0] != -bounds[1]) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "ClipGradNorm: the ranks clip to different norms: max_norm is ", Shortest(-bounds[1]), " on one rank and ",
-          Shortest(bounds[0]), " on another (", Shortest(max_norm), " on this rank); every rank must pass the same "
-          "value, or their shards would be scaled differently. Nothing changed; call it again with one value."));
-    }
   }
+  if (bounds[2] > 0.0f) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ClipGradNorm: max_norm must be a number >= 0 (0 or +inf: no clipping) on every rank; it is ",
+        Shortest(max_norm), valid ? " here and unusable on another rank" : " on this rank",
+        ". Nothing changed; call it again with one usable value"));
+  }
+  if (bounds[0] != -bounds[1]) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ClipGradNorm: the ranks clip to different norms: max_norm is ", Shortest(-bounds[1]), " on one rank and ",
+        Shortest(bounds[0]), " on another (", Shortest(max_norm), " on this rank); every rank must pass the same "
+        "value, or their shards would be scaled differently. Nothing changed; call it again with one value."));
+  }
+  // The last step's norm may still be on the device only, in the scalar this call reuses.
+  if (grad_norm_on_device_ && !last_grad_norm_.has_value()) ZERO_RETURN_IF_ERROR(LastGradNorm().status());
   ZERO_RETURN_IF_ERROR(grads_->ZeroUnreduced());
   float* scalars = step_scalars_.as<float>();
   ZERO_RETURN_IF_ERROR(optimizer_->GradSquaredNorm(scalars + kSqNorm));
   ZERO_RETURN_IF_ERROR(SumSquaresOverRanks("ClipGradNorm"));
   const double divisor = static_cast<double>(comm_.size()) * loss_scaler_.scale();
-  ZERO_RETURN_IF_ERROR(ops_->DecideClip(scalars + kSqNorm, divisor, max_norm, scalars + kGradNorm, scalars + kGradScale));
+  ZERO_RETURN_IF_ERROR(
+      ops_->DecideClip(scalars + kSqNorm, divisor, clip, scalars + kGradNorm, scalars + kGradScale));
   float norm = 0.0f;
   ZERO_RETURN_IF_ERROR(ops_->Copy(&norm, scalars + kGradNorm, sizeof norm));
   ZERO_RETURN_IF_ERROR(RequireCompletedSum("ClipGradNorm"));
-  step_clip_ = max_norm;
+  step_clip_ = clip;
   return norm;
 }
 

@@ -312,10 +312,11 @@ class Engine {
   /// FSDP's clip_grad_norm_: between the step's last EndBackward and Step, the global L2
   /// norm of the gradient the next Step applies (summed over the micro-batches, averaged
   /// over the ranks, loss scale divided out), and that Step clips it to `max_norm` instead
-  /// of Config::clip_grad_norm (0: no clipping; later steps use the config's again).
-  /// Collective: every rank calls it with the same `max_norm` (kInvalidArgument naming both
-  /// values otherwise, nothing changed); the host waits for the norm. The norm is not
-  /// finite when a gradient is Inf/NaN. kFailedPrecondition elsewhere than before a Step.
+  /// of Config::clip_grad_norm (0 or +inf: no clipping; later steps use the config's again).
+  /// Collective: every rank calls it with the same `max_norm` (kInvalidArgument on every
+  /// rank naming both values, or a negative or NaN one on any rank; nothing changed); the
+  /// host waits for the norm. The norm is not finite when a gradient is Inf/NaN.
+  /// kFailedPrecondition elsewhere than before a Step.
   virtual StatusOr<float> ClipGradNorm(float max_norm) = 0;
   /// Copies the full fp32 `state` of trainable param `id` (its numel floats, in host
   /// memory `out`) on every rank, wherever its parts live (DeepSpeed's

@@ -187,7 +187,7 @@ ZERO_API zero_status zero_drop_gradients(zero_engine* engine);
 ZERO_API zero_status zero_last_grad_norm(zero_engine* engine, float* norm);
 /** FSDP's clip_grad_norm_ (Engine::ClipGradNorm): after the step's last zero_end_backward and
  *  before zero_step, the global norm of the gradient that step applies into `*norm`, and that
- *  step clips to `max_norm` (0: none) instead of the config's clip_grad_norm. Collective; every
+ *  step clips to `max_norm` (0 or +inf: none) instead of the config's clip_grad_norm. Collective; every
  *  rank passes the same max_norm. */
 ZERO_API zero_status zero_clip_grad_norm(zero_engine* engine, float max_norm, float* norm);
 /** Which full fp32 value of a trainable param zero_get_full_state copies out. */

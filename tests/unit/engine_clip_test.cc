@@ -11,6 +11,8 @@
 #include <memory>
 #include <vector>
 
+#include "runtime/engine_impl.h"
+#include "tests/engine/deferred_device.h"
 #include "tests/engine/reference_adamw.h"
 #include "tests/engine/run_on_ranks.h"
 #include "tests/status_matchers.h"
@@ -179,6 +181,66 @@ TEST(EngineClipRefusals, RanksThatPassDifferentMaxNormsAreRefusedAndMayRetry) {
   }
 }
 
+// A max_norm that one rank alone gets wrong is refused on every rank, which can then retry:
+// no rank is left waiting in the norm's collective.
+TEST(EngineClipRefusals, AnUnusableMaxNormOnOneRankIsRefusedOnEveryRank) {
+  RunOnRanks(3, [&](int r, comm::Communicator& comm) {
+    std::unique_ptr<Engine> engine = MakeEngine(ClipConfig(2, 0.0f), comm);
+    ASSERT_NE(engine, nullptr);
+    RunWindow(*engine, 2, 1, r);
+    const auto refused = engine->ClipGradNorm(r == 2 ? -1.0f : 0.5f);
+    EXPECT_THAT(refused, StatusIs(absl::StatusCode::kInvalidArgument));
+    EXPECT_NE(refused.status().message().find(r == 2 ? "on this rank" : "unusable on another rank"),
+              std::string::npos) << refused.status().message();
+    ASSERT_THAT(engine->ClipGradNorm(0.5f), IsOk());
+    ASSERT_THAT(engine->Step(), IsOk());
+  });
+}
+
+// A norm the last step left on the device (sync_grad_norm false, on a device model whose
+// queued work runs when the host waits) is still that step's after ClipGradNorm has decided
+// the next one in the same scalars.
+TEST(EngineClipRefusals, TheLastStepsNormLeftOnTheDeviceIsKept) {
+  Config config = ClipConfig(2, 0.0f);
+  config.sync_grad_norm = false;
+  config.loss_scale.mode = LossScaleMode::kNone;
+  auto group = comm::CreateLocalGroup(1);
+  ASSERT_THAT(group, IsOk());
+  testing::DeferredDeviceOps* ops = nullptr;
+  auto created = runtime::CreateEngine(config, *(*group)[0], testing::DeferredDeviceFactory(&ops));
+  ASSERT_THAT(created, IsOk());
+  Engine& engine = **created;
+  for (int p = 0; p < 2; ++p) {
+    ASSERT_THAT(engine.RegisterParam({p == 0 ? "w" : "b", {kNumel[p]}, DType::kFP32, true, 0, p}), IsOk());
+  }
+  ASSERT_THAT(engine.Finalize(), IsOk());
+  for (int p = 0; p < 2; ++p) ASSERT_THAT(engine.SetParam(p, InitialValues(p, kNumel[p]).data()), IsOk());
+  auto window = [&](int step) {
+    for (int micro = 0; micro < kMicroBatches; ++micro) {
+      ASSERT_THAT(engine.BeginIteration(), IsOk());
+      for (int p : {1, 0}) {
+        const std::vector<float> g = MicroGradient(p, step, micro, 0);
+        ASSERT_THAT(engine.AccumulateGrad(p, g.data()), IsOk());
+        ASSERT_THAT(ops->RunTrainerWork(), IsOk());  // the copy of `g` runs before `g` goes
+      }
+      ASSERT_THAT(engine.EndBackward(), IsOk());
+    }
+  };
+  window(1);
+  auto info = engine.Step();
+  ASSERT_THAT(info, IsOk());
+  EXPECT_TRUE(std::isnan(info->grad_norm)) << "left on the device";
+  window(2);
+  auto next = engine.ClipGradNorm(0.0f);
+  ASSERT_THAT(next, IsOk());
+  const double second = Norm(StepGradients(2, 1));
+  EXPECT_NEAR(*next, second, 1e-5 * second);
+  auto last = engine.LastGradNorm();
+  ASSERT_THAT(last, IsOk());
+  const double first = Norm(StepGradients(1, 1));
+  EXPECT_NEAR(*last, first, 1e-5 * first) << "the last step's norm, not the next one's (" << *next << ")";
+}
+
 TEST(EngineClipRefusals, OutsideTheWindowsEndOrWithABadMaxNorm) {
   auto group = comm::CreateLocalGroup(1);
   ASSERT_THAT(group, IsOk());
@@ -193,9 +255,10 @@ TEST(EngineClipRefusals, OutsideTheWindowsEndOrWithABadMaxNorm) {
   ASSERT_THAT(engine->BeginIteration(), IsOk());
   for (int p = 0; p < 2; ++p) ASSERT_THAT(engine->AccumulateGrad(p, MicroGradient(p, 1, 1, 0).data()), IsOk());
   ASSERT_THAT(engine->EndBackward(), IsOk());
-  for (float bad : {-1.0f, std::nanf(""), std::numeric_limits<float>::infinity()}) {
+  for (float bad : {-1.0f, std::nanf(""), -std::numeric_limits<float>::infinity()}) {
     EXPECT_THAT(engine->ClipGradNorm(bad), StatusIs(absl::StatusCode::kInvalidArgument)) << bad;
   }
+  ASSERT_THAT(engine->ClipGradNorm(std::numeric_limits<float>::infinity()), IsOk()) << "+inf: no clipping";
   ASSERT_THAT(engine->ClipGradNorm(1.0f), IsOk());
   ASSERT_THAT(engine->Step(), IsOk());
   EXPECT_THAT(engine->ClipGradNorm(1.0f), StatusIs(absl::StatusCode::kFailedPrecondition)) << "after the step";

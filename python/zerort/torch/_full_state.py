@@ -21,8 +21,6 @@ optimizer steps: after step(), or before the first backward.
 FSDP's engine.clip_grad_norm_(max_norm) reads the same gradient's global norm at the same
 point, and the next step clips to max_norm (instead of the config's gradient_clipping).
 """
-import math
-
 import torch
 
 from .. import errors
@@ -68,18 +66,17 @@ class FullStateMethods:
         """FSDP's clip_grad_norm_: the total L2 norm (a float32 tensor on the engine's
         device) of the gradient the next step() applies (summed over the window, averaged
         over the ranks, loss scale divided out), read after the window's last backward and
-        before step(); that step clips it to `max_norm` (0: none), in place of the config's
-        gradient_clipping, which later steps use again. Collective: every rank calls it with
-        the same max_norm. The norm is inf or nan when a gradient is (a step an fp16 loss
-        scale then skips). norm_type other than 2 is named as unsupported."""
+        before step(); that step clips it to `max_norm`, in place of the config's
+        gradient_clipping, which later steps use again. max_norm inf reads the norm without
+        clipping (FSDP's idiom), and so does 0 (the config's meaning; torch's would zero the
+        gradient). Collective: every rank calls it with the same max_norm (a negative or nan
+        one on any rank is refused on every rank). The norm is inf or nan when a gradient is
+        (a step an fp16 loss scale then skips). norm_type other than 2 is named as
+        unsupported."""
         if float(norm_type) != 2.0:
             raise errors.UnimplementedError(
                 f"zerort.torch: clip_grad_norm_(norm_type={norm_type}) is not supported: the "
                 "engine clips by the L2 norm (norm_type=2)", errors.UnimplementedError.status)
-        if not math.isfinite(float(max_norm)) or float(max_norm) < 0:
-            raise errors.InvalidArgumentError(
-                f"zerort.torch: clip_grad_norm_(max_norm={max_norm}): max_norm must be a "
-                "finite number >= 0 (0: no clipping)", errors.InvalidArgumentError.status)
         self._check_model("clip_grad_norm_()")
         self._end_window_for_grad_read("clip_grad_norm_")
         with every_rank_calls("clip_grad_norm_()", ", with the same max_norm"):
