@@ -1,7 +1,8 @@
 // Stage 3: params live only as each rank's shard; units are gathered for compute and released,
 // into the engine's buffers or into memory the trainer lends (LendGatheredMemory),
 // prefetched along the gather order recorded over the first optimizer step (every Gather from
-// Finalize to the first Step, forward and backward), within stage3.max_live_elems. A gather
+// Finalize to the first Step, forward and backward), keeping and prefetching within
+// stage3.max_live_elems (a gather the trainer asks for goes beyond it if it must). A gather
 // off the recorded order leaves the trace (on demand from there) until a gather of the trace's
 // first unit starts a pass from the top again: an eval pass's forward follows the trace's first
 // gathers, and the training step after it comes back to the trace at its first gather. A step
@@ -220,6 +221,7 @@ class ShardedParams final : public ParamStore {
   base::Allocator allocator_;
   DeviceOps& ops_;
   base::Logger logger_;
+  bool warned_over_live_ = false;  // a gather went beyond max_live_elems (said once)
   EngineCounters& counters_;
   base::Buffer shards_;                // this rank's shard of every bucket, back to back
   std::vector<int64_t> shard_offset_;  // byte offset of each bucket's shard in shards_
@@ -257,11 +259,15 @@ Status ShardedParams::StartGather(int bucket) {
   const Bucket& b = plan_.buckets()[bucket];
   if (live_elems_ + b.numel > config_.max_live_elems) DropKept(b.numel);
   if (live_elems_ + b.numel > config_.max_live_elems) ZERO_RETURN_IF_ERROR(DropPrefetched());
-  if (live_elems_ + b.numel > config_.max_live_elems && !units_[bucket].persistent) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "gathering unit ", b.unit, " (", b.numel, " elements) would hold ", live_elems_ + b.numel,
-        " gathered elements, above stage3.max_live_elems = ", config_.max_live_elems,
-        "; release units you are done with before gathering more, or raise stage3.max_live_elems"));
+  // A unit the trainer needs is gathered even beyond the limit, as DeepSpeed's
+  // stage3_max_live_parameters (a unit larger than the limit, a model called twice before
+  // its backward); the limit bounds what is kept and prefetched.
+  if (live_elems_ + b.numel > config_.max_live_elems && !units_[bucket].persistent && !warned_over_live_) {
+    warned_over_live_ = true;
+    ZERO_LOG(logger_, kWarn) << "stage 3: gathering unit " << b.unit << " (" << b.numel << " elements) holds "
+                             << live_elems_ + b.numel << " gathered elements, above stage3.max_live_elems = "
+                             << config_.max_live_elems << " with nothing kept or prefetched left to free; it is "
+                             << "gathered anyway (said once): release units sooner, or raise the limit";
   }
   Unit& unit = units_[bucket];
   ZERO_ASSIGN_OR_RETURN(unit.buffer, TakeBuffer(b));

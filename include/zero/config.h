@@ -144,7 +144,10 @@ struct Stage3Config {
   /// stage3_prefetch_bucket_size); also the most elements of released units' buffers kept for
   /// reuse by later gathers (within max_live_elems with the gathered units). [0, 1e15]
   int64_t prefetch_elems = 50'000'000;
-  int64_t max_live_elems = 1'000'000'000;    ///< [1, 1e15]
+  /// Gathered elements beyond which kept and prefetched units are freed and no more are
+  /// prefetched (DeepSpeed's stage3_max_live_parameters); a unit the trainer gathers is
+  /// gathered even past it (logged once). [1, 1e15]
+  int64_t max_live_elems = 1'000'000'000;
   int64_t persistence_threshold = 100'000;   ///< [0, 1e15]
   /// A unit released until its backward (Engine::ReleaseUntilBackward) stays gathered when
   /// the recorded order gathers fewer than this many elements of other units before gathering

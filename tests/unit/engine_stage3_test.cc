@@ -58,15 +58,13 @@ TEST(EngineStage3, MemoryMatchesTheTableAndTheLiveWindowIsBounded) {
           ZERO_RETURN_IF_ERROR(e->EndBackward());
           ZERO_RETURN_IF_ERROR(e->Step().status());
         }
-        // A fourth unit beyond max_live_elems is refused clearly, not over-allocated.
-        ZERO_RETURN_IF_ERROR(e->Gather(0));
-        ZERO_RETURN_IF_ERROR(e->Gather(1));
-        ZERO_RETURN_IF_ERROR(e->Gather(2));
-        const Status over = e->Gather(3);
-        if (!absl::IsResourceExhausted(over) || over.message().find("max_live_elems") == std::string::npos) {
-          return absl::InternalError(absl::StrCat("expected ResourceExhausted naming max_live_elems, got ", over.ToString()));
-        }
         stats[r] = e->GetMemoryStats();
+        // A fourth unit the trainer asks for beyond max_live_elems is gathered anyway, as
+        // DeepSpeed's stage3_max_live_parameters (the limit bounds keeping and prefetching).
+        for (int l = 0; l < 4; ++l) ZERO_RETURN_IF_ERROR(e->Gather(l));
+        if (e->GetMemoryStats().Current(MemoryCategory::kGathered) < 4 * layer * 2) {
+          return absl::InternalError("four gathered units do not hold four units' memory");
+        }
         return absl::OkStatus();
   });
   ASSERT_THAT(results, ::testing::Each(IsOk()));
