@@ -224,6 +224,34 @@ def test_gathered_reads_full_values_and_writes_from_the_modifier_rank():
         assert torch.equal(stated, written)  # frozen: the step leaves it as written
 
 
+@pytest.mark.parametrize("stage", [2, 3])
+def test_a_modifier_block_that_raises_on_one_rank_raises_on_every_rank(stage):
+    """No rank's values are broadcast, and the ranks whose block ended well raise too,
+    instead of going on to a collective the failed rank never makes."""
+    world = 3
+    models = [LoraLM() for _ in range(world)]
+
+    def body(rank, comm):
+        model = models[rank]
+        engine = zerort.torch.initialize(model, dict(CONFIG, stage=stage), comm)
+        weight = model.blocks[1].lora_a.weight
+        error = ValueError if rank == 1 else zerort.AbortedError
+        with pytest.raises(error, match="rank 1's data" if rank == 1 else "another rank"):
+            with zerort.torch.gathered(weight, modifier_rank=0):
+                with torch.no_grad():
+                    weight.add_(1.0)  # rank 0's: applied had every block ended well
+                if rank == 1:
+                    raise ValueError("rank 1's data is bad")
+        with zerort.torch.gathered(weight, modifier_rank=0):  # the ranks go on together
+            pass
+        tokens, targets = batch(0)
+        loss_of(model, tokens, targets).backward()
+        engine.step()
+        engine.close()
+
+    run_ranks(world, body)
+
+
 def test_an_eval_pass_in_the_middle_keeps_prefetching():
     comm = zerort.local_group(1)[0]
     model = LoraLM()
@@ -506,22 +534,22 @@ def test_gathered_below_stage3_writes_frozen_params_and_a_raising_rank_writes_no
                 model.embed.weight.fill_(rank + 1.0)  # frozen: the model's own at stage 2
         written = model.embed.weight.detach().clone()
         before = model.blocks[0].lora_a.weight.detach().clone()
-        raised = False
+        raised = None
         try:
             with zerort.torch.gathered(model.blocks[0].lora_a.weight, modifier_rank=0):
                 with torch.no_grad():
                     model.blocks[0].lora_a.weight.add_(rank + 1.0)  # at stage 2 the engine's
                 if rank == 0:
                     raise KeyError("a rank fails inside the block")
-        except KeyError:
-            raised = True
+        except (KeyError, zerort.AbortedError) as error:
+            raised = type(error)  # rank 1's block ended well: it raises too
         kept = engine.state_dict()["blocks.0.lora_a.weight"]
         engine.close()
         return written, kept - before, raised
 
     for rank, (written, change, raised) in enumerate(run_ranks(world, body)):
         assert torch.equal(written, torch.full_like(written, 2.0))
-        assert raised == (rank == 0)
+        assert raised == (KeyError if rank == 0 else zerort.AbortedError)
         # Rank 0 raised, so no rank took rank 0's values: each kept its own edit (rank 1
         # would have rank 0's +1 had the writes gone ahead without rank 0).
         assert torch.allclose(change, torch.full_like(change, rank + 1.0)), rank

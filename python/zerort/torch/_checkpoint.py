@@ -14,6 +14,7 @@ Loading unpickles the client state (as torch.load does without weights_only): lo
 checkpoints you trust.
 """
 import base64
+import contextlib
 import inspect
 import io
 import json
@@ -277,54 +278,86 @@ class CheckpointMethods:
                 "it would replace. Load at an accumulation boundary, right after the step() "
                 "that steps the optimizer, or before the first forward",
                 errors.FailedPreconditionError.status)
-        readers = {}  # rank 0's: {name or alias: (reader, index)}
-        failure = None
+        # Everything that can fail before a weight changes: rank 0's read and check of the
+        # checkpoint, then every rank's decoding of the client state rank 0 read there.
+        readers, reader, text, failure = {}, None, "", None  # readers: {name: (reader, index)}
         try:
-            reader = core.CheckpointReader(path)
             if self.rank == 0:
+                reader = core.CheckpointReader(path)
+                text = reader.user_data
                 readers = self._check_weights(reader, strict)
-        except errors.ZeroError as error:
+        except Exception as error:  # noqa: BLE001 - every rank raises it below
             failure = error
-        if self._any_rank(failure is not None):
-            self._raise_everywhere(failure, f"zerort.torch: load_checkpoint(load_module_only="
-                                   f"True): another rank could not read {path} (its error "
-                                   "says why); nothing was loaded")
+        self._agree_or_raise(failure, f"another rank could not read {path}")
+        try:
+            client_state, _, buffers = decode(self._text_from_rank_zero(text))
+        except Exception as error:  # noqa: BLE001 - every rank raises it below
+            failure = error
+        self._agree_or_raise(failure, f"another rank could not decode {path}'s client state")
         names = self._weights_to_load()
-        with reader:
+        with reader if reader is not None else contextlib.nullcontext():
             seen = set()
             for module in self.module.modules():
                 chunk = [p for p in module.parameters(recurse=False)
                          if id(p) not in seen and id(p) in names]
                 seen.update(id(p) for p in chunk)
-                if chunk:
-                    with self.gathered(chunk, modifier_rank=0), torch.no_grad():
-                        for param in chunk:
-                            found = readers.get(names[id(param)])
-                            if found is not None:
-                                value = torch.empty(param.shape, dtype=torch.float32)
-                                found[0].read_param(found[1], value.data_ptr())
-                                param.copy_(value)
-            client_state, _, buffers = decode(reader.user_data)
+                if not chunk:
+                    continue
+                values, failure = {}, None
+                try:  # rank 0 reads the module's values first: an I/O error stops every rank
+                    for param in chunk:
+                        found = readers.get(names[id(param)])
+                        if found is not None:
+                            values[id(param)] = torch.empty(param.shape, dtype=torch.float32)
+                            found[0].read_param(found[1], values[id(param)].data_ptr())
+                except Exception as error:  # noqa: BLE001 - every rank raises it below
+                    failure = error
+                self._agree_or_raise(failure, f"rank 0 could not read {path} (the modules "
+                                     "before this one are loaded)")
+                with self.gathered(chunk, modifier_rank=0), torch.no_grad():
+                    for param in chunk:
+                        if id(param) in values:
+                            param.copy_(values[id(param)])
         if buffers is not None:
             restore_buffers(self.module, buffers)
         return client_state
 
+    def _agree_or_raise(self, failure, otherwise):
+        """Raises on every rank when `failure` (an exception or None) is set on any rank:
+        rank 0's where it has one, as _raise_everywhere. Collective."""
+        if self._any_rank(failure is not None):
+            self._raise_everywhere(failure, "zerort.torch: load_checkpoint(load_module_only="
+                                   f"True): {otherwise} (its error says why)")
+
     def _raise_everywhere(self, failure, otherwise):
-        """Raises rank 0's `failure` on every rank (its class and message); where rank 0 has
+        """Raises rank 0's `failure` on every rank (a ZeroError's class and message; another
+        exception as InvalidArgumentError naming it on the other ranks); where rank 0 has
         none, each rank its own, or AbortedError(`otherwise`). Collective."""
-        text = b""
+        text = ""
         if self.rank == 0 and failure is not None:
-            text = json.dumps({"status": failure.status, "message": failure.message}).encode()
-        length = int(self.all_reduce(torch.tensor([float(len(text))]), "max").item())
-        if length:
-            payload = torch.tensor(list(text) or [0] * length, dtype=torch.uint8)
-            broadcast_tensor(payload, self._comm, 0, self._timeout)
-            if failure is None or self.rank != 0:
-                first = json.loads(bytes(payload.tolist()).decode())
-                raise errors.error_for(first["status"], first["message"])
+            status = getattr(failure, "status", errors.InvalidArgumentError.status)
+            message = getattr(failure, "message", f"{type(failure).__name__}: {failure}")
+            text = json.dumps({"status": status, "message": message})
+        text = self._text_from_rank_zero(text)
+        if text and (failure is None or self.rank != 0):
+            first = json.loads(text)
+            raise errors.error_for(first["status"], first["message"])
         if failure is not None:
             raise failure
         raise errors.AbortedError(otherwise, errors.AbortedError.status)
+
+    def _text_from_rank_zero(self, text):
+        """Rank 0's `text` (str) on every rank. Collective."""
+        data = text.encode() if self.rank == 0 else b""
+        # The length as two float32 digits of base 2**20, each exact (a client state of MBs).
+        digits = torch.tensor([float(len(data) >> 20), float(len(data) & 0xFFFFF)])
+        digits = self.all_reduce(digits, "max")
+        length = (int(digits[0].item()) << 20) + int(digits[1].item())
+        if not length:
+            return ""
+        payload = torch.tensor(list(data) or [0] * length, dtype=torch.uint8)
+        broadcast_tensor(payload, self._comm, 0, self._timeout)
+        return bytes(payload.tolist()).decode()
 
     def _weights_to_load(self):
         """{id(param): its name} for every float param of the model with elements that a
@@ -395,12 +428,15 @@ class CheckpointMethods:
         `load_module_only=True` (or both load_optimizer_states and load_lr_scheduler_states
         False), as DeepSpeed's: the weights alone (each param's saved fp32 value, and the
         module buffers), the optimizer state, step counts and schedule staying this engine's
-        (a fine-tune that starts from another run's weights; any stage and world size). Rank
-        0 checks the whole checkpoint first (every checksum; every param the engine drives
-        there, of its shape, and nothing else unless `load_module_strict` is False), so a
-        refused load changes nothing; then it reads one module's params at a time and
-        every rank takes them (gathered(modifier_rank=0)). Frozen params the checkpoint does
-        not hold keep their values."""
+        (a fine-tune that starts from another run's weights; any stage and world size; a
+        16-bit param's fp32 master takes its 16-bit value, as DeepSpeed's module-only load
+        leaves it). Rank 0 checks the whole checkpoint first (every checksum; every param the
+        engine drives there, of its shape, and nothing else unless `load_module_strict` is
+        False), and every rank decodes its client state, so a refused load changes nothing;
+        then rank 0 reads one module's params at a time and every rank takes them
+        (gathered(modifier_rank=0)); a read that fails there (the disk) stops every rank,
+        with the modules before loaded. Frozen params the checkpoint does not hold keep
+        their values."""
         weights_only = load_module_only or not (load_optimizer_states or load_lr_scheduler_states)
         if not weights_only:
             refuse_unless_default("load_checkpoint", {

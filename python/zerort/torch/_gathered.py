@@ -14,8 +14,10 @@ need its values elsewhere:
   (collective: every rank enters and leaves it). With `modifier_rank` = r, rank r's values
   when the block ends are broadcast and set as every rank's (the engine's shards, and the
   optimizer's master copy), as DeepSpeed's GatheredParameters(modifier_rank=r). Writes
-  are applied only when the block ends without an exception, and only outside a
-  micro-batch (after step(), or before the first forward).
+  are applied only when the block ends without an exception on every rank (where one rank's
+  block raised, the others raise AbortedError; what a block wrote in place stays where it
+  went: at stages 0-2 the views are the engine's memory), and only outside a micro-batch
+  (after step(), or before the first forward).
 
 Below stage 3 every param has its values; the block only applies `modifier_rank`'s writes.
 """
@@ -134,8 +136,15 @@ class GatheredMethods:
                 failed = False
             finally:
                 # Every rank learns whether any rank's block raised: then no rank writes
-                # (a rank that skipped the broadcasts would leave its peers waiting).
-                if modifier_rank is not None and not self._any_rank(failed):
+                # (a rank that skipped the broadcasts would leave its peers waiting), and the
+                # ranks whose block ended well raise too, so that none goes on alone.
+                if modifier_rank is not None and self._any_rank(failed):
+                    if not failed:
+                        raise errors.AbortedError(
+                            "zerort.torch: gathered(modifier_rank=...): another rank's block "
+                            "raised (its error says why), so no rank's writes were applied",
+                            errors.AbortedError.status)
+                elif modifier_rank is not None:
                     self._write_from(modifier_rank, params, pids)
         finally:
             if self._units is not None:

@@ -171,6 +171,9 @@ class ZeroOptimizer(torch.optim.Optimizer):
         if unexpected:
             raise TypeError(f"step() got an unexpected keyword argument {unexpected[0]!r}")
         if "grad_scaler" in amp or hasattr(self, "found_inf"):
+            for name in ("found_inf", "grad_scale"):  # GradScaler removes them only on success
+                if hasattr(self, name):
+                    delattr(self, name)
             raise errors.InvalidArgumentError(
                 "zerort.torch: optimizer.step() was made by torch's GradScaler "
                 "(scaler.step(optimizer); torch.cuda.amp, ShardedGradScaler), whose loss scale "
