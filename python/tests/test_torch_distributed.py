@@ -61,3 +61,16 @@ def test_a_torchrun_launch_without_mpi_is_refused_naming_mpirun(launcher_rank):
     assert done.returncode == 0, done.stderr
     assert f"started as rank {launcher_rank} of 3" in done.stdout
     assert "mpirun -np 3" in done.stdout and "unset WORLD_SIZE" in done.stdout
+
+
+def test_a_master_port_that_is_no_number_is_named():
+    done = run_script("""
+        import zerort
+        from zerort.torch import init_torch_distributed
+        try:
+            init_torch_distributed(zerort.local_group(1)[0])
+        except zerort.InvalidArgumentError as error:
+            print(error)
+    """, MASTER_PORT="not-a-port")
+    assert done.returncode == 0, done.stderr
+    assert "MASTER_PORT='not-a-port' is not a port number" in done.stdout

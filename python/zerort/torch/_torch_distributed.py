@@ -9,8 +9,10 @@ deepspeed.init_distributed() does the same with its MPI discovery.
 The default process group gets the ranks of a ZeroRT communicator (this process's MPI rank
 when none is given): rank 0's address and a port travel to every rank over that
 communicator, and each rank joins with init_process_group (gloo on the CPU, nccl where CUDA
-is available). The environment a torchrun launch sets (RANK, WORLD_SIZE, LOCAL_RANK,
-MASTER_ADDR, MASTER_PORT) is filled in where missing, for libraries that read it.
+is available). The environment a torchrun launch sets (RANK, WORLD_SIZE, MASTER_ADDR,
+MASTER_PORT, and LOCAL_RANK where the MPI launcher tells it) is filled in where missing, for
+libraries that read it. Rank 0's failure to find its address (a MASTER_PORT that is no
+number) is raised on every rank.
 """
 import datetime
 import json
@@ -32,12 +34,48 @@ def _free_port():
         return probe.getsockname()[1]
 
 
+def _this_host():
+    """An address of this host that other hosts reach: the first non-loopback IPv4 address
+    its name resolves to (Debian maps the name to 127.0.1.1), else the one a route out would
+    use, else the name's own."""
+    name = socket.gethostname()
+    try:
+        resolved = [info[4][0] for info in socket.getaddrinfo(name, None, socket.AF_INET)]
+    except OSError:
+        resolved = []
+    outside = [address for address in resolved if not address.startswith("127.")]
+    if outside:
+        return outside[0]
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect(("192.0.2.1", 9))  # a UDP connect sends nothing: the route's source
+            return probe.getsockname()[0]
+    except OSError:
+        return resolved[0] if resolved else "127.0.0.1"
+
+
 def _rank_zero_address(port):
     """Where rank 0's store listens: MASTER_ADDR / MASTER_PORT when set, else this host's
     address and `port` (0: a free one)."""
-    host = os.environ.get("MASTER_ADDR") or socket.gethostbyname(socket.gethostname())
-    port = int(os.environ.get("MASTER_PORT") or port or _free_port())
+    host = os.environ.get("MASTER_ADDR") or _this_host()
+    given = os.environ.get("MASTER_PORT")
+    try:
+        port = int(given) if given else (port or _free_port())
+    except ValueError:
+        raise errors.InvalidArgumentError(
+            f"zerort.torch: MASTER_PORT={given!r} is not a port number",
+            errors.InvalidArgumentError.status) from None
     return host, port
+
+
+def _local_rank():
+    """This process's rank on its host as the launcher says it (OpenMPI, MPICH/Hydra, Slurm,
+    MVAPICH), or None."""
+    for name in ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID",
+                 "MV2_COMM_WORLD_LOCAL_RANK"):
+        if os.environ.get(name, "").isdigit():
+            return os.environ[name]
+    return None
 
 
 def init_torch_distributed(comm=None, backend=None, port=29500,
@@ -58,21 +96,31 @@ def init_torch_distributed(comm=None, backend=None, port=29500,
         comm = core.mpi_communicator()
     try:
         payload = torch.zeros(_ADDRESS_BYTES, dtype=torch.uint8)
-        if comm.rank == 0:
-            host, chosen = _rank_zero_address(port)
-            chosen_backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
-            text = json.dumps([host, chosen, chosen_backend]).encode()[:_ADDRESS_BYTES]
-            payload[:len(text)] = torch.tensor(list(text), dtype=torch.uint8)
+        if comm.rank == 0:  # what it found, or why it could not: every rank raises then
+            try:
+                host, chosen = _rank_zero_address(port)
+                chosen_backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+                text = json.dumps({"address": [host, chosen, chosen_backend]})
+            except errors.ZeroError as error:
+                text = json.dumps({"error": error.message})
+            if len(text) > _ADDRESS_BYTES:
+                text = json.dumps({"error": f"rank 0's address {host!r} is too long"})
+            payload[:len(text)] = torch.tensor(list(text.encode()), dtype=torch.uint8)
         broadcast_tensor(payload, comm, 0, timeout.total_seconds())
-        host, chosen, chosen_backend = json.loads(bytes(payload.tolist()).rstrip(b"\0"))
+        found = json.loads(bytes(payload.tolist()).rstrip(b"\0"))
+        if "error" in found:
+            raise errors.InvalidArgumentError(found["error"] + " (rank 0's)",
+                                              errors.InvalidArgumentError.status)
+        host, chosen, chosen_backend = found["address"]
         rank, world = comm.rank, comm.size
     finally:
         if own:
             comm.close()
+    local_rank = _local_rank()
     for name, value in (("RANK", rank), ("WORLD_SIZE", world), ("MASTER_ADDR", host),
-                        ("MASTER_PORT", chosen),
-                        ("LOCAL_RANK", os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK", 0))):
-        os.environ.setdefault(name, str(value))
+                        ("MASTER_PORT", chosen), ("LOCAL_RANK", local_rank)):
+        if value is not None:
+            os.environ.setdefault(name, str(value))
     torch.distributed.init_process_group(chosen_backend, init_method=f"tcp://{host}:{chosen}",
                                          rank=rank, world_size=world, timeout=timeout)
     return True
