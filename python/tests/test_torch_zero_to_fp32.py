@@ -113,6 +113,9 @@ def test_a_tag_reads_an_earlier_checkpoint_and_the_file_and_command_line_hold_th
     assert saved["head.weight"] is saved["embed.weight"]
     assert all(torch.equal(saved[name], latest[name]) for name in latest)
 
+    made = convert_zero_checkpoint_to_fp32_state_dict(root, output_dir=tmp_path / "new")
+    assert made == os.path.join(tmp_path / "new", "pytorch_model.bin")  # newer DeepSpeed's
+    assert sorted(torch.load(made)) == sorted(latest)
     out = tmp_path / "first.bin"
     done = subprocess.run([sys.executable, "-m", "zerort.torch.deepspeed.utils.zero_to_fp32",
                            str(root), str(out), "-t", "step1"],
@@ -178,3 +181,29 @@ def test_frozen_params_left_out_of_the_checkpoint_are_named_and_the_model_keeps_
     assert torch.equal(fresh.frozen.weight, kept)
     assert torch.equal(fresh.embed.weight, masters["embed.weight"])
     assert fresh.head.weight is fresh.embed.weight
+
+
+class WithEmpty(Tied):
+    """Tied with a trainable param of no elements (never in a checkpoint's records)."""
+
+    def __init__(self):
+        super().__init__()
+        self.nothing = torch.nn.Parameter(torch.zeros(0, 4))
+
+
+def test_a_param_without_elements_is_in_the_state_dict(tmp_path):
+    models = [WithEmpty() for _ in range(2)]
+
+    def body(rank, comm):
+        engine = zerort.torch.initialize(models[rank], {"stage": 2, "optimizer": OPTIMIZER},
+                                         comm)
+        train_steps(models[rank], engine, 1, rank)
+        engine.save_checkpoint(str(tmp_path))
+        engine.close()
+
+    run_ranks(2, body)
+    with pytest.warns(UserWarning, match="frozen params"):
+        state = get_fp32_state_dict_from_zero_checkpoint(tmp_path)
+    assert state["nothing"].shape == (0, 4)
+    missing, unexpected = WithEmpty().load_state_dict(state, strict=False)
+    assert not unexpected and all(name.startswith(("frozen.", "_extra")) for name in missing)

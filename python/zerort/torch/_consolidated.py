@@ -56,7 +56,9 @@ def fp32_state_dict_from_checkpoint(directory, tag=None, exclude_frozen_paramete
             reader.read_param(index, value.data_ptr())
             for name in [param["name"]] + param["aliases"]:
                 state[name] = value
-        buffers, not_kept = saved_module_state(reader.user_data)
+        buffers, not_kept, empty = saved_module_state(reader.user_data)
+        for name, shape in empty.items():  # params without elements: never in the records
+            state[name] = torch.zeros(shape, dtype=torch.float32)
         for name, buffer in buffers.items():
             state[name] = buffer
     if not exclude_frozen_parameters:
@@ -74,11 +76,14 @@ def fp32_state_dict_from_checkpoint(directory, tag=None, exclude_frozen_paramete
 
 def save_fp32_state_dict(directory, output_file, tag=None, exclude_frozen_parameters=False):
     """Writes fp32_state_dict_from_checkpoint(directory, tag, exclude_frozen_parameters) to
-    `output_file` with torch.save (an existing directory: its pytorch_model.bin) and returns
-    the path written. The file appears whole or not at all (written beside it, then renamed)."""
+    `output_file` with torch.save (a directory, existing or named with a trailing slash: its
+    pytorch_model.bin) and returns the path written. The file appears whole or not at all (written beside it, then renamed)."""
     output_file = os.fspath(output_file)
-    if os.path.isdir(output_file):
+    if output_file.endswith(os.sep) or os.path.isdir(output_file):  # a directory
+        os.makedirs(output_file, exist_ok=True)
         output_file = os.path.join(output_file, "pytorch_model.bin")
+    elif os.path.dirname(output_file):
+        os.makedirs(os.path.dirname(output_file), exist_ok=True)
     checkpoint = os.path.realpath(_checkpoint_dir(directory, tag))
     if os.path.realpath(output_file).startswith(checkpoint + os.sep):
         raise errors.InvalidArgumentError(
@@ -86,8 +91,12 @@ def save_fp32_state_dict(directory, output_file, tag=None, exclude_frozen_parame
             "would damage it; choose a path outside", errors.InvalidArgumentError.status)
     state = fp32_state_dict_from_checkpoint(directory, tag, exclude_frozen_parameters)
     partial = output_file + ".partial"
-    torch.save(state, partial)
-    os.replace(partial, output_file)
+    try:
+        torch.save(state, partial)
+        os.replace(partial, output_file)
+    finally:
+        if os.path.exists(partial):
+            os.remove(partial)
     return output_file
 
 

@@ -27,6 +27,9 @@ What DeepSpeed takes, ZeroRT takes the same way:
 `comm`, which DeepSpeed has not, picks the ranks as in zerort.torch.initialize (None: this
 process's MPI rank).
 
+`deepspeed.init_distributed()` sets torch.distributed's default group up over the same
+ranks, for the script's own torch.distributed calls (_torch_distributed.py).
+
 The script's other DeepSpeed calls keep their names: `deepspeed.zero.Init` (init_context;
 `comm` as initialize's), `deepspeed.zero.GatheredParameters`
 and `deepspeed.zero.register_external_parameter` (zerort.torch.gathered and

@@ -11,6 +11,7 @@ As a program (DeepSpeed's zero_to_fp32.py script):
     python3 -m zerort.torch.deepspeed.utils.zero_to_fp32 checkpoints pytorch_model.bin
 """
 import argparse
+import os
 import sys
 
 from .... import errors
@@ -36,20 +37,31 @@ def get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag=None,
     return fp32_state_dict_from_checkpoint(checkpoint_dir, tag, exclude_frozen_parameters)
 
 
-def convert_zero_checkpoint_to_fp32_state_dict(checkpoint_dir, output_file, tag=None,
+def convert_zero_checkpoint_to_fp32_state_dict(checkpoint_dir, output=None, tag=None,
                                                exclude_frozen_parameters=False,
-                                               safe_serialization=False, max_shard_size=None):
-    """Writes that state dict with torch.save to `output_file` (an existing directory: its
-    pytorch_model.bin) in one file, whatever `max_shard_size`; returns the path written.
-    `safe_serialization=True` is named as unsupported (zero-ckpt consolidate writes
-    safetensors)."""
+                                               safe_serialization=False, max_shard_size=None,
+                                               *, output_dir=None, output_file=None):
+    """Writes that state dict with torch.save in one file, whatever `max_shard_size`, and
+    returns its path. Where it goes, under either DeepSpeed's name: `output_dir` (newer
+    DeepSpeed's; created if missing) gets pytorch_model.bin; `output_file` (older DeepSpeed's)
+    or `output` (the second argument) is the file, or an existing directory's
+    pytorch_model.bin. `safe_serialization=True` is named as unsupported (zero-ckpt
+    consolidate writes safetensors)."""
     del max_shard_size  # one file: nothing is sharded
     if safe_serialization:
         raise errors.UnimplementedError(
             "zerort.torch: convert_zero_checkpoint_to_fp32_state_dict(safe_serialization=True) "
             "is not supported: `zero-ckpt consolidate CHECKPOINT --out model.safetensors` "
             "writes safetensors", errors.UnimplementedError.status)
-    return save_fp32_state_dict(checkpoint_dir, output_file, tag, exclude_frozen_parameters)
+    given = [value for value in (output, output_dir, output_file) if value is not None]
+    if len(given) != 1:
+        raise errors.InvalidArgumentError(
+            "zerort.torch: convert_zero_checkpoint_to_fp32_state_dict: give one place to "
+            "write: output_dir, output_file or the second argument",
+            errors.InvalidArgumentError.status)
+    if output_dir is not None:
+        os.makedirs(output_dir, exist_ok=True)
+    return save_fp32_state_dict(checkpoint_dir, given[0], tag, exclude_frozen_parameters)
 
 
 def load_state_dict_from_zero_checkpoint(model, checkpoint_dir, tag=None):
@@ -70,11 +82,15 @@ def main(argv=None):
     parser.add_argument("-t", "--tag", default=None, help="the checkpoint under the root to read")
     parser.add_argument("--exclude_frozen_parameters", action="store_true",
                         help="leave frozen params out")
+    parser.add_argument("--safe_serialization", action="store_true",
+                        help="not supported: zero-ckpt consolidate writes safetensors")
+    parser.add_argument("--max_shard_size", default=None, help="ignored: one file is written")
     args = parser.parse_args(argv)
     try:
         path = convert_zero_checkpoint_to_fp32_state_dict(
             args.checkpoint_dir, args.output_file, tag=args.tag,
-            exclude_frozen_parameters=args.exclude_frozen_parameters)
+            exclude_frozen_parameters=args.exclude_frozen_parameters,
+            safe_serialization=args.safe_serialization)
     except errors.ZeroError as error:
         print(f"zero_to_fp32: {error}", file=sys.stderr)
         return 1
