@@ -474,6 +474,17 @@ def check_resume_edges():
         resumed = train(["--steps", "5", "--resume", "--lr", "0.05"] + common)
         check(resumed is not None and all(close(r["lr"], 0.05, 1e-6) for r in resumed[0]),
               "--lr given with --resume replaces the checkpoint's lr")
+        # Under a schedule --lr is its peak: a requeued job's command line, given again with
+        # --resume, continues the schedule where it was, not at the peak.
+        scheduled = ["--ranks", "2", "--lr", "0.002", "--lr_schedule", "WarmupDecayLR",
+                     "--warmup_steps", "10", "--checkpoint_dir", os.path.join(scratch, "warm")]
+        train(["--steps", "5"] + scheduled)
+        again = train(["--steps", "9", "--resume"] + scheduled)
+        whole = train(["--steps", "9"] + scheduled[:-2])
+        check(again is not None and whole is not None
+              and [r["lr"] for r in again[0]] == [r["lr"] for r in whole[0][5:]]
+              and again[1]["checksum"] == whole[1]["checksum"],
+              "--lr and --lr_schedule given again with --resume continue the schedule's lr")
         a_file = os.path.join(scratch, "a_file")
         open(a_file, "w").close()
         check(refused("zero-train", ["--steps", "3", "--checkpoint_dir", a_file, "--resume"],

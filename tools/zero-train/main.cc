@@ -325,8 +325,11 @@ StatusOr<int> Resume(Engine& engine, const std::string& dir, bool reports) {
 // After a resume from a checkpoint: the --lr and --weight_decay given on the command line replace
 // the values it restored, as given flags win everywhere else; in each group whose config entry
 // does not set its own (as in a fresh run, where they are the optimizer's values groups inherit).
+// Under a schedule --lr is its peak, which the config holds already: the restored position's lr
+// stands (replacing it would run the next step at the peak).
 Status ApplyGivenHyper(Engine& engine, const Config& config, const GivenFlags& given, bool reports) {
-  const bool lr = given.count("lr") > 0, weight_decay = given.count("weight_decay") > 0;
+  const bool lr = given.count("lr") > 0 && config.scheduler.type == LrScheduleType::kNone;
+  const bool weight_decay = given.count("weight_decay") > 0;
   if (!lr && !weight_decay) return absl::OkStatus();
   const std::vector<ParamGroupOverrides>& groups = config.optimizer.param_groups;
   for (int group = 0; group < engine.num_groups(); ++group) {
