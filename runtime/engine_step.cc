@@ -45,6 +45,7 @@ StatusOr<StepInfo> EngineImpl::Step() {
   // failure before leaves the engine as it was, and one after refuses a retry that would apply
   // the same gradients twice (a failed collective breaks the group either way; see engine.h).
   if (overflow && loss_scaler_.skips_on_overflow()) {
+    const bool at_minimum = loss_scaler_.OverflowWouldGoBelowMinimum();
     micro_batch_ = 0;
     guard_->EndStep();
     loss_scaler_.Update(true);
@@ -54,6 +55,14 @@ StatusOr<StepInfo> EngineImpl::Step() {
     info.skipped = true;
     info.loss_scale = loss_scaler_.scale();
     ZERO_LOG(logger_, kInfo) << "step skipped: Inf/NaN gradient; loss scale now " << info.loss_scale;
+    if (at_minimum) {  // the skip is done: a trainer that catches this may go on skipping
+      return absl::AbortedError(absl::StrCat(
+          "Step: the gradient overflows (Inf/NaN) with the loss scale already at its minimum, "
+          "loss_scale.min = ", Shortest(loss_scaler_.scale()), ": the run has diverged, and DeepSpeed ends it here "
+          "(\"Current loss scale already at minimum\"). This step was skipped, as the ones before. Lower the lr, "
+          "look for a bad batch, or resume from an earlier checkpoint; a lower loss_scale.min (fp16.min_loss_scale) "
+          "only postpones this"));
+    }
     return info;
   }
   // guard.on_unused = "zero": a param no rank used since the last step is left untouched.

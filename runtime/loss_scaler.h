@@ -1,7 +1,8 @@
 // Loss scaling for fp16 training, with DeepSpeed's dynamic semantics: the scale starts at
 // 2^initial_power; an overflow (Inf/NaN in any rank's gradient) skips the step and halves the
-// scale once `hysteresis` overflows have been absorbed (never below `min`); `window` steps
-// without overflow double it again.
+// scale once `hysteresis` overflows have been absorbed (never below `min`: an overflow that
+// would go below it ends the run, Engine::Step's kAborted); `window` steps without overflow
+// double it again.
 #ifndef ZERO_RUNTIME_LOSS_SCALER_H_
 #define ZERO_RUNTIME_LOSS_SCALER_H_
 
@@ -21,6 +22,11 @@ class LossScaler {
   bool skips_on_overflow() const { return mode_ != LossScaleMode::kNone; }
   /// Records one step's outcome and adjusts the scale (dynamic mode only).
   void Update(bool overflow);
+  /// Dynamic mode: whether an overflow now would halve a scale already at `min` (DeepSpeed's
+  /// DynamicLossScaler then ends the run: the gradients overflow whatever the scale).
+  bool OverflowWouldGoBelowMinimum() const {
+    return mode_ == LossScaleMode::kDynamic && (hysteresis_ == 1 || remaining_hysteresis_ == 1) && scale_ <= min_;
+  }
 
   /// Everything that evolves, for checkpoints.
   struct State {

@@ -295,7 +295,8 @@ class Engine {
   virtual Status EndBackward() = 0;
   /// Unscales, checks for overflow, clips, steps the rank's shard and gathers the params.
   /// kFailedPrecondition, changing nothing, when the ranks' group settings differ
-  /// (SetGroupHyper).
+  /// (SetGroupHyper). kAborted when an overflow finds the dynamic loss scale already at
+  /// loss_scale.min (DeepSpeed ends the run there); that step is skipped as any overflow's.
   virtual StatusOr<StepInfo> Step() = 0;
   /// Drops the gradients of every micro-batch ended since the last Step (the trainer skips
   /// this step: a batch it rejects after its backward, or gradients a GAN's generator pass

@@ -43,7 +43,8 @@ typedef enum {
   ZERO_ALREADY_EXISTS = 6,
   ZERO_RESOURCE_EXHAUSTED = 8,
   ZERO_FAILED_PRECONDITION = 9,
-  ZERO_ABORTED = 10, /* another rank failed a collective operation (its error says why) */
+  ZERO_ABORTED = 10, /* another rank failed a collective operation (its error says why), or
+                        the run cannot go on (an overflow at the minimum loss scale) */
   ZERO_UNIMPLEMENTED = 12,
   ZERO_INTERNAL = 13,
   ZERO_UNAVAILABLE = 14,

@@ -522,6 +522,47 @@ def test_a_series_whose_first_save_lost_its_latest_file_resumes_from_that_save(t
     comm.close()
 
 
+class RowScale(torch.nn.Module):
+    """x * w, summed per row."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.linspace(0.5, 1.5, 8))
+
+    def forward(self, x):
+        return (x * self.weight).sum(-1)
+
+
+def test_an_overflow_at_the_minimum_fp16_loss_scale_ends_the_run_as_deepspeeds():
+    """DeepSpeed raises "Current loss scale already at minimum"; so does step(), the step
+    skipped and counted, and a trainer that catches it may go on."""
+    comm = zerort.local_group(1)[0]
+    model = RowScale()  # elementwise: fp16 kernels every CPU PyTorch has
+    inputs = torch.linspace(-1.0, 1.0, 32).reshape(4, 8).half()
+    config = {"zero_optimization": {"stage": 2}, "optimizer": {"type": "AdamW",
+                                                               "params": {"lr": 1e-3}},
+              "fp16": {"enabled": True, "loss_scale": 0, "initial_scale_power": 2,
+                       "hysteresis": 1, "min_loss_scale": 2}}
+    engine = zerort.torch.initialize(model, config, comm)
+    before = [p.detach().clone() for p in model.parameters()]
+
+    def loss(scale=1.0):
+        return model(inputs).float().pow(2).mean() * scale
+
+    engine.backward(loss(float("inf")))
+    assert engine.step()["skipped"] and engine.optimizer.cur_scale == 2.0
+    engine.backward(loss(float("inf")))
+    with pytest.raises(zerort.AbortedError, match="loss scale already at its minimum"):
+        engine.step()
+    assert (engine.global_steps, engine.skipped_steps) == (2, 2)
+    assert not engine.was_step_applied()
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), before))
+    engine.backward(loss())
+    assert not engine.step()["skipped"]
+    engine.close()
+    comm.close()
+
+
 def frozen_head(model):
     model.head.requires_grad_(False)
     return model

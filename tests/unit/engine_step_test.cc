@@ -57,6 +57,54 @@ TEST(EngineStep, LossScalingSkipsOverflowAndClippingBoundsTheNorm) {
   });
 }
 
+// As DeepSpeed's DynamicLossScaler: an overflow that finds the scale already at its minimum
+// (with hysteresis spent) ends the run with an error; the step is skipped as before, so a
+// trainer that catches it may go on, and a finite step after it steps.
+TEST(EngineStep, AnOverflowAtTheMinimumLossScaleIsAnError) {
+  for (const int hysteresis : {1, 2}) {
+    RunOnRanks(3, [&](int r, comm::Communicator& comm) {
+      Config config = ToyConfig(2);
+      config.loss_scale.mode = LossScaleMode::kDynamic;
+      config.loss_scale.initial_power = 2;
+      config.loss_scale.min = 2.0f;
+      config.loss_scale.hysteresis = hysteresis;
+      auto engine = Engine::Create(config, comm);
+      ASSERT_THAT(engine, IsOk());
+      const ParamId id = *(*engine)->RegisterParam({"w", {100}});
+      ASSERT_THAT((*engine)->Finalize(), IsOk());
+      std::vector<float> init(100, 1.0f), after(100);
+      ASSERT_THAT((*engine)->SetParam(id, init.data()), IsOk());
+      auto step = [&](bool overflow) {
+        std::vector<float> grad(100, 1.0f);
+        if (overflow && r == 2) grad[7] = INFINITY;
+        EXPECT_THAT((*engine)->BeginIteration(), IsOk());
+        EXPECT_THAT((*engine)->AccumulateGrad(id, grad.data()), IsOk());
+        EXPECT_THAT((*engine)->EndBackward(), IsOk());
+        return (*engine)->Step();
+      };
+      // Scale 4: the overflows halve it to 2 (the minimum) after `hysteresis` of them; the
+      // next overflow finds it there.
+      for (int k = 0; k < hysteresis; ++k) {
+        auto info = step(true);
+        ASSERT_THAT(info, IsOk());
+        EXPECT_TRUE(info->skipped);
+      }
+      for (int k = 0; k < 2; ++k) {
+        auto ended = step(true);
+        EXPECT_THAT(ended, testing::StatusIs(absl::StatusCode::kAborted));
+        EXPECT_NE(ended.status().message().find("loss scale already at its minimum"), std::string::npos)
+            << ended.status().message();
+      }
+      ASSERT_THAT((*engine)->GetParam(id, after.data()), IsOk());
+      EXPECT_EQ(after, init) << "every overflowing step was skipped";
+      auto info = step(false);
+      ASSERT_THAT(info, IsOk());
+      EXPECT_FALSE(info->skipped);
+      EXPECT_EQ(info->step, 1);
+    });
+  }
+}
+
 // DropGradients: a micro-batch the trainer rejects after its backward (or, with accumulation,
 // a whole window) leaves no trace; the step that follows equals one that never saw it.
 TEST(EngineStep, DroppedGradientsLeaveNoTraceInTheNextStep) {

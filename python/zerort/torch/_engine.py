@@ -671,6 +671,15 @@ class TorchEngine(DeepSpeedAPI, _checkpoint.CheckpointMethods, _gathered.Gathere
             self._engine_steps -= 1
             self._window_ended = True
             raise
+        except errors.AbortedError as error:
+            if "loss scale already at its minimum" in error.message:
+                # Skipped, as DeepSpeed's, which then ends the run: counted for a trainer
+                # that catches it and goes on.
+                self._lent_grads.clear()
+                self.global_steps += 1
+                self.skipped_steps += 1
+                self._step_applied = False
+            raise
         self._lent_grads.clear()
         self.loss_scale = info["loss_scale"]
         self.global_steps += 1
