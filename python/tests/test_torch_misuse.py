@@ -22,7 +22,7 @@ from torch import nn
 
 import zerort
 import zerort.torch
-from test_torch_engine import assert_close, run_ranks
+from test_torch_engine import OPTIMIZER, TinyLM, assert_close, batch, loss_of, run_ranks
 
 SGD = {"type": "sgd", "lr": 0.1, "momentum": 0.0, "weight_decay": 0.0}
 
@@ -715,4 +715,38 @@ def test_close_names_micro_batches_left_unstepped(micro_batches):
     assert len(messages) == (1 if micro_batches % 2 else 0), messages
     if messages:
         assert "1 micro-batch(es)" in messages[0] and "same number" in messages[0]
+    comm.close()
+
+
+class _RaisesInBackward(torch.autograd.Function):
+    """The identity, whose backward raises (a bad batch, a kernel that fails)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise RuntimeError("the backward of this batch failed")
+
+
+def test_a_caught_exception_from_backward_is_named_at_the_step():
+    """A trainer that catches an exception from loss.backward() and goes on leaves that
+    micro-batch's gradients incomplete: the error at step() says so, not reentrant
+    checkpointing."""
+    comm = zerort.local_group(1)[0]
+    model = TinyLM()
+    engine = zerort.torch.initialize(model, {"stage": 2, "optimizer": OPTIMIZER}, comm)
+    tokens, targets = batch(0)
+    x = model.embed(tokens)
+    for block in model.blocks:
+        x = block(x)
+    logits = model.head(_RaisesInBackward.apply(x))
+    with pytest.raises(RuntimeError, match="failed"):
+        F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)).backward()
+    loss_of(model, *batch(1)).backward()
+    with pytest.raises(zerort.UnusedParametersError,
+                       match="A backward on this rank raised before it finished"):
+        engine.step()
+    engine.close()
     comm.close()

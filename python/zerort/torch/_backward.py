@@ -34,6 +34,14 @@ UNUSED_HINT = (
     "(set guard.on_unused = \"zero\"), or a param that is not used at all (freeze it).")
 
 
+INTERRUPTED_HINT = (
+    "\nA backward on this rank raised before it finished (an exception from loss.backward() "
+    "that the trainer caught and went on from): autograd stopped with only part of the "
+    "gradients handed over, so this micro-batch's gradients are incomplete. Let the "
+    "exception end the job (every rank's), or, to skip a bad batch, skip it on every rank "
+    "and drop what it left with optimizer.zero_grad() there.")
+
+
 def step_without_backward_error(after_zero_grad=False):
     """The error for a step() that follows another with no forward or gradient between
     (`after_zero_grad`: optimizer.zero_grad() dropped that micro-batch's gradients)."""
@@ -133,7 +141,8 @@ class BackwardPasses:
 
     @property
     def open(self):
-        """Whether a pass is running (its end will come)."""
+        """Whether a pass is running (its end will come). Outside autograd's engine: a pass
+        whose backward raised, so its end never came."""
         return self._open
 
     @property

@@ -639,6 +639,9 @@ class TorchEngine(DeepSpeedAPI, _checkpoint.CheckpointMethods, _gathered.Gathere
         try:
             self._engine.end_backward()
         except errors.UnusedParametersError as error:
+            if self._passes.open:  # at step(): a backward of this micro-batch raised
+                raise errors.UnusedParametersError(error.message + _backward.INTERRUPTED_HINT,
+                                                   error.status) from None
             if not ran_forward and not arrived:
                 raise _backward.step_without_backward_error(dropped) from None
             if not handed and self._passes.current == 0:  # no backward reached the outputs
