@@ -77,7 +77,8 @@ def fp32_state_dict_from_checkpoint(directory, tag=None, exclude_frozen_paramete
 def save_fp32_state_dict(directory, output_file, tag=None, exclude_frozen_parameters=False):
     """Writes fp32_state_dict_from_checkpoint(directory, tag, exclude_frozen_parameters) to
     `output_file` with torch.save (a directory, existing or named with a trailing slash: its
-    pytorch_model.bin) and returns the path written. The file appears whole or not at all (written beside it, then renamed)."""
+    pytorch_model.bin) and returns the path written. The file appears whole or not at all
+    (written beside it, then renamed)."""
     output_file = os.fspath(output_file)
     if output_file.endswith(os.sep) or os.path.isdir(output_file):  # a directory
         os.makedirs(output_file, exist_ok=True)
