@@ -21,12 +21,49 @@ inline std::vector<float> RankGradient(int param, int64_t numel, int step, int r
   return g;
 }
 
+// A rank's gradient of `param` in micro-batch `micro` of step `step` (fresh values).
+inline std::vector<float> MicroGradient(int param, int64_t numel, int step, int micro, int rank) {
+  return RankGradient(param, numel, 10 * step + micro, rank);
+}
+
+// Step `step`'s gradient of `param` as the optimizer applies it: the `micro_batches`
+// micro-batches' MicroGradient summed, averaged over `world` ranks.
+inline std::vector<double> WindowGradient(int param, int64_t numel, int step, int micro_batches, int world) {
+  std::vector<double> g(numel, 0.0);
+  for (int micro = 0; micro < micro_batches; ++micro) {
+    for (int r = 0; r < world; ++r) {
+      const std::vector<float> part = MicroGradient(param, numel, step, micro, r);
+      for (int64_t i = 0; i < numel; ++i) g[i] += static_cast<double>(part[i]) / world;
+    }
+  }
+  return g;
+}
+
 inline std::vector<float> InitialValues(int param, int64_t numel) {
   std::mt19937 rng(77 + param);
   std::uniform_real_distribution<float> dist(-0.5f, 0.5f);
   std::vector<float> v(numel);
   for (float& x : v) x = dist(rng);
   return v;
+}
+
+// AdamW (lr 1e-2, weight decay 0.1) over `micro_batches` micro-batches per step, the loss
+// scaled by the static 2^`loss_scale_power`, buckets of `bucket_elems` (params straddle
+// buckets and shards), every stage-3 unit gathered on demand.
+inline Config AccumulatingAdamWConfig(int stage, int micro_batches, int loss_scale_power, int64_t bucket_elems) {
+  Config c;
+  c.stage = stage;
+  c.optimizer.type = OptimizerType::kAdamW;
+  c.optimizer.lr = 1e-2f;
+  c.optimizer.weight_decay = 0.1f;
+  c.gradient_accumulation_steps = micro_batches;
+  c.loss_scale.mode = LossScaleMode::kStatic;
+  c.loss_scale.initial_power = loss_scale_power;
+  c.buckets.reduce_bucket_elems = bucket_elems;
+  c.buckets.first_bucket_elems = bucket_elems;
+  c.buckets.last_bucket_elems = 0;
+  c.stage3.persistence_threshold = 0;
+  return c;
 }
 
 // float64 AdamW on one param, as torch.optim.AdamW.

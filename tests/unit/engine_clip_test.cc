@@ -34,40 +34,19 @@ constexpr int kSteps = 4, kMicroBatches = 2;
 constexpr float kLossScale = 16.0f;  // a static scale: the norm must divide it out
 
 Config ClipConfig(int stage, float clip) {
-  Config c;
-  c.stage = stage;
-  c.optimizer.type = OptimizerType::kAdamW;
-  c.optimizer.lr = 1e-2f;
-  c.optimizer.weight_decay = 0.05f;
+  Config c = testing::AccumulatingAdamWConfig(stage, kMicroBatches, 4, 256);
   c.clip_grad_norm = clip;
-  c.gradient_accumulation_steps = kMicroBatches;
-  c.loss_scale.mode = LossScaleMode::kStatic;
-  c.loss_scale.initial_power = 4;
-  c.buckets.reduce_bucket_elems = 256;
-  c.buckets.first_bucket_elems = 256;
-  c.buckets.last_bucket_elems = 0;
-  c.stage3.persistence_threshold = 0;
   return c;
 }
 
 std::vector<float> MicroGradient(int param, int step, int micro, int rank) {
-  return RankGradient(param, kNumel[param], 10 * step + micro, rank);
+  return testing::MicroGradient(param, kNumel[param], step, micro, rank);
 }
 
-// Both params' gradients of `step` as the optimizer applies them: summed over the
-// micro-batches, averaged over the ranks.
+// Both params' gradients of `step` as the optimizer applies them.
 std::vector<std::vector<double>> StepGradients(int step, int world) {
-  std::vector<std::vector<double>> g;
-  for (int p = 0; p < 2; ++p) {
-    g.emplace_back(kNumel[p], 0.0);
-    for (int micro = 0; micro < kMicroBatches; ++micro) {
-      for (int r = 0; r < world; ++r) {
-        const std::vector<float> part = MicroGradient(p, step, micro, r);
-        for (int64_t i = 0; i < kNumel[p]; ++i) g[p][i] += static_cast<double>(part[i]) / world;
-      }
-    }
-  }
-  return g;
+  return {testing::WindowGradient(0, kNumel[0], step, kMicroBatches, world),
+          testing::WindowGradient(1, kNumel[1], step, kMicroBatches, world)};
 }
 
 double Norm(const std::vector<std::vector<double>>& grads) {

@@ -28,37 +28,16 @@ constexpr int64_t kNumel[] = {997, 61};
 constexpr int kSteps = 3, kMicroBatches = 2;
 constexpr float kLossScale = 64.0f;  // a static scale: the gradients arrive multiplied by it
 
-Config FullStateConfig(int stage) {
-  Config c;
-  c.stage = stage;
-  c.optimizer.type = OptimizerType::kAdamW;
-  c.optimizer.lr = 1e-2f;
-  c.optimizer.weight_decay = 0.1f;
-  c.gradient_accumulation_steps = kMicroBatches;
-  c.loss_scale.mode = LossScaleMode::kStatic;
-  c.loss_scale.initial_power = 6;
-  c.buckets.reduce_bucket_elems = 300;
-  c.buckets.first_bucket_elems = 300;
-  c.buckets.last_bucket_elems = 0;
-  c.stage3.persistence_threshold = 0;
-  return c;
-}
+Config FullStateConfig(int stage) { return testing::AccumulatingAdamWConfig(stage, kMicroBatches, 6, 300); }
 
 // A rank's gradient of `param` in micro-batch `micro` of step `step`, unscaled.
 std::vector<float> MicroGradient(int param, int step, int micro, int rank) {
-  return RankGradient(param, kNumel[param], 10 * step + micro, rank);
+  return testing::MicroGradient(param, kNumel[param], step, micro, rank);
 }
 
 // The step's gradient as the optimizer applies it: the micro-batches summed, averaged over ranks.
 std::vector<double> StepGradient(int param, int step, int world) {
-  std::vector<double> g(kNumel[param], 0.0);
-  for (int micro = 0; micro < kMicroBatches; ++micro) {
-    for (int r = 0; r < world; ++r) {
-      const std::vector<float> part = MicroGradient(param, step, micro, r);
-      for (int64_t i = 0; i < kNumel[param]; ++i) g[i] += static_cast<double>(part[i]) / world;
-    }
-  }
-  return g;
+  return testing::WindowGradient(param, kNumel[param], step, kMicroBatches, world);
 }
 
 void ExpectNear(const std::vector<float>& got, const std::vector<double>& want, double tolerance, const char* what) {
