@@ -8,7 +8,7 @@
 #include "absl/strings/str_cat.h"
 
 #include "runtime/c_api_status.h"
-#include "runtime/checkpoint_format.h"
+#include "runtime/checkpoint_series.h"
 #include "zero/checkpoint.h"
 #include "zero/zero.h"
 

@@ -27,6 +27,7 @@
 #include "absl/strings/str_join.h"
 #include "runtime/checkpoint_files.h"
 #include "runtime/checkpoint_format.h"
+#include "runtime/checkpoint_series.h"
 #include "runtime/engine_impl.h"
 
 namespace zero::runtime {

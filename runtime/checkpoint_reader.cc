@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "runtime/checkpoint_format.h"
+#include "runtime/checkpoint_series.h"
 
 namespace zero {
 

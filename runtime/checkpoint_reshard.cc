@@ -19,6 +19,7 @@
 #include "partition/partition_plan.h"
 #include "runtime/checkpoint_files.h"
 #include "runtime/checkpoint_format.h"
+#include "runtime/checkpoint_series.h"
 #include "zero/checkpoint.h"
 #include "zero/config.h"
 
