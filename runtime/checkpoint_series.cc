@@ -35,11 +35,15 @@ StatusOr<std::string> ResolveCheckpointDir(const std::string& target) {
   const std::string dir = TrimmedDir(target);
   // `latest` first: a series root may also hold an older checkpoint of its own (meta.json).
   StatusOr<std::string> latest = ReadRegularFile(dir + "/latest", kMaxLatestBytes);
-  if (absl::IsNotFound(latest.status())) {
-    std::error_code error;
+  std::error_code error;
+  if (absl::IsNotFound(latest.status()) && !std::filesystem::is_symlink(dir + "/latest", error)) {
     if (std::filesystem::exists(dir + "/meta.json", error)) return dir;
-    // A series whose first save was complete (swapped in) when the job died, before `latest`.
-    const std::vector<SeriesEntry> series = SeriesCheckpoints(dir);
+    // A series whose first save was complete (swapped in) when the job died, before `latest`:
+    // the newest of the checkpoints SaveCheckpoint(root, tag) wrote there (series_seq > 0),
+    // not a folder of standalone checkpoints.
+    std::vector<SeriesEntry> series = SeriesCheckpoints(dir);
+    series.erase(std::remove_if(series.begin(), series.end(), [](const SeriesEntry& e) { return e.series_seq <= 0; }),
+                 series.end());
     return series.empty() ? dir : dir + "/" + series.back().tag;  // ReadCheckpointMeta says what is missing
   }
   ZERO_RETURN_IF_ERROR(latest.status());

@@ -27,8 +27,9 @@ struct SeriesEntry {
 std::vector<SeriesEntry> SeriesCheckpoints(const std::string& root);
 /// The checkpoint `dir` names: when it holds a `latest` file (a series written by
 /// SaveCheckpoint(root, tag)), the tag that file names; else `dir` itself when it holds a
-/// meta.json; else, when it holds checkpoints (a series whose first save stopped after its
-/// checkpoint was complete and before `latest` was written), the newest of them; else `dir`.
+/// meta.json; else, when it holds checkpoints of a series (written by SaveCheckpoint(root, tag),
+/// whose first save stopped after its checkpoint was complete and before `latest` was
+/// written), the newest of them; else `dir`. A `latest` that is a dangling link is an error.
 StatusOr<std::string> ResolveCheckpointDir(const std::string& dir);
 
 }  // namespace zero::runtime

@@ -58,7 +58,7 @@ StatusOr<StepInfo> EngineImpl::Step() {
     if (at_minimum) {  // the skip is done: a trainer that catches this may go on skipping
       return absl::AbortedError(absl::StrCat(
           "Step: the gradient overflows (Inf/NaN) with the loss scale already at its minimum, "
-          "loss_scale.min = ", Shortest(loss_scaler_.scale()), ": the run has diverged, and DeepSpeed ends it here "
+          "loss_scale.min = ", Shortest(config_.loss_scale.min), ": the run has diverged, and DeepSpeed ends it here "
           "(\"Current loss scale already at minimum\"). This step was skipped, as the ones before. Lower the lr, "
           "look for a bad batch, or resume from an earlier checkpoint; a lower loss_scale.min (fp16.min_loss_scale) "
           "only postpones this"));

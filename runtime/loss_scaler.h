@@ -23,9 +23,10 @@ class LossScaler {
   /// Records one step's outcome and adjusts the scale (dynamic mode only).
   void Update(bool overflow);
   /// Dynamic mode: whether an overflow now would halve a scale already at `min` (DeepSpeed's
-  /// DynamicLossScaler then ends the run: the gradients overflow whatever the scale).
+  /// DynamicLossScaler then ends the run: the gradients overflow whatever the scale). A scale
+  /// below `min` (an initial power below it) is raised to it instead, as DeepSpeed's.
   bool OverflowWouldGoBelowMinimum() const {
-    return mode_ == LossScaleMode::kDynamic && (hysteresis_ == 1 || remaining_hysteresis_ == 1) && scale_ <= min_;
+    return mode_ == LossScaleMode::kDynamic && (hysteresis_ == 1 || remaining_hysteresis_ == 1) && scale_ == min_;
   }
 
   /// Everything that evolves, for checkpoints.

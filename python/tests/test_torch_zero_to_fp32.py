@@ -189,6 +189,7 @@ class WithEmpty(Tied):
     def __init__(self):
         super().__init__()
         self.nothing = torch.nn.Parameter(torch.zeros(0, 4))
+        self.frozen_nothing = torch.nn.Parameter(torch.zeros(0), requires_grad=False)
 
 
 def test_a_param_without_elements_is_in_the_state_dict(tmp_path):
@@ -204,6 +205,8 @@ def test_a_param_without_elements_is_in_the_state_dict(tmp_path):
     run_ranks(2, body)
     with pytest.warns(UserWarning, match="frozen params"):
         state = get_fp32_state_dict_from_zero_checkpoint(tmp_path)
-    assert state["nothing"].shape == (0, 4)
+    assert state["nothing"].shape == (0, 4) and state["frozen_nothing"].shape == (0,)
+    trainable = get_fp32_state_dict_from_zero_checkpoint(tmp_path, exclude_frozen_parameters=True)
+    assert "nothing" in trainable and "frozen_nothing" not in trainable
     missing, unexpected = WithEmpty().load_state_dict(state, strict=False)
     assert not unexpected and all(name.startswith(("frozen.", "_extra")) for name in missing)

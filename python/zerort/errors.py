@@ -63,7 +63,8 @@ class UnavailableError(ZeroError):
 
 
 class AbortedError(ZeroError):
-    """Another rank failed its part of a collective call (its error says why)."""
+    """Another rank failed its part of a collective call (its error says why), or the run
+    cannot go on (an fp16 overflow at the minimum loss scale)."""
     status = 10
 
 

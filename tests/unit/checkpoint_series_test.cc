@@ -120,6 +120,9 @@ TEST_F(CheckpointSeries, WithoutLatestTheNewestCompleteCheckpointLoads) {
   ASSERT_TRUE(std::filesystem::remove(root_ + "/latest"));
   ASSERT_THAT(RunOnRanks(2, load), ::testing::Each(IsOk()));
   EXPECT_EQ(loaded, (std::vector<std::string>{"the-newest", "the-newest"}));
+  // A `latest` that names nothing (a dangling link) is an error, not a guess.
+  std::filesystem::create_symlink(root_ + "/gone", root_ + "/latest");
+  EXPECT_THAT(RunOnRanks(2, load), ::testing::Each(::testing::Not(IsOk())));
 }
 
 TEST_F(CheckpointSeries, OlderStepsGoFirstAndOtherDirectoriesStay) {

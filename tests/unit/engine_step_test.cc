@@ -103,6 +103,27 @@ TEST(EngineStep, AnOverflowAtTheMinimumLossScaleIsAnError) {
       EXPECT_EQ(info->step, 1);
     });
   }
+  // A scale that starts below the minimum is raised to it by an overflow, as DeepSpeed's.
+  RunOnRanks(2, [&](int r, comm::Communicator& comm) {
+    Config config = ToyConfig(2);
+    config.loss_scale.mode = LossScaleMode::kDynamic;
+    config.loss_scale.initial_power = 0;
+    config.loss_scale.min = 4.0f;
+    config.loss_scale.hysteresis = 1;
+    auto engine = Engine::Create(config, comm);
+    ASSERT_THAT(engine, IsOk());
+    const ParamId id = *(*engine)->RegisterParam({"w", {100}});
+    ASSERT_THAT((*engine)->Finalize(), IsOk());
+    std::vector<float> grad(100, 1.0f);
+    if (r == 1) grad[3] = INFINITY;
+    ASSERT_THAT((*engine)->BeginIteration(), IsOk());
+    ASSERT_THAT((*engine)->AccumulateGrad(id, grad.data()), IsOk());
+    ASSERT_THAT((*engine)->EndBackward(), IsOk());
+    auto info = (*engine)->Step();
+    ASSERT_THAT(info, IsOk());
+    EXPECT_TRUE(info->skipped);
+    EXPECT_EQ(info->loss_scale, 4.0f);
+  });
 }
 
 // DropGradients: a micro-batch the trainer rejects after its backward (or, with accumulation,

@@ -70,8 +70,8 @@ def saved_module_state(text):
     """What user-data text holds of the module besides the engine's params, without loading
     its client state (which may need the trainer's classes or a GPU): ({name: CPU tensor} of
     the module buffers saved, [names of the frozen params the engine did not keep], {name:
-    shape} of the params without elements), empty where the text has none (another front
-    door's user data, an older checkpoint)."""
+    (shape, frozen)} of the params without elements), empty where the text has none (another
+    front door's user data, an older checkpoint)."""
     try:
         value = json.loads(text) if text else None
     except ValueError:
@@ -81,7 +81,8 @@ def saved_module_state(text):
     buffers = _loaded(value["buffers"], map_location="cpu") if "buffers" in value else {}
     extras = value.get("extras", {})
     return (buffers, list(extras.get("frozen_not_kept", [])),
-            {name: list(shape) for name, shape in extras.get("empty_params", {}).items()})
+            {name: (list(shape), bool(frozen))
+             for name, (shape, frozen) in extras.get("empty_params", {}).items()})
 
 
 def module_state_items(module, prefix=""):
@@ -254,9 +255,9 @@ class CheckpointMethods:
         kept = {id(param) for _, param, _ in self._frozen}
         extras["frozen_not_kept"] = [name for name, param in self._inventory.frozen
                                      if id(param) not in kept]  # named by zero_to_fp32
-        extras["empty_params"] = {name: list(tensor.shape) for name, tensor, is_param
-                                  in module_state_items(self.module)
-                                  if is_param and tensor.numel() == 0}
+        extras["empty_params"] = {name: [list(tensor.shape), not tensor.requires_grad]
+                                  for name, tensor, is_param in module_state_items(self.module)
+                                  if is_param and tensor.numel() == 0}  # [shape, frozen]
         buffers = {name: tensor.detach().cpu().clone()
                    for name, tensor, is_param in module_state_items(self.module) if not is_param}
         self._engine.set_checkpoint_user_data(encode(client_state, extras, buffers))

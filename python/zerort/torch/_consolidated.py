@@ -57,8 +57,9 @@ def fp32_state_dict_from_checkpoint(directory, tag=None, exclude_frozen_paramete
             for name in [param["name"]] + param["aliases"]:
                 state[name] = value
         buffers, not_kept, empty = saved_module_state(reader.user_data)
-        for name, shape in empty.items():  # params without elements: never in the records
-            state[name] = torch.zeros(shape, dtype=torch.float32)
+        for name, (shape, frozen) in empty.items():  # without elements: never in the records
+            if not (frozen and exclude_frozen_parameters):
+                state[name] = torch.zeros(shape, dtype=torch.float32)
         for name, buffer in buffers.items():
             state[name] = buffer
     if not exclude_frozen_parameters:
@@ -81,15 +82,14 @@ def save_fp32_state_dict(directory, output_file, tag=None, exclude_frozen_parame
     (written beside it, then renamed)."""
     output_file = os.fspath(output_file)
     if output_file.endswith(os.sep) or os.path.isdir(output_file):  # a directory
-        os.makedirs(output_file, exist_ok=True)
         output_file = os.path.join(output_file, "pytorch_model.bin")
-    elif os.path.dirname(output_file):
-        os.makedirs(os.path.dirname(output_file), exist_ok=True)
     checkpoint = os.path.realpath(_checkpoint_dir(directory, tag))
     if os.path.realpath(output_file).startswith(checkpoint + os.sep):
         raise errors.InvalidArgumentError(
             f"zerort.torch: {output_file} is inside the checkpoint {checkpoint}: writing there "
             "would damage it; choose a path outside", errors.InvalidArgumentError.status)
+    if os.path.dirname(output_file):
+        os.makedirs(os.path.dirname(output_file), exist_ok=True)
     state = fp32_state_dict_from_checkpoint(directory, tag, exclude_frozen_parameters)
     partial = output_file + ".partial"
     try:

@@ -682,6 +682,7 @@ class TorchEngine(DeepSpeedAPI, _checkpoint.CheckpointMethods, _gathered.Gathere
                 self.global_steps += 1
                 self.skipped_steps += 1
                 self._step_applied = False
+                self.loss_scale = self._engine.loss_scale
             raise
         self._lent_grads.clear()
         self.loss_scale = info["loss_scale"]

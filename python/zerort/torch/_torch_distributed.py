@@ -101,11 +101,14 @@ def init_torch_distributed(comm=None, backend=None, port=29500,
                 host, chosen = _rank_zero_address(port)
                 chosen_backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
                 text = json.dumps({"address": [host, chosen, chosen_backend]})
-            except errors.ZeroError as error:
-                text = json.dumps({"error": error.message})
-            if len(text) > _ADDRESS_BYTES:
-                text = json.dumps({"error": f"rank 0's address {host!r} is too long"})
-            payload[:len(text)] = torch.tensor(list(text.encode()), dtype=torch.uint8)
+                if len(text.encode()) > _ADDRESS_BYTES:
+                    raise errors.InvalidArgumentError(
+                        f"zerort.torch: rank 0's address {host[:64]!r}... is too long", 3)
+            except Exception as error:  # noqa: BLE001 - every rank raises it below
+                message = getattr(error, "message", f"{type(error).__name__}: {error}")
+                text = json.dumps({"error": message[:_ADDRESS_BYTES // 2]})
+            data = text.encode()[:_ADDRESS_BYTES]
+            payload[:len(data)] = torch.tensor(list(data), dtype=torch.uint8)
         broadcast_tensor(payload, comm, 0, timeout.total_seconds())
         found = json.loads(bytes(payload.tolist()).rstrip(b"\0"))
         if "error" in found:

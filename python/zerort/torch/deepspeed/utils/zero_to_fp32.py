@@ -59,9 +59,8 @@ def convert_zero_checkpoint_to_fp32_state_dict(checkpoint_dir, output=None, tag=
             "zerort.torch: convert_zero_checkpoint_to_fp32_state_dict: give one place to "
             "write: output_dir, output_file or the second argument",
             errors.InvalidArgumentError.status)
-    if output_dir is not None:
-        os.makedirs(output_dir, exist_ok=True)
-    return save_fp32_state_dict(checkpoint_dir, given[0], tag, exclude_frozen_parameters)
+    target = os.path.join(os.fspath(output_dir), "") if output_dir is not None else given[0]
+    return save_fp32_state_dict(checkpoint_dir, target, tag, exclude_frozen_parameters)
 
 
 def load_state_dict_from_zero_checkpoint(model, checkpoint_dir, tag=None):
