@@ -5,7 +5,8 @@
 //   zero-ckpt consolidate DIR --out model.safetensors [--dtype bf16]
 //   zero-ckpt reshard DIR --world N --out DIR2     # offline, for a job at N ranks
 //
-// DIR is a checkpoint directory, or a series root whose `latest` names one.
+// DIR is a checkpoint directory, or a series root whose `latest` names one (without `latest`:
+// its newest checkpoint, as a load reads it).
 #include <algorithm>
 #include <cstdio>
 #include <string>
@@ -51,7 +52,8 @@ int main(int argc, char** argv) {
       "  zero-ckpt verify DIR                         # exit status 0 only if complete and intact\n"
       "  zero-ckpt consolidate DIR --out model.safetensors [--dtype bf16]\n"
       "  zero-ckpt reshard DIR --world N --out DIR2   # files for a job at N ranks\n\n"
-      "DIR is a checkpoint directory, or a series root whose `latest` file names one.");
+      "DIR is a checkpoint directory, or a series root whose `latest` file names one (without\n"
+      "`latest`, a job that died right after its first save: its newest checkpoint).");
   const std::vector<char*> positional = zero::tools::ParseToolCommandLine(argc, argv, "zero-ckpt/");
   if (!zero::tools::NoExtraArguments(positional, 3, "zero-ckpt")) return 2;
   if (positional.size() != 3) {
