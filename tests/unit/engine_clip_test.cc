@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "runtime/engine_impl.h"
+#include "tests/engine/accumulation_window.h"
 #include "tests/engine/deferred_device.h"
 #include "tests/engine/reference_adamw.h"
 #include "tests/engine/run_on_ranks.h"
@@ -57,35 +58,15 @@ double Norm(const std::vector<std::vector<double>>& grads) {
   return std::sqrt(squares);
 }
 
-// Runs the window of `step` on one rank: every micro-batch's gradients, scaled by the loss scale.
 void RunWindow(Engine& engine, int stage, int step, int rank) {
-  for (int micro = 0; micro < kMicroBatches; ++micro) {
-    ASSERT_THAT(engine.BeginIteration(), IsOk());
-    for (int p : {1, 0}) {
-      if (stage == 3) {
-        ASSERT_THAT(engine.Gather(p), IsOk());
-      }
-      std::vector<float> g = MicroGradient(p, step, micro, rank);
-      for (float& x : g) x *= kLossScale;
-      ASSERT_THAT(engine.AccumulateGrad(p, g.data()), IsOk());
-      if (stage == 3) {
-        ASSERT_THAT(engine.Release(p), IsOk());
-      }
-    }
-    ASSERT_THAT(engine.EndBackward(), IsOk());
-  }
+  ASSERT_THAT(testing::RunWindow(engine, kNumel, stage, step, rank, kMicroBatches, kLossScale), IsOk());
 }
 
 std::unique_ptr<Engine> MakeEngine(const Config& config, comm::Communicator& comm) {
   auto created = Engine::Create(config, comm);
   EXPECT_THAT(created, IsOk());
   if (!created.ok()) return nullptr;
-  Engine& engine = **created;
-  for (int p = 0; p < 2; ++p) {
-    EXPECT_THAT(engine.RegisterParam({p == 0 ? "w" : "b", {kNumel[p]}, DType::kFP32, true, 0, p}), IsOk());
-  }
-  EXPECT_THAT(engine.Finalize(), IsOk());
-  for (int p = 0; p < 2; ++p) EXPECT_THAT(engine.SetParam(p, InitialValues(p, kNumel[p]).data()), IsOk());
+  EXPECT_THAT(testing::RegisterTwoParams(**created, kNumel), IsOk());
   return std::move(*created);
 }
 
@@ -189,11 +170,7 @@ TEST(EngineClipRefusals, TheLastStepsNormLeftOnTheDeviceIsKept) {
   auto created = runtime::CreateEngine(config, *(*group)[0], testing::DeferredDeviceFactory(&ops));
   ASSERT_THAT(created, IsOk());
   Engine& engine = **created;
-  for (int p = 0; p < 2; ++p) {
-    ASSERT_THAT(engine.RegisterParam({p == 0 ? "w" : "b", {kNumel[p]}, DType::kFP32, true, 0, p}), IsOk());
-  }
-  ASSERT_THAT(engine.Finalize(), IsOk());
-  for (int p = 0; p < 2; ++p) ASSERT_THAT(engine.SetParam(p, InitialValues(p, kNumel[p]).data()), IsOk());
+  ASSERT_THAT(testing::RegisterTwoParams(engine, kNumel), IsOk());
   auto window = [&](int step) {
     for (int micro = 0; micro < kMicroBatches; ++micro) {
       ASSERT_THAT(engine.BeginIteration(), IsOk());

@@ -7,6 +7,7 @@
 #include <memory>
 #include <vector>
 
+#include "tests/engine/accumulation_window.h"
 #include "tests/engine/reference_adamw.h"
 #include "tests/engine/run_on_ranks.h"
 #include "tests/status_matchers.h"
@@ -29,11 +30,6 @@ constexpr int kSteps = 3, kMicroBatches = 2;
 constexpr float kLossScale = 64.0f;  // a static scale: the gradients arrive multiplied by it
 
 Config FullStateConfig(int stage) { return testing::AccumulatingAdamWConfig(stage, kMicroBatches, 6, 300); }
-
-// A rank's gradient of `param` in micro-batch `micro` of step `step`, unscaled.
-std::vector<float> MicroGradient(int param, int step, int micro, int rank) {
-  return testing::MicroGradient(param, kNumel[param], step, micro, rank);
-}
 
 // The step's gradient as the optimizer applies it: the micro-batches summed, averaged over ranks.
 std::vector<double> StepGradient(int param, int step, int world) {
@@ -63,28 +59,10 @@ TEST_P(EngineFullState, EveryRankReadsTheWholeParamsMomentsAndGradient) {
     auto created = Engine::Create(config, comm);
     ASSERT_THAT(created, IsOk());
     Engine& engine = **created;
-    for (int p = 0; p < 2; ++p) {
-      ASSERT_THAT(engine.RegisterParam({p == 0 ? "w" : "b", {kNumel[p]}, DType::kFP32, true, 0, p}), IsOk());
-    }
-    ASSERT_THAT(engine.Finalize(), IsOk());
-    for (int p = 0; p < 2; ++p) ASSERT_THAT(engine.SetParam(p, InitialValues(p, kNumel[p]).data()), IsOk());
+    ASSERT_THAT(testing::RegisterTwoParams(engine, kNumel), IsOk());
     std::vector<ReferenceAdamW> mine = reference;
     for (int step = 1; step <= kSteps; ++step) {
-      for (int micro = 0; micro < kMicroBatches; ++micro) {
-        ASSERT_THAT(engine.BeginIteration(), IsOk());
-        for (int p : {1, 0}) {
-          if (stage == 3) {
-            ASSERT_THAT(engine.Gather(p), IsOk());
-          }
-          std::vector<float> g = MicroGradient(p, step, micro, r);
-          for (float& x : g) x *= kLossScale;
-          ASSERT_THAT(engine.AccumulateGrad(p, g.data()), IsOk());
-          if (stage == 3) {
-            ASSERT_THAT(engine.Release(p), IsOk());
-          }
-        }
-        ASSERT_THAT(engine.EndBackward(), IsOk());
-      }
+      ASSERT_THAT(testing::RunWindow(engine, kNumel, stage, step, r, kMicroBatches, kLossScale), IsOk());
       for (int p = 0; p < 2; ++p) {
         std::vector<float> got(kNumel[p], std::nanf(""));  // poisoned
         ASSERT_THAT(engine.GetFullState(p, ParamState::kGrad, got.data()), IsOk());

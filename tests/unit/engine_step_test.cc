@@ -57,23 +57,33 @@ TEST(EngineStep, LossScalingSkipsOverflowAndClippingBoundsTheNorm) {
   });
 }
 
+// A stage-2 engine with dynamic loss scaling from 2^`initial_power`, never below `min`, and
+// one param "w" of 100 ones.
+StatusOr<std::unique_ptr<Engine>> DynamicScaleEngine(comm::Communicator& comm, int initial_power, float min,
+                                                     int hysteresis) {
+  Config config = ToyConfig(2);
+  config.loss_scale.mode = LossScaleMode::kDynamic;
+  config.loss_scale.initial_power = initial_power;
+  config.loss_scale.min = min;
+  config.loss_scale.hysteresis = hysteresis;
+  ZERO_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(config, comm));
+  ZERO_ASSIGN_OR_RETURN(const ParamId id, engine->RegisterParam({"w", {100}}));
+  ZERO_RETURN_IF_ERROR(engine->Finalize());
+  const std::vector<float> ones(100, 1.0f);
+  ZERO_RETURN_IF_ERROR(engine->SetParam(id, ones.data()));
+  return engine;
+}
+
 // As DeepSpeed's DynamicLossScaler: an overflow that finds the scale already at its minimum
 // (with hysteresis spent) ends the run with an error; the step is skipped as before, so a
 // trainer that catches it may go on, and a finite step after it steps.
 TEST(EngineStep, AnOverflowAtTheMinimumLossScaleIsAnError) {
   for (const int hysteresis : {1, 2}) {
     RunOnRanks(3, [&](int r, comm::Communicator& comm) {
-      Config config = ToyConfig(2);
-      config.loss_scale.mode = LossScaleMode::kDynamic;
-      config.loss_scale.initial_power = 2;
-      config.loss_scale.min = 2.0f;
-      config.loss_scale.hysteresis = hysteresis;
-      auto engine = Engine::Create(config, comm);
+      auto engine = DynamicScaleEngine(comm, /*initial_power=*/2, /*min=*/2.0f, hysteresis);
       ASSERT_THAT(engine, IsOk());
-      const ParamId id = *(*engine)->RegisterParam({"w", {100}});
-      ASSERT_THAT((*engine)->Finalize(), IsOk());
+      const ParamId id = 0;
       std::vector<float> init(100, 1.0f), after(100);
-      ASSERT_THAT((*engine)->SetParam(id, init.data()), IsOk());
       auto step = [&](bool overflow) {
         std::vector<float> grad(100, 1.0f);
         if (overflow && r == 2) grad[7] = INFINITY;
@@ -105,15 +115,9 @@ TEST(EngineStep, AnOverflowAtTheMinimumLossScaleIsAnError) {
   }
   // A scale that starts below the minimum is raised to it by an overflow, as DeepSpeed's.
   RunOnRanks(2, [&](int r, comm::Communicator& comm) {
-    Config config = ToyConfig(2);
-    config.loss_scale.mode = LossScaleMode::kDynamic;
-    config.loss_scale.initial_power = 0;
-    config.loss_scale.min = 4.0f;
-    config.loss_scale.hysteresis = 1;
-    auto engine = Engine::Create(config, comm);
+    auto engine = DynamicScaleEngine(comm, /*initial_power=*/0, /*min=*/4.0f, /*hysteresis=*/1);
     ASSERT_THAT(engine, IsOk());
-    const ParamId id = *(*engine)->RegisterParam({"w", {100}});
-    ASSERT_THAT((*engine)->Finalize(), IsOk());
+    const ParamId id = 0;
     std::vector<float> grad(100, 1.0f);
     if (r == 1) grad[3] = INFINITY;
     ASSERT_THAT((*engine)->BeginIteration(), IsOk());
