@@ -8,16 +8,13 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "runtime/c_api_comm.h"
 #include "runtime/c_api_status.h"
 #include "runtime/checkpoint_format.h"
 #include "zero/communicator.h"
 #include "zero/engine.h"
 #include "zero/preemption.h"
 #include "zero/version.h"
-
-struct zero_comm {
-  std::unique_ptr<zero::comm::Communicator> comm;
-};
 
 struct zero_engine {
   std::unique_ptr<zero::Engine> engine;

@@ -50,7 +50,7 @@
 #include "comm/mpi/mpi_ops.h"
 #include "comm/mpi/mpi_rounds.h"
 #include "comm/mpi/mpi_setup.h"
-#include "comm/mpi/mpi_signature.h"
+#include "comm/signature_words.h"
 #include "comm/mpi/mpi_tuning.h"
 #include "comm/mpi/peer_notices.h"
 #include "comm/mpi/scratch_pool.h"

@@ -17,7 +17,7 @@
 #include "comm/group_health.h"
 #include "comm/mpi/device_staging.h"
 #include "comm/mpi/mpi_rounds.h"
-#include "comm/mpi/mpi_signature.h"
+#include "comm/signature_words.h"
 #include "comm/mpi/scratch_pool.h"
 #include "zero/communicator.h"
 

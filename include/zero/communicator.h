@@ -27,6 +27,7 @@
 #define ZERO_COMMUNICATOR_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -118,7 +119,7 @@ class Communicator {
   virtual ~Communicator() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;
-  /// Backend name: "local", "mpi", "nccl".
+  /// Backend name: "local", "mpi", "nccl", "external".
   virtual const char* backend() const = 0;
   /// True when collectives take CUDA device buffers only (nccl); host values must be staged.
   virtual bool device_buffers_only() const { return false; }
@@ -221,6 +222,60 @@ struct NcclOptions {
 /// kUnimplemented in builds without NCCL, kUnavailable without a GPU.
 StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(Communicator& bootstrap,
                                                                NcclOptions options = {});
+
+/// One collective an ExternalCollectives table is asked to run, in the layouts at the top of
+/// this file: ReduceScatter send size()·count → recv count; AllGather send count → recv
+/// size()·count; AllReduce count → count; Broadcast in place on `recv` (== send); Barrier no
+/// buffers. Buffers are host memory. Sums of bf16/fp16 must accumulate in fp32.
+struct ExternalCollective {
+  CollectiveKind kind = CollectiveKind::kBarrier;
+  const void* send = nullptr;
+  void* recv = nullptr;
+  int64_t count = 0;
+  DType dtype = DType::kFP32;
+  ReduceOp op = ReduceOp::kSum;
+  int root = 0;
+  /// 0: gradients and params; 1: tagged collectives (values, stage-3 gathers, signature
+  /// checks). Each channel is its own ordered stream of collectives, the same on every rank;
+  /// the table runs the two on separate groups, so one channel never waits behind the other.
+  int channel = 0;
+};
+
+/// The functions an external communicator runs its collectives with (a trainer's own
+/// communication layer: zerort.torch's torch.distributed). Called from the thread that issues
+/// or waits for a collective, one call at a time per communicator.
+struct ExternalCollectives {
+  /// Starts a collective and returns its handle (any value the table chooses), or why not.
+  std::function<StatusOr<int64_t>(const ExternalCollective&)> start;
+  /// Waits for a started collective: OK, kDeadlineExceeded once timeout_s (> 0; 0: no limit)
+  /// passed, or its error.
+  std::function<Status(int64_t handle, double timeout_s)> wait;
+  /// True once the collective completed (successfully or not); never blocks.
+  std::function<bool(int64_t handle)> test;
+  /// The handle is no longer needed: its wait returned, or it was abandoned (the group is then
+  /// broken; the table may let the collective run on).
+  std::function<void(int64_t handle)> release;
+  /// Called once, when the communicator and all its works are gone; may be empty.
+  std::function<void()> destroy;
+};
+
+/// Options of the external communicator.
+struct ExternalOptions {
+  /// Ranks of the group on this machine, this one included (ranks_on_this_host()).
+  int ranks_on_this_host = 1;
+  /// Longest wait for the signature check before a tagged collective (0: no limit).
+  double check_timeout_s = 1800.0;
+};
+
+/// Creates this rank's communicator (backend "external") of a group of `size` whose
+/// collectives `collectives` runs. Each tagged collective (CollectiveSignature::tag ≥ 0) first
+/// all-gathers every rank's signature on channel 1 and fails with kInvalidArgument naming
+/// both sides when they differ. A failed or timed-out collective breaks the group (see the
+/// failure semantics above); peers hear of it only through their own collectives failing.
+/// On error nothing of the table has been called.
+StatusOr<std::unique_ptr<Communicator>> CreateExternalCommunicator(int rank, int size,
+                                                                   ExternalCollectives collectives,
+                                                                   ExternalOptions options = {});
 
 /// Whether this build has the MPI / NCCL backends.
 bool MpiAvailable();

@@ -100,6 +100,62 @@ ZERO_API zero_status zero_comm_mpi(const void* mpi_comm, zero_comm** out);
  *  after whose queued work each collective starts. ZERO_UNIMPLEMENTED in builds without NCCL,
  *  ZERO_UNAVAILABLE without a GPU. */
 ZERO_API zero_status zero_comm_nccl(zero_comm* bootstrap, int device, void* cuda_stream, zero_comm** out);
+/** Collective kinds of a zero_collective. */
+enum {
+  ZERO_COLL_REDUCE_SCATTER = 0,
+  ZERO_COLL_ALL_GATHER = 1,
+  ZERO_COLL_ALL_REDUCE = 2,
+  ZERO_COLL_BROADCAST = 3,
+  ZERO_COLL_BARRIER = 4
+};
+/** Element types of a zero_collective besides zero_dtype's (ZERO_FP32, ZERO_BF16, ZERO_FP16). */
+enum { ZERO_COLL_INT64 = 3, ZERO_COLL_UINT8 = 4 };
+
+/** One collective a zero_collectives table runs; `count` is elements per rank. Buffers are host
+ *  memory. REDUCE_SCATTER: send size·count, recv count (rank r gets the reduction of chunk r);
+ *  ALL_GATHER: send count, recv size·count (chunk r is rank r's send); ALL_REDUCE: count each;
+ *  BROADCAST: recv (== send) holds `count` elements, the root's everywhere; BARRIER: none.
+ *  Sends may overlap receives (in place). `op`: 0 sum, 1 max; sums of BF16/FP16 must
+ *  accumulate in fp32. `channel` 0 carries gradients and params, 1 values and checks: two
+ *  ordered streams of collectives, the same on every rank, to run on separate groups. */
+typedef struct zero_collective {
+  int kind;
+  const void* send;
+  void* recv;
+  int64_t count;
+  int dtype;
+  int op;
+  int root;
+  int channel;
+} zero_collective;
+
+/** A trainer's own collectives, for zero_comm_external. Each returns a zero_status and, on
+ *  failure, may write a NUL-terminated message into message[0..capacity). Calls come from the
+ *  thread that issues or waits, one at a time per communicator. */
+typedef struct zero_collectives {
+  void* context;
+  /** Starts `collective`; stores a handle of the table's choosing in *handle. */
+  zero_status (*start)(void* context, const zero_collective* collective, int64_t* handle, char* message,
+                       size_t capacity);
+  /** Waits for it: ZERO_OK, ZERO_DEADLINE_EXCEEDED after timeout_s seconds (0: no limit), or
+   *  its error. */
+  zero_status (*wait)(void* context, int64_t handle, double timeout_s, char* message, size_t capacity);
+  /** 1 once it completed (either way), else 0; never blocks. */
+  int (*test)(void* context, int64_t handle);
+  /** The handle is no longer used (waited for, or abandoned: the group is then broken). */
+  void (*release)(void* context, int64_t handle);
+  /** Called once when the communicator and its collectives are gone; may be NULL. */
+  void (*destroy)(void* context);
+} zero_collectives;
+
+/** This rank's communicator of a group of `size` whose collectives `collectives` (copied; its
+ *  context must live until destroy) runs: zerort.torch's over torch.distributed, for torchrun
+ *  launches. `ranks_on_this_host`: ranks sharing this machine's cores (1 ≤ it ≤ size).
+ *  Tagged collectives (values, checks) are first compared across ranks on channel 1, waiting
+ *  at most `check_timeout_s` (0: no limit); ranks that diverge get ZERO_INVALID_ARGUMENT naming
+ *  both. On error no function of the table has been called. */
+ZERO_API zero_status zero_comm_external(int rank, int size, int ranks_on_this_host, double check_timeout_s,
+                                        const zero_collectives* collectives, zero_comm** out);
 ZERO_API int zero_comm_rank(const zero_comm* comm);
 ZERO_API int zero_comm_size(const zero_comm* comm);
 ZERO_API void zero_comm_destroy(zero_comm* comm);

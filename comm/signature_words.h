@@ -1,8 +1,9 @@
-// (Internal to comm/mpi.) A collective's signature as the words the MPI communicator's
+// (Internal to comm.) A collective's signature as the words a communicator's
 // signature check all-gathers: every rank compares its peers' words with its own before the
-// collective runs (MpiOptions::check_signatures, and every tagged collective).
-#ifndef ZERO_COMM_MPI_MPI_SIGNATURE_H_
-#define ZERO_COMM_MPI_MPI_SIGNATURE_H_
+// collective runs (MPI: MpiOptions::check_signatures and every tagged collective; external:
+// every tagged collective).
+#ifndef ZERO_COMM_SIGNATURE_WORDS_H_
+#define ZERO_COMM_SIGNATURE_WORDS_H_
 
 #include <cstdint>
 
@@ -37,4 +38,4 @@ inline CollectiveSignature DecodeSignature(const int64_t* words) {
 
 }  // namespace zero::comm
 
-#endif  // ZERO_COMM_MPI_MPI_SIGNATURE_H_
+#endif  // ZERO_COMM_SIGNATURE_WORDS_H_
