@@ -14,27 +14,81 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/raw_memory.h"
 #include "comm/group_health.h"
 #include "comm/signature_words.h"
 #include "zero/communicator.h"
+#include "zero/device.h"
 
 namespace zero::comm {
 namespace {
 
+// Host copies of a collective's CUDA device buffers: the table runs on `send` and `recv`, and
+// `recv` goes back to `device_recv` once the collective is waited for.
+struct Staging {
+  std::vector<char> send, recv;
+  void* device_recv = nullptr;
+};
+
 // What a communicator and its works share: the table (its context lives as long as any of
-// them) and the group's health.
+// them), the group's health, and the host copies of abandoned collectives, which the table
+// may still touch until it is destroyed.
 struct SharedTable {
   ExternalCollectives table;
   GroupHealth health;
+  std::mutex kept_mutex;
+  std::vector<std::unique_ptr<Staging>> kept;
+
+  void Keep(std::unique_ptr<Staging> staging) {
+    if (staging == nullptr) return;
+    std::lock_guard<std::mutex> lock(kept_mutex);
+    kept.push_back(std::move(staging));
+  }
   ~SharedTable() {
     if (table.destroy) table.destroy();
   }
 };
 
+// The buffer sizes of `s` in bytes (send, recv) in the layouts of communicator.h.
+std::pair<int64_t, int64_t> BufferBytes(const CollectiveSignature& s, int size) {
+  const int64_t bytes = s.count * static_cast<int64_t>(DTypeSize(s.dtype));
+  switch (s.kind) {
+    case CollectiveKind::kReduceScatter: return {bytes * size, bytes};
+    case CollectiveKind::kAllGather: return {bytes, bytes * size};
+    case CollectiveKind::kBarrier: return {0, 0};
+    default: return {bytes, bytes};
+  }
+}
+
+// Points `*send`/`*recv` at host copies when either is CUDA device memory (the input copied
+// now); `staging` then owns them. Broadcast's one buffer (send == recv) stays one.
+Status StageDeviceBuffers(const CollectiveSignature& s, int size, const void** send, void** recv,
+                          std::unique_ptr<Staging>* staging) {
+  if (s.count == 0 || (PlacementOf(*send) != Placement::kDevice && PlacementOf(*recv) != Placement::kDevice)) {
+    return absl::OkStatus();
+  }
+  const auto [send_bytes, recv_bytes] = BufferBytes(s, size);
+  auto staged = std::make_unique<Staging>();
+  staged->recv.resize(static_cast<size_t>(recv_bytes));
+  staged->device_recv = *recv;
+  if (*send == *recv) {
+    ZERO_RETURN_IF_ERROR(base::CopyBytes(staged->recv.data(), *send, recv_bytes));
+    *send = staged->recv.data();
+  } else {
+    staged->send.resize(static_cast<size_t>(send_bytes));
+    ZERO_RETURN_IF_ERROR(base::CopyBytes(staged->send.data(), *send, send_bytes));
+    *send = staged->send.data();
+  }
+  *recv = staged->recv.data();
+  *staging = std::move(staged);
+  return absl::OkStatus();
+}
+
 class ExternalWork final : public Work {
  public:
-  ExternalWork(std::shared_ptr<SharedTable> shared, int64_t handle, std::string what)
-      : shared_(std::move(shared)), handle_(handle), what_(std::move(what)) {}
+  ExternalWork(std::shared_ptr<SharedTable> shared, int64_t handle, std::string what,
+               std::unique_ptr<Staging> staging)
+      : shared_(std::move(shared)), handle_(handle), what_(std::move(what)), staging_(std::move(staging)) {}
 
   ~ExternalWork() override {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -42,6 +96,7 @@ class ExternalWork final : public Work {
     if (!shared_->table.test(handle_)) {
       shared_->health.Break(absl::CancelledError(absl::StrCat(
           what_, " was abandoned before it completed (its Work was destroyed)")));
+      shared_->Keep(std::move(staging_));
     }
     shared_->table.release(handle_);
   }
@@ -50,9 +105,14 @@ class ExternalWork final : public Work {
     std::lock_guard<std::mutex> lock(mutex_);
     if (finished_) return outcome_;
     Status status = shared_->table.wait(handle_, timeout_s);
+    if (status.ok() && staging_ != nullptr) {
+      status = base::CopyBytes(staging_->device_recv, staging_->recv.data(),
+                               static_cast<int64_t>(staging_->recv.size()));
+    }
     if (!status.ok()) {
       status = Status(status.code(), absl::StrCat(what_, ": ", status.message()));
       shared_->health.Break(status);
+      shared_->Keep(std::move(staging_));
     }
     shared_->table.release(handle_);
     finished_ = true;
@@ -69,6 +129,9 @@ class ExternalWork final : public Work {
   std::shared_ptr<SharedTable> shared_;
   const int64_t handle_;
   const std::string what_;  // "AllReduce(count=4, fp32, sum) (collective #3 on channel 0, rank 1)"
+  // Host copies of device buffers (null for host buffers); an abandoned collective hands them
+  // to SharedTable::Keep.
+  std::unique_ptr<Staging> staging_;
   std::mutex mutex_;
   bool finished_ = false;
   Status outcome_;
@@ -118,6 +181,9 @@ class ExternalCommunicator final : public Communicator {
         return CompletedWork(agreed);
       }
     }
+    std::unique_ptr<Staging> staging;
+    const Status staged = StageDeviceBuffers(s, size_, &send, &recv, &staging);
+    if (!staged.ok()) return CompletedWork(Status(staged.code(), absl::StrCat(what, ": ", staged.message())));
     ExternalCollective collective{s.kind, send, recv, s.count, s.dtype, s.op, s.root, channel};
     StatusOr<int64_t> handle = shared_->table.start(collective);
     if (!handle.ok()) {
@@ -125,7 +191,7 @@ class ExternalCommunicator final : public Communicator {
       shared_->health.Break(failed);
       return CompletedWork(failed);
     }
-    return std::make_unique<ExternalWork>(shared_, *handle, what);
+    return std::make_unique<ExternalWork>(shared_, *handle, what, std::move(staging));
   }
 
   // Every rank's signature of the channel-1 collective numbered `sequence`, all-gathered on

@@ -107,8 +107,10 @@ Status RequireMpiLaunch() {
   return absl::FailedPreconditionError(absl::StrCat(
       "this process was started as rank ", place->rank, " of ", place->world, " by a launcher that is not MPI's (RANK=",
       place->rank, ", WORLD_SIZE=", place->world, ": torchrun, the deepspeed launcher or accelerate launch), but MPI "
-      "sees it alone, so each process would train on its own. ZeroRT's ranks are MPI's: launch with `mpirun -np ",
-      place->world, " python3 ...` (or srun --mpi=pmix under Slurm); for a single process, unset WORLD_SIZE"));
+      "sees it alone, so each process would train on its own. ZeroRT's ranks are MPI's here: launch with `mpirun -np ",
+      place->world, " python3 ...` (or srun --mpi=pmix under Slurm), or from PyTorch take torch.distributed's ranks "
+      "(zerort.torch.initialize without comm, or comm=zerort.torch.torch_communicator()); for a single process, "
+      "unset WORLD_SIZE"));
 }
 
 Status AbortMpiJob(int exit_code) {

@@ -1,6 +1,6 @@
 """torch.distributed over ZeroRT's ranks (zerort.torch.init_torch_distributed, DeepSpeed's
-deepspeed.init_distributed), and a launch by torchrun without MPI, refused: each process would
-otherwise be an MPI world of its own and train alone. Each case runs in a fresh interpreter,
+deepspeed.init_distributed), and the MPI communicator in a process torchrun started, refused:
+it would be an MPI world of its own and train alone. Each case runs in a fresh interpreter,
 as a launched script does (torch.distributed and the environment are the process's)."""
 import os
 import subprocess
@@ -50,17 +50,34 @@ def test_init_distributed_gives_torch_distributed_the_ranks():
 
 
 @pytest.mark.parametrize("launcher_rank", ["0", "2"])
-def test_a_torchrun_launch_without_mpi_is_refused_naming_mpirun(launcher_rank):
+def test_the_mpi_communicator_under_torchrun_is_refused_naming_both_ways(launcher_rank):
+    """MPI sees a torchrun-started process alone: it would train on its own."""
     done = run_script("""
-        import zerort, zerort.torch, torch
+        import zerort
         try:
-            zerort.torch.initialize(torch.nn.Linear(2, 2), {"stage": 2})
+            zerort.mpi_communicator()
         except zerort.FailedPreconditionError as error:
             print(error)
     """, RANK=launcher_rank, WORLD_SIZE="3", LOCAL_RANK=launcher_rank)
     assert done.returncode == 0, done.stderr
     assert f"started as rank {launcher_rank} of 3" in done.stdout
     assert "mpirun -np 3" in done.stdout and "unset WORLD_SIZE" in done.stdout
+    assert "zerort.torch.torch_communicator()" in done.stdout
+
+
+def test_a_launch_that_sets_world_size_without_an_address_is_named():
+    """initialize() without comm where WORLD_SIZE says several ranks but nothing says where
+    rank 0 is (a stale WORLD_SIZE, a launcher of its own)."""
+    done = run_script("""
+        import zerort, zerort.torch, torch
+        try:
+            zerort.torch.initialize(torch.nn.Linear(2, 2), {"stage": 2})
+        except zerort.FailedPreconditionError as error:
+            print(error)
+    """, RANK="1", WORLD_SIZE="3")
+    assert done.returncode == 0, done.stderr
+    assert "did not set MASTER_ADDR, MASTER_PORT" in done.stdout
+    assert "unset WORLD_SIZE" in done.stdout
 
 
 def test_a_master_port_that_is_no_number_is_named():

@@ -26,8 +26,8 @@ def one_thread():
 
 
 def train(stage, device="cpu", guard=None, groups=False, make_scheduler=None,
-          **model_options):
-    comm = zerort.mpi_communicator()
+          make_comm=zerort.mpi_communicator, **model_options):
+    comm = make_comm()
     world, rank = comm.size, comm.rank
     model = TinyLM(**model_options).to(device)
     config = {"stage": stage, "optimizer": OPTIMIZER,

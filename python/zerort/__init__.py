@@ -8,7 +8,8 @@ the build tree (build/lib/libzerort.so beside this package's source), an install
 the dynamic loader's path.
 """
 from .core import (CheckpointReader, Communicator, Engine, install_preemption_handler,
-                   local_group, mpi_communicator, nccl_communicator, version)
+                   external_communicator, local_group, mpi_communicator, nccl_communicator,
+                   version)
 from .errors import (AbortedError, AlreadyExistsError, CancelledError, DataLossError,
                      DeadlineExceededError, DuplicateGradientError,
                      FailedPreconditionError, InternalError,
@@ -17,7 +18,8 @@ from .errors import (AbortedError, AlreadyExistsError, CancelledError, DataLossE
                      UnimplementedError, UnusedParametersError, ZeroError)
 
 __all__ = [
-    "CheckpointReader", "Communicator", "Engine", "install_preemption_handler", "local_group",
+    "CheckpointReader", "Communicator", "Engine", "external_communicator",
+    "install_preemption_handler", "local_group",
     "mpi_communicator", "nccl_communicator", "version", "AbortedError",
     "ZeroError", "CancelledError", "InvalidArgumentError",
     "DeadlineExceededError", "NotFoundError", "AlreadyExistsError",

@@ -44,6 +44,31 @@ LEND_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c
                            ctypes.POINTER(ctypes.c_void_p))
 GIVE_BACK_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int)
 
+
+class Collective(ctypes.Structure):
+    """zero_collective: one collective an external communicator's table runs."""
+    _fields_ = [("kind", ctypes.c_int), ("send", ctypes.c_void_p), ("recv", ctypes.c_void_p),
+                ("count", ctypes.c_int64), ("dtype", ctypes.c_int), ("op", ctypes.c_int),
+                ("root", ctypes.c_int), ("channel", ctypes.c_int)]
+
+
+# zero_collectives' functions: a trainer's own collectives behind zero_comm_external.
+COLLECTIVE_START_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(Collective),
+                                       _c_int64_p, ctypes.c_void_p, ctypes.c_size_t)
+COLLECTIVE_WAIT_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_int64,
+                                      ctypes.c_double, ctypes.c_void_p, ctypes.c_size_t)
+COLLECTIVE_TEST_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_int64)
+COLLECTIVE_RELEASE_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64)
+COLLECTIVE_DESTROY_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+
+
+class Collectives(ctypes.Structure):
+    """zero_collectives: the table of functions an external communicator runs."""
+    _fields_ = [("context", ctypes.c_void_p), ("start", COLLECTIVE_START_FN),
+                ("wait", COLLECTIVE_WAIT_FN), ("test", COLLECTIVE_TEST_FN),
+                ("release", COLLECTIVE_RELEASE_FN), ("destroy", COLLECTIVE_DESTROY_FN)]
+
+
 # name: (argument types, result type); every call returning a status returns c_int.
 _PROTOTYPES = {
     "zero_last_error": ([], ctypes.c_char_p),
@@ -52,6 +77,8 @@ _PROTOTYPES = {
     "zero_comm_mpi": ([ctypes.c_void_p, _void_pp], ctypes.c_int),
     "zero_comm_nccl": ([ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, _void_pp],
                        ctypes.c_int),
+    "zero_comm_external": ([ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_double,
+                            ctypes.POINTER(Collectives), _void_pp], ctypes.c_int),
     "zero_comm_rank": ([ctypes.c_void_p], ctypes.c_int),
     "zero_comm_size": ([ctypes.c_void_p], ctypes.c_int),
     "zero_comm_destroy": ([ctypes.c_void_p], None),

@@ -12,7 +12,8 @@ import threading
 import weakref
 
 from . import errors
-from ._library import (GIVE_BACK_FN, LEND_FN, MEMORY_CATEGORIES, EngineCounters, GroupHyper,
+from ._library import (COLLECTIVE_DESTROY_FN, COLLECTIVE_RELEASE_FN, COLLECTIVE_START_FN,
+                       COLLECTIVE_TEST_FN, COLLECTIVE_WAIT_FN, Collectives, GIVE_BACK_FN, LEND_FN, MEMORY_CATEGORIES, EngineCounters, GroupHyper,
                        MemoryStats, StepInfo, load)
 
 DTYPES = {"fp32": 0, "bf16": 1, "fp16": 2}
@@ -71,8 +72,9 @@ class _Handle:
     """One C object (a communicator or an engine), freed when the last reference to this
     goes: its Python owner's, and for an engine those of the tensors that view its memory
     (zerort.torch's params and anything derived from them). So a closed engine's memory
-    outlives every view of it, and no view ever reads freed memory. `keep`: a _Handle that
-    must be freed after this one (an engine's communicator)."""
+    outlives every view of it, and no view ever reads freed memory. `keep`: what must live
+    until this one is freed (an engine's communicator's _Handle, an external communicator's
+    table of functions)."""
 
     def __init__(self, value, free, keep=None):
         self.value = value
@@ -94,11 +96,13 @@ class Communicator:
     """One rank's communicator (owns the C handle; close() or garbage collection frees it,
     once no engine built on it still has memory that tensors view)."""
 
-    def __init__(self, handle, backend, stream=None):
+    def __init__(self, handle, backend, stream=None, keep=None):
         self._owner = None  # first: __del__ runs even if __init__ fails
         self._engines = {}
-        self._owner = _Handle(handle, "zero_comm_destroy")
-        self.backend = backend  # "local" (threads of this process), "mpi" or "nccl"
+        self._owner = _Handle(handle, "zero_comm_destroy", keep)
+        # "local" (threads of this process), "mpi", "nccl" or "external" (a trainer's own
+        # collectives: zerort.torch.torch_communicator())
+        self.backend = backend
         self.stream = stream  # nccl: the cudaStream_t (int) its collectives are ordered after
         # Open engines built on this communicator: raw handle -> (the Engine's handle box,
         # callbacks to run before the engine is closed, the engine's _Handle). A
@@ -242,6 +246,72 @@ def nccl_communicator(bootstrap=None, device=-1, stream=None):
     _check(library().zero_comm_nccl(bootstrap.handle, device, stream, ctypes.byref(handle)),
            "zero_comm_nccl")
     return Communicator(handle.value, "nccl", stream=int(stream or 0))
+
+
+def external_communicator(rank, size, collectives, ranks_on_this_host=1,
+                          check_timeout_s=1800.0):
+    """This rank's communicator of a group of `size` ranks whose collectives `collectives`
+    runs (zero_comm_external; zerort.torch.torch_communicator() builds one over
+    torch.distributed). `collectives` has start(collective) -> an int handle, wait(handle,
+    timeout_s), test(handle) -> bool and release(handle), for collectives described by a
+    zerort._library.Collective over host memory (the C ABI's zero_collective says what each
+    kind reads and writes). An exception from start or wait fails the collective with its
+    message: a ZeroError keeps its status, a TimeoutError is a deadline, anything else an
+    internal error. `ranks_on_this_host`: ranks sharing this machine's cores;
+    `check_timeout_s`: the longest wait of the cross-rank check before a tagged collective."""
+    table = _collectives_table(collectives)
+    handle = ctypes.c_void_p()
+    _check(library().zero_comm_external(rank, size, ranks_on_this_host, check_timeout_s,
+                                        ctypes.byref(table), ctypes.byref(handle)),
+           "zero_comm_external")
+    return Communicator(handle.value, "external", keep=table)
+
+
+def _collectives_table(collectives):
+    """`collectives`' methods as a zero_collectives table (its functions must live as long
+    as the communicator: the Communicator keeps the table)."""
+
+    def failed(error, message, capacity):
+        status = getattr(error, "status", None)
+        if not isinstance(status, int) or status <= 0:
+            timed_out = isinstance(error, TimeoutError) or "timed out" in str(error).lower()
+            status = errors.DeadlineExceededError.status if timed_out else \
+                errors.InternalError.status
+        text = getattr(error, "message", None) or f"{type(error).__name__}: {error}"
+        data = text.encode(errors="replace")[:max(capacity - 1, 0)] + b"\0"
+        if capacity > 0:
+            ctypes.memmove(message, data, len(data))
+        return status
+
+    def start(_, collective, handle, message, capacity):
+        try:
+            handle[0] = int(collectives.start(collective.contents))
+            return 0
+        except BaseException as error:  # noqa: BLE001 - no exception may cross into C
+            return failed(error, message, capacity)
+
+    def wait(_, handle, timeout_s, message, capacity):
+        try:
+            collectives.wait(handle, timeout_s)
+            return 0
+        except BaseException as error:  # noqa: BLE001
+            return failed(error, message, capacity)
+
+    def test(_, handle):
+        try:
+            return 1 if collectives.test(handle) else 0
+        except BaseException:  # noqa: BLE001 - a failed collective has completed
+            return 1
+
+    def release(_, handle):
+        try:
+            collectives.release(handle)
+        except BaseException:  # noqa: BLE001
+            pass
+
+    return Collectives(None, COLLECTIVE_START_FN(start), COLLECTIVE_WAIT_FN(wait),
+                       COLLECTIVE_TEST_FN(test), COLLECTIVE_RELEASE_FN(release),
+                       COLLECTIVE_DESTROY_FN())
 
 
 def config_dict(config):

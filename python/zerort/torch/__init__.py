@@ -73,7 +73,8 @@ What happens to the model:
   small modules whose hooks would cost more than their kernels.
 - Params on the CPU, or on one GPU (device "cuda", set from the model when the config names
   none): the engine's copies live in device memory and its work is ordered after torch's
-  current stream at initialize(). Across processes use zerort.nccl_communicator(). In-process
+  current stream at initialize(). Across processes use zerort.nccl_communicator() (under
+  torchrun: zerort.nccl_communicator(bootstrap=torch_communicator(), stream=...)). In-process
   ranks sharing one GPU are for tests, at stages 0-2: PyTorch runs the CUDA part of every
   thread's backward on one autograd thread per device, so a rank that waits inside backward
   (a stage-3 gather, a full gradient-buffer pool) waits for peers queued behind it; stage 3
@@ -97,7 +98,6 @@ deepspeed.utils).
 Every failure is a zerort exception carrying the status and the library's message
 (zerort.errors): DuplicateGradientError, UnusedParametersError, DeadlineExceededError, ...
 """
-from .. import core
 from ._engine import TorchEngine
 from ._full_state import (safe_get_full_fp32_param, safe_get_full_grad,
                           safe_get_full_optimizer_state)
@@ -108,6 +108,7 @@ from ._leaf_modules import (get_z3_leaf_modules, set_z3_leaf_modules,
                             unset_z3_leaf_modules, z3_leaf_module)
 from ._optimizer import ZeroOptimizer
 from ._schedulers import EngineLRScheduler
+from ._torch_communicator import default_communicator, torch_communicator
 from ._torch_distributed import init_torch_distributed
 
 __all__ = ["initialize", "TorchEngine", "ZeroOptimizer", "EngineLRScheduler", "gathered",
@@ -115,7 +116,7 @@ __all__ = ["initialize", "TorchEngine", "ZeroOptimizer", "EngineLRScheduler", "g
            "unset_z3_leaf_modules", "get_z3_leaf_modules", "z3_leaf_module",
            "set_z3_leaf_modules_by_name", "set_z3_leaf_modules_by_suffix",
            "safe_get_full_fp32_param", "safe_get_full_optimizer_state", "safe_get_full_grad",
-           "init_torch_distributed"]
+           "init_torch_distributed", "torch_communicator"]
 
 
 def initialize(model, config=None, comm=None, *, model_parameters=None):
@@ -124,14 +125,16 @@ def initialize(model, config=None, comm=None, *, model_parameters=None):
 
     `config`: ZeroRT's or DeepSpeed's config, a dict, JSON text or a path to a .json file
     (checked and translated by the library). `comm`: a zerort.core.Communicator
-    (zerort.local_group(n)[r] for in-process ranks); None means this process's MPI rank (run
-    under mpirun), as zerort.mpi_communicator() makes it: an uncaught exception on one rank
-    then ends the whole job. `model_parameters`: None (every trainable param, one group), an
+    (zerort.local_group(n)[r] for in-process ranks); None means the launcher's ranks: under
+    torchrun (or another launcher that is not MPI's) torch.distributed's, as
+    torch_communicator() makes it; otherwise this process's MPI rank (run under mpirun), as
+    zerort.mpi_communicator() makes it, where an uncaught exception on one rank then ends
+    the whole job. `model_parameters`: None (every trainable param, one group), an
     iterable of params, or a list of PyTorch param-group dicts with keys "params" and any of "lr",
     "betas", "eps", "weight_decay", "momentum", "dampening", "nesterov" (group i overrides
     the config optimizer's values for its params); every trainable param of `model` must be
     in exactly one group.
     """
     if comm is None:
-        comm = core.mpi_communicator()
+        comm = default_communicator()
     return TorchEngine(model, config, comm, model_parameters=model_parameters)

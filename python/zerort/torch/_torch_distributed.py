@@ -23,6 +23,7 @@ import torch
 
 from .. import core, errors
 from ._device import broadcast_tensor
+from ._torch_communicator import init_from_launcher, launched_without_mpi
 
 _ADDRESS_BYTES = 512  # rank 0's "host", port and backend, as JSON, padded
 
@@ -81,7 +82,8 @@ def _local_rank():
 def init_torch_distributed(comm=None, backend=None, port=29500,
                            timeout=datetime.timedelta(minutes=30)):
     """Initialises torch.distributed's default process group over the ranks of `comm` (a
-    zerort.core.Communicator; None: this process's MPI rank, as initialize() takes it), and
+    zerort.core.Communicator; None: this process's MPI rank, as initialize() takes it, or
+    under torchrun the launcher's environment), and
     returns True; does nothing and returns False when torch.distributed is initialised
     already. Collective. `backend`: "gloo", "nccl" (None: nccl where CUDA is available,
     else gloo); `port`: rank 0's, unless MASTER_PORT says otherwise (0: a free one)."""
@@ -91,6 +93,8 @@ def init_torch_distributed(comm=None, backend=None, port=29500,
             errors.UnimplementedError.status)
     if torch.distributed.is_initialized():
         return False
+    if comm is None and launched_without_mpi():  # torchrun: its environment says it all
+        return init_from_launcher(backend, timeout)
     own = comm is None
     if own:
         comm = core.mpi_communicator()

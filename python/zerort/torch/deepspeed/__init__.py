@@ -49,6 +49,7 @@ from ... import core, errors
 from .._config import TORCH_OPTIONS
 from .._deepspeed_api import refuse_unless_default
 from .._engine import TorchEngine
+from .._torch_communicator import default_communicator
 from .._torch_distributed import init_torch_distributed
 from . import utils, zero
 
@@ -116,7 +117,7 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None,
                 "zerort.torch.deepspeed.initialize: lr_scheduler must be a callable that "
                 f"builds a scheduler from an optimizer, not a {type(lr_scheduler).__name__}")
     if comm is None:
-        comm = core.mpi_communicator()
+        comm = default_communicator()
     engine = TorchEngine(model, raw, comm, model_parameters=model_parameters)
     if lr_scheduler is not None and hasattr(lr_scheduler, "optimizer"):
         engine.drive_lr_scheduler(_rebound(lr_scheduler, engine.optimizer))
@@ -229,8 +230,8 @@ def init_distributed(dist_backend=None, auto_mpi_discovery=True, distributed_por
                      verbose=True, timeout=datetime.timedelta(minutes=30), init_method=None,
                      dist_init_required=None, config=None, rank=-1, world_size=-1, comm=None):
     """deepspeed.init_distributed: torch.distributed's default group over ZeroRT's ranks
-    (`comm`, None: this process's MPI rank), so the script's own torch.distributed calls
-    work under mpirun (_torch_distributed.py). Nothing when torch.distributed is set up
+    (`comm`, None: this process's MPI rank; under torchrun, the launcher's environment), so
+    the script's own torch.distributed calls work under mpirun (_torch_distributed.py). Nothing when torch.distributed is set up
     already, or when dist_init_required is False. `init_method`, `rank` and `world_size`
     (a group of other ranks) are named as unsupported: the group's ranks are ZeroRT's."""
     del auto_mpi_discovery, verbose, config  # MPI is where the ranks come from

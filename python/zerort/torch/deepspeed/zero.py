@@ -5,8 +5,9 @@ import contextlib
 
 import torch
 
-from ... import core, errors
+from ... import errors
 from .._gathered import gathered, register_external_parameter
+from .._torch_communicator import default_communicator
 from .._init_context import init_context
 
 __all__ = ["GatheredParameters", "Init", "register_external_parameter"]
@@ -47,7 +48,7 @@ def _zero_init(module=None, data_parallel_group=None, mem_efficient_linear=True,
                 "on the device)", errors.UnimplementedError.status)
     if not enabled:
         return contextlib.nullcontext()
-    return init_context(core.mpi_communicator() if comm is None else comm)
+    return init_context(default_communicator() if comm is None else comm)
 
 
 # DeepSpeed's names (a class in DeepSpeed, hence the capitals).

@@ -1,0 +1,113 @@
+"""zerort.torch in processes started by torchrun, without MPI (CTest:
+python.torch.torchrun.np3): the ranks are torch.distributed's, the collectives gloo's through
+ZeroRT's external communicator.
+
+Skipped unless a launcher other than MPI's set WORLD_SIZE. Every rank runs the same tests in
+the same order.
+"""
+import os
+
+import pytest
+import torch
+
+import zerort
+import zerort.torch
+from test_torch_engine import OPTIMIZER, TinyLM, assert_close, batch, reference
+from test_torch_mpi import train
+from test_torch_optimizer import lambda_lr
+from test_torch_optimizer import reference as groups_reference
+from test_torch_stage3 import LoraLM, check_lora_job, train_lora_job
+
+pytestmark = pytest.mark.skipif(
+    "WORLD_SIZE" not in os.environ or "OMPI_COMM_WORLD_SIZE" in os.environ,
+    reason="runs under torchrun")
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    torch.set_num_threads(1)
+
+
+def test_the_communicator_has_torch_distributeds_ranks():
+    comm = zerort.torch.torch_communicator(timeout_s=60)
+    try:
+        dist = torch.distributed
+        world = dist.get_world_size()
+        assert comm.backend == "external"
+        assert (comm.rank, comm.size) == (dist.get_rank(), world)
+        assert comm.size == int(os.environ["WORLD_SIZE"])
+        values = torch.tensor([float(comm.rank), 1.5, -2.0])
+        comm.all_reduce_f32(values.data_ptr(), 3, "sum", 60)
+        assert values.tolist() == [world * (world - 1) / 2, 1.5 * world, -2.0 * world]
+        comm.all_reduce_f32(values.data_ptr(), 3, "max", 60)
+        text = torch.tensor(list(b"rank zero's") if comm.rank == 0 else [0] * 11,
+                            dtype=torch.uint8)
+        comm.broadcast_bytes(text.data_ptr(), 11, 0, 60)
+        assert bytes(text.tolist()) == b"rank zero's"
+    finally:
+        comm.close()
+
+
+def test_ranks_whose_values_differ_in_size_get_an_error_naming_both():
+    """A tagged collective (values) whose size differs on rank 0 fails on every rank with
+    both sides named, instead of gloo pairing buffers of different sizes."""
+    comm = zerort.torch.torch_communicator(timeout_s=60)
+    try:
+        count = 4 if comm.rank == 0 else 3
+        values = torch.ones(4)
+        with pytest.raises(zerort.InvalidArgumentError) as raised:
+            comm.all_reduce_f32(values.data_ptr(), count, "sum", 60)
+        message = str(raised.value)
+        assert "mismatch" in message and "count=4" in message and "count=3" in message
+    finally:
+        comm.close()
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_lora_model_matches_single_process_pytorch(stage):
+    assert_close(train(stage, make_comm=zerort.torch.torch_communicator), reference())
+
+
+@pytest.mark.parametrize("stage", [1, 3])
+def test_param_groups_and_lambda_lr_match_pytorch(stage):
+    want, _ = groups_reference(lambda_lr)
+    assert_close(train(stage, groups=True, make_scheduler=lambda_lr,
+                       make_comm=zerort.torch.torch_communicator), want)
+
+
+def test_lora_job_shards_its_frozen_base_at_stage3():
+    comm = zerort.torch.torch_communicator(timeout_s=60)
+    world = comm.size
+    try:
+        result = train_lora_job(LoraLM(), comm.rank, world, comm)
+    finally:
+        comm.close()
+    check_lora_job(result, world)
+
+
+def test_initialize_without_comm_takes_the_launchers_ranks():
+    """initialize(model, config) with no communicator, as a DeepSpeed script calls it under
+    torchrun; bf16 params, so 16-bit gradient sums go through the fp32 path; the script's own
+    dist.all_reduce(loss) still works beside it."""
+    from zerort.torch import deepspeed
+    deepspeed.init_distributed()  # torch.distributed is up already: nothing to do
+    model = TinyLM().to(torch.bfloat16)
+    engine, optimizer, _, _ = deepspeed.initialize(model=model, config={
+        "train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": True},
+        "optimizer": {"type": "AdamW", "params": {"lr": OPTIMIZER["lr"]}},
+        "zero_optimization": {"stage": 2}})
+    dist = torch.distributed
+    assert engine._comm.backend == "external" and engine._comm.rank == dist.get_rank()
+    tokens, _ = batch(0)
+    before = {n: p.detach().float().clone() for n, p in model.named_parameters()}
+    logits = engine(tokens)
+    loss = logits.float().square().mean()
+    engine.backward(loss)
+    engine.step()
+    changed = [n for n, p in model.named_parameters()
+               if not torch.equal(p.detach().float(), before[n])]
+    assert changed, "the step changed nothing"
+    mean = loss.detach().clone()
+    dist.all_reduce(mean)
+    assert torch.isfinite(mean)
+    engine.close()
