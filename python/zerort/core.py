@@ -13,8 +13,9 @@ import weakref
 
 from . import errors
 from ._library import (COLLECTIVE_DESTROY_FN, COLLECTIVE_RELEASE_FN, COLLECTIVE_START_FN,
-                       COLLECTIVE_TEST_FN, COLLECTIVE_WAIT_FN, Collectives, GIVE_BACK_FN, LEND_FN, MEMORY_CATEGORIES, EngineCounters, GroupHyper,
-                       MemoryStats, StepInfo, load)
+                       COLLECTIVE_TEST_FN, COLLECTIVE_WAIT_FN, GIVE_BACK_FN, LEND_FN,
+                       MEMORY_CATEGORIES, Collectives, EngineCounters, GroupHyper, MemoryStats,
+                       StepInfo, load)
 
 DTYPES = {"fp32": 0, "bf16": 1, "fp16": 2}
 # zero_comm_all_reduce_f32's operations.
