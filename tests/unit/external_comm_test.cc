@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "tests/comm/conformance.h"
+#include "tests/comm/local_table.h"
 #include "tests/engine/toy_trainer.h"
 #include "tests/status_matchers.h"
 #include "zero/communicator.h"
@@ -24,88 +25,10 @@ namespace {
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 using testing::IsOk;
+using testing::OnExternalRanks;
 using testing::StatusIs;
-
-// What the tables of one test share: handles still held and destroy calls, summed over ranks.
-struct TableLedger {
-  std::atomic<int> held{0};
-  std::atomic<int> destroyed{0};
-};
-
-// One rank's table: channel c runs on its communicator of in-process group c. `fail_start_at`
-// > 0 makes that start (counted from 1) fail.
-ExternalCollectives LocalTable(std::shared_ptr<Communicator> channel0, std::shared_ptr<Communicator> channel1,
-                               TableLedger& ledger, int fail_start_at = 0) {
-  struct State {
-    std::shared_ptr<Communicator> channels[2];
-    std::mutex mutex;
-    std::map<int64_t, WorkPtr> works;
-    int64_t next = 100;
-    int starts = 0;
-  };
-  auto state = std::make_shared<State>();
-  state->channels[0] = std::move(channel0);
-  state->channels[1] = std::move(channel1);
-  ExternalCollectives table;
-  table.start = [state, &ledger, fail_start_at](const ExternalCollective& c) -> StatusOr<int64_t> {
-    std::lock_guard<std::mutex> lock(state->mutex);
-    if (++state->starts == fail_start_at) return absl::UnavailableError("the table's transport is down");
-    Communicator& comm = *state->channels[c.channel];
-    WorkPtr work;
-    switch (c.kind) {
-      case CollectiveKind::kReduceScatter: work = comm.ReduceScatter(c.send, c.recv, c.count, c.dtype, c.op); break;
-      case CollectiveKind::kAllGather: work = comm.AllGather(c.send, c.recv, c.count, c.dtype); break;
-      case CollectiveKind::kAllReduce: work = comm.AllReduce(c.send, c.recv, c.count, c.dtype, c.op); break;
-      case CollectiveKind::kBroadcast: work = comm.Broadcast(c.recv, c.count, c.dtype, c.root); break;
-      case CollectiveKind::kBarrier: work = comm.Barrier(); break;
-    }
-    ++ledger.held;
-    state->works[state->next] = std::move(work);
-    return state->next++;
-  };
-  table.wait = [state](int64_t handle, double timeout_s) {
-    Work* work;
-    {
-      std::lock_guard<std::mutex> lock(state->mutex);
-      work = state->works.at(handle).get();
-    }
-    return work->Wait(timeout_s);
-  };
-  table.test = [state](int64_t handle) {
-    std::lock_guard<std::mutex> lock(state->mutex);
-    return state->works.at(handle)->Test();
-  };
-  table.release = [state, &ledger](int64_t handle) {
-    std::lock_guard<std::mutex> lock(state->mutex);
-    if (state->works.erase(handle) == 1) --ledger.held;
-  };
-  table.destroy = [&ledger] { ++ledger.destroyed; };
-  return table;
-}
-
-// Runs body(rank, comm) on `world` threads, each over an external communicator whose table
-// runs on two fresh in-process groups; returns each rank's status.
-template <typename Body>
-std::vector<Status> OnExternalRanks(int world, TableLedger& ledger, Body body, int failing_rank = -1,
-                                    int fail_start_at = 0, double check_timeout_s = 60) {
-  std::vector<Status> statuses(world);
-  auto channel0 = CreateLocalGroup(world);
-  auto channel1 = CreateLocalGroup(world);
-  EXPECT_THAT(channel0, IsOk());
-  EXPECT_THAT(channel1, IsOk());
-  std::vector<std::thread> threads;
-  for (int r = 0; r < world; ++r) {
-    std::shared_ptr<Communicator> c0 = std::move((*channel0)[r]), c1 = std::move((*channel1)[r]);
-    threads.emplace_back([&, r, c0, c1] {
-      auto comm = CreateExternalCommunicator(
-          r, world, LocalTable(c0, c1, ledger, r == failing_rank ? fail_start_at : 0),
-          {/*ranks_on_this_host=*/world, check_timeout_s});
-      statuses[r] = comm.ok() ? body(r, **comm) : comm.status();
-    });
-  }
-  for (std::thread& t : threads) t.join();
-  return statuses;
-}
+using testing::TableLedger;
+using testing::LocalTable;
 
 class ExternalConformance : public ::testing::TestWithParam<int> {};
 
