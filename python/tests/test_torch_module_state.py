@@ -76,6 +76,7 @@ def test_module_state_dict_loads_into_the_model_built_without_an_engine(stage, t
         train_steps(model, engine, 2, rank)
         state = engine.module_state_dict()
         assert engine.save_16bit_model(str(tmp_path), "model.bin") is True
+        assert engine.save_fp16_model(str(tmp_path), "fp16.bin") is True  # the older name
         trainable = engine.state_dict()
         without_frozen = engine._zero3_consolidated_16bit_state_dict(
             exclude_frozen_parameters=True)
@@ -94,6 +95,10 @@ def test_module_state_dict_loads_into_the_model_built_without_an_engine(stage, t
         assert torch.equal(plain.head.weight, trainable["embed.weight"])
         if rank == 0:
             saved = torch.load(os.path.join(tmp_path, "model.bin"))
+            older = torch.load(os.path.join(tmp_path, "fp16.bin"))
+            assert list(older) == list(saved)
+            assert all(torch.equal(older[name], saved[name]) for name in saved
+                       if isinstance(saved[name], torch.Tensor))
             assert list(saved) == list(state)
             assert saved.pop("_extra_state") == state["_extra_state"]
             assert all(torch.equal(saved[name], state[name]) for name in saved)

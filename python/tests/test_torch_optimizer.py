@@ -528,3 +528,23 @@ def test_an_lr_changed_on_one_rank_is_refused_and_the_step_can_be_retried(stage)
 
     first, second = run_ranks(2, body)
     assert_close(first, second)
+
+
+def test_param_groups_show_the_engines_float32_values_as_their_shortest_decimals():
+    """Values the config set (defaults the user never gave, a config scheduler's lr) read as
+    DeepSpeed shows them: betas (0.9, 0.999) and eps 1e-08, not 0.8999999761581421."""
+    comm = zerort.local_group(1)[0]
+    engine = zerort.torch.initialize(TinyLM(), {
+        "zero_optimization": {"stage": 1}, "train_micro_batch_size_per_gpu": 4,
+        "optimizer": {"type": "AdamW", "params": {"lr": 0.001}},
+        "scheduler": {"type": "WarmupLR", "params": {
+            "warmup_num_steps": 3, "warmup_max_lr": 0.03, "warmup_type": "linear"}}}, comm)
+    group = engine.optimizer.param_groups[0]
+    assert (group["betas"], group["eps"]) == ((0.9, 0.999), 1e-08)
+    for step in range(4):
+        engine.backward(loss_of(engine.module, *batch(step)))
+        engine.step()
+        lr = group["lr"]
+        assert lr == float(f"{lr:.7g}") and engine.get_lr() == [lr], lr
+    assert lr == 0.03  # warmed up
+    engine.close()

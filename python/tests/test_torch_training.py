@@ -1066,7 +1066,8 @@ def test_deepspeed_engine_calls_of_accelerate_and_the_hf_trainer_around_steps_an
         engine.backward(model(torch.ones(3, 4)).sum())
         if boundary:
             assert engine.step() is not None
-    assert (engine.micro_steps, engine.global_steps, engine.global_samples) == (4, 2, 12)
+    # micro_steps counts the script's step() calls, as DeepSpeed's (2 here, 4 micro-batches)
+    assert (engine.micro_steps, engine.global_steps, engine.global_samples) == (2, 2, 12)
     assert engine.dp_world_size == 1 and not engine.zero_optimization_partition_weights()
     assert engine.training and not engine.eval().training and engine.train().training
     assert engine.zero_gather_16bit_weights_on_model_save()

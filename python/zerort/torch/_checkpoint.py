@@ -218,6 +218,11 @@ class CheckpointMethods:
             os.replace(path + ".tmp", path)
         return True
 
+    def save_fp16_model(self, save_dir, save_filename="pytorch_model.bin"):
+        """DeepSpeed's older name for save_16bit_model (older Hugging Face and Megatron
+        scripts call it)."""
+        return self.save_16bit_model(save_dir, save_filename)
+
     def save_checkpoint(self, directory, tag=None, client_state=None, save_latest=True):
         """Every rank saves its part; loadable at any world size and stage. As DeepSpeed's
         save_checkpoint(save_dir, tag): into directory/tag (tag "global_step<N>" when none

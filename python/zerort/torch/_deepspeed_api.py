@@ -172,6 +172,7 @@ class DeepSpeedAPI:
         UnimplementedError naming the way out."""
         if self._passes.current > 0 or self._handed_since_step_call:
             self.step()  # not a boundary (Accelerate calls step() there): ends the micro-batch
+            self.micro_steps -= 1  # counts the script's step() calls, as DeepSpeed's
         if bool(is_boundary) == self.is_gradient_accumulation_boundary():
             return
         raise errors.UnimplementedError(

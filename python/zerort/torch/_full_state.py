@@ -15,8 +15,9 @@ window, averaged over the ranks, loss scale divided out, before clipping): read 
 backward of the window's last micro-batch and before step(), as DeepSpeed's. Reading it
 ends that micro-batch (as step() would: its gradients are reduced; a rank whose last
 micro-batch had no backward ends it as step() does), so no gradient may arrive between the
-read and step() (or zero_grad(), which drops them). The weights and moments are read between
-optimizer steps: after step(), or before the first backward.
+read and step() (or zero_grad(), which drops them). The weights and moments (unchanged over
+an accumulation window) are read after any micro-batch's step() call, or before the first
+backward: not between a backward and its step().
 
 FSDP's engine.clip_grad_norm_(max_norm) reads the same gradient's global norm at the same
 point, and the next step clips to max_norm (instead of the config's gradient_clipping).
@@ -52,10 +53,12 @@ class FullStateMethods:
             return None
         if state == "grad":
             self._end_window_for_grad_read("safe_get_full_grad")
-        elif self._handed_since_step_call or self._micro_batches or self._window_ended:
+        elif self._handed_since_step_call:
             raise errors.FailedPreconditionError(
-                f"zerort.torch: {what} is read between optimizer steps (after step(), or "
-                "before the first backward); gradients of the next step have arrived",
+                f"zerort.torch: {what} can be read after a micro-batch's step() (or before "
+                "any backward), not between a backward and its step(): the engine is inside "
+                "that micro-batch. The weights and moments stay the same over the whole "
+                "accumulation window, so read them after the step() call",
                 errors.FailedPreconditionError.status)
         values = torch.empty(self._records[pid].shape, dtype=torch.float32)
         with every_rank_calls(f"safe_get_full_* ({state})"):

@@ -18,6 +18,7 @@ CosineAnnealingLR, OneCycleLR, SequentialLR, ...) works on it unchanged:
   `loss.backward(); engine.step(); scheduler.step()` raises no "lr_scheduler.step() before
   optimizer.step()" warning.
 """
+import math
 import struct
 import warnings
 
@@ -34,6 +35,20 @@ _ADAM_KEYS = ("lr", "betas", "eps", "weight_decay")
 def _f32(value):
     """`value` rounded to float32, as the engine stores it."""
     return struct.unpack("f", struct.pack("f", float(value)))[0]
+
+
+def _readable(value):
+    """The shortest decimal that is the same float32 as `value` (0.01 for 0.009999999776,
+    the engine's float32 0.01), element-wise for a tuple; bools as they are."""
+    if isinstance(value, tuple):
+        return tuple(_readable(v) for v in value)
+    if isinstance(value, bool) or not math.isfinite(value):
+        return value
+    for digits in range(1, 10):
+        shortest = float(f"{value:.{digits}g}")
+        if _f32(shortest) == _f32(value):
+            return shortest
+    return value
 
 
 def _torch_values(hyper, keys):
@@ -66,17 +81,18 @@ def _engine_fields(group, keys):
 
 def _prefer_exact(engine_value, given):
     """The user's own value where it is the engine's (float32) one, so that param_groups
-    show 0.01 rather than 0.009999999776; else the engine's."""
+    show what the user gave; else the engine's, as its shortest decimal (0.01 rather than
+    0.009999999776)."""
     if given is None:
-        return engine_value
+        return _readable(engine_value)
     if isinstance(engine_value, tuple):
         given = tuple(given)
         same = len(given) == len(engine_value) and all(
             _f32(g) == e for g, e in zip(given, engine_value))
-        return tuple(float(g) for g in given) if same else engine_value
+        return tuple(float(g) for g in given) if same else _readable(engine_value)
     if isinstance(engine_value, bool):
         return engine_value
-    return float(given) if _f32(given) == engine_value else engine_value
+    return float(given) if _f32(given) == engine_value else _readable(engine_value)
 
 
 class ZeroOptimizer(torch.optim.Optimizer):
@@ -247,7 +263,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
                 else:
                     differs = current[key] != value
                 if differs:
-                    group[key] = value
+                    group[key] = _readable(value)
 
     def _check_groups(self):
         if len(self.param_groups) != len(self._known):
