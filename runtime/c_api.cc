@@ -277,6 +277,15 @@ zero_status zero_get_full_state(zero_engine* engine, int64_t id, zero_param_stat
   return Report(engine->engine->GetFullState(id, static_cast<zero::ParamState>(state), host_dst));
 } ZERO_C_CATCH("zero_get_full_state")
 
+zero_status zero_set_full_state(zero_engine* engine, int64_t id, zero_param_state state, const float* host_src) try {
+  ZERO_C_REQUIRE(engine, "zero_set_full_state");
+  if (state < ZERO_STATE_WEIGHTS || state > ZERO_STATE_GRAD) {
+    return Report(absl::InvalidArgumentError(
+        absl::StrCat("zero_set_full_state: state ", static_cast<int>(state), " is not a zero_param_state (0-3)")));
+  }
+  return Report(engine->engine->SetFullState(id, static_cast<zero::ParamState>(state), host_src));
+} ZERO_C_CATCH("zero_set_full_state")
+
 zero_status zero_set_stream(zero_engine* engine, void* cuda_stream) try {
   ZERO_C_REQUIRE(engine, "zero_set_stream");
   return Report(engine->engine->SetStream(cuda_stream));

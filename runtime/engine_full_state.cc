@@ -1,6 +1,9 @@
-// GetFullState(): a trainable param's full fp32 master weights, optimizer moments or reduced
-// gradient, assembled from the parts each rank steps (DeepSpeed's safe_get_full_* calls).
+// GetFullState() / SetFullState(): a trainable param's full fp32 master weights, optimizer
+// moments or reduced gradient, assembled from the parts each rank steps, and set back into
+// them (DeepSpeed's safe_get_full_* and safe_set_full_* calls).
 #include <algorithm>
+#include <cstdint>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "runtime/engine_impl.h"
@@ -52,6 +55,50 @@ Status EngineImpl::GetFullState(ParamId id, ParamState state, float* out) {
   Status summed = host_.AllReduce(out, numel, comm::ReduceOp::kSum);
   if (!summed.ok()) return Status(summed.code(), absl::StrCat("GetFullState: ", summed.message()));
   return absl::OkStatus();
+}
+
+Status EngineImpl::SetFullState(ParamId id, ParamState state, const float* values) {
+  ZERO_RETURN_IF_ERROR(RequireHealthyGroup("SetFullState"));
+  ZERO_RETURN_IF_ERROR(CheckParamId(id, "SetFullState"));
+  ZERO_RETURN_IF_ERROR(RequirePhase(Phase::kIdle, "SetFullState"));
+  if (values == nullptr) return absl::InvalidArgumentError("SetFullState: values is null");
+  const int param = static_cast<int>(id);
+  if (!specs_[param].requires_grad) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "SetFullState: param ", ParamLabel(param),
+        " is frozen (requires_grad false): it has no master or moments; SetParam sets its values"));
+  }
+  if (state == ParamState::kGrad) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "SetFullState: the gradient of ", ParamLabel(param), " is not set: it comes from backward"));
+  }
+  const int moment = state == ParamState::kFirstMoment ? 1 : state == ParamState::kSecondMoment ? 2 : 0;
+  if (moment > optimizer_->state_count()) {
+    return absl::NotFoundError(absl::StrCat("SetFullState: the optimizer keeps ", optimizer_->state_count(),
+                                            " moment buffer(s) per param, so there is no moment ", moment,
+                                            " of ", ParamLabel(param)));
+  }
+  if (state == ParamState::kWeights) {
+    // The model copy first, as SetParam sets it (rounded to the param's dtype); the exact fp32
+    // master of the rank's part after it.
+    const DType dtype = specs_[param].dtype;
+    const int64_t numel = plan_->placement(param).numel;
+    std::vector<uint16_t> narrow;
+    if (dtype != DType::kFP32) {
+      narrow.resize(static_cast<size_t>(numel));
+      for (int64_t i = 0; i < numel; ++i) {
+        narrow[i] = dtype == DType::kBF16 ? FloatToBf16(values[i]) : FloatToHalf(values[i]);
+      }
+    }
+    replicas_synced_ = false;  // the next iteration compares (and repairs) the replicas again
+    ZERO_RETURN_IF_ERROR(params_->Set(param, dtype == DType::kFP32 ? static_cast<const void*>(values)
+                                                                  : static_cast<const void*>(narrow.data())));
+  }
+  ZERO_ASSIGN_OR_RETURN(std::vector<OptimizerState::OwnedPart> parts, optimizer_->ReadOwned(param));
+  for (OptimizerState::OwnedPart& part : parts) {
+    std::copy(values + part.begin, values + part.begin + part.numel, part.values.begin() + moment * part.numel);
+  }
+  return optimizer_->WriteOwned(param, parts);
 }
 
 }  // namespace zero::runtime

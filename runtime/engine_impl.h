@@ -80,6 +80,7 @@ class EngineImpl final : public Engine {
   StatusOr<float> LastGradNorm() override;
   StatusOr<float> ClipGradNorm(float max_norm) override;
   Status GetFullState(ParamId id, ParamState state, float* out) override;
+  Status SetFullState(ParamId id, ParamState state, const float* values) override;
   Status SaveCheckpoint(const std::string& dir) override;
   Status SaveCheckpoint(const std::string& root, const std::string& tag) override;
   Status LoadCheckpoint(const std::string& dir) override;

@@ -329,6 +329,15 @@ class Engine {
   /// kFailedPrecondition for a frozen param, before Finalize, inside a micro-batch, or for
   /// kGrad elsewhere.
   virtual Status GetFullState(ParamId id, ParamState state, float* out) = 0;
+  /// Sets the full fp32 `state` (kWeights or a moment) of trainable param `id` from its numel
+  /// floats in host memory `values` (DeepSpeed's safe_set_full_fp32_param and
+  /// safe_set_full_optimizer_state): each rank keeps its part, exactly. kWeights also sets
+  /// the param itself (rounded to its dtype: the whole replica at stages 0-2, the rank's shard
+  /// at stage 3). Every rank passes the same values (not checked here: at stages 0-2 the next
+  /// iteration compares the replicas, as after SetParam). Between micro-batches, as GetFullState;
+  /// kInvalidArgument for kGrad (the gradient comes from backward), kNotFound for a moment the
+  /// optimizer does not keep, kFailedPrecondition for a frozen param.
+  virtual Status SetFullState(ParamId id, ParamState state, const float* values) = 0;
 
   /// Writes a checkpoint into directory `dir`: every rank its own shard of the fp32 weights
   /// and optimizer moments (`rank-R-of-N.bin`, an index of its records first, each record

@@ -182,3 +182,95 @@ def test_a_rank_whose_last_micro_batch_had_no_backward_reads_with_its_peers():
 
     grads = run_ranks(2, body)
     assert torch.equal(grads[0], grads[1]) and grads[0].abs().sum() > 0
+
+
+def set_values(shape, seed):
+    """Fresh weights and moments for safe_set_full_*: (weights, exp_avg, exp_avg_sq)."""
+    generator = torch.Generator().manual_seed(seed)
+    weights = torch.randn(shape, generator=generator)
+    return weights, 0.1 * torch.randn(shape, generator=generator), \
+        0.01 * torch.rand(shape, generator=generator)
+
+
+@pytest.mark.parametrize("stage,persistence", [(0, 0), (1, 0), (2, 0), (3, 0), (3, 10**6)])
+def test_set_master_and_moments_then_train_as_pytorch_would(stage, persistence):
+    """safe_set_full_fp32_param and safe_set_full_optimizer_state after a step on 3 ranks:
+    read back exactly, seen by the next forward (stage 3 gathered on demand or kept
+    persistent), and the training after them equals PyTorch's with the same values set."""
+    named = dict(TinyLM().named_parameters())
+    values = {n: set_values(named[n].shape, i) for i, n in
+              enumerate(("head.weight", "blocks.0.lora_b.weight"))}
+    model = TinyLM()
+    params = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    optimizer = torch.optim.AdamW(params.values(), lr=OPTIMIZER["lr"], betas=OPTIMIZER["betas"],
+                                  eps=OPTIMIZER["eps"], weight_decay=OPTIMIZER["weight_decay"])
+    for step in range(STEPS):
+        optimizer.zero_grad()
+        for rank in range(WORLD):
+            (loss_of(model, *rows(step, 0, rank)) / WORLD).backward()
+        optimizer.step()
+        if step == 0:
+            with torch.no_grad():
+                for name, (weights, exp_avg, exp_avg_sq) in values.items():
+                    params[name].copy_(weights)
+                    optimizer.state[params[name]]["exp_avg"].copy_(exp_avg)
+                    optimizer.state[params[name]]["exp_avg_sq"].copy_(exp_avg_sq)
+    want = {n: p.detach().clone() for n, p in params.items()}
+    config = {"stage": stage, "optimizer": OPTIMIZER,
+              "stage3": {"persistence_threshold": persistence}}
+    models = [TinyLM() for _ in range(WORLD)]  # TinyLM seeds torch's RNG: not in threads
+
+    def body(rank, comm):
+        model = models[rank]
+        engine = zerort.torch.initialize(model, config, comm)
+        trainable = dict(model.named_parameters())
+        for step in range(STEPS):
+            loss_of(model, *rows(step, 0, rank)).backward()
+            engine.step()
+            if step == 0:
+                for name, (weights, exp_avg, exp_avg_sq) in values.items():
+                    param = trainable[name]
+                    deepspeed.utils.safe_set_full_fp32_param(param, weights)
+                    zerort.torch.safe_set_full_optimizer_state(param, exp_avg, "exp_avg")
+                    deepspeed.utils.safe_set_full_optimizer_state(param, exp_avg_sq,
+                                                                  "exp_avg_sq")
+                    assert torch.equal(zerort.torch.safe_get_full_fp32_param(param), weights)
+                    assert torch.equal(
+                        zerort.torch.safe_get_full_optimizer_state(param, "exp_avg_sq"),
+                        exp_avg_sq)
+                with zerort.torch.gathered([trainable["head.weight"]]):
+                    assert torch.equal(trainable["head.weight"].detach(),
+                                       values["head.weight"][0])
+        engine.close()
+        return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+
+    for trained in run_ranks(WORLD, body):
+        for name, value in trained.items():
+            assert_near(value, want[name], f"trained {name}")
+
+
+def test_set_of_a_bf16_param_keeps_the_fp32_master_exact_and_rounds_the_param():
+    comm = zerort.local_group(1)[0]
+    model = TinyLM().to(torch.bfloat16)
+    engine = zerort.torch.initialize(model, {"stage": 2, "optimizer": OPTIMIZER}, comm)
+    weights, _, _ = set_values(model.head.weight.shape, 5)
+    zerort.torch.safe_set_full_fp32_param(model.head.weight, weights)
+    assert torch.equal(zerort.torch.safe_get_full_fp32_param(model.head.weight), weights)
+    assert torch.equal(model.head.weight.detach(), weights.to(torch.bfloat16))
+    # Refused, nothing changed: another shape, the gradient, a key AdamW does not keep, and
+    # between a backward and its step().
+    with pytest.raises(zerort.InvalidArgumentError, match="shape"):
+        zerort.torch.safe_set_full_fp32_param(model.head.weight, weights[1:])
+    with pytest.raises(zerort.InvalidArgumentError, match="keeps no 'momentum_buffer'"):
+        zerort.torch.safe_set_full_optimizer_state(model.head.weight, weights, "momentum_buffer")
+    with pytest.raises(zerort.InvalidArgumentError, match="comes from backward"):
+        engine.set_full_state(model.head.weight, "grad", weights)
+    loss_of(model, *batch(0)).float().backward()
+    with pytest.raises(zerort.FailedPreconditionError, match="not between a backward"):
+        zerort.torch.safe_set_full_fp32_param(model.head.weight, weights * 2)
+    engine.step()
+    assert not torch.equal(zerort.torch.safe_get_full_fp32_param(model.head.weight), weights * 2)
+    # A frozen param: nothing, as DeepSpeed's.
+    zerort.torch.safe_set_full_fp32_param(model.embed.weight, torch.zeros(model.embed.weight.shape))
+    assert model.embed.weight.abs().sum() > 0
+    engine.close()

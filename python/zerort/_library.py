@@ -102,6 +102,8 @@ _PROTOTYPES = {
                         ctypes.c_int),
     "zero_get_full_state": ([ctypes.c_void_p, ctypes.c_int64, ctypes.c_int,
                              ctypes.c_void_p], ctypes.c_int),
+    "zero_set_full_state": ([ctypes.c_void_p, ctypes.c_int64, ctypes.c_int,
+                             ctypes.c_void_p], ctypes.c_int),
     "zero_accumulate_grad": ([ctypes.c_void_p, ctypes.c_int64,
                               ctypes.c_void_p], ctypes.c_int),
     "zero_accumulate_device_grad": ([ctypes.c_void_p, ctypes.c_int64,

@@ -541,6 +541,17 @@ class Engine:
         _check(library().zero_get_full_state(self._handle, pid, FULL_STATES[state], address),
                "zero_get_full_state")
 
+    def set_full_state(self, pid, state, address):
+        """Sets a trainable param's full fp32 `state` ("weights", which also sets the param,
+        or a moment) from numel floats at `address` (host memory); every rank passes the same
+        values and keeps its part (zero_set_full_state)."""
+        if state not in FULL_STATES:
+            raise errors.InvalidArgumentError(
+                f"set_full_state: state {state!r} is not one of {sorted(FULL_STATES)}",
+                errors.InvalidArgumentError.status)
+        _check(library().zero_set_full_state(self._handle, pid, FULL_STATES[state], address),
+               "zero_set_full_state")
+
     def param_data(self, pid):
         """The address of the engine's full copy of a param (stages 0-2; device memory on
         device "cuda")."""

@@ -1,6 +1,7 @@
 // GetFullState: a param's full fp32 master weights, AdamW moments and reduced gradient on
-// every rank, at every stage and world size, against a float64 AdamW written here; and the
-// calls it refuses.
+// every rank, at every stage and world size, against a float64 AdamW written here; SetFullState
+// of the weights and moments between steps, read back exactly and trained on as the float64
+// AdamW given the same values; and the calls each refuses.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -89,6 +90,89 @@ TEST_P(EngineFullState, EveryRankReadsTheWholeParamsMomentsAndGradient) {
 
 INSTANTIATE_TEST_SUITE_P(StagesAndWorlds, EngineFullState,
                          ::testing::Combine(::testing::Values(0, 1, 2, 3), ::testing::Values(1, 2, 3)));
+
+// Fresh values (never zeros) for SetFullState of param 0: weights, first and second moment.
+std::vector<float> SetValues(int which) {
+  std::vector<float> values(kNumel[0]);
+  for (int64_t i = 0; i < kNumel[0]; ++i) {
+    const float wave = std::sin(0.37f * static_cast<float>(i) + 1.3f * static_cast<float>(which));
+    values[i] = which == 2 ? 0.01f * (1.5f + wave) : (which == 1 ? 0.1f : 1.0f) * wave;
+  }
+  return values;
+}
+
+TEST_P(EngineFullState, SetWeightsAndMomentsAreReadBackAndTrainedOn) {
+  const auto [stage, world] = GetParam();
+  const Config config = FullStateConfig(stage);
+  const std::vector<float> weights = SetValues(0), first = SetValues(1), second = SetValues(2);
+  RunOnRanks(world, [&](int r, comm::Communicator& comm) {
+    auto created = Engine::Create(config, comm);
+    ASSERT_THAT(created, IsOk());
+    Engine& engine = **created;
+    ASSERT_THAT(testing::RegisterTwoParams(engine, kNumel), IsOk());
+    std::vector<ReferenceAdamW> mine;
+    for (int p = 0; p < 2; ++p) mine.emplace_back(InitialValues(p, kNumel[p]));
+    for (int step = 1; step <= kSteps; ++step) {
+      ASSERT_THAT(testing::RunWindow(engine, kNumel, stage, step, r, kMicroBatches, kLossScale), IsOk());
+      ASSERT_THAT(engine.Step(), IsOk());
+      for (int p = 0; p < 2; ++p) mine[p].Step(StepGradient(p, step, world), config.optimizer.Group(0));
+      if (step != 1) continue;
+      ASSERT_THAT(engine.SetFullState(0, ParamState::kWeights, weights.data()), IsOk());
+      ASSERT_THAT(engine.SetFullState(0, ParamState::kFirstMoment, first.data()), IsOk());
+      ASSERT_THAT(engine.SetFullState(0, ParamState::kSecondMoment, second.data()), IsOk());
+      mine[0].w.assign(weights.begin(), weights.end());
+      mine[0].m.assign(first.begin(), first.end());
+      mine[0].v.assign(second.begin(), second.end());
+      const std::pair<ParamState, const std::vector<float>*> reads[] = {
+          {ParamState::kWeights, &weights}, {ParamState::kFirstMoment, &first}, {ParamState::kSecondMoment, &second}};
+      for (const auto& [state, want] : reads) {
+        std::vector<float> got(kNumel[0], std::nanf(""));
+        ASSERT_THAT(engine.GetFullState(0, state, got.data()), IsOk());
+        EXPECT_EQ(got, *want) << "read back";
+      }
+      std::vector<float> param(kNumel[0], std::nanf(""));
+      if (stage == 3) ASSERT_THAT(engine.Gather(0), IsOk());
+      ASSERT_THAT(engine.GetParam(0, param.data()), IsOk());
+      if (stage == 3) ASSERT_THAT(engine.Release(0), IsOk());
+      EXPECT_EQ(param, weights) << "the param itself";
+    }
+    for (int p = 0; p < 2; ++p) {
+      std::vector<float> got(kNumel[p], std::nanf(""));
+      ASSERT_THAT(engine.GetFullState(p, ParamState::kWeights, got.data()), IsOk());
+      ExpectNear(got, mine[p].w, 1e-5, "weights trained after the set");
+    }
+  });
+}
+
+TEST(EngineFullStateRefusals, NamesWhatCannotBeSet) {
+  Config config = FullStateConfig(2);
+  config.optimizer.type = OptimizerType::kSgd;
+  config.optimizer.momentum = 0.9f;
+  config.gradient_accumulation_steps = 1;
+  auto group = comm::CreateLocalGroup(1);
+  ASSERT_THAT(group, IsOk());
+  auto created = Engine::Create(config, *(*group)[0]);
+  ASSERT_THAT(created, IsOk());
+  Engine& engine = **created;
+  const std::vector<float> values = SetValues(0);
+  ASSERT_THAT(engine.RegisterParam({"w", {kNumel[0]}, DType::kFP32, true, 0, 0}), IsOk());
+  ASSERT_THAT(engine.RegisterParam({"frozen", {kNumel[0]}, DType::kFP32, false, 0, 1}), IsOk());
+  EXPECT_THAT(engine.SetFullState(0, ParamState::kWeights, values.data()),
+              StatusIs(absl::StatusCode::kFailedPrecondition));
+  ASSERT_THAT(engine.Finalize(), IsOk());
+  EXPECT_THAT(engine.SetFullState(0, ParamState::kFirstMoment, values.data()), IsOk());
+  EXPECT_THAT(engine.SetFullState(0, ParamState::kSecondMoment, values.data()),
+              StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(engine.SetFullState(0, ParamState::kGrad, values.data()),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("comes from backward")));
+  EXPECT_THAT(engine.SetFullState(1, ParamState::kWeights, values.data()),
+              StatusIs(absl::StatusCode::kFailedPrecondition, ::testing::HasSubstr("frozen")));
+  EXPECT_THAT(engine.SetFullState(0, ParamState::kWeights, nullptr), StatusIs(absl::StatusCode::kInvalidArgument));
+  ASSERT_THAT(engine.BeginIteration(), IsOk());
+  EXPECT_THAT(engine.SetFullState(0, ParamState::kWeights, values.data()),
+              StatusIs(absl::StatusCode::kFailedPrecondition))
+      << "inside a micro-batch";
+}
 
 TEST(EngineFullStateRefusals, NamesWhatCannotBeRead) {
   for (int stage : {0, 3}) {

@@ -100,7 +100,8 @@ Every failure is a zerort exception carrying the status and the library's messag
 """
 from ._engine import TorchEngine
 from ._full_state import (safe_get_full_fp32_param, safe_get_full_grad,
-                          safe_get_full_optimizer_state)
+                          safe_get_full_optimizer_state, safe_set_full_fp32_param,
+                          safe_set_full_optimizer_state)
 from ._gathered import gathered, register_external_parameter
 from ._init_context import init_context
 from ._leaf_modules import (get_z3_leaf_modules, set_z3_leaf_modules,
@@ -116,6 +117,7 @@ __all__ = ["initialize", "TorchEngine", "ZeroOptimizer", "EngineLRScheduler", "g
            "unset_z3_leaf_modules", "get_z3_leaf_modules", "z3_leaf_module",
            "set_z3_leaf_modules_by_name", "set_z3_leaf_modules_by_suffix",
            "safe_get_full_fp32_param", "safe_get_full_optimizer_state", "safe_get_full_grad",
+           "safe_set_full_fp32_param", "safe_set_full_optimizer_state",
            "init_torch_distributed", "torch_communicator"]
 
 

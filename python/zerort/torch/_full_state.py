@@ -3,6 +3,8 @@
     safe_get_full_fp32_param(param)                   # the fp32 master weights
     safe_get_full_optimizer_state(param, "exp_avg")   # or "exp_avg_sq", "momentum_buffer"
     safe_get_full_grad(param)                         # the gradient step() will apply
+    safe_set_full_fp32_param(param, value)            # and the param, rounded to its dtype
+    safe_set_full_optimizer_state(param, value, "exp_avg")
 
 Each returns a new fp32 tensor of the param's shape on its device, assembled from every
 rank's part (core.Engine.get_full_state): collective at stages 1-3, so every rank asks for
@@ -65,6 +67,32 @@ class FullStateMethods:
             self._engine.get_full_state(pid, state, values.data_ptr())
         return values.to(param.device)
 
+    def set_full_state(self, param, state, value):
+        """Sets the full fp32 `state` of `param` ("weights", which also sets the param
+        rounded to its dtype, "first_moment" or "second_moment") from `value`, a tensor of
+        its shape: every rank passes the same value and keeps its part. Nothing for a param
+        the optimizer does not step, as DeepSpeed's. Not between a backward and its step()."""
+        what = f"setting the full {state} of a param"
+        self._check_model(what)
+        pid = self._pid_of(param, what, module_params=True)
+        if pid is None or pid not in self._names:  # frozen, or without elements
+            return
+        shape = tuple(self._records[pid].shape)
+        if tuple(value.shape) != shape:
+            raise errors.InvalidArgumentError(
+                f"zerort.torch: {what} \"{self._names[pid]}\": the value's shape "
+                f"{tuple(value.shape)} is not the param's {shape}",
+                errors.InvalidArgumentError.status)
+        if self._handed_since_step_call:
+            raise errors.FailedPreconditionError(
+                f"zerort.torch: {what} is done after a micro-batch's step() (or before any "
+                "backward), not between a backward and its step()",
+                errors.FailedPreconditionError.status)
+        if self._versioned and self._between_steps():
+            self._take_written_params()  # the script's own writes first; this one after them
+        values = value.detach().to("cpu", torch.float32).contiguous()
+        self._engine.set_full_state(pid, state, values.data_ptr())
+
     def clip_grad_norm_(self, max_norm, norm_type=2.0):
         """FSDP's clip_grad_norm_: the total L2 norm (a float32 tensor on the engine's
         device) of the gradient the next step() applies (summed over the window, averaged
@@ -123,14 +151,34 @@ def safe_get_full_optimizer_state(param, optim_state_key):
     "exp_avg_sq" of AdamW, Adam and LAMB, "exp_avg" of Lion, "momentum_buffer" of SGD) of
     `param` (collective at stages 1-3)."""
     engine = _engine_of(param, "safe_get_full_optimizer_state")
+    return engine.full_state(param, _state_of(engine, optim_state_key,
+                                              "safe_get_full_optimizer_state"))
+
+
+def _state_of(engine, optim_state_key, call):
+    """The engine's moment buffer that DeepSpeed's `optim_state_key` names."""
     kind = optimizer_type(engine.config)
     state, kinds = _STATE_KEYS.get(optim_state_key, (None, ()))
     if kind not in kinds:
         keys = sorted(key for key, (_, owners) in _STATE_KEYS.items() if kind in owners)
         raise errors.InvalidArgumentError(
-            f"zerort.torch: safe_get_full_optimizer_state: the {kind} optimizer keeps no "
-            f"{optim_state_key!r}; its keys: {keys}", errors.InvalidArgumentError.status)
-    return engine.full_state(param, state)
+            f"zerort.torch: {call}: the {kind} optimizer keeps no {optim_state_key!r}; its "
+            f"keys: {keys}", errors.InvalidArgumentError.status)
+    return state
+
+
+def safe_set_full_fp32_param(param, value):
+    """DeepSpeed's: sets the fp32 master weights of `param` to `value` (a tensor of its
+    shape; every rank passes the same), and the param itself to them rounded to its dtype."""
+    _engine_of(param, "safe_set_full_fp32_param").set_full_state(param, "weights", value)
+
+
+def safe_set_full_optimizer_state(param, value, optim_state_key):
+    """DeepSpeed's: sets the optimizer state `optim_state_key` of `param` (the keys of
+    safe_get_full_optimizer_state) to `value`, a tensor of its shape (every rank the same)."""
+    engine = _engine_of(param, "safe_set_full_optimizer_state")
+    engine.set_full_state(param, _state_of(engine, optim_state_key,
+                                           "safe_set_full_optimizer_state"), value)
 
 
 def safe_get_full_grad(param):
