@@ -45,7 +45,7 @@ bench: build
 #               (SANITIZE_TSAN_TESTS, CTest label tsan), with ZERO_CPU_THREADS=1 so that no
 #               OpenMP parallel region runs (libgomp is not TSan-instrumented).
 # Both are CPU-only (ZERO_CUDA=OFF), RelWithDebInfo (line numbers in the reports).
-SANITIZE_TSAN_TESTS ?= zero_local_comm_test zero_engine_test zero_engine_failures_test zero_guard_test \
+SANITIZE_TSAN_TESTS ?= zero_local_comm_test zero_external_comm_test zero_engine_test zero_engine_failures_test zero_guard_test \
                        zero_checkpoint_test zero_components_test
 SANITIZE_CMAKE_ARGS  = -DCMAKE_BUILD_TYPE=RelWithDebInfo -DZERO_CUDA=OFF -DZERO_BUILD_BENCH=OFF $(CMAKE_ARGS)
 SANITIZE_HOSTED      = ^example\.(python_ctypes|cpp_installed)$$

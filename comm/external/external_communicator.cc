@@ -7,6 +7,7 @@
 // rank's signature that must agree before the collective itself starts. A rank's tagged
 // collective is therefore never matched with a peer's gradient collective of another size,
 // and ranks that diverge in tagged collectives get an error naming both sides.
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -31,15 +32,18 @@ struct Staging {
 };
 
 // What a communicator and its works share: the table (its context lives as long as any of
-// them), the group's health, and the host copies of abandoned collectives, which the table
-// may still touch until it is destroyed.
+// them), the group's health, and what collectives abandoned unfinished leave: whether there
+// is one (the table may still touch its buffers) and the host copies it may touch.
 struct SharedTable {
   ExternalCollectives table;
   GroupHealth health;
+  std::atomic<bool> abandoned_unfinished{false};
   std::mutex kept_mutex;
   std::vector<std::unique_ptr<Staging>> kept;
 
-  void Keep(std::unique_ptr<Staging> staging) {
+  // A collective given up before it finished: the table may run it on, into its buffers.
+  void Abandon(std::unique_ptr<Staging> staging) {
+    abandoned_unfinished = true;
     if (staging == nullptr) return;
     std::lock_guard<std::mutex> lock(kept_mutex);
     kept.push_back(std::move(staging));
@@ -96,7 +100,7 @@ class ExternalWork final : public Work {
     if (!shared_->table.test(handle_)) {
       shared_->health.Break(absl::CancelledError(absl::StrCat(
           what_, " was abandoned before it completed (its Work was destroyed)")));
-      shared_->Keep(std::move(staging_));
+      shared_->Abandon(std::move(staging_));
     }
     shared_->table.release(handle_);
   }
@@ -112,7 +116,7 @@ class ExternalWork final : public Work {
     if (!status.ok()) {
       status = Status(status.code(), absl::StrCat(what_, ": ", status.message()));
       shared_->health.Break(status);
-      shared_->Keep(std::move(staging_));
+      if (!shared_->table.test(handle_)) shared_->Abandon(std::move(staging_));  // timed out
     }
     shared_->table.release(handle_);
     finished_ = true;
@@ -147,6 +151,9 @@ class ExternalCommunicator final : public Communicator {
   const char* backend() const override { return "external"; }
   int ranks_on_this_host() const override { return options_.ranks_on_this_host; }
   Status Health() const override { return shared_->health.Get(); }
+  /// Only after a collective was abandoned unfinished (a timeout, a Work destroyed early):
+  /// collectives that never started, or failed, touch nothing.
+  bool AbandonedWorkMayTouchBuffers() const override { return shared_->abandoned_unfinished; }
 
   WorkPtr ReduceScatter(const void* send, void* recv, int64_t count, DType dtype, ReduceOp op) override {
     return Start({CollectiveKind::kReduceScatter, count, dtype, op, 0, -1}, send, recv);
