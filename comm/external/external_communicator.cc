@@ -9,6 +9,7 @@
 // and ranks that diverge in tagged collectives get an error naming both sides.
 #include <atomic>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <utility>
@@ -24,8 +25,8 @@
 namespace zero::comm {
 namespace {
 
-// Host copies of a collective's CUDA device buffers: the table runs on `send` and `recv`, and
-// `recv` goes back to `device_recv` once the collective is waited for.
+// Host memory a collective runs on: copies of its CUDA device buffers (`recv` goes back to
+// `device_recv` once the collective is waited for), or a signature check's words.
 struct Staging {
   std::vector<char> send, recv;
   void* device_recv = nullptr;
@@ -134,7 +135,7 @@ class ExternalWork final : public Work {
   const int64_t handle_;
   const std::string what_;  // "AllReduce(count=4, fp32, sum) (collective #3 on channel 0, rank 1)"
   // Host copies of device buffers (null for host buffers); an abandoned collective hands them
-  // to SharedTable::Keep.
+  // to SharedTable::Abandon.
   std::unique_ptr<Staging> staging_;
   std::mutex mutex_;
   bool finished_ = false;
@@ -190,7 +191,11 @@ class ExternalCommunicator final : public Communicator {
     }
     std::unique_ptr<Staging> staging;
     const Status staged = StageDeviceBuffers(s, size_, &send, &recv, &staging);
-    if (!staged.ok()) return CompletedWork(Status(staged.code(), absl::StrCat(what, ": ", staged.message())));
+    if (!staged.ok()) {  // the peers start it: break the group rather than leave them waiting
+      const Status failed(staged.code(), absl::StrCat(what, ": ", staged.message()));
+      shared_->health.Break(failed);
+      return CompletedWork(failed);
+    }
     ExternalCollective collective{s.kind, send, recv, s.count, s.dtype, s.op, s.root, channel};
     StatusOr<int64_t> handle = shared_->table.start(collective);
     if (!handle.ok()) {
@@ -202,17 +207,25 @@ class ExternalCommunicator final : public Communicator {
   }
 
   // Every rank's signature of the channel-1 collective numbered `sequence`, all-gathered on
-  // channel 1 and compared with this rank's; waits at most options_.check_timeout_s.
+  // channel 1 and compared with this rank's; waits at most options_.check_timeout_s. The
+  // words live in a Staging, which a check given up unfinished hands to Abandon.
   Status CheckSignature(const CollectiveSignature& s, int64_t sequence) {
-    std::vector<int64_t> mine(kSignatureWords), everyone(static_cast<size_t>(kSignatureWords) * size_);
-    EncodeSignature(s, mine.data());
-    ExternalCollective gather{CollectiveKind::kAllGather, mine.data(), everyone.data(), kSignatureWords,
+    auto words = std::make_unique<Staging>();
+    words->send.resize(sizeof(int64_t) * kSignatureWords);
+    words->recv.resize(sizeof(int64_t) * kSignatureWords * size_);
+    int64_t mine[kSignatureWords];
+    EncodeSignature(s, mine);
+    std::memcpy(words->send.data(), mine, sizeof mine);
+    ExternalCollective gather{CollectiveKind::kAllGather, words->send.data(), words->recv.data(), kSignatureWords,
                               DType::kInt64, ReduceOp::kSum, 0, 1};
     StatusOr<int64_t> handle = shared_->table.start(gather);
     if (!handle.ok()) return Annotated(handle.status(), s, sequence);
     Status gathered = shared_->table.wait(*handle, options_.check_timeout_s);
+    if (!gathered.ok() && !shared_->table.test(*handle)) shared_->Abandon(std::move(words));
     shared_->table.release(*handle);
     if (!gathered.ok()) return Annotated(gathered, s, sequence);
+    std::vector<int64_t> everyone(static_cast<size_t>(kSignatureWords) * size_);
+    std::memcpy(everyone.data(), words->recv.data(), words->recv.size());
     for (int r = 0; r < size_; ++r) {
       const CollectiveSignature theirs = DecodeSignature(&everyone[static_cast<size_t>(r) * kSignatureWords]);
       if (theirs != s) {

@@ -5,14 +5,16 @@ ZeroRT's external communicator.
 Skipped unless a launcher other than MPI's set WORLD_SIZE. Every rank runs the same tests in
 the same order.
 """
+import gc
 import os
+import time
 
 import pytest
 import torch
 
 import zerort
 import zerort.torch
-from test_torch_engine import OPTIMIZER, TinyLM, assert_close, batch, reference
+from test_torch_engine import OPTIMIZER, TinyLM, assert_close, batch, loss_of, reference
 from test_torch_mpi import train
 from test_torch_optimizer import lambda_lr
 from test_torch_optimizer import reference as groups_reference
@@ -111,3 +113,47 @@ def test_initialize_without_comm_takes_the_launchers_ranks():
     dist.all_reduce(mean)
     assert torch.isfinite(mean)
     engine.close()
+
+
+def test_closed_engines_leave_no_gloo_groups_behind():
+    """Each engine built without comm makes two gloo groups (their threads and sockets);
+    closing it destroys them, so a script that rebuilds engines does not run out."""
+    def threads_and_files():
+        return len(os.listdir("/proc/self/task")), len(os.listdir("/proc/self/fd"))
+
+    seen = []
+    for _ in range(4):
+        model = TinyLM()
+        engine = zerort.torch.initialize(model, {"stage": 2, "optimizer": OPTIMIZER})
+        loss_of(model, *batch(0)).backward()
+        engine.step()
+        engine.close()
+        del engine
+        gc.collect()
+        seen.append(threads_and_files())
+    assert seen[-1] == seen[0], seen
+
+
+def test_a_stalled_peer_fails_the_others_after_guard_timeout_at_stage3():
+    """Stage-3 gathers are checked across ranks before they run; the check waits as long as
+    the config's guard.timeout_s (not gloo's 30 minutes): the ranks rank 1 keeps waiting get
+    DeadlineExceededError naming the gather, and rank 1, arriving late, an error too."""
+    model = TinyLM()
+    rank = torch.distributed.get_rank()
+    engine = zerort.torch.initialize(model, {
+        "stage": 3, "optimizer": OPTIMIZER, "guard": {"timeout_s": 3},
+        "stage3": {"persistence_threshold": 0}})
+    loss_of(model, *batch(0)).backward()
+    engine.step()
+    started = time.monotonic()
+    with pytest.raises(zerort.ZeroError) as raised:
+        if rank == 1:
+            time.sleep(8)
+        loss_of(model, *batch(1)).backward()
+        engine.step()
+    if rank != 1:
+        assert isinstance(raised.value, zerort.DeadlineExceededError), raised.value
+        assert "gathering unit" in str(raised.value)
+        assert time.monotonic() - started < 7
+    with pytest.raises(zerort.ZeroError, match="broken"):
+        engine.close()  # the model's full values cannot be gathered any more

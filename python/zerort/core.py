@@ -254,7 +254,8 @@ def external_communicator(rank, size, collectives, ranks_on_this_host=1,
     """This rank's communicator of a group of `size` ranks whose collectives `collectives`
     runs (zero_comm_external; zerort.torch.torch_communicator() builds one over
     torch.distributed). `collectives` has start(collective) -> an int handle, wait(handle,
-    timeout_s), test(handle) -> bool and release(handle), for collectives described by a
+    timeout_s), test(handle) -> bool, release(handle) and optionally destroy() (called
+    once the communicator and its collectives are gone), for collectives described by a
     zerort._library.Collective over host memory (the C ABI's zero_collective says what each
     kind reads and writes). An exception from start or wait fails the collective with its
     message: a ZeroError keeps its status, a TimeoutError is a deadline, anything else an
@@ -310,9 +311,16 @@ def _collectives_table(collectives):
         except BaseException:  # noqa: BLE001
             pass
 
+    def destroy(_):
+        try:
+            collectives.destroy()
+        except BaseException:  # noqa: BLE001 - the interpreter may be finalising
+            pass
+
+    has_destroy = callable(getattr(collectives, "destroy", None))
     return Collectives(None, COLLECTIVE_START_FN(start), COLLECTIVE_WAIT_FN(wait),
                        COLLECTIVE_TEST_FN(test), COLLECTIVE_RELEASE_FN(release),
-                       COLLECTIVE_DESTROY_FN())
+                       COLLECTIVE_DESTROY_FN(destroy) if has_destroy else COLLECTIVE_DESTROY_FN())
 
 
 def config_dict(config):

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The fine-tuning example as a user runs it: the ZeroRT loop adds at most 20 lines to the
-plain-PyTorch one; the plain loop runs; the ZeroRT loop runs under mpirun on 2 ranks, saves,
-and resumes on 3 ranks; the loss falls in both.
+plain-PyTorch one; the plain loop runs; the ZeroRT loop runs under torchrun on 2 ranks, saves,
+and resumes under mpirun on 3 ranks; the loss falls in both.
 
     check_finetune.py RUN_MPI_SH WORK_DIR
 """
@@ -45,8 +45,11 @@ def main():
         sys.exit(f"FAILED: the ZeroRT loop adds {len(added)} lines (> 20):\n" + "".join(added))
     plain = run([sys.executable, os.path.join(EXAMPLE, "finetune_torch.py"), "--steps", "41",
                  "--checkpoint", os.path.join(work, "torch")], work)
-    zerort = run([run_mpi, "2", sys.executable, os.path.join(EXAMPLE, "finetune_zerort.py"),
-                  "--steps", "21", "--checkpoint", os.path.join(work, "zerort")], work)
+    # torchrun's default "--redirects 0" breaks on Debian's torch 1.13 under Python 3.12.
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                "--nproc_per_node", "2", "--redirects", "2", "--tee", "2"]
+    zerort = run(torchrun + [os.path.join(EXAMPLE, "finetune_zerort.py"), "--steps", "21",
+                             "--checkpoint", os.path.join(work, "zerort")], work)
     resumed = run([run_mpi, "3", sys.executable, os.path.join(EXAMPLE, "finetune_zerort.py"),
                    "--steps", "41", "--resume", "--checkpoint", os.path.join(work, "zerort")], work)
     for name, output in (("plain", plain), ("zerort", zerort + resumed)):

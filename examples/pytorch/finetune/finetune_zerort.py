@@ -3,7 +3,7 @@
 decay, 4 micro-batches per step, bf16, clipping at 1.0, an eval pass, checkpoint and resume,
 all set in ds_config.json (a DeepSpeed config). finetune_torch.py: plain PyTorch.
 
-    mpirun -np 2 python3 finetune_zerort.py --steps 60 [--resume]
+    mpirun -np 2 python3 finetune_zerort.py --steps 60 [--resume]  # or torchrun --nproc_per_node 2
 """
 import argparse
 import os

@@ -138,5 +138,5 @@ def initialize(model, config=None, comm=None, *, model_parameters=None):
     in exactly one group.
     """
     if comm is None:
-        comm = default_communicator()
+        comm = default_communicator(config)
     return TorchEngine(model, config, comm, model_parameters=model_parameters)

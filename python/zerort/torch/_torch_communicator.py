@@ -21,6 +21,7 @@ import threading
 import torch
 
 from .. import core, errors
+from . import _config
 
 # zero_collective's kinds, element types and reductions (include/zero/zero.h).
 _REDUCE_SCATTER, _ALL_GATHER, _ALL_REDUCE, _BROADCAST, _BARRIER = range(5)
@@ -39,8 +40,9 @@ def _host_tensor(address, count, dtype):
 
 class _TorchCollectives:
     """The table ZeroRT's external communicator runs: each collective on its channel's gloo
-    group, asynchronously; `wait` finishes what a collective leaves to do on the host (the
-    chunk a reduce-scatter keeps, a 16-bit result rounded back)."""
+    group, asynchronously, on tensors torch owns; `wait` copies the result into ZeroRT's
+    buffer (the chunk a reduce-scatter keeps, a 16-bit result rounded back). `destroy`
+    destroys the two groups once the communicator is gone."""
 
     def __init__(self, channels):
         self._channels = channels
@@ -57,15 +59,21 @@ class _TorchCollectives:
         if c.kind == _BARRIER:
             work = dist.all_reduce(torch.zeros(1), group=group, async_op=True)
         elif c.kind in (_ALL_GATHER, _BROADCAST):  # moves bytes: any element type as uint8
+            # gloo gets tensors torch owns: its worker thread may free the last reference to
+            # one, which for a view of foreign memory needs the GIL (fatal at exit).
             size = torch.empty(0, dtype=dtype).element_size()
             recv = _host_tensor(c.recv, c.count * size * (world if c.kind == _ALL_GATHER else 1),
                                 torch.uint8)
+            owned = recv.clone() if c.kind == _BROADCAST else torch.empty_like(recv)
             if c.kind == _BROADCAST:
-                work = dist.broadcast(recv, c.root, group=group, async_op=True)
+                work = dist.broadcast(owned, c.root, group=group, async_op=True)
             else:
                 send = _host_tensor(c.send, c.count * size, torch.uint8).clone()
-                work = dist.all_gather(list(recv.chunk(world)) if world > 1 else [recv], send,
+                work = dist.all_gather(list(owned.chunk(world)) if world > 1 else [owned], send,
                                        group=group, async_op=True)
+
+            def finish():
+                recv.copy_(owned)
         else:
             scattered = c.kind == _REDUCE_SCATTER
             send = _host_tensor(c.send, c.count * (world if scattered else 1), dtype)
@@ -103,6 +111,14 @@ class _TorchCollectives:
         with self._lock:
             self._works.pop(handle, None)
 
+    def destroy(self):
+        dist = torch.distributed
+        if not dist.is_initialized():  # the script destroyed every group already
+            return
+        for group in self._channels:
+            dist.destroy_process_group(group)
+        self._channels = []
+
 
 def launched_without_mpi():
     """True when this process is one of several started by a launcher that is not MPI's
@@ -138,11 +154,12 @@ def init_from_launcher(backend=None, timeout=datetime.timedelta(minutes=30)):
     return True
 
 
-def torch_communicator(timeout_s=1800.0):
+def torch_communicator(timeout_s=600.0):
     """This rank's ZeroRT communicator over torch.distributed's default process group (every
     rank of it; initialised from torchrun's environment when the script has not done so).
     Collective over that group. `timeout_s`: how long a collective may wait for a peer before
-    it fails (gloo's own timeout, and the cross-rank checks')."""
+    it fails (gloo's own timeout, and the cross-rank checks'); initialize() without comm
+    passes the config's guard.timeout_s (600 s by default)."""
     dist = torch.distributed
     if not dist.is_available():
         raise errors.UnimplementedError(
@@ -159,10 +176,24 @@ def torch_communicator(timeout_s=1800.0):
                                       check_timeout_s=timeout_s)
 
 
-def default_communicator():
+def default_communicator(config=None):
     """The communicator initialize(comm=None) takes: torch.distributed's ranks when a
     launcher other than MPI's started this process (or torch.distributed is initialised
-    outside an MPI job), else this process's MPI rank."""
+    outside an MPI job), waiting for peers as long as `config`'s guard.timeout_s; else this
+    process's MPI rank."""
     if launched_without_mpi():
-        return torch_communicator()
+        return torch_communicator(_guard_timeout(config))
     return core.mpi_communicator()
+
+
+def _guard_timeout(config):
+    """guard.timeout_s of `config` (ZeroRT's or DeepSpeed's, as initialize takes it): 600
+    when it sets none, or when it cannot be read (initialize then names what is wrong)."""
+    if config is None:
+        return 600.0
+    world = os.environ.get("WORLD_SIZE", "1")
+    try:
+        normalized, _ = _config.load(config, int(world) if world.isdigit() else 1)
+    except errors.ZeroError:
+        return 600.0
+    return float(normalized.get("guard", {}).get("timeout_s", 600.0))

@@ -117,7 +117,7 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None,
                 "zerort.torch.deepspeed.initialize: lr_scheduler must be a callable that "
                 f"builds a scheduler from an optimizer, not a {type(lr_scheduler).__name__}")
     if comm is None:
-        comm = default_communicator()
+        comm = default_communicator(raw)
     engine = TorchEngine(model, raw, comm, model_parameters=model_parameters)
     if lr_scheduler is not None and hasattr(lr_scheduler, "optimizer"):
         engine.drive_lr_scheduler(_rebound(lr_scheduler, engine.optimizer))
