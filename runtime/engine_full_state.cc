@@ -78,6 +78,13 @@ Status EngineImpl::SetFullState(ParamId id, ParamState state, const float* value
                                             " moment buffer(s) per param, so there is no moment ", moment,
                                             " of ", ParamLabel(param)));
   }
+  if (moment == 1 && config_.optimizer.type == OptimizerType::kSgd && param_steps_[param] == 0) {
+    // SGD's first step starts the buffer from the gradient (as PyTorch's, which has no
+    // buffer before it): a value set now would be dropped there.
+    return absl::FailedPreconditionError(absl::StrCat(
+        "SetFullState: SGD's momentum buffer of ", ParamLabel(param),
+        " exists from its first optimizer step on (that step starts it from the gradient); set it after that step"));
+  }
   if (state == ParamState::kWeights) {
     // The model copy first, as SetParam sets it (rounded to the param's dtype); the exact fp32
     // master of the rank's part after it.

@@ -57,10 +57,10 @@ Status EngineImpl::SyncReplicasOnce() {
   const std::string first = absl::StrCat(ParamLabel(differing.front()), " on rank(s) ", absl::StrJoin(ranks, ", "));
   if (!params_->holds_replicas()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "the ranks passed different initial values to SetParam for ", differing.size(), " param(s); first: ",
-        first, " differs from rank 0. At stage 3 each rank keeps only its own shard of the values it was "
-        "given, so the replicas cannot be repaired afterwards: give every rank the same values (seed the "
-        "initialisation identically on every rank)"));
+        "the ranks passed different values to SetParam (a param's initial values) or SetFullState for ",
+        differing.size(), " param(s); first: ", first, " differs from rank 0. At stage 3 each rank keeps only its "
+        "own shard of the values it was given, so the replicas cannot be repaired afterwards: give every rank "
+        "the same values (seed the initialisation identically on every rank)"));
   }
   if (config_.guard.init_params == InitParams::kVerify) {
     return absl::InvalidArgumentError(absl::StrCat(

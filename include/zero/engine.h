@@ -336,7 +336,8 @@ class Engine {
   /// at stage 3). Every rank passes the same values (not checked here: at stages 0-2 the next
   /// iteration compares the replicas, as after SetParam). Between micro-batches, as GetFullState;
   /// kInvalidArgument for kGrad (the gradient comes from backward), kNotFound for a moment the
-  /// optimizer does not keep, kFailedPrecondition for a frozen param.
+  /// optimizer does not keep, kFailedPrecondition for a frozen param and for SGD's momentum
+  /// before the param's first step (which starts it from the gradient).
   virtual Status SetFullState(ParamId id, ParamState state, const float* values) = 0;
 
   /// Writes a checkpoint into directory `dir`: every rank its own shard of the fp32 weights

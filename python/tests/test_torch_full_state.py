@@ -266,7 +266,7 @@ def test_set_of_a_bf16_param_keeps_the_fp32_master_exact_and_rounds_the_param():
     with pytest.raises(zerort.InvalidArgumentError, match="comes from backward"):
         engine.set_full_state(model.head.weight, "grad", weights)
     loss_of(model, *batch(0)).float().backward()
-    with pytest.raises(zerort.FailedPreconditionError, match="not between a backward"):
+    with pytest.raises(zerort.FailedPreconditionError, match="mix the old and the new"):
         zerort.torch.safe_set_full_fp32_param(model.head.weight, weights * 2)
     engine.step()
     assert not torch.equal(zerort.torch.safe_get_full_fp32_param(model.head.weight), weights * 2)
@@ -274,4 +274,51 @@ def test_set_of_a_bf16_param_keeps_the_fp32_master_exact_and_rounds_the_param():
     frozen = model.embed.weight
     zerort.torch.safe_set_full_fp32_param(frozen, torch.zeros(frozen.shape))
     assert frozen.abs().sum() > 0
+    engine.close()
+
+
+def test_a_set_waits_for_the_step_of_a_forward_with_gradients():
+    """Between a forward (gradients enabled) and its micro-batch's step() the gradient would
+    mix the old and the new weights: refused in every micro-batch of the window, nothing
+    changed; after a forward without gradients (an eval pass) it is taken."""
+    comm = zerort.local_group(1)[0]
+    model = TinyLM()
+    engine = zerort.torch.initialize(model, {"stage": 1, "optimizer": OPTIMIZER,
+                                             "gradient_accumulation_steps": 2}, comm)
+    head = model.head.weight
+    weights, _, _ = set_values(head.shape, 9)
+    for micro in range(2):
+        loss = loss_of(model, *batch(micro))
+        with pytest.raises(zerort.FailedPreconditionError, match="mix the old and the new"):
+            zerort.torch.safe_set_full_fp32_param(head, weights)
+        engine.backward(loss)
+        engine.step()
+        assert not torch.equal(zerort.torch.safe_get_full_fp32_param(head), weights)
+    with torch.no_grad():
+        loss_of(model, *batch(2))
+    zerort.torch.safe_set_full_fp32_param(head, weights)
+    assert torch.equal(head.detach(), weights)
+    engine.close()
+
+
+def test_sgd_momentum_is_set_from_the_params_first_step_on():
+    """SGD's buffer starts from the first step's gradient (PyTorch's has none before it):
+    a value set before that step would be dropped, so it is refused until then."""
+    comm = zerort.local_group(1)[0]
+    model = TinyLM()
+    engine = zerort.torch.initialize(model, {"stage": 2, "optimizer": {
+        "type": "sgd", "lr": 0.1, "momentum": 0.9}}, comm)
+    head = model.head.weight
+    _, buffer, _ = set_values(head.shape, 4)
+    with pytest.raises(zerort.FailedPreconditionError, match="first optimizer step"):
+        zerort.torch.safe_set_full_optimizer_state(head, buffer, "momentum_buffer")
+    loss_of(model, *batch(0)).backward()
+    engine.step()
+    zerort.torch.safe_set_full_optimizer_state(head, buffer, "momentum_buffer")
+    before = head.detach().clone()
+    loss_of(model, *batch(1)).backward()
+    grad = zerort.torch.safe_get_full_grad(head)
+    engine.step()
+    want = before - 0.1 * (0.9 * buffer + grad)  # PyTorch's SGD with that buffer
+    assert (head.detach() - want).abs().max() < 1e-6
     engine.close()

@@ -546,5 +546,6 @@ def test_param_groups_show_the_engines_float32_values_as_their_shortest_decimals
         engine.step()
         lr = group["lr"]
         assert lr == float(f"{lr:.7g}") and engine.get_lr() == [lr], lr
+        assert engine.lr_scheduler.get_lr() == [lr] == engine.lr_scheduler.get_last_lr()
     assert lr == 0.03  # warmed up
     engine.close()

@@ -160,7 +160,17 @@ TEST(EngineFullStateRefusals, NamesWhatCannotBeSet) {
   EXPECT_THAT(engine.SetFullState(0, ParamState::kWeights, values.data()),
               StatusIs(absl::StatusCode::kFailedPrecondition));
   ASSERT_THAT(engine.Finalize(), IsOk());
+  EXPECT_THAT(engine.SetFullState(0, ParamState::kFirstMoment, values.data()),
+              StatusIs(absl::StatusCode::kFailedPrecondition, ::testing::HasSubstr("first optimizer step")))
+      << "SGD's first step would start the buffer from the gradient, dropping the value";
+  ASSERT_THAT(engine.BeginIteration(), IsOk());
+  ASSERT_THAT(engine.AccumulateGrad(0, values.data()), IsOk());
+  ASSERT_THAT(engine.EndBackward(), IsOk());
+  ASSERT_THAT(engine.Step(), IsOk());
   EXPECT_THAT(engine.SetFullState(0, ParamState::kFirstMoment, values.data()), IsOk());
+  std::vector<float> read(kNumel[0], std::nanf(""));
+  ASSERT_THAT(engine.GetFullState(0, ParamState::kFirstMoment, read.data()), IsOk());
+  EXPECT_EQ(read, values);
   EXPECT_THAT(engine.SetFullState(0, ParamState::kSecondMoment, values.data()),
               StatusIs(absl::StatusCode::kNotFound));
   EXPECT_THAT(engine.SetFullState(0, ParamState::kGrad, values.data()),

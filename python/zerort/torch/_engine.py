@@ -235,6 +235,8 @@ class TorchEngine(DeepSpeedAPI, _checkpoint.CheckpointMethods, _gathered.Gathere
         self._window_ended = False
         self._handed_since_step_call = False  # gradients reached the engine since step()
         self._ran_forward = False  # the model's forward ran since the last micro-batch ended
+        # ... with gradients enabled: its backward may still come (safe_set_full_* waits)
+        self._graph_forward = False
         # guard.on_unused = "zero": params the graph of the model's outputs does not reach
         # are marked ready as backward comes to them (_reach.py).
         self._unused = None
@@ -294,6 +296,7 @@ class TorchEngine(DeepSpeedAPI, _checkpoint.CheckpointMethods, _gathered.Gathere
 
     def _before_forward(self):
         self._ran_forward = True
+        self._graph_forward = self._graph_forward or torch.is_grad_enabled()
         if self._versioned and self._between_steps():
             self._take_written_params()
 
@@ -622,6 +625,7 @@ class TorchEngine(DeepSpeedAPI, _checkpoint.CheckpointMethods, _gathered.Gathere
             self._window_ended = False
             return True
         ran_forward, self._ran_forward = self._ran_forward, False
+        self._graph_forward = False
         dropped, self._dropped_by_zero_grad = self._dropped_by_zero_grad, False
         self._flush_grads()  # gradients handed over outside a backward pass
         handed, self._handed_since_step_call = self._handed_since_step_call, False

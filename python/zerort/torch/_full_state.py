@@ -83,10 +83,11 @@ class FullStateMethods:
                 f"zerort.torch: {what} \"{self._names[pid]}\": the value's shape "
                 f"{tuple(value.shape)} is not the param's {shape}",
                 errors.InvalidArgumentError.status)
-        if self._handed_since_step_call:
+        if self._handed_since_step_call or self._graph_forward:
             raise errors.FailedPreconditionError(
                 f"zerort.torch: {what} is done after a micro-batch's step() (or before any "
-                "backward), not between a backward and its step()",
+                "forward), not between a forward or backward and its step(): the gradient "
+                "would mix the old and the new values",
                 errors.FailedPreconditionError.status)
         if self._versioned and self._between_steps():
             self._take_written_params()  # the script's own writes first; this one after them

@@ -37,11 +37,11 @@ def _f32(value):
     return struct.unpack("f", struct.pack("f", float(value)))[0]
 
 
-def _readable(value):
+def readable(value):
     """The shortest decimal that is the same float32 as `value` (0.01 for 0.009999999776,
     the engine's float32 0.01), element-wise for a tuple; bools as they are."""
     if isinstance(value, tuple):
-        return tuple(_readable(v) for v in value)
+        return tuple(readable(v) for v in value)
     if isinstance(value, bool) or not math.isfinite(value):
         return value
     for digits in range(1, 10):
@@ -84,15 +84,15 @@ def _prefer_exact(engine_value, given):
     show what the user gave; else the engine's, as its shortest decimal (0.01 rather than
     0.009999999776)."""
     if given is None:
-        return _readable(engine_value)
+        return readable(engine_value)
     if isinstance(engine_value, tuple):
         given = tuple(given)
         same = len(given) == len(engine_value) and all(
             _f32(g) == e for g, e in zip(given, engine_value))
-        return tuple(float(g) for g in given) if same else _readable(engine_value)
+        return tuple(float(g) for g in given) if same else readable(engine_value)
     if isinstance(engine_value, bool):
         return engine_value
-    return float(given) if _f32(given) == engine_value else _readable(engine_value)
+    return float(given) if _f32(given) == engine_value else readable(engine_value)
 
 
 class ZeroOptimizer(torch.optim.Optimizer):
@@ -263,7 +263,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
                 else:
                     differs = current[key] != value
                 if differs:
-                    group[key] = _readable(value)
+                    group[key] = readable(value)
 
     def _check_groups(self):
         if len(self.param_groups) != len(self._known):

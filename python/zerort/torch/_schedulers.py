@@ -7,6 +7,7 @@ every group's lr before each optimizer step and advances the schedule after each
 This object reads that schedule; it does not drive it.
 """
 from .. import errors
+from ._optimizer import readable
 
 
 class EngineLRScheduler:
@@ -32,7 +33,7 @@ class EngineLRScheduler:
     def get_lr(self):
         """Each group's lr for the next optimizer step."""
         core_engine = self._engine.engine
-        return [core_engine.lr(group) for group in range(core_engine.num_groups)]
+        return [readable(core_engine.lr(group)) for group in range(core_engine.num_groups)]
 
     def get_last_lr(self):
         """Each group's lr as the schedule last set it: the lr for the next step."""
