@@ -131,9 +131,13 @@ TEST_P(EngineFullState, SetWeightsAndMomentsAreReadBackAndTrainedOn) {
         EXPECT_EQ(got, *want) << "read back";
       }
       std::vector<float> param(kNumel[0], std::nanf(""));
-      if (stage == 3) ASSERT_THAT(engine.Gather(0), IsOk());
+      if (stage == 3) {
+        ASSERT_THAT(engine.Gather(0), IsOk());
+      }
       ASSERT_THAT(engine.GetParam(0, param.data()), IsOk());
-      if (stage == 3) ASSERT_THAT(engine.Release(0), IsOk());
+      if (stage == 3) {
+        ASSERT_THAT(engine.Release(0), IsOk());
+      }
       EXPECT_EQ(param, weights) << "the param itself";
     }
     for (int p = 0; p < 2; ++p) {
