@@ -139,10 +139,10 @@ def test_a_stalled_peer_fails_the_others_after_guard_timeout_at_stage3():
     the config's guard.timeout_s (not gloo's 30 minutes): the ranks rank 1 keeps waiting get
     DeadlineExceededError naming the gather, and rank 1, arriving late, an error too."""
     model = TinyLM()
-    rank = torch.distributed.get_rank()
     engine = zerort.torch.initialize(model, {
         "stage": 3, "optimizer": OPTIMIZER, "guard": {"timeout_s": 3},
         "stage3": {"persistence_threshold": 0}})
+    rank = engine.global_rank
     loss_of(model, *batch(0)).backward()
     engine.step()
     started = time.monotonic()
