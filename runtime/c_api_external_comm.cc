@@ -15,9 +15,21 @@ namespace {
 
 constexpr size_t kMessageCapacity = 1024;
 
+// The C values the table sees are the C++ enums' own.
+static_assert(ZERO_COLL_REDUCE_SCATTER == static_cast<int>(zero::comm::CollectiveKind::kReduceScatter) &&
+              ZERO_COLL_ALL_GATHER == static_cast<int>(zero::comm::CollectiveKind::kAllGather) &&
+              ZERO_COLL_ALL_REDUCE == static_cast<int>(zero::comm::CollectiveKind::kAllReduce) &&
+              ZERO_COLL_BROADCAST == static_cast<int>(zero::comm::CollectiveKind::kBroadcast) &&
+              ZERO_COLL_BARRIER == static_cast<int>(zero::comm::CollectiveKind::kBarrier));
+static_assert(ZERO_FP32 == static_cast<int>(zero::DType::kFP32) && ZERO_BF16 == static_cast<int>(zero::DType::kBF16) &&
+              ZERO_FP16 == static_cast<int>(zero::DType::kFP16) &&
+              ZERO_COLL_INT64 == static_cast<int>(zero::DType::kInt64) &&
+              ZERO_COLL_UINT8 == static_cast<int>(zero::DType::kUInt8));
+
 // A table function's result as a Status: its code, and its message ("" when it wrote none).
-zero::Status TableStatus(zero_status code, const char* message, const char* function) {
+zero::Status TableStatus(zero_status code, char* message, const char* function) {
   if (code == ZERO_OK) return absl::OkStatus();
+  message[kMessageCapacity - 1] = '\0';  // a table that filled the whole buffer
   const std::string text = message[0] != '\0' ? message : absl::StrCat("the table's ", function, " failed");
   const int value = static_cast<int>(code);
   const bool canonical = value > 0 && value <= static_cast<int>(absl::StatusCode::kUnauthenticated);

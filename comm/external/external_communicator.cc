@@ -7,6 +7,7 @@
 // rank's signature that must agree before the collective itself starts. A rank's tagged
 // collective is therefore never matched with a peer's gradient collective of another size,
 // and ranks that diverge in tagged collectives get an error naming both sides.
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstring>
@@ -42,10 +43,13 @@ struct SharedTable {
   std::mutex kept_mutex;
   std::vector<std::unique_ptr<Staging>> kept;
 
-  // A collective given up before it finished: the table may run it on, into its buffers.
+  // A collective given up before it finished: the table may run it on, into its buffers:
+  // `staging`'s host copies, kept here, or (without staging) the caller's own buffers.
   void Abandon(std::unique_ptr<Staging> staging) {
-    abandoned_unfinished = true;
-    if (staging == nullptr) return;
+    if (staging == nullptr) {
+      abandoned_unfinished = true;
+      return;
+    }
     std::lock_guard<std::mutex> lock(kept_mutex);
     kept.push_back(std::move(staging));
   }
@@ -66,7 +70,9 @@ std::pair<int64_t, int64_t> BufferBytes(const CollectiveSignature& s, int size) 
 }
 
 // Points `*send`/`*recv` at host copies when either is CUDA device memory (the input copied
-// now); `staging` then owns them. Broadcast's one buffer (send == recv) stays one.
+// now); `staging` then owns them. Broadcast's one buffer stays one; every other kind gets a
+// send and a recv copy of their own sizes, also in place (a reduce-scatter reads size()·count
+// from send, which at rank 0 starts where recv does).
 Status StageDeviceBuffers(const CollectiveSignature& s, int size, const void** send, void** recv,
                           std::unique_ptr<Staging>* staging) {
   if (s.count == 0 || (PlacementOf(*send) != Placement::kDevice && PlacementOf(*recv) != Placement::kDevice)) {
@@ -76,7 +82,7 @@ Status StageDeviceBuffers(const CollectiveSignature& s, int size, const void** s
   auto staged = std::make_unique<Staging>();
   staged->recv.resize(static_cast<size_t>(recv_bytes));
   staged->device_recv = *recv;
-  if (*send == *recv) {
+  if (s.kind == CollectiveKind::kBroadcast) {
     ZERO_RETURN_IF_ERROR(base::CopyBytes(staged->recv.data(), *send, recv_bytes));
     *send = staged->recv.data();
   } else {
@@ -109,7 +115,7 @@ class ExternalWork final : public Work {
   Status Wait(double timeout_s) override {
     std::lock_guard<std::mutex> lock(mutex_);
     if (finished_) return outcome_;
-    Status status = shared_->table.wait(handle_, timeout_s);
+    Status status = shared_->table.wait(handle_, std::min(timeout_s, kLongestWaitSeconds));
     if (status.ok() && staging_ != nullptr) {
       status = base::CopyBytes(staging_->device_recv, staging_->recv.data(),
                                static_cast<int64_t>(staging_->recv.size()));
@@ -152,8 +158,9 @@ class ExternalCommunicator final : public Communicator {
   const char* backend() const override { return "external"; }
   int ranks_on_this_host() const override { return options_.ranks_on_this_host; }
   Status Health() const override { return shared_->health.Get(); }
-  /// Only after a collective was abandoned unfinished (a timeout, a Work destroyed early):
-  /// collectives that never started, or failed, touch nothing.
+  // Only after a collective on the caller's own buffers was abandoned unfinished (a timeout,
+  // a Work destroyed early): collectives that never started, or failed, touch nothing, and
+  // abandoned host copies (device staging, signature words) are kept by SharedTable.
   bool AbandonedWorkMayTouchBuffers() const override { return shared_->abandoned_unfinished; }
 
   WorkPtr ReduceScatter(const void* send, void* recv, int64_t count, DType dtype, ReduceOp op) override {
@@ -220,7 +227,7 @@ class ExternalCommunicator final : public Communicator {
                               DType::kInt64, ReduceOp::kSum, 0, 1};
     StatusOr<int64_t> handle = shared_->table.start(gather);
     if (!handle.ok()) return Annotated(handle.status(), s, sequence);
-    Status gathered = shared_->table.wait(*handle, options_.check_timeout_s);
+    Status gathered = shared_->table.wait(*handle, std::min(options_.check_timeout_s, kLongestWaitSeconds));
     if (!gathered.ok() && !shared_->table.test(*handle)) shared_->Abandon(std::move(words));
     shared_->table.release(*handle);
     if (!gathered.ok()) return Annotated(gathered, s, sequence);

@@ -72,7 +72,7 @@ struct CollectiveSignature {
 /// (the step's norm and flags, registry hashes, a checkpoint's checksums) and a trainer's
 /// through the C ABI (zero_comm_all_reduce_f32, zero_comm_broadcast_bytes). Tagged, they are
 /// checked like a stage-3 gather, and the MPI communicator runs every tagged collective on a
-/// communicator of its own: a call that only some ranks make (rank 0 alone saving a
+/// communicator of its own (the external one on its channel 1): a call that only some ranks make (rank 0 alone saving a
 /// checkpoint) or with another size on each rank gets an error naming both sides, or waits
 /// for its timeout, and is never matched with a peer's gradient collective of another size
 /// (which OpenMPI's single-copy transport turned into heap corruption).
@@ -134,7 +134,8 @@ class Communicator {
   virtual void* stream() const { return nullptr; }
   /// How many ranks of this group run on this machine, this one included. They share its
   /// cores, so the engine sizes its CPU kernels' thread teams by it (cpu_exec.h). local: size();
-  /// mpi: counted at creation (MPI_COMM_TYPE_SHARED); nccl: its bootstrap's. The default, for
+  /// mpi: counted at creation (MPI_COMM_TYPE_SHARED); nccl: its bootstrap's; external: what
+  /// its creator says (torchrun's LOCAL_WORLD_SIZE). The default, for
   /// other backends and wrappers, is 1 (a rank alone on its machine).
   virtual int ranks_on_this_host() const { return 1; }
 
@@ -145,16 +146,18 @@ class Communicator {
   /// True when a collective abandoned after the group broke may still read or write its
   /// buffers: MPI has no way to cancel a started collective. The owner of such buffers must
   /// then keep them allocated (the engine then stops freeing its memory, on purpose). False for
-  /// local (an abandoned collective never runs) and nccl (the communicator is aborted); the
-  /// default, for other backends and wrappers, assumes the worst once the group is broken.
+  /// local (an abandoned collective never runs) and nccl (the communicator is aborted);
+  /// external: true once a collective on the caller's buffers was given up unfinished (the
+  /// table may run it on); the default, for other backends and wrappers, assumes the worst
+  /// once the group is broken.
   virtual bool AbandonedWorkMayTouchBuffers() const { return !Health().ok(); }
 
   virtual WorkPtr ReduceScatter(const void* send, void* recv, int64_t count, DType dtype,
                                 ReduceOp op) = 0;
-  /// `tag` ≥ 0 (CollectiveSignature::tag) names what is gathered; the in-process and MPI
-  /// communicators check that every rank passed the same one (MPI: one small all-gather
-  /// first), so ranks that gather different things of one size get kInvalidArgument naming
-  /// both tags and ranks. NCCL does not check. MPI decides per rank: a rank whose collective is
+  /// `tag` ≥ 0 (CollectiveSignature::tag) names what is gathered; the in-process, MPI and
+  /// external communicators check that every rank passed the same one (MPI and external: one
+  /// small all-gather first), so ranks that gather different things of one size get
+  /// kInvalidArgument naming both tags and ranks. NCCL does not check. MPI decides per rank: a rank whose collective is
   /// untagged where a peer's is tagged runs it on another MPI communicator than that peer's,
   /// so both wait for their timeout (guard.timeout_s) rather than naming each other.
   virtual WorkPtr AllGather(const void* send, void* recv, int64_t count, DType dtype, int64_t tag = -1) = 0;

@@ -333,8 +333,8 @@ class Engine {
   /// floats in host memory `values` (DeepSpeed's safe_set_full_fp32_param and
   /// safe_set_full_optimizer_state): each rank keeps its part, exactly. kWeights also sets
   /// the param itself (rounded to its dtype: the whole replica at stages 0-2, the rank's shard
-  /// at stage 3). Every rank passes the same values (not checked here: at stages 0-2 the next
-  /// iteration compares the replicas, as after SetParam). Between micro-batches, as GetFullState;
+  /// at stage 3). Collective: every rank calls it with the same values (the next iteration
+  /// compares the ranks' params, as after SetParam, and at stages 0-2 repairs them). Between micro-batches, as GetFullState;
   /// kInvalidArgument for kGrad (the gradient comes from backward), kNotFound for a moment the
   /// optimizer does not keep, kFailedPrecondition for a frozen param and for SGD's momentum
   /// before the param's first step (which starts it from the gradient).

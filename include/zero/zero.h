@@ -260,8 +260,8 @@ typedef enum {
 ZERO_API zero_status zero_get_full_state(zero_engine* engine, int64_t id, zero_param_state state,
                                          float* host_dst);
 /** Sets trainable param `id`'s full `state` (ZERO_STATE_WEIGHTS, which also sets the param
- *  rounded to its dtype, or a moment) from numel fp32 values at host_src; every rank passes the
- *  same values and keeps its part. Between micro-batches. See Engine::SetFullState. */
+ *  rounded to its dtype, or a moment) from numel fp32 values at host_src. Collective: every rank
+ *  calls it with the same values and keeps its part. Between micro-batches. See Engine::SetFullState. */
 ZERO_API zero_status zero_set_full_state(zero_engine* engine, int64_t id, zero_param_state state,
                                          const float* host_src);
 /** Stage 3: gather a unit's params for compute / release them (no-ops at stages 0-2). */

@@ -1,6 +1,6 @@
 """zerort.torch in processes started by torchrun, without MPI (CTest:
-python.torch.torchrun.np3): the ranks are torch.distributed's, the collectives gloo's through
-ZeroRT's external communicator.
+python.torch.torchrun.np2 and np3): the ranks are torch.distributed's, the collectives
+gloo's through ZeroRT's external communicator.
 
 Skipped unless a launcher other than MPI's set WORLD_SIZE. Every rank runs the same tests in
 the same order.
@@ -41,7 +41,9 @@ def test_the_communicator_has_torch_distributeds_ranks():
         values = torch.tensor([float(comm.rank), 1.5, -2.0])
         comm.all_reduce_f32(values.data_ptr(), 3, "sum", 60)
         assert values.tolist() == [world * (world - 1) / 2, 1.5 * world, -2.0 * world]
+        values = torch.tensor([float(comm.rank), -float(comm.rank), 0.5])
         comm.all_reduce_f32(values.data_ptr(), 3, "max", 60)
+        assert values.tolist() == [world - 1.0, 0.0, 0.5]
         text = torch.tensor(list(b"rank zero's") if comm.rank == 0 else [0] * 11,
                             dtype=torch.uint8)
         comm.broadcast_bytes(text.data_ptr(), 11, 0, 60)
@@ -89,8 +91,9 @@ def test_lora_job_shards_its_frozen_base_at_stage3():
 
 def test_initialize_without_comm_takes_the_launchers_ranks():
     """initialize(model, config) with no communicator, as a DeepSpeed script calls it under
-    torchrun; bf16 params, so 16-bit gradient sums go through the fp32 path; the script's own
-    dist.all_reduce(loss) still works beside it."""
+    torchrun, with bf16 params (16-bit gradients reduced through the table's fp32 sums): every
+    rank ends with the same changed params; the script's own dist.all_reduce(loss) still
+    works beside it."""
     from zerort.torch import deepspeed
     deepspeed.init_distributed()  # torch.distributed is up already: nothing to do
     model = TinyLM().to(torch.bfloat16)
@@ -109,6 +112,11 @@ def test_initialize_without_comm_takes_the_launchers_ranks():
     changed = [n for n, p in model.named_parameters()
                if not torch.equal(p.detach().float(), before[n])]
     assert changed, "the step changed nothing"
+    for name, param in model.named_parameters():  # the same on every rank
+        mine = param.detach().float().clone()
+        rank_zeros = mine.clone()
+        dist.broadcast(rank_zeros, 0)
+        assert torch.equal(mine, rank_zeros), name
     mean = loss.detach().clone()
     dist.all_reduce(mean)
     assert torch.isfinite(mean)

@@ -5,11 +5,7 @@
 // all released and its destroy called once.
 #include <gtest/gtest.h>
 
-#include <atomic>
-#include <map>
 #include <memory>
-#include <mutex>
-#include <thread>
 #include <vector>
 
 #include "tests/comm/conformance.h"

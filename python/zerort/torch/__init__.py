@@ -91,7 +91,9 @@ in another module's forward, found), _init_context.py (init_context: a model bui
 _leaf_modules.py (leaf modules: stage-3 units of whole subtrees), _copies.py (copies of the
 model carry none of the engine), _collective.py (which calls every rank must make;
 all_reduce), _consolidated.py (the full state dict of a checkpoint, in one process),
-_torch_distributed.py (torch.distributed's default group over ZeroRT's ranks), deepspeed/
+_torch_distributed.py (torch.distributed's default group over ZeroRT's ranks),
+_torch_communicator.py (ZeroRT's collectives over torch.distributed, under torchrun),
+_full_state.py (safe_get_full_* and safe_set_full_*: a param's full fp32 state), deepspeed/
 (deepspeed.initialize's signature, deepspeed.init_distributed, deepspeed.zero and
 deepspeed.utils).
 

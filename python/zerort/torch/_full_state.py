@@ -39,9 +39,10 @@ _STATE_KEYS = {"exp_avg": ("first_moment", ("adamw", "adam", "lamb", "lion")),
 
 
 class FullStateMethods:
-    """TorchEngine's reads of a param's full fp32 values, and of the gradient's norm (see
-    the module docstring). Uses TorchEngine's _engine, _check_model, _pid_of, _names,
-    _records, _handed_since_step_call, _micro_batches, _window_ended, _torch_device,
+    """TorchEngine's reads and sets of a param's full fp32 values, and of the gradient's norm
+    (see the module docstring). Uses TorchEngine's _engine, _check_model, _pid_of, _names,
+    _records, _handed_since_step_call, _graph_forward, _micro_batches, _window_ended,
+    _versioned, _between_steps, _take_written_params, _torch_device,
     gradient_accumulation_steps and _end_micro_batch."""
 
     def full_state(self, param, state):
@@ -70,8 +71,11 @@ class FullStateMethods:
     def set_full_state(self, param, state, value):
         """Sets the full fp32 `state` of `param` ("weights", which also sets the param
         rounded to its dtype, "first_moment" or "second_moment") from `value`, a tensor of
-        its shape: every rank passes the same value and keeps its part. Nothing for a param
-        the optimizer does not step, as DeepSpeed's. Not between a backward and its step()."""
+        its shape. Collective: every rank calls it with the same value and keeps its part.
+        Nothing for a param the optimizer does not step, as DeepSpeed's. After a
+        micro-batch's step(), not between a forward with gradients and its step(); inside an
+        accumulation window the earlier micro-batches' gradients stay those of the old
+        weights, as in PyTorch."""
         what = f"setting the full {state} of a param"
         self._check_model(what)
         pid = self._pid_of(param, what, module_params=True)
@@ -86,8 +90,8 @@ class FullStateMethods:
         if self._handed_since_step_call or self._graph_forward:
             raise errors.FailedPreconditionError(
                 f"zerort.torch: {what} is done after a micro-batch's step() (or before any "
-                "forward), not between a forward or backward and its step(): the gradient "
-                "would mix the old and the new values",
+                "forward), not between a forward with gradients and its step(): that "
+                "micro-batch's gradient would mix the old and the new values",
                 errors.FailedPreconditionError.status)
         if self._versioned and self._between_steps():
             self._take_written_params()  # the script's own writes first; this one after them
@@ -170,13 +174,15 @@ def _state_of(engine, optim_state_key, call):
 
 def safe_set_full_fp32_param(param, value):
     """DeepSpeed's: sets the fp32 master weights of `param` to `value` (a tensor of its
-    shape; every rank passes the same), and the param itself to them rounded to its dtype."""
+    shape), and the param itself to them rounded to its dtype. Collective: every rank calls
+    it with the same value."""
     _engine_of(param, "safe_set_full_fp32_param").set_full_state(param, "weights", value)
 
 
 def safe_set_full_optimizer_state(param, value, optim_state_key):
     """DeepSpeed's: sets the optimizer state `optim_state_key` of `param` (the keys of
-    safe_get_full_optimizer_state) to `value`, a tensor of its shape (every rank the same)."""
+    safe_get_full_optimizer_state) to `value`, a tensor of its shape. Collective: every rank
+    calls it with the same value."""
     engine = _engine_of(param, "safe_set_full_optimizer_state")
     engine.set_full_state(param, _state_of(engine, optim_state_key,
                                            "safe_set_full_optimizer_state"), value)

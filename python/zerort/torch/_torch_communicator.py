@@ -48,6 +48,10 @@ class _TorchCollectives:
         self._channels = channels
         self._lock = threading.Lock()
         self._works = {}  # handle -> (torch Work, what to do once it completed or None)
+        # Works released before they completed (given up after a timeout): kept until they
+        # complete, so that the last reference to one goes here, with the GIL, and never in
+        # gloo's worker thread (which cannot take the GIL at exit, and aborted the process).
+        self._unfinished = []
         self._next = 0
 
     def start(self, c):
@@ -109,7 +113,10 @@ class _TorchCollectives:
 
     def release(self, handle):
         with self._lock:
-            self._works.pop(handle, None)
+            work, _ = self._works.pop(handle, (None, None))
+            if work is not None and not work.is_completed():
+                self._unfinished.append(work)
+            self._unfinished = [w for w in self._unfinished if not w.is_completed()]
 
     def destroy(self):
         dist = torch.distributed
@@ -158,15 +165,16 @@ def torch_communicator(timeout_s=600.0):
     """This rank's ZeroRT communicator over torch.distributed's default process group (every
     rank of it; initialised from torchrun's environment when the script has not done so).
     Collective over that group. `timeout_s`: how long a collective may wait for a peer before
-    it fails (gloo's own timeout, and the cross-rank checks'); initialize() without comm
-    passes the config's guard.timeout_s (600 s by default)."""
+    it fails (the two gloo groups' timeout, and the cross-rank checks'); initialize() without
+    comm passes the config's guard.timeout_s (600 s by default). A default group this call
+    initialises gets torch's usual 30 minutes."""
     dist = torch.distributed
     if not dist.is_available():
         raise errors.UnimplementedError(
             "zerort.torch: this PyTorch was built without torch.distributed",
             errors.UnimplementedError.status)
     timeout = datetime.timedelta(seconds=timeout_s)
-    init_from_launcher(timeout=timeout)
+    init_from_launcher()  # the script's own group keeps torch's usual 30 minutes
     channels = [dist.new_group(backend="gloo", timeout=timeout) for _ in range(2)]
     world, rank = dist.get_world_size(), dist.get_rank()
     local = os.environ.get("LOCAL_WORLD_SIZE", "")

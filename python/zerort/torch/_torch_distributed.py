@@ -7,7 +7,8 @@ deepspeed.init_distributed() does the same with its MPI discovery.
     sampler = DistributedSampler(dataset)      # this rank's share, as under torchrun
 
 The default process group gets the ranks of a ZeroRT communicator (this process's MPI rank
-when none is given): rank 0's address and a port travel to every rank over that
+when none is given; under torchrun, which set everything up, init_process_group reads the
+launcher's environment instead): rank 0's address and a port travel to every rank over that
 communicator, and each rank joins with init_process_group (gloo on the CPU, nccl where CUDA
 is available). The environment a torchrun launch sets (RANK, WORLD_SIZE, MASTER_ADDR,
 MASTER_PORT, and LOCAL_RANK where the MPI launcher tells it) is filled in where missing, for

@@ -21,11 +21,11 @@ What DeepSpeed takes, ZeroRT takes the same way:
 - `training_data`: a torch Dataset, returned as a DataLoader of the config's
   train_micro_batch_size_per_gpu over this rank's share (a DistributedSampler, as DeepSpeed's
   loader), with `collate_fn`;
-- `dist_init_required` is accepted and has nothing to do: ZeroRT's ranks need no
-  torch.distributed (under mpirun each process is its MPI rank). `mpu` (model parallelism) is
-  not supported.
-`comm`, which DeepSpeed has not, picks the ranks as in zerort.torch.initialize (None: this
-process's MPI rank).
+- `dist_init_required` is accepted and has nothing to do: ZeroRT takes its ranks itself (under
+  mpirun each process is its MPI rank; under torchrun torch.distributed is initialised from
+  the launcher's environment). `mpu` (model parallelism) is not supported.
+`comm`, which DeepSpeed has not, picks the ranks as in zerort.torch.initialize (None: the
+launcher's: torch.distributed's under torchrun, else this process's MPI rank).
 
 `deepspeed.init_distributed()` sets torch.distributed's default group up over the same
 ranks, for the script's own torch.distributed calls (_torch_distributed.py).
@@ -34,8 +34,9 @@ The script's other DeepSpeed calls keep their names: `deepspeed.zero.Init` (init
 `comm` as initialize's), `deepspeed.zero.GatheredParameters`
 and `deepspeed.zero.register_external_parameter` (zerort.torch.gathered and
 register_external_parameter), `deepspeed.utils.set_z3_leaf_modules` and its kin, and
-`deepspeed.utils.safe_get_full_fp32_param`, `safe_get_full_optimizer_state` and
-`safe_get_full_grad` (_full_state.py), and `deepspeed.utils.zero_to_fp32`'s
+`deepspeed.utils.safe_get_full_fp32_param`, `safe_get_full_optimizer_state`,
+`safe_get_full_grad`, `safe_set_full_fp32_param` and `safe_set_full_optimizer_state`
+(_full_state.py), and `deepspeed.utils.zero_to_fp32`'s
 get_fp32_state_dict_from_zero_checkpoint, convert_zero_checkpoint_to_fp32_state_dict and
 load_state_dict_from_zero_checkpoint (_consolidated.py). `zero` and `utils` are modules of
 this package, so imports keep their shape too:
@@ -230,16 +231,17 @@ def init_distributed(dist_backend=None, auto_mpi_discovery=True, distributed_por
                      verbose=True, timeout=datetime.timedelta(minutes=30), init_method=None,
                      dist_init_required=None, config=None, rank=-1, world_size=-1, comm=None):
     """deepspeed.init_distributed: torch.distributed's default group over ZeroRT's ranks
-    (`comm`, None: this process's MPI rank; under torchrun, the launcher's environment), so
-    the script's own torch.distributed calls work under mpirun (_torch_distributed.py). Nothing when torch.distributed is set up
-    already, or when dist_init_required is False. `init_method`, `rank` and `world_size`
-    (a group of other ranks) are named as unsupported: the group's ranks are ZeroRT's."""
-    del auto_mpi_discovery, verbose, config  # MPI is where the ranks come from
+    (`comm`, None: under torchrun the launcher's environment, else this process's MPI rank),
+    so the script's own torch.distributed calls work under mpirun too
+    (_torch_distributed.py). Nothing when torch.distributed is set up already, or when
+    dist_init_required is False. `init_method`, `rank` and `world_size` (a group of other
+    ranks) are named as unsupported: the group's ranks are the launcher's."""
+    del auto_mpi_discovery, verbose, config  # the launcher is where the ranks come from
     refuse_unless_default("deepspeed.init_distributed", {
         "init_method": init_method, "rank": rank, "world_size": world_size}, {
-        "init_method": (None, "the group's ranks are ZeroRT's (mpirun's)"),
-        "rank": (-1, "the group's ranks are ZeroRT's (mpirun's)"),
-        "world_size": (-1, "the group's ranks are ZeroRT's (mpirun's)")})
+        "init_method": (None, "the group's ranks are the launcher's (mpirun's or torchrun's)"),
+        "rank": (-1, "the group's ranks are the launcher's (mpirun's or torchrun's)"),
+        "world_size": (-1, "the group's ranks are the launcher's (mpirun's or torchrun's)")})
     if dist_init_required is False:
         return
     init_torch_distributed(comm, dist_backend, distributed_port, timeout)

@@ -7,8 +7,8 @@ import torch
 
 from ... import errors
 from .._gathered import gathered, register_external_parameter
-from .._torch_communicator import default_communicator
 from .._init_context import init_context
+from .._torch_communicator import default_communicator
 
 __all__ = ["GatheredParameters", "Init", "register_external_parameter"]
 
@@ -29,8 +29,8 @@ def _zero_init(module=None, data_parallel_group=None, mem_efficient_linear=True,
                remote_device=None, pin_memory=False, config_dict_or_path=None, config=None,
                enabled=True, dtype=None, mpu=None, comm=None, **options):
     """deepspeed.zero.Init: modules built inside the block keep only this rank's slice of
-    their float params (zerort.torch.init_context over `comm`, None: this process's MPI
-    rank, as initialize's); nothing when not `enabled`. The params stay float32 until
+    their float params (zerort.torch.init_context over `comm`, None: the launcher's ranks,
+    as initialize's); nothing when not `enabled`. The params stay float32 until
     initialize() casts the slices to the config's bf16/fp16 (so `dtype` may only be None or
     float32), and the config is read there, not here. Converting a `module` built outside
     the block, `mpu`, `data_parallel_group`, `remote_device` offload and DeepSpeed's other
