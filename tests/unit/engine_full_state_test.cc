@@ -148,11 +148,17 @@ TEST_P(EngineFullState, SetWeightsAndMomentsAreReadBackAndTrainedOn) {
   });
 }
 
-TEST(EngineFullStateRefusals, NamesWhatCannotBeSet) {
-  Config config = FullStateConfig(2);
+// SGD with momentum (one moment buffer), one micro-batch per step.
+Config SgdConfig(int stage) {
+  Config config = FullStateConfig(stage);
   config.optimizer.type = OptimizerType::kSgd;
   config.optimizer.momentum = 0.9f;
   config.gradient_accumulation_steps = 1;
+  return config;
+}
+
+TEST(EngineFullStateRefusals, NamesWhatCannotBeSet) {
+  const Config config = SgdConfig(2);
   auto group = comm::CreateLocalGroup(1);
   ASSERT_THAT(group, IsOk());
   auto created = Engine::Create(config, *(*group)[0]);
@@ -190,10 +196,7 @@ TEST(EngineFullStateRefusals, NamesWhatCannotBeSet) {
 
 TEST(EngineFullStateRefusals, NamesWhatCannotBeRead) {
   for (int stage : {0, 3}) {
-    Config config = FullStateConfig(stage);
-    config.optimizer.type = OptimizerType::kSgd;
-    config.optimizer.momentum = 0.9f;
-    config.gradient_accumulation_steps = 1;
+    const Config config = SgdConfig(stage);
     auto group = comm::CreateLocalGroup(1);
     ASSERT_THAT(group, IsOk());
     auto created = Engine::Create(config, *(*group)[0]);
