@@ -15,10 +15,9 @@ import torch
 import zerort
 import zerort.torch
 from test_torch_engine import OPTIMIZER, TinyLM, assert_close, batch, loss_of, reference
-from test_torch_mpi import train
+from test_torch_mpi import check_sharded_lora_job, train
 from test_torch_optimizer import lambda_lr
 from test_torch_optimizer import reference as groups_reference
-from test_torch_stage3 import LoraLM, check_lora_job, train_lora_job
 
 pytestmark = pytest.mark.skipif(
     "WORLD_SIZE" not in os.environ or "OMPI_COMM_WORLD_SIZE" in os.environ,
@@ -80,13 +79,7 @@ def test_param_groups_and_lambda_lr_match_pytorch(stage):
 
 
 def test_lora_job_shards_its_frozen_base_at_stage3():
-    comm = zerort.torch.torch_communicator(timeout_s=60)
-    world = comm.size
-    try:
-        result = train_lora_job(LoraLM(), comm.rank, world, comm)
-    finally:
-        comm.close()
-    check_lora_job(result, world)
+    check_sharded_lora_job(lambda: zerort.torch.torch_communicator(timeout_s=60))
 
 
 def test_initialize_without_comm_takes_the_launchers_ranks():
