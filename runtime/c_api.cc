@@ -22,6 +22,19 @@ struct zero_engine {
 
 using zero::c_api::Report;
 
+namespace {
+
+// `state` as a ParamState, or kInvalidArgument naming `call` when it is no zero_param_state.
+zero::StatusOr<zero::ParamState> FullStateOf(zero_param_state state, const char* call) {
+  if (state < ZERO_STATE_WEIGHTS || state > ZERO_STATE_GRAD) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(call, ": state ", static_cast<int>(state), " is not a zero_param_state (0-3)"));
+  }
+  return static_cast<zero::ParamState>(state);
+}
+
+}  // namespace
+
 extern "C" {
 
 const char* zero_version(void) { return zero::BuildSummary(); }
@@ -270,20 +283,16 @@ zero_status zero_clip_grad_norm(zero_engine* engine, float max_norm, float* norm
 
 zero_status zero_get_full_state(zero_engine* engine, int64_t id, zero_param_state state, float* host_dst) try {
   ZERO_C_REQUIRE(engine, "zero_get_full_state");
-  if (state < ZERO_STATE_WEIGHTS || state > ZERO_STATE_GRAD) {
-    return Report(absl::InvalidArgumentError(
-        absl::StrCat("zero_get_full_state: state ", static_cast<int>(state), " is not a zero_param_state (0-3)")));
-  }
-  return Report(engine->engine->GetFullState(id, static_cast<zero::ParamState>(state), host_dst));
+  const auto which = FullStateOf(state, "zero_get_full_state");
+  if (!which.ok()) return Report(which.status());
+  return Report(engine->engine->GetFullState(id, *which, host_dst));
 } ZERO_C_CATCH("zero_get_full_state")
 
 zero_status zero_set_full_state(zero_engine* engine, int64_t id, zero_param_state state, const float* host_src) try {
   ZERO_C_REQUIRE(engine, "zero_set_full_state");
-  if (state < ZERO_STATE_WEIGHTS || state > ZERO_STATE_GRAD) {
-    return Report(absl::InvalidArgumentError(
-        absl::StrCat("zero_set_full_state: state ", static_cast<int>(state), " is not a zero_param_state (0-3)")));
-  }
-  return Report(engine->engine->SetFullState(id, static_cast<zero::ParamState>(state), host_src));
+  const auto which = FullStateOf(state, "zero_set_full_state");
+  if (!which.ok()) return Report(which.status());
+  return Report(engine->engine->SetFullState(id, *which, host_src));
 } ZERO_C_CATCH("zero_set_full_state")
 
 zero_status zero_set_stream(zero_engine* engine, void* cuda_stream) try {

@@ -6,27 +6,36 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cpu/elementwise.h"
 #include "runtime/engine_impl.h"
 
 namespace zero::runtime {
 
-Status EngineImpl::GetFullState(ParamId id, ParamState state, float* out) {
-  ZERO_RETURN_IF_ERROR(RequireHealthyGroup("GetFullState"));
-  ZERO_RETURN_IF_ERROR(CheckParamId(id, "GetFullState"));
-  ZERO_RETURN_IF_ERROR(RequirePhase(Phase::kIdle, "GetFullState"));
-  if (out == nullptr) return absl::InvalidArgumentError("GetFullState: out is null");
+StatusOr<int> EngineImpl::CheckFullStateCall(ParamId id, ParamState state, const void* buffer,
+                                             const char* call) const {
+  ZERO_RETURN_IF_ERROR(RequireHealthyGroup(call));
+  ZERO_RETURN_IF_ERROR(CheckParamId(id, call));
+  ZERO_RETURN_IF_ERROR(RequirePhase(Phase::kIdle, call));
+  if (buffer == nullptr) return absl::InvalidArgumentError(absl::StrCat(call, ": the values' buffer is null"));
   const int param = static_cast<int>(id);
   if (!specs_[param].requires_grad) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "GetFullState: param ", ParamLabel(param),
-        " is frozen (requires_grad false): it has no master, moments or gradient; GetParam reads its values"));
+        call, ": param ", ParamLabel(param),
+        " is frozen (requires_grad false): it has no master, moments or gradient; GetParam and SetParam read and "
+        "set its values"));
   }
   const int moment = state == ParamState::kFirstMoment ? 1 : state == ParamState::kSecondMoment ? 2 : 0;
   if (moment > optimizer_->state_count()) {
-    return absl::NotFoundError(absl::StrCat("GetFullState: the optimizer keeps ", optimizer_->state_count(),
-                                            " moment buffer(s) per param, so there is no moment ", moment,
-                                            " of ", ParamLabel(param)));
+    return absl::NotFoundError(absl::StrCat(call, ": the optimizer keeps ", optimizer_->state_count(),
+                                            " moment buffer(s) per param, so there is no moment ", moment, " of ",
+                                            ParamLabel(param)));
   }
+  return moment;
+}
+
+Status EngineImpl::GetFullState(ParamId id, ParamState state, float* out) {
+  ZERO_ASSIGN_OR_RETURN(const int moment, CheckFullStateCall(id, state, out, "GetFullState"));
+  const int param = static_cast<int>(id);
   if (state == ParamState::kGrad && micro_batch_ != config_.gradient_accumulation_steps) {
     return absl::FailedPreconditionError(absl::StrCat(
         "GetFullState: the gradient of ", ParamLabel(param), " exists between the step's last EndBackward and Step; ",
@@ -58,25 +67,11 @@ Status EngineImpl::GetFullState(ParamId id, ParamState state, float* out) {
 }
 
 Status EngineImpl::SetFullState(ParamId id, ParamState state, const float* values) {
-  ZERO_RETURN_IF_ERROR(RequireHealthyGroup("SetFullState"));
-  ZERO_RETURN_IF_ERROR(CheckParamId(id, "SetFullState"));
-  ZERO_RETURN_IF_ERROR(RequirePhase(Phase::kIdle, "SetFullState"));
-  if (values == nullptr) return absl::InvalidArgumentError("SetFullState: values is null");
+  ZERO_ASSIGN_OR_RETURN(const int moment, CheckFullStateCall(id, state, values, "SetFullState"));
   const int param = static_cast<int>(id);
-  if (!specs_[param].requires_grad) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "SetFullState: param ", ParamLabel(param),
-        " is frozen (requires_grad false): it has no master or moments; SetParam sets its values"));
-  }
   if (state == ParamState::kGrad) {
     return absl::InvalidArgumentError(absl::StrCat(
         "SetFullState: the gradient of ", ParamLabel(param), " is not set: it comes from backward"));
-  }
-  const int moment = state == ParamState::kFirstMoment ? 1 : state == ParamState::kSecondMoment ? 2 : 0;
-  if (moment > optimizer_->state_count()) {
-    return absl::NotFoundError(absl::StrCat("SetFullState: the optimizer keeps ", optimizer_->state_count(),
-                                            " moment buffer(s) per param, so there is no moment ", moment,
-                                            " of ", ParamLabel(param)));
   }
   if (moment == 1 && config_.optimizer.type == OptimizerType::kSgd && param_steps_[param] == 0) {
     // SGD's first step starts the buffer from the gradient (as PyTorch's, which has no
@@ -90,16 +85,10 @@ Status EngineImpl::SetFullState(ParamId id, ParamState state, const float* value
     // master of the rank's part after it.
     const DType dtype = specs_[param].dtype;
     const int64_t numel = plan_->placement(param).numel;
-    std::vector<uint16_t> narrow;
-    if (dtype != DType::kFP32) {
-      narrow.resize(static_cast<size_t>(numel));
-      for (int64_t i = 0; i < numel; ++i) {
-        narrow[i] = dtype == DType::kBF16 ? FloatToBf16(values[i]) : FloatToHalf(values[i]);
-      }
-    }
+    std::vector<char> rounded(static_cast<size_t>(numel) * DTypeSize(dtype));
+    kernels::NarrowCpu(rounded.data(), values, numel, dtype);
     replicas_synced_ = false;  // the next iteration compares (and repairs) the replicas again
-    ZERO_RETURN_IF_ERROR(params_->Set(param, dtype == DType::kFP32 ? static_cast<const void*>(values)
-                                                                  : static_cast<const void*>(narrow.data())));
+    ZERO_RETURN_IF_ERROR(params_->Set(param, rounded.data()));
   }
   ZERO_ASSIGN_OR_RETURN(std::vector<OptimizerState::OwnedPart> parts, optimizer_->ReadOwned(param));
   for (OptimizerState::OwnedPart& part : parts) {

@@ -135,6 +135,10 @@ class EngineImpl final : public Engine {
   // (the engine's state may differ from its peers', so nothing may go on).
   Status RequireHealthyGroup(const char* call) const;
   Status CheckParamId(ParamId id, const char* call) const;
+  // What GetFullState and SetFullState (`call`) share: a healthy group, between micro-batches,
+  // a non-null `buffer`, a trainable param and a moment the optimizer keeps; returns the
+  // moment's index (0: the weights or the gradient, 1, 2).
+  StatusOr<int> CheckFullStateCall(ParamId id, ParamState state, const void* buffer, const char* call) const;
   // Inside an iteration, a registered and trainable param.
   Status CheckGradientCall(ParamId id, const char* call) const;
   std::string ParamLabel(int param) const { return guard_->Label(param); }

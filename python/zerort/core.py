@@ -323,6 +323,15 @@ def _collectives_table(collectives):
                        COLLECTIVE_DESTROY_FN(destroy) if has_destroy else COLLECTIVE_DESTROY_FN())
 
 
+def _full_state_code(state, call):
+    """FULL_STATES[state], or an InvalidArgumentError naming `call`."""
+    if state not in FULL_STATES:
+        raise errors.InvalidArgumentError(
+            f"{call}: state {state!r} is not one of {sorted(FULL_STATES)}",
+            errors.InvalidArgumentError.status)
+    return FULL_STATES[state]
+
+
 def config_dict(config):
     """A config given as a dict, a JSON string, a path to a JSON file, or None ({})."""
     if config is None:
@@ -542,22 +551,16 @@ class Engine:
         """Copies a trainable param's full fp32 `state` ("weights", "first_moment",
         "second_moment" or "grad"; see FULL_STATES) as numel floats to `address` (host
         memory) on every rank; collective at stages 1-3 (zero_get_full_state)."""
-        if state not in FULL_STATES:
-            raise errors.InvalidArgumentError(
-                f"get_full_state: state {state!r} is not one of {sorted(FULL_STATES)}",
-                errors.InvalidArgumentError.status)
-        _check(library().zero_get_full_state(self._handle, pid, FULL_STATES[state], address),
+        _check(library().zero_get_full_state(self._handle, pid,
+                                             _full_state_code(state, "get_full_state"), address),
                "zero_get_full_state")
 
     def set_full_state(self, pid, state, address):
         """Sets a trainable param's full fp32 `state` ("weights", which also sets the param,
         or a moment) from numel floats at `address` (host memory); every rank passes the same
         values and keeps its part (zero_set_full_state)."""
-        if state not in FULL_STATES:
-            raise errors.InvalidArgumentError(
-                f"set_full_state: state {state!r} is not one of {sorted(FULL_STATES)}",
-                errors.InvalidArgumentError.status)
-        _check(library().zero_set_full_state(self._handle, pid, FULL_STATES[state], address),
+        _check(library().zero_set_full_state(self._handle, pid,
+                                             _full_state_code(state, "set_full_state"), address),
                "zero_set_full_state")
 
     def param_data(self, pid):

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <vector>
 
 #include "tests/engine/run_on_ranks.h"
 #include "tests/engine/toy_trainer.h"
@@ -16,6 +17,14 @@ namespace {
 using testing::IsOk;
 using testing::RunOnRanks;
 using testing::ToyConfig;
+
+// One micro-batch handing `grad` over for param `id`, then Step.
+StatusOr<StepInfo> StepWithGradient(Engine& engine, ParamId id, const std::vector<float>& grad) {
+  ZERO_RETURN_IF_ERROR(engine.BeginIteration());
+  ZERO_RETURN_IF_ERROR(engine.AccumulateGrad(id, grad.data()));
+  ZERO_RETURN_IF_ERROR(engine.EndBackward());
+  return engine.Step();
+}
 
 TEST(EngineStep, LossScalingSkipsOverflowAndClippingBoundsTheNorm) {
   RunOnRanks(2, [&](int r, comm::Communicator& comm) {
@@ -33,10 +42,7 @@ TEST(EngineStep, LossScalingSkipsOverflowAndClippingBoundsTheNorm) {
       // Step 1: rank 1 has an Inf → skipped everywhere, scale halves, params untouched.
       std::vector<float> grad(1000, 16.0f);  // 16 × scale 16 … unscaled 1.0 per element
       if (r == 1) grad[999] = INFINITY;
-      ASSERT_THAT((*engine)->BeginIteration(), IsOk());
-      ASSERT_THAT((*engine)->AccumulateGrad(id, grad.data()), IsOk());
-      ASSERT_THAT((*engine)->EndBackward(), IsOk());
-      auto info = (*engine)->Step();
+      auto info = StepWithGradient(**engine, id, grad);
       ASSERT_THAT(info, IsOk());
       EXPECT_TRUE(info->skipped);
       EXPECT_EQ(info->loss_scale, 8.0f);
@@ -44,10 +50,7 @@ TEST(EngineStep, LossScalingSkipsOverflowAndClippingBoundsTheNorm) {
       EXPECT_EQ(after, init);
       // Step 2: finite. Unscaled averaged gradient = 1 everywhere: norm sqrt(1000) ≈ 31.6 > 0.5.
       std::fill(grad.begin(), grad.end(), 8.0f);
-      ASSERT_THAT((*engine)->BeginIteration(), IsOk());
-      ASSERT_THAT((*engine)->AccumulateGrad(id, grad.data()), IsOk());
-      ASSERT_THAT((*engine)->EndBackward(), IsOk());
-      info = (*engine)->Step();
+      info = StepWithGradient(**engine, id, grad);
       ASSERT_THAT(info, IsOk());
       EXPECT_FALSE(info->skipped);
       EXPECT_EQ(info->step, 1);
@@ -87,10 +90,7 @@ TEST(EngineStep, AnOverflowAtTheMinimumLossScaleIsAnError) {
       auto step = [&](bool overflow) {
         std::vector<float> grad(100, 1.0f);
         if (overflow && r == 2) grad[7] = INFINITY;
-        EXPECT_THAT((*engine)->BeginIteration(), IsOk());
-        EXPECT_THAT((*engine)->AccumulateGrad(id, grad.data()), IsOk());
-        EXPECT_THAT((*engine)->EndBackward(), IsOk());
-        return (*engine)->Step();
+        return StepWithGradient(**engine, id, grad);
       };
       // Scale 4: the overflows halve it to 2 (the minimum) after `hysteresis` of them; the
       // next overflow finds it there.
@@ -120,10 +120,7 @@ TEST(EngineStep, AnOverflowAtTheMinimumLossScaleIsAnError) {
     const ParamId id = 0;
     std::vector<float> grad(100, 1.0f);
     if (r == 1) grad[3] = INFINITY;
-    ASSERT_THAT((*engine)->BeginIteration(), IsOk());
-    ASSERT_THAT((*engine)->AccumulateGrad(id, grad.data()), IsOk());
-    ASSERT_THAT((*engine)->EndBackward(), IsOk());
-    auto info = (*engine)->Step();
+    auto info = StepWithGradient(**engine, id, grad);
     ASSERT_THAT(info, IsOk());
     EXPECT_TRUE(info->skipped);
     EXPECT_EQ(info->loss_scale, 4.0f);

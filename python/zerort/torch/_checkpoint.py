@@ -26,7 +26,7 @@ import torch
 from .. import core, errors
 from ._collective import every_rank_calls
 from ._deepspeed_api import refuse_unless_default
-from ._device import broadcast_tensor
+from ._device import broadcast_text
 
 FORMAT = "zerort.torch.client_state/1"
 
@@ -302,7 +302,7 @@ class CheckpointMethods:
             failure = error
         self._agree_or_raise(failure, f"another rank could not read {path}")
         try:
-            client_state, _, buffers = decode(self._text_from_rank_zero(text))
+            client_state, _, buffers = decode(broadcast_text(self._comm, text, 0, self._timeout))
         except Exception as error:  # noqa: BLE001 - every rank raises it below
             failure = error
         self._agree_or_raise(failure, f"another rank could not decode {path}'s client state")
@@ -350,26 +350,13 @@ class CheckpointMethods:
             status = getattr(failure, "status", errors.InvalidArgumentError.status)
             message = getattr(failure, "message", f"{type(failure).__name__}: {failure}")
             text = json.dumps({"status": status, "message": message})
-        text = self._text_from_rank_zero(text)
+        text = broadcast_text(self._comm, text, 0, self._timeout)
         if text and (failure is None or self.rank != 0):
             first = json.loads(text)
             raise errors.error_for(first["status"], first["message"])
         if failure is not None:
             raise failure
         raise errors.AbortedError(otherwise, errors.AbortedError.status)
-
-    def _text_from_rank_zero(self, text):
-        """Rank 0's `text` (str) on every rank. Collective."""
-        data = text.encode() if self.rank == 0 else b""
-        # The length as two float32 digits of base 2**20, each exact (a client state of MBs).
-        digits = torch.tensor([float(len(data) >> 20), float(len(data) & 0xFFFFF)])
-        digits = self.all_reduce(digits, "max")
-        length = (int(digits[0].item()) << 20) + int(digits[1].item())
-        if not length:
-            return ""
-        payload = torch.tensor(list(data) or [0] * length, dtype=torch.uint8)
-        broadcast_tensor(payload, self._comm, 0, self._timeout)
-        return bytes(payload.tolist()).decode()
 
     def _weights_to_load(self):
         """{id(param): its name} for every float param of the model with elements that a

@@ -1,6 +1,8 @@
 """Where the engine runs and what every rank starts from: the params' device (the config's
 "device" follows the model), the stream a GPU engine follows, and rank 0's frozen state on
 every rank."""
+import ctypes
+
 import torch
 
 from .. import errors
@@ -82,7 +84,7 @@ def prepare_cuda(config, stage, device, comm, raw):
     return stream
 
 
-def _broadcast_text(comm, text, root, timeout):
+def broadcast_text(comm, text, root, timeout):
     """Rank `root`'s `text` on every rank (collective; the others' `text` is ignored)."""
     device = "cuda" if comm.device_buffers_only else "cpu"  # NCCL takes device memory
     data = text.encode()
@@ -98,7 +100,8 @@ def _broadcast_text(comm, text, root, timeout):
     if buffer.is_cuda:
         torch.cuda.current_stream(buffer.device).synchronize()
     comm.broadcast_bytes(buffer.data_ptr(), size, root, timeout)
-    return bytes(buffer.cpu().tolist()).decode()
+    buffer = buffer.cpu()
+    return ctypes.string_at(buffer.data_ptr(), size).decode()
 
 
 _AGREE = -(2.0 ** 30)  # all_reduce_f32 "max" of this on every rank: no rank differs
@@ -111,7 +114,7 @@ def agree_on_frozen_state(named, comm, timeout):
     dtype on rank 0 and on the lowest rank that differs (collective: rank 0's list, one
     all-reduce, and that rank's message when some rank differs)."""
     mine = [f"{name}: shape {tuple(t.shape)}, {t.dtype}" for name, t in named]
-    theirs = [line for line in _broadcast_text(comm, "\n".join(mine), 0, timeout).split("\n")
+    theirs = [line for line in broadcast_text(comm, "\n".join(mine), 0, timeout).split("\n")
               if line]
     differs = next((i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b), None)
     if differs is None and len(mine) != len(theirs):
@@ -130,7 +133,7 @@ def agree_on_frozen_state(named, comm, timeout):
         message = (f"frozen param or buffer #{differs} (the frozen params in "
                    "named_parameters() order, then named_buffers()) is "
                    f"\"{there}\" on rank 0 but \"{here}\" on rank {first}")
-    message = _broadcast_text(comm, message, first, timeout)
+    message = broadcast_text(comm, message, first, timeout)
     raise errors.InvalidArgumentError(
         f"zerort.torch: the ranks' models differ: {message}. Every rank must build the "
         "same model (the same frozen params and buffers, of the same shapes and dtypes) "

@@ -50,9 +50,8 @@ class FullStateMethods:
         "grad"), a tensor of its shape on its device; None for a param of the model the
         optimizer does not step. Collective at stages 1-3."""
         what = f"the full {state} of a param"
-        self._check_model(what)
-        pid = self._pid_of(param, what, module_params=True)
-        if pid is None or pid not in self._names:  # frozen, or without elements
+        pid = self._stepped_pid(param, what)
+        if pid is None:
             return None
         if state == "grad":
             self._end_window_for_grad_read("safe_get_full_grad")
@@ -77,9 +76,8 @@ class FullStateMethods:
         accumulation window the earlier micro-batches' gradients stay those of the old
         weights, as in PyTorch."""
         what = f"setting the full {state} of a param"
-        self._check_model(what)
-        pid = self._pid_of(param, what, module_params=True)
-        if pid is None or pid not in self._names:  # frozen, or without elements
+        pid = self._stepped_pid(param, what)
+        if pid is None:
             return
         shape = tuple(self._records[pid].shape)
         if tuple(value.shape) != shape:
@@ -97,6 +95,13 @@ class FullStateMethods:
             self._take_written_params()  # the script's own writes first; this one after them
         values = value.detach().to("cpu", torch.float32).contiguous()
         self._engine.set_full_state(pid, state, values.data_ptr())
+
+    def _stepped_pid(self, param, what):
+        """`param`'s id when the optimizer steps it, None for a param of the model it does
+        not (frozen, or without elements); `what` names the call in errors."""
+        self._check_model(what)
+        pid = self._pid_of(param, what, module_params=True)
+        return pid if pid is not None and pid in self._names else None
 
     def clip_grad_norm_(self, max_norm, norm_type=2.0):
         """FSDP's clip_grad_norm_: the total L2 norm (a float32 tensor on the engine's

@@ -55,46 +55,56 @@ class _TorchCollectives:
         self._next = 0
 
     def start(self, c):
-        dist = torch.distributed
         group = self._channels[c.channel]
-        dtype = _DTYPES[c.dtype]
-        world = dist.get_world_size(group)
-        finish = None
         if c.kind == _BARRIER:
-            work = dist.all_reduce(torch.zeros(1), group=group, async_op=True)
-        elif c.kind in (_ALL_GATHER, _BROADCAST):  # moves bytes: any element type as uint8
-            # gloo gets tensors torch owns: its worker thread may free the last reference to
-            # one, which for a view of foreign memory needs the GIL (fatal at exit).
-            size = torch.empty(0, dtype=dtype).element_size()
-            recv = _host_tensor(c.recv, c.count * size * (world if c.kind == _ALL_GATHER else 1),
-                                torch.uint8)
-            owned = recv.clone() if c.kind == _BROADCAST else torch.empty_like(recv)
-            if c.kind == _BROADCAST:
-                work = dist.broadcast(owned, c.root, group=group, async_op=True)
-            else:
-                send = _host_tensor(c.send, c.count * size, torch.uint8).clone()
-                work = dist.all_gather(list(owned.chunk(world)) if world > 1 else [owned], send,
-                                       group=group, async_op=True)
-
-            def finish():
-                recv.copy_(owned)
+            work = torch.distributed.all_reduce(torch.zeros(1), group=group, async_op=True)
+            finish = None
+        elif c.kind in (_ALL_GATHER, _BROADCAST):
+            work, finish = self._move_bytes(c, group)
         else:
-            scattered = c.kind == _REDUCE_SCATTER
-            send = _host_tensor(c.send, c.count * (world if scattered else 1), dtype)
-            recv = _host_tensor(c.recv, c.count, dtype)
-            total = send.to(torch.float32) if dtype in _SIXTEEN_BIT else send.clone()
-            op = dist.ReduceOp.MAX if c.op == 1 else dist.ReduceOp.SUM
-            work = dist.all_reduce(total, op=op, group=group, async_op=True)
-            rank = dist.get_rank(group)
-            mine = total[rank * c.count:(rank + 1) * c.count] if scattered else total
-
-            def finish():
-                recv.copy_(mine)
+            work, finish = self._reduce(c, group)
         with self._lock:
             handle = self._next
             self._next += 1
             self._works[handle] = (work, finish)
         return handle
+
+    @staticmethod
+    def _move_bytes(c, group):
+        """An all-gather or broadcast: bytes of any element type, as uint8. gloo gets tensors
+        torch owns: its worker thread may free the last reference to one, which for a view of
+        foreign memory needs the GIL (fatal at exit)."""
+        dist = torch.distributed
+        world = dist.get_world_size(group)
+        size = torch.empty(0, dtype=_DTYPES[c.dtype]).element_size()
+        gather = c.kind == _ALL_GATHER
+        recv = _host_tensor(c.recv, c.count * size * (world if gather else 1), torch.uint8)
+        if gather:
+            owned = torch.empty_like(recv)
+            send = _host_tensor(c.send, c.count * size, torch.uint8).clone()
+            work = dist.all_gather(list(owned.chunk(world)) if world > 1 else [owned], send,
+                                   group=group, async_op=True)
+        else:
+            owned = recv.clone()
+            work = dist.broadcast(owned, c.root, group=group, async_op=True)
+        return work, lambda: recv.copy_(owned)
+
+    @staticmethod
+    def _reduce(c, group):
+        """An all-reduce, or a reduce-scatter as an all-reduce of which this rank keeps its
+        chunk; 16-bit values summed in fp32 and rounded once."""
+        dist = torch.distributed
+        dtype = _DTYPES[c.dtype]
+        scattered = c.kind == _REDUCE_SCATTER
+        send = _host_tensor(c.send, c.count * (dist.get_world_size(group) if scattered else 1),
+                            dtype)
+        recv = _host_tensor(c.recv, c.count, dtype)
+        total = send.to(torch.float32) if dtype in _SIXTEEN_BIT else send.clone()
+        op = dist.ReduceOp.MAX if c.op == 1 else dist.ReduceOp.SUM
+        work = dist.all_reduce(total, op=op, group=group, async_op=True)
+        rank = dist.get_rank(group)
+        mine = total[rank * c.count:(rank + 1) * c.count] if scattered else total
+        return work, lambda: recv.copy_(mine)
 
     def wait(self, handle, timeout_s):
         with self._lock:

@@ -23,10 +23,8 @@ import socket
 import torch
 
 from .. import core, errors
-from ._device import broadcast_tensor
+from ._device import broadcast_text
 from ._torch_communicator import init_from_launcher, launched_without_mpi
-
-_ADDRESS_BYTES = 512  # rank 0's "host", port and backend, as JSON, padded
 
 
 def _free_port():
@@ -100,22 +98,16 @@ def init_torch_distributed(comm=None, backend=None, port=29500,
     if own:
         comm = core.mpi_communicator()
     try:
-        payload = torch.zeros(_ADDRESS_BYTES, dtype=torch.uint8)
+        text = ""
         if comm.rank == 0:  # what it found, or why it could not: every rank raises then
             try:
                 host, chosen = _rank_zero_address(port)
                 chosen_backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
                 text = json.dumps({"address": [host, chosen, chosen_backend]})
-                if len(text.encode()) > _ADDRESS_BYTES:
-                    raise errors.InvalidArgumentError(
-                        f"zerort.torch: rank 0's address {host[:64]!r}... is too long", 3)
             except Exception as error:  # noqa: BLE001 - every rank raises it below
                 message = getattr(error, "message", f"{type(error).__name__}: {error}")
-                text = json.dumps({"error": message[:_ADDRESS_BYTES // 2]})
-            data = text.encode()[:_ADDRESS_BYTES]
-            payload[:len(data)] = torch.tensor(list(data), dtype=torch.uint8)
-        broadcast_tensor(payload, comm, 0, timeout.total_seconds())
-        found = json.loads(bytes(payload.tolist()).rstrip(b"\0"))
+                text = json.dumps({"error": message})
+        found = json.loads(broadcast_text(comm, text, 0, timeout.total_seconds()))
         if "error" in found:
             raise errors.InvalidArgumentError(found["error"] + " (rank 0's)",
                                               errors.InvalidArgumentError.status)
