@@ -330,3 +330,35 @@ def test_sgd_momentum_is_set_from_the_params_first_step_on():
     want = before - 0.1 * (0.9 * buffer + grad)  # PyTorch's SGD with that buffer
     assert (head.detach() - want).abs().max() < 1e-6
     engine.close()
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_a_modifier_block_keeps_the_masters_of_bf16_params_it_left_unchanged(stage):
+    """gathered(modifier_rank=0) writes back every param of the block; a bf16 param it did
+    not change keeps the fp32 master its steps left (bits below bf16's included), a
+    changed one takes the written values."""
+    models = [TinyLM().to(torch.bfloat16) for _ in range(2)]
+
+    def body(rank, comm):
+        model = models[rank]
+        config = {"zero_optimization": {"stage": stage,
+                                        "stage3_param_persistence_threshold": 0},
+                  "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}}
+        engine = zerort.torch.initialize(model, config, comm)
+        loss_of(model, *batch(rank)).float().backward()
+        engine.step()
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        masters = [zerort.torch.safe_get_full_fp32_param(p) for p in trainable]
+        head = model.head.weight
+        with zerort.torch.gathered(trainable, modifier_rank=0):
+            with torch.no_grad():
+                head.add_(1.0)
+            written = head.detach().float().clone()
+        after = [zerort.torch.safe_get_full_fp32_param(p) for p in trainable]
+        engine.close()
+        return masters, after, [p is head for p in trainable], written
+
+    for masters, after, is_head, written in run_ranks(2, body):
+        assert any(not torch.equal(m, m.bfloat16().float()) for m in masters)
+        for before, now, changed in zip(masters, after, is_head):
+            assert torch.equal(now, written if changed else before)

@@ -13,7 +13,8 @@ need its values elsewhere:
   `with zerort.torch.gathered(params, modifier_rank=None):` has every param's full values
   (collective: every rank enters and leaves it). With `modifier_rank` = r, rank r's values
   when the block ends are broadcast and set as every rank's (the engine's shards, and the
-  optimizer's master copy), as DeepSpeed's GatheredParameters(modifier_rank=r). Writes
+  optimizer's master copy; a bf16/fp16 param the block left as it was keeps its master,
+  which already rounds to it), as DeepSpeed's GatheredParameters(modifier_rank=r). Writes
   are applied only when the block ends without an exception on every rank (where one rank's
   block raised, the others raise AbortedError; what a block wrote in place stays where it
   went: at stages 0-2 the views are the engine's memory), and only outside a micro-batch
