@@ -22,18 +22,11 @@ struct zero_engine {
 
 using zero::c_api::Report;
 
-namespace {
-
-// `state` as a ParamState, or kInvalidArgument naming `call` when it is no zero_param_state.
-zero::StatusOr<zero::ParamState> FullStateOf(zero_param_state state, const char* call) {
-  if (state < ZERO_STATE_WEIGHTS || state > ZERO_STATE_GRAD) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(call, ": state ", static_cast<int>(state), " is not a zero_param_state (0-3)"));
-  }
-  return static_cast<zero::ParamState>(state);
-}
-
-}  // namespace
+static_assert(ZERO_STATE_WEIGHTS == static_cast<int>(zero::ParamState::kWeights) &&
+                  ZERO_STATE_FIRST_MOMENT == static_cast<int>(zero::ParamState::kFirstMoment) &&
+                  ZERO_STATE_SECOND_MOMENT == static_cast<int>(zero::ParamState::kSecondMoment) &&
+                  ZERO_STATE_GRAD == static_cast<int>(zero::ParamState::kGrad),
+              "zero_param_state is ParamState (the engine checks the range)");
 
 extern "C" {
 
@@ -283,16 +276,12 @@ zero_status zero_clip_grad_norm(zero_engine* engine, float max_norm, float* norm
 
 zero_status zero_get_full_state(zero_engine* engine, int64_t id, zero_param_state state, float* host_dst) try {
   ZERO_C_REQUIRE(engine, "zero_get_full_state");
-  const auto which = FullStateOf(state, "zero_get_full_state");
-  if (!which.ok()) return Report(which.status());
-  return Report(engine->engine->GetFullState(id, *which, host_dst));
+  return Report(engine->engine->GetFullState(id, static_cast<zero::ParamState>(state), host_dst));
 } ZERO_C_CATCH("zero_get_full_state")
 
 zero_status zero_set_full_state(zero_engine* engine, int64_t id, zero_param_state state, const float* host_src) try {
   ZERO_C_REQUIRE(engine, "zero_set_full_state");
-  const auto which = FullStateOf(state, "zero_set_full_state");
-  if (!which.ok()) return Report(which.status());
-  return Report(engine->engine->SetFullState(id, *which, host_src));
+  return Report(engine->engine->SetFullState(id, static_cast<zero::ParamState>(state), host_src));
 } ZERO_C_CATCH("zero_set_full_state")
 
 zero_status zero_set_stream(zero_engine* engine, void* cuda_stream) try {

@@ -396,6 +396,11 @@ StatusOr<std::string> CheckpointMetaJson(const CheckpointMeta& meta) {
 }
 
 Status CheckMetaText(std::string_view text, std::string_view what) {
+  if (text.find('\0') != std::string_view::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        std::string(what), " holds a NUL byte at ", text.find('\0'),
+        ", where C and Python callers would see the text end: encode binary data (e.g. base64) first"));
+  }
   try {  // nlohmann's dump is the check meta.json's writing makes
     (void)nlohmann::json(std::string(text)).dump();
     return absl::OkStatus();

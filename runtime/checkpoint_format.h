@@ -100,8 +100,9 @@ StatusOr<CheckpointMeta> ReadCheckpointMeta(const std::string& dir);
 /// meta.json's text; kInvalidArgument when a string in it (a param name, the user data) is
 /// not UTF-8, which JSON cannot hold.
 StatusOr<std::string> CheckpointMetaJson(const CheckpointMeta& meta);
-/// kInvalidArgument naming `what` when `text` is not UTF-8, which meta.json cannot hold (a
-/// param name, the trainer's user data): checked where it is given, not first at a save.
+/// kInvalidArgument naming `what` when `text` (a param name, the trainer's user data) is not
+/// UTF-8, which meta.json cannot hold, or holds a NUL byte, where a C caller's copy would end:
+/// checked where it is given, not first at a save.
 Status CheckMetaText(std::string_view text, std::string_view what);
 
 /// `dir` without trailing slashes.

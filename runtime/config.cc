@@ -586,7 +586,43 @@ StatusOr<Config> Config::FromJson(std::string_view text) {
   return c;
 }
 
+namespace {
+
+// A stored enum field (a C++ caller may cast any int into one): one of its `choices` values,
+// counted from 0.
+template <typename Enum>
+Status CheckEnum(absl::string_view key, Enum value, int choices) {
+  const int stored = static_cast<int>(value);
+  if (stored >= 0 && stored < choices) return absl::OkStatus();
+  return KeyError(key, absl::StrCat("holds ", stored, ", which is none of its ", choices, " choices (0-", choices - 1, ")"));
+}
+
+// The enum fields, each with its number of choices (precision: fp32, bf16, fp16 only).
+static_assert(static_cast<int>(Device::kCuda) == 1 && static_cast<int>(OptimizerType::kLion) == 4 &&
+                  static_cast<int>(LrScheduleType::kWarmupCosineLR) == 3 &&
+                  static_cast<int>(WarmupType::kLinear) == 1 && static_cast<int>(DType::kFP16) == 2 &&
+                  static_cast<int>(LossScaleMode::kDynamic) == 2 &&
+                  static_cast<int>(DuplicatePolicy::kCount) == 1 && static_cast<int>(UnusedPolicy::kZero) == 1 &&
+                  static_cast<int>(InitParams::kVerify) == 1,
+              "CheckEnums counts each enum's choices");
+Status CheckEnums(const Config& c) {
+  ZERO_RETURN_IF_ERROR(CheckEnum("device", c.device, 2));
+  ZERO_RETURN_IF_ERROR(CheckEnum("optimizer.type", c.optimizer.type, 5));
+  ZERO_RETURN_IF_ERROR(CheckEnum("scheduler.type", c.scheduler.type, 4));
+  ZERO_RETURN_IF_ERROR(CheckEnum("scheduler.params.warmup_type", c.scheduler.warmup_type, 2));
+  ZERO_RETURN_IF_ERROR(CheckEnum("precision.param", c.precision.param, 3));
+  ZERO_RETURN_IF_ERROR(CheckEnum("precision.grad", c.precision.grad, 3));
+  ZERO_RETURN_IF_ERROR(CheckEnum("precision.reduce", c.precision.reduce, 3));
+  ZERO_RETURN_IF_ERROR(CheckEnum("loss_scale.mode", c.loss_scale.mode, 3));
+  ZERO_RETURN_IF_ERROR(CheckEnum("guard.on_duplicate", c.guard.on_duplicate, 2));
+  ZERO_RETURN_IF_ERROR(CheckEnum("guard.on_unused", c.guard.on_unused, 2));
+  return CheckEnum("guard.init_params", c.guard.init_params, 2);
+}
+
+}  // namespace
+
 Status Config::Validate() const {
+  ZERO_RETURN_IF_ERROR(CheckEnums(*this));
   ZERO_RETURN_IF_ERROR(CheckStored("stage", stage, kStage));
   ZERO_RETURN_IF_ERROR(CheckHyper("optimizer", optimizer));
   if (optimizer.param_groups.size() > kMaxParamGroups) {

@@ -173,6 +173,10 @@ StatusOr<ParamId> EngineImpl::RegisterParam(const ParamSpec& spec) {
     return absl::InvalidArgumentError(absl::StrCat("param \"", spec.name, "\": group ", spec.group,
                                                    " is not in [0, ", kMaxOptimizerGroups, ")"));
   }
+  if (spec.unit < -1) {
+    return absl::InvalidArgumentError(absl::StrCat("param \"", spec.name, "\": unit ", spec.unit,
+                                                   " is not a unit (-1 for none, or a number >= 0)"));
+  }
   if (!IsFloatingPoint(spec.dtype)) {
     return absl::InvalidArgumentError(absl::StrCat("param \"", spec.name, "\": dtype ", DTypeName(spec.dtype),
                                                    " is not a param dtype (fp32, bf16 or fp16)"));

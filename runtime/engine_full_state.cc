@@ -17,6 +17,11 @@ StatusOr<int> EngineImpl::CheckFullStateCall(ParamId id, ParamState state, const
   ZERO_RETURN_IF_ERROR(CheckParamId(id, call));
   ZERO_RETURN_IF_ERROR(RequirePhase(Phase::kIdle, call));
   if (buffer == nullptr) return absl::InvalidArgumentError(absl::StrCat(call, ": the values' buffer is null"));
+  if (state != ParamState::kWeights && state != ParamState::kFirstMoment && state != ParamState::kSecondMoment &&
+      state != ParamState::kGrad) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        call, ": state ", static_cast<int>(state), " is not a ParamState (0 weights, 1 and 2 the moments, 3 the gradient)"));
+  }
   const int param = static_cast<int>(id);
   if (!specs_[param].requires_grad) {
     return absl::FailedPreconditionError(absl::StrCat(

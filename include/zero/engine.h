@@ -72,7 +72,7 @@ struct ParamSpec {
   DType dtype = DType::kFP32;   ///< fp32, bf16 or fp16
   bool requires_grad = true;    ///< false: laid out, never reduced or stepped
   int group = 0;                ///< optimizer group, [0, kMaxOptimizerGroups); groups never share a bucket
-  int unit = -1;                ///< stage 3: params with the same unit are gathered together
+  int unit = -1;                ///< stage 3: params with the same unit (≥ 0) are gathered together; -1: none
 };
 
 /// The outcome of one Step().

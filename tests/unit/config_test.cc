@@ -211,6 +211,41 @@ TEST(ConfigValidate, RejectsNonFiniteAndSubnormalValuesNamingTheKey) {
   EXPECT_THAT(Config().Validate(), IsOk());
 }
 
+// A C++ caller may store any int in an enum field: one that is none of its choices is refused
+// naming the key (it would otherwise act as some default, or fail every Step).
+TEST(ConfigValidate, RejectsEnumFieldsHoldingNoneOfTheirChoices) {
+  struct Case {
+    std::function<void(Config&)> set;
+    std::string key;
+  };
+  const std::vector<Case> cases = {
+      {[](Config& c) { c.device = static_cast<Device>(9); }, "device"},
+      {[](Config& c) { c.optimizer.type = static_cast<OptimizerType>(42); }, "optimizer.type"},
+      {[](Config& c) { c.optimizer.type = static_cast<OptimizerType>(-1); }, "optimizer.type"},
+      {[](Config& c) { c.scheduler.type = static_cast<LrScheduleType>(9); }, "scheduler.type"},
+      {[](Config& c) { c.scheduler.warmup_type = static_cast<WarmupType>(2); }, "scheduler.params.warmup_type"},
+      {[](Config& c) { c.precision.param = DType::kUInt8; }, "precision.param"},
+      {[](Config& c) { c.precision.grad = DType::kInt64; }, "precision.grad"},
+      {[](Config& c) { c.precision.reduce = static_cast<DType>(7); }, "precision.reduce"},
+      {[](Config& c) { c.loss_scale.mode = static_cast<LossScaleMode>(7); }, "loss_scale.mode"},
+      {[](Config& c) { c.guard.on_duplicate = static_cast<DuplicatePolicy>(5); }, "guard.on_duplicate"},
+      {[](Config& c) { c.guard.on_unused = static_cast<UnusedPolicy>(2); }, "guard.on_unused"},
+      {[](Config& c) { c.guard.init_params = static_cast<InitParams>(5); }, "guard.init_params"},
+  };
+  for (const Case& c : cases) {
+    Config config;
+    c.set(config);
+    EXPECT_THAT(config.Validate(), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("\"" + c.key + "\"")))
+        << c.key;
+  }
+  Config every_last;
+  every_last.device = Device::kCuda;
+  every_last.optimizer.type = OptimizerType::kLion;
+  every_last.precision.param = DType::kFP16;
+  every_last.guard.on_unused = UnusedPolicy::kZero;
+  EXPECT_THAT(every_last.Validate(), IsOk());
+}
+
 // Trains the toy model a few steps on two in-process ranks; every rank's status.
 std::vector<Status> TrainTwoRanks(const Config& config) {
   return testing::RunOnRanks(2, [&](int, comm::Communicator& comm) -> Status {

@@ -241,6 +241,14 @@ TEST(EngineFullStateRefusals, NamesWhatCannotBeSet) {
   EXPECT_THAT(engine.SetFullState(1, ParamState::kWeights, values.data()),
               StatusIs(absl::StatusCode::kFailedPrecondition, ::testing::HasSubstr("frozen")));
   EXPECT_THAT(engine.SetFullState(0, ParamState::kWeights, nullptr), StatusIs(absl::StatusCode::kInvalidArgument));
+  for (int state : {-1, 4, 9}) {
+    EXPECT_THAT(engine.SetFullState(0, static_cast<ParamState>(state), values.data()),
+                StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("not a ParamState")));
+    EXPECT_THAT(engine.GetFullState(0, static_cast<ParamState>(state), read.data()),
+                StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("not a ParamState")));
+  }
+  ASSERT_THAT(engine.GetFullState(0, ParamState::kWeights, read.data()), IsOk());
+  EXPECT_NE(read, values) << "the refused sets left the weights as the step made them";
   ASSERT_THAT(engine.BeginIteration(), IsOk());
   EXPECT_THAT(engine.SetFullState(0, ParamState::kWeights, values.data()),
               StatusIs(absl::StatusCode::kFailedPrecondition))

@@ -36,6 +36,10 @@ TEST(EngineProtocol, CallsOutOfOrderAreClearErrorsAndLoseNothing) {
   EXPECT_THAT(e.RegisterParam({"", {4}}), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("empty name")));
   EXPECT_THAT(e.RegisterParam({"bad\xff\xfename", {4}}),  // a checkpoint's meta.json could not hold it
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("not UTF-8")));
+  EXPECT_THAT(e.RegisterParam({std::string("cut\0short", 9), {4}}),  // C callers would read "cut"
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("NUL byte at 3")));
+  EXPECT_THAT(e.RegisterParam({"no_unit", {4}, DType::kFP32, true, 0, -5}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("unit -5 is not a unit")));
   // A shape whose element count would wrap around int64 (to 4 here) is refused, not trained.
   EXPECT_THAT(e.RegisterParam({"huge", {(int64_t{1} << 62) + 1, 4}}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("more than 2^40 elements")));
