@@ -70,8 +70,11 @@ def reference():
     return {n: p.detach().clone() for n, p in model.named_parameters()}, norms
 
 
+@pytest.mark.parametrize("clip", ["engine", "torch"])
 @pytest.mark.parametrize("stage", [0, 2, 3])
-def test_an_fsdp_loop_trains_as_single_process_pytorch(stage):
+def test_an_fsdp_loop_trains_as_single_process_pytorch(stage, clip):
+    """clip "torch": the loop keeps a plain PyTorch script's
+    torch.nn.utils.clip_grad_norm_(model.parameters(), ...), which clips through the engine."""
     want, want_norms = reference()
     assert want_norms[0] > MAX_NORM  # the clipping is exercised
     models = [TinyLM() for _ in range(WORLD)]
@@ -84,8 +87,13 @@ def test_an_fsdp_loop_trains_as_single_process_pytorch(stage):
                   "gradient_accumulation_steps": ACCUMULATION}
         engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer,
                                                        config=config, comm=comm)
+        if clip == "engine":
+            clip_grad_norm_ = engine.clip_grad_norm_  # was model.clip_grad_norm_
+        else:
+            def clip_grad_norm_(max_norm):
+                return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
         norms = fsdp_like_loop(model, optimizer, warmup(optimizer), rank, engine.no_sync,
-                               engine.clip_grad_norm_)  # was model.clip_grad_norm_
+                               clip_grad_norm_)
         with zerort.torch.gathered(list(model.parameters())):  # summon_full_params
             summoned = {n: p.detach().clone() for n, p in model.named_parameters()}
         full_state = engine.module_state_dict()  # FULL_STATE_DICT
@@ -117,4 +125,23 @@ def test_clip_grad_norm_refuses_what_it_cannot_do():
     assert norm.dtype == torch.float32 and norm.item() > 0
     engine.step()
     assert engine.was_step_applied() and engine.get_global_grad_norm() == norm.item()
+    engine.close()
+
+
+def test_torch_clip_grad_norm_refuses_part_of_an_engine_and_leaves_other_models_alone():
+    model, plain = TinyLM(), TinyLM()
+    engine = zerort.torch.initialize(model, {"stage": 2}, zerort.local_group(1)[0])
+    loss_of(model, *rows(0, 0, 0)).backward()
+    with pytest.raises(zerort.InvalidArgumentError, match="not among those passed"):
+        torch.nn.utils.clip_grad_norm_(model.head.parameters(), 0.1)
+    loss_of(plain, *rows(0, 0, 0)).backward()
+    with pytest.raises(zerort.InvalidArgumentError, match="have a .grad of their own"):
+        torch.nn.utils.clip_grad_norm_(list(model.parameters()) + list(plain.parameters()), 0.1)
+    want = torch.linalg.vector_norm(
+        torch.stack([torch.linalg.vector_norm(p.grad) for p in plain.parameters()
+                     if p.grad is not None]))
+    assert torch.nn.utils.clip_grad_norm_(plain.parameters(), 1e9).item() == want.item()
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1e9, error_if_nonfinite=True)
+    engine.step()
+    assert norm.item() == engine.get_global_grad_norm() > 0
     engine.close()

@@ -54,8 +54,9 @@ What happens to the model:
   PyTorch >= 2.1, a post hook on the param's AccumulateGrad node before) hands the gradient to
   the engine (`zero_accumulate_grad`, `zero_accumulate_device_grad` for a CUDA gradient: one
   copy into the bucket) and sets `.grad` to None, so
-  buckets reduce while the rest of backward runs (and torch.nn.utils.clip_grad_norm_ sees no
-  gradient: clipping is the config's clip_grad_norm / DeepSpeed's gradient_clipping). A
+  buckets reduce while the rest of backward runs (clipping is the config's clip_grad_norm /
+  DeepSpeed's gradient_clipping, or engine.clip_grad_norm_; importing zerort.torch makes
+  torch.nn.utils.clip_grad_norm_ over an engine's params call the latter: _torch_clip.py). A
   gradient the engine refused (a DuplicateGradientError, a KeyboardInterrupt inside the
   hook) is dropped from `.grad`, never added to a later step.
 - guard.on_unused = "zero": params the graph of the model's outputs does not reach are
@@ -93,7 +94,8 @@ model carry none of the engine), _collective.py (which calls every rank must mak
 all_reduce), _consolidated.py (the full state dict of a checkpoint, in one process),
 _torch_distributed.py (torch.distributed's default group over ZeroRT's ranks),
 _torch_communicator.py (ZeroRT's collectives over torch.distributed, under torchrun),
-_full_state.py (safe_get_full_* and safe_set_full_*: a param's full fp32 state), deepspeed/
+_full_state.py (safe_get_full_* and safe_set_full_*: a param's full fp32 state),
+_torch_clip.py (torch.nn.utils.clip_grad_norm_ over an engine's params), deepspeed/
 (deepspeed.initialize's signature, deepspeed.init_distributed, deepspeed.zero and
 deepspeed.utils).
 
@@ -111,8 +113,11 @@ from ._leaf_modules import (get_z3_leaf_modules, set_z3_leaf_modules,
                             unset_z3_leaf_modules, z3_leaf_module)
 from ._optimizer import ZeroOptimizer
 from ._schedulers import EngineLRScheduler
+from ._torch_clip import install as _install_clip
 from ._torch_communicator import default_communicator, torch_communicator
 from ._torch_distributed import init_torch_distributed
+
+_install_clip()  # torch.nn.utils.clip_grad_norm_ on an engine's params clips through it
 
 __all__ = ["initialize", "TorchEngine", "ZeroOptimizer", "EngineLRScheduler", "gathered",
            "register_external_parameter", "init_context", "set_z3_leaf_modules",
