@@ -274,7 +274,8 @@ StatusOr<std::vector<int>> EngineImpl::MatchCheckpointParams(const CheckpointMet
         " when saved but ", ParamLabel(found->second), " is registered ",
         specs_[found->second].requires_grad ? "trainable" : "frozen",
         " (a checkpoint keeps optimizer state for its trainable params only): freeze the same params as the "
-        "run that saved it"));
+        "run that saved it, or, to go on from its weights with other params frozen, load the weights alone "
+        "(zerort.torch and DeepSpeed: load_checkpoint(dir, load_module_only=True))"));
   }
   std::vector<int> registered(params.size(), -1);
   size_t next = 0;  // the next registered trainable param to match

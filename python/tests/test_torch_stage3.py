@@ -424,6 +424,65 @@ def test_modules_built_outside_the_block_are_whole():
     comm.close()
 
 
+class PostInitLM(LoraLM):
+    """A Hugging Face-style model: its __init__ ends with post_init(), which writes every
+    module's weights through self.apply(self._init_weights)."""
+
+    def __init__(self):
+        super().__init__()
+        self.post_init()
+
+    def post_init(self):
+        self.apply(self._init_weights)
+
+    @staticmethod
+    def _init_weights(module):
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=1.0, std=0.01)
+            if module.bias is not None:
+                module.bias.data.zero_()
+        elif isinstance(module, nn.Embedding):
+            module.weight.data.normal_(mean=-1.0, std=0.01)
+
+
+def test_init_context_runs_a_post_init_over_the_sharded_modules():
+    """post_init's apply() inside init_context (it raised on the placeholders) gives
+    _init_weights each module's params whole; every rank ends with rank 0's values, sharded,
+    and initialize() puts them together."""
+    world = 3
+
+    def body(rank, comm):
+        with zerort.torch.init_context(comm):
+            model = PostInitLM()
+        built = storage_bytes(model)
+        engine = zerort.torch.initialize(model, dict(CONFIG, optimizer=SGD), comm)
+        with zerort.torch.gathered(list(model.parameters())):
+            values = {n: p.detach().clone() for n, p in model.named_parameters()}
+        engine.close()
+        return built, values
+
+    results = run_ranks(world, body)
+    model_bytes = sum(p.numel() * p.element_size() for p in LoraLM().parameters())
+    for built, values in results:
+        assert built < 0.01 * model_bytes, built
+        assert_close(values, results[0][1])
+        for name, value in values.items():
+            if name.endswith("bias"):
+                assert torch.count_nonzero(value) == 0, name
+            elif "embed" in name:
+                assert (value + 1.0).abs().max() < 0.1, name
+            elif "norm" not in name:
+                assert (value - 1.0).abs().max() < 0.1, name
+
+
+def test_init_context_without_comm_takes_the_launchers_ranks():
+    with zerort.torch.init_context():
+        model = LoraLM()
+    assert storage_bytes(model) < 0.01 * shard_bytes(model)  # one rank: a slice is a param
+    engine = zerort.torch.initialize(model, CONFIG)
+    engine.close()
+
+
 class Twice(nn.Module):
     """A frozen module whose output is its own next input: f(f(x))."""
 

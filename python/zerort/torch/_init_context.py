@@ -20,10 +20,16 @@ slice into a full-size temporary, which goes to the engine and is freed): at sta
 ever holds more than one whole param; at stages 0-2, which keep every trainable param whole
 on every rank, the params become whole again.
 
-Limits: code that writes into a grandchild's params (an init_weights() over the whole model at
-the end of the top-level __init__, as Hugging Face's post_init) finds them sharded (PyTorch
-raises on writing the placeholder; an out-of-place assignment, param.data = ..., is lost):
-initialise inside each module's own __init__ or its parent's, or build the model outside the
+module.apply(fn) inside the block (Hugging Face's post_init: self.apply(self._init_weights)
+at the end of the top-level __init__) visits the modules as PyTorch's does, children first,
+and gives fn each module's own params whole: a sharded module's are put together (collective)
+before fn(module) and sharded again after it from rank 0's values, so the init_weights of
+every rank agree and no rank holds more than one module's params at once.
+
+Limits: other code that writes into a grandchild's params from the top-level __init__ (a
+loop over self.modules() rather than apply()) finds them sharded (PyTorch raises on writing
+the placeholder; an out-of-place assignment, param.data = ..., is lost): initialise inside
+each module's own __init__ or its parent's, through apply(), or build the model outside the
 block. A cast or move of the model between the block and initialize() (model.half(),
 .to(...)) makes full-size NaN tensors of the placeholders: give initialize() the model as the
 block built it (a bf16/fp16 config casts the slices there). Classes defined inside
@@ -38,6 +44,7 @@ from torch import nn
 from .. import errors
 from ._device import broadcast_tensor
 from ._params import FLOAT_DTYPES, placeholder
+from ._torch_communicator import default_communicator
 
 _SHARD = "_zerort_init_shard"
 _DEPTH = "_zerort_init_depth"
@@ -70,16 +77,44 @@ def _shard_params(params, comm, timeout):
             param.data = placeholder(param)
 
 
+def _apply_with_whole_params(module, fn, block):
+    """nn.Module.apply inside a block: children first, then fn(module) with the module's
+    sharded params whole, sharded again from rank 0's values after it."""
+    for child in module.children():
+        child.apply(fn)
+    own = [p for p in module.parameters(recurse=False) if is_sharded(p)]
+    comm, timeout, _ = block
+    with torch.no_grad():
+        for param in own:
+            param.data = materialize(param, comm, timeout)
+    fn(module)  # on an exception the params stay whole, and the block ends unsharded
+    _shard_params(own, comm, timeout)
+    return module
+
+
 class _Patch:
-    """The wrapped __init__ of every nn.Module subclass, installed while any thread is inside
-    an init_context block (in-process ranks are threads, each in its own block); a wrapper
-    shards only for the thread whose block is open, with that block's communicator."""
+    """The wrapped __init__ of every nn.Module subclass, and nn.Module.apply, installed while
+    any thread is inside an init_context block (in-process ranks are threads, each in its own
+    block); a wrapper shards only for the thread whose block is open, with that block's
+    communicator."""
 
     def __init__(self):
         self.lock = threading.Lock()
         self.users = 0
         self.originals = {}
         self.active = threading.local()  # .block: [comm, timeout, modules built in it]
+        self.original_apply = nn.Module.apply
+
+    def wrap_apply(self, original):
+        active = self.active
+
+        def apply(module, fn):
+            block = getattr(active, "block", None)
+            if block is None:
+                return original(module, fn)
+            return _apply_with_whole_params(module, fn, block)
+        apply.__wrapped__ = original
+        return apply
 
     def wrap(self, original):
         active = self.active
@@ -114,6 +149,8 @@ class _Patch:
                     if "__init__" in cls.__dict__ and not cls.__module__.startswith("torch.jit"):
                         self.originals[cls] = cls.__dict__["__init__"]
                         cls.__init__ = self.wrap(self.originals[cls])
+                self.original_apply = nn.Module.apply
+                nn.Module.apply = self.wrap_apply(self.original_apply)
             self.users += 1
         self.active.block = block
 
@@ -135,17 +172,21 @@ class _Patch:
                 for cls, original in self.originals.items():
                     cls.__init__ = original
                 self.originals.clear()
+                nn.Module.apply = self.original_apply
 
 
 _PATCH = _Patch()
 
 
 @contextlib.contextmanager
-def init_context(comm, timeout_s=600.0):
+def init_context(comm=None, timeout_s=600.0):
     """Modules built inside the block keep only this rank's slice of their float params
     (see the module's docstring). Collective: every rank builds the same modules in the
-    same order. `comm`: the communicator the engine will use."""
-    if comm is None or getattr(comm, "closed", False):
+    same order. `comm`: the communicator the engine will use; None means the launcher's
+    ranks, as initialize(comm=None) takes them (default_communicator())."""
+    if comm is None:
+        comm = default_communicator()
+    if getattr(comm, "closed", False):
         raise errors.InvalidArgumentError(
             "zerort.torch.init_context(comm): give the open communicator that initialize() "
             "will use", errors.InvalidArgumentError.status)
