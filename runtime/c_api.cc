@@ -17,6 +17,7 @@
 #include "zero/version.h"
 
 struct zero_engine {
+  std::shared_ptr<zero::comm::Communicator> comm;  // declared first: outlives the engine
   std::unique_ptr<zero::Engine> engine;
 };
 
@@ -97,7 +98,7 @@ zero_status zero_engine_create(const char* config_json, zero_comm* comm, zero_en
   }
   auto engine = zero::Engine::Create(config, *comm->comm);
   if (!engine.ok()) return Report(engine.status());
-  *out = new zero_engine{std::move(*engine)};
+  *out = new zero_engine{comm->comm, std::move(*engine)};
   return ZERO_OK;
 } ZERO_C_CATCH("zero_engine_create")
 

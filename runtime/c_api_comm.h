@@ -7,9 +7,10 @@
 #include "zero/communicator.h"
 #include "zero/zero.h"
 
-/// What a zero_comm* points to: one rank's communicator.
+/// What a zero_comm* points to: one rank's communicator, shared with the engines created on
+/// it (each keeps it alive, so the handle may be destroyed first).
 struct zero_comm {
-  std::unique_ptr<zero::comm::Communicator> comm;
+  std::shared_ptr<zero::comm::Communicator> comm;
 };
 
 #endif  // ZERO_RUNTIME_C_API_COMM_H_

@@ -162,8 +162,10 @@ ZERO_API void zero_comm_destroy(zero_comm* comm);
 /** Copies `bytes` bytes at `data` (host memory) from rank `root` to every rank, bit for bit
  *  (any element type: frozen weights, buffers, RNG states). Collective; waits at most
  *  timeout_s seconds (0: forever). Ranks that pass different sizes (in-process and MPI
- *  communicators) get ZERO_INVALID_ARGUMENT naming both; a root that is no rank of `comm` is
- *  ZERO_INVALID_ARGUMENT before any collective (the communicator stays usable). */
+ *  communicators) get ZERO_INVALID_ARGUMENT naming both, and the communicator is broken from
+ *  then on (its later collectives, and its engines', fail: the ranks went different ways; make
+ *  a new one); a root that is no rank of `comm` is ZERO_INVALID_ARGUMENT before any collective
+ *  (the communicator stays usable). */
 ZERO_API zero_status zero_comm_broadcast_bytes(zero_comm* comm, void* data, int64_t bytes, int root,
                                                double timeout_s);
 /** Ends every process of the MPI job with `exit_code` (MPI_Abort on MPI_COMM_WORLD), for a
@@ -173,7 +175,9 @@ ZERO_API zero_status zero_comm_broadcast_bytes(zero_comm* comm, void* data, int6
  *  ZERO_UNIMPLEMENTED in builds without MPI. */
 ZERO_API zero_status zero_abort_mpi_job(int exit_code);
 
-/** An engine for this rank; `comm` must outlive it. */
+/** An engine for this rank on `comm`'s communicator, which the engine keeps alive:
+ *  zero_comm_destroy(comm) may come before zero_engine_destroy (the communicator goes with the
+ *  last of the two). */
 ZERO_API zero_status zero_engine_create(const char* config_json, zero_comm* comm, zero_engine** out);
 ZERO_API void zero_engine_destroy(zero_engine* engine);
 
@@ -348,8 +352,10 @@ ZERO_API zero_status zero_lr_schedule_iteration(const zero_engine* engine, int64
 /** Reduces `count` fp32 values at `data` (host memory) over every rank of `comm`, in place:
  *  op 0 sum, 1 max (a trainer's metrics: loss, token counts). Collective; waits at most
  *  timeout_s seconds (0: forever); `data` is never written after the call returns. Ranks
- *  that pass different counts (in-process and MPI communicators) get ZERO_INVALID_ARGUMENT
- *  naming both. ZERO_UNIMPLEMENTED for an NCCL communicator (device memory only). */
+ *  that pass different counts or ops (in-process and MPI communicators) get
+ *  ZERO_INVALID_ARGUMENT naming both, and the communicator is broken from then on, as above
+ *  (zero_comm_broadcast_bytes). ZERO_UNIMPLEMENTED for an NCCL communicator (device memory
+ *  only). */
 ZERO_API zero_status zero_comm_all_reduce_f32(zero_comm* comm, float* data, int64_t count, int op,
                                               double timeout_s);
 /** Translates `config_json` (ZeroRT or DeepSpeed JSON text; a DeepSpeed config is recognised

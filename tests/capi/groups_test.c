@@ -1,7 +1,7 @@
 /* The C ABI's optimizer groups, learning rates, schedule position, config normalisation,
  * metric all-reduce, counters, the last step's norm, the norm before a step (zero_clip_grad_norm) and a param's
- * full state, as a C trainer calls them. One in-process rank; plain SGD, so that each
- * step moves a param by exactly -lr * gradient and shows the lr its group stepped with.
+ * full state, as a C trainer calls them, and an engine outliving its zero_comm handle. One in-process
+ * rank; plain SGD, so that each step moves a param by exactly -lr * gradient and shows the lr its group stepped with.
  * Exits 0 when every check holds, 1 naming the first that does not. */
 #include <math.h>
 #include <stdint.h>
@@ -190,8 +190,11 @@ int main(void) {
   CHECK(counters.grad_bytes_copied == 0x7f7f7f7f7f7f7f7fLL, "zero_engine_counters wrote past the seventh field");
   CHECK(zero_engine_counters_sized(engine, &counters, 5) == ZERO_INVALID_ARGUMENT, "a size of 5 bytes accepted");
 
-  zero_engine_destroy(engine);
+  /* The engine keeps its communicator: the handle destroyed first, the engine still steps. */
   zero_comm_destroy(comm);
+  StepAndMeasure(engine, moved);
+  CHECK(moved[0] > 0.0f && moved[1] > 0.0f, "a step after zero_comm_destroy moved %g, %g", moved[0], moved[1]);
+  zero_engine_destroy(engine);
   if (failures == 0) printf("groups_test: all checks passed\n");
   return failures == 0 ? 0 : 1;
 }
