@@ -447,6 +447,9 @@ def check_flags():
         step = str(saved_position(ckpt)) if saved else ""
         check(result.returncode == 0 and "after the last step" in result.stderr and saved and step == "3",
               "--checkpoint_dir without --save_every says so and saves after the last step")
+        check(refused("zero-train", ["--steps", "2", "--ranks", "2", "--checkpoint_dir", ckpt],
+                      "earlier run", "--resume") and saved_position(ckpt) == 3,
+              "a run from step 0 into another run's series is refused, its checkpoints kept")
     check(refused("zero-mem", ["measure", "--layers", "0"], "--layers 0"), "zero-mem measure --layers 0 is refused")
     check(refused("zero-mem", ["measure", "--layers", "1000000000", "--width", "1"], "--layers 1000000000", "10000"),
           "zero-mem measure --layers 1e9 --width 1 is refused instead of running for hours")

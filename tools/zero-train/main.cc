@@ -265,6 +265,15 @@ Status CheckToolFlags(int accumulation) {
     return absl::InvalidArgumentError(
         absl::StrCat("--checkpoint_dir ", checkpoint_dir, " is not a directory; name a directory (created if absent)"));
   }
+  // A series of an earlier run there: training from step 0 would prune its checkpoints
+  // (keep_last counts this run's saves as the newest), so it is never started by accident.
+  if (checkpoints && !absl::GetFlag(FLAGS_resume) &&
+      std::filesystem::exists(std::filesystem::path(checkpoint_dir) / "latest", error)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--checkpoint_dir ", checkpoint_dir, " holds the checkpoints of an earlier run (", checkpoint_dir,
+        "/latest): pass --resume to continue it, or name another (or an empty) directory; a run from step 0 "
+        "there would replace its checkpoints"));
+  }
   if (save_every > 0 && !checkpoints) return absl::InvalidArgumentError("--save_every needs --checkpoint_dir");
   if (absl::GetFlag(FLAGS_resume) && !checkpoints) return absl::InvalidArgumentError("--resume needs --checkpoint_dir");
   return absl::OkStatus();
@@ -393,6 +402,7 @@ Status RunRank(comm::Communicator& comm, const Config& config, const MlpOptions&
       engine->set_checkpoint_user_data(std::to_string(step + 1));
       ZERO_RETURN_IF_ERROR(engine->SaveCheckpoint(checkpoints, absl::StrCat("step-", step + 1)));
     }
+    preempted = preempted && step + 1 < steps;  // on the last step: the run is done, not stopped
     if (preempted) {
       if (report != nullptr) {
         std::fprintf(stderr, "zero-train: stop requested (SIGTERM/SIGUSR1): saved %s/step-%d; continue with --resume\n",
