@@ -492,6 +492,9 @@ def check_resume_edges():
         open(a_file, "w").close()
         check(refused("zero-train", ["--steps", "3", "--checkpoint_dir", a_file, "--resume"],
                       "is not a directory"), "--checkpoint_dir naming a file is refused before any step")
+        check(refused("zero-train", ["--steps", "3", "--checkpoint_dir", os.path.join(a_file, "sub")],
+                      "cannot be created", "Not a directory"),
+              "a --checkpoint_dir that cannot be created is refused before any step, not at the first save")
         check(refused("zero-train", ["--config", scratch], "is a directory"),
               "--config naming a directory says so")
         batch = os.path.join(scratch, "batch.json")
@@ -653,6 +656,11 @@ else:
             local = train(["--stage", "2", "--steps", "30", "--ranks", str(ranks)])
             check(local is not None and close(local[1]["final_loss"], base["final_loss"], 1e-5),
                   f"np {ranks}: the MPI run matches the same run on {ranks} in-process ranks")
+    zero_train = os.path.join(BIN, "zero-train")
+    mixed = subprocess.run([RUN_MPI, "1", zero_train, "--steps", "3", "--seed", "1", ":", "-np", "1",
+                            zero_train, "--steps", "3", "--seed", "2"], capture_output=True, text=True, timeout=120)
+    check(mixed.returncode != 0 and "different --seed (rank 0: 1, rank 1: 2)" in mixed.stderr,
+          "ranks launched with different --seed (an MPMD line) are refused before any step, naming it")
     check_preempted(signal.SIGUSR1, launcher=(RUN_MPI, "2"))
     check_killed_while_saving(kills=3, launcher=(RUN_MPI, "2"))
     check_rank_failure_ends_the_job()

@@ -7,9 +7,13 @@
 //   zero-train --stage 3 --ranks 8 --precision bf16 --steps 500
 //   mpirun -np 4 zero-train --json > run.jsonl
 //   zero-train --config zero.json --lr 3e-3      # flags given on the command line win
+#include <unistd.h>
+
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -30,6 +34,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "flag_agreement.h"
 #include "mlp.h"
 #include "report.h"
 #include "zero/communicator.h"
@@ -274,6 +279,17 @@ Status CheckToolFlags(int accumulation) {
         "/latest): pass --resume to continue it, or name another (or an empty) directory; a run from step 0 "
         "there would replace its checkpoints"));
   }
+  // A directory the saves cannot write (a read-only file system, another user's) is found
+  // now, not after the steps before the first save.
+  if (checkpoints && (!std::filesystem::create_directories(checkpoint_dir, error) && error)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--checkpoint_dir ", checkpoint_dir, " cannot be created: ", error.message()));
+  }
+  if (checkpoints && ::access(checkpoint_dir.c_str(), W_OK | X_OK) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--checkpoint_dir ", checkpoint_dir,
+                                                   " is not writable: ", std::strerror(errno),
+                                                   "; the checkpoints could not be saved there"));
+  }
   if (save_every > 0 && !checkpoints) return absl::InvalidArgumentError("--save_every needs --checkpoint_dir");
   if (absl::GetFlag(FLAGS_resume) && !checkpoints) return absl::InvalidArgumentError("--resume needs --checkpoint_dir");
   return absl::OkStatus();
@@ -358,6 +374,13 @@ Status ApplyGivenHyper(Engine& engine, const Config& config, const GivenFlags& g
 
 Status RunRank(comm::Communicator& comm, const Config& config, const MlpOptions& options, Report* report,
                const std::string& setup, const GivenFlags& given) {
+  ZERO_RETURN_IF_ERROR(AgreeOnTrainerFlags(
+      comm,
+      {{"seed", static_cast<int64_t>(options.seed)}, {"batch", options.batch}, {"steps", absl::GetFlag(FLAGS_steps)},
+       {"save_every", absl::GetFlag(FLAGS_save_every)}, {"keep_last", absl::GetFlag(FLAGS_keep_last)},
+       {"resume", absl::GetFlag(FLAGS_resume)}, {"tied", options.tied}, {"branch", options.branch},
+       {"recompute", options.recompute}, {"checkpoint_dir", TextFingerprint(absl::GetFlag(FLAGS_checkpoint_dir))}},
+      config.guard.timeout_s));
   ZERO_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(config, comm));
   Mlp model(options);
   ZERO_RETURN_IF_ERROR(model.Setup(*engine));
