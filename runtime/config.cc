@@ -440,9 +440,15 @@ StatusOr<std::string> NormalizeConfigJson(std::string_view text) {
   const Json json = Json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
   std::string normalized(text);
   if (!json.is_discarded() && runtime::IsDeepSpeedConfig(json)) {
-    std::vector<std::string> notes;
-    ZERO_ASSIGN_OR_RETURN(const Json translated, runtime::TranslateDeepSpeedConfig(json, &notes));
+    runtime::KeyOrigins origins;
+    ZERO_ASSIGN_OR_RETURN(const Json translated, runtime::TranslateDeepSpeedConfig(json, nullptr, &origins));
     normalized = translated.dump();
+    const Status parsed = Config::FromJson(normalized).status();
+    if (!parsed.ok()) {
+      return Status(parsed.code(), absl::StrCat("DeepSpeed config, as translated: ",
+                                                runtime::NameDeepSpeedKeys(std::string(parsed.message()), origins)));
+    }
+    return normalized;
   }
   ZERO_RETURN_IF_ERROR(Config::FromJson(normalized).status());
   return normalized;
@@ -478,13 +484,15 @@ StatusOr<Config> Config::FromJson(std::string_view text) {
   if (json.is_discarded()) return absl::InvalidArgumentError("config is not valid JSON");
   if (runtime::IsDeepSpeedConfig(json)) {
     std::vector<std::string> notes;
-    ZERO_ASSIGN_OR_RETURN(const Json translated, runtime::TranslateDeepSpeedConfig(json, &notes));
+    runtime::KeyOrigins origins;
+    ZERO_ASSIGN_OR_RETURN(const Json translated, runtime::TranslateDeepSpeedConfig(json, &notes, &origins));
     if (runtime::IsDeepSpeedConfig(translated)) {
       return absl::InternalError("the DeepSpeed config's translation is not a ZeroRT config");
     }
     StatusOr<Config> config = FromJson(translated.dump());
     if (!config.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("DeepSpeed config, as translated: ", config.status().message()));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "DeepSpeed config, as translated: ", runtime::NameDeepSpeedKeys(std::string(config.status().message()), origins)));
     }
     config->notes = std::move(notes);
     return config;

@@ -36,6 +36,7 @@ struct Translation {
   std::vector<std::string> notes;        ///< "key: text"
   std::vector<std::string> unsupported;  ///< "key: what to do"
   std::map<std::string, Json> given;     ///< values kept for the Finish* functions, by dotted key
+  KeyOrigins origins;                    ///< ZeroRT key -> the DeepSpeed key its value came from
 
   void Note(const std::string& key, const std::string& text) { notes.push_back(key + ": " + text); }
   void Unsupported(const std::string& key, const std::string& what) {
@@ -81,6 +82,7 @@ void Put(Translation& t, const std::string& key, const Json& v, const std::strin
          const std::string& what) {
   if (IsAuto(v)) return AutoUnsupported(t, key, what);
   t.out[At(zero_key)] = v;
+  t.origins[zero_key] = key;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -94,7 +96,11 @@ Handler To(std::string zero_key, std::string what) {
 /// from the model's hidden size) ZeroRT's default stays.
 Handler Tuning(std::string zero_key) {
   return [=](const Json& v, const std::string& key, Translation& t) {
-    if (!IsAuto(v)) return void(t.out[At(zero_key)] = v);
+    if (!IsAuto(v)) {
+      t.out[At(zero_key)] = v;
+      t.origins[zero_key] = key;
+      return;
+    }
     t.Note(key, "\"auto\" (Hugging Face derives it from the model's hidden size): ZeroRT's default " +
                     zero_key + " is used");
   };
@@ -557,7 +563,7 @@ bool IsDeepSpeedConfig(const nlohmann::json& config) {
 }
 
 StatusOr<nlohmann::json> TranslateDeepSpeedConfig(const nlohmann::json& config,
-                                                  std::vector<std::string>* notes) {
+                                                  std::vector<std::string>* notes, KeyOrigins* origins) {
   Translation t;
   t.out["stage"] = 0;  // zero/config.py: stage defaults to 0 (ZeroRT's to 2)
   Walk(config, "", TopLevel(), t);
@@ -572,7 +578,27 @@ StatusOr<nlohmann::json> TranslateDeepSpeedConfig(const nlohmann::json& config,
                                                    " not supported:\n", absl::StrJoin(t.unsupported, "\n")));
   }
   if (notes != nullptr) notes->insert(notes->end(), t.notes.begin(), t.notes.end());
+  if (origins != nullptr) *origins = std::move(t.origins);
   return std::move(t.out);
+}
+
+std::string NameDeepSpeedKeys(const std::string& message, const KeyOrigins& origins) {
+  static const std::string kKey = "config key \"";
+  std::string out;
+  size_t at = 0;
+  for (size_t found; (found = message.find(kKey, at)) != std::string::npos;) {
+    const size_t begin = found + kKey.size(), end = message.find('"', begin);
+    if (end == std::string::npos) break;
+    const std::string key = message.substr(begin, end - begin);
+    const size_t index = std::min(key.find('['), key.size());  // "optimizer.betas[1]"
+    const auto origin = origins.find(key.substr(0, index));
+    out += message.substr(at, found - at);
+    out += origin == origins.end() || origin->second == key.substr(0, index)
+               ? message.substr(found, end + 1 - found)
+               : absl::StrCat("DeepSpeed key \"", origin->second, key.substr(index), "\" (ZeroRT's \"", key, "\")");
+    at = end + 1;
+  }
+  return out + message.substr(at);
 }
 
 }  // namespace zero::runtime

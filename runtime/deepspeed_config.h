@@ -3,6 +3,7 @@
 #ifndef ZERO_RUNTIME_DEEPSPEED_CONFIG_H_
 #define ZERO_RUNTIME_DEEPSPEED_CONFIG_H_
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -27,9 +28,17 @@ bool IsDeepSpeedConfig(const nlohmann::json& config);
 /// resolved here) are accepted, each with a "<dotted.key>: <text>" line appended to `notes`
 /// (which may be null; nothing is appended on error). Every unsupported key or value is named
 /// in one kInvalidArgument: "DeepSpeed config: N keys are not supported:" and then one
-/// "<dotted.key>: <what to do>" line each.
+/// "<dotted.key>: <what to do>" line each. `origins` (may be null) receives, for each ZeroRT
+/// key a DeepSpeed key's value was copied to, that DeepSpeed key ("stage" from
+/// "zero_optimization.stage").
+using KeyOrigins = std::map<std::string, std::string>;
 StatusOr<nlohmann::json> TranslateDeepSpeedConfig(const nlohmann::json& config,
-                                                  std::vector<std::string>* notes);
+                                                  std::vector<std::string>* notes, KeyOrigins* origins = nullptr);
+
+/// `message`, an error of ZeroRT's parser about a translation, with each `config key "k"` whose
+/// k (before an index, "optimizer.betas[1]") came from a DeepSpeed key named as that key:
+/// `DeepSpeed key "optimizer.params.betas[1]" (ZeroRT's "optimizer.betas[1]")`.
+std::string NameDeepSpeedKeys(const std::string& message, const KeyOrigins& origins);
 
 }  // namespace zero::runtime
 

@@ -1,7 +1,7 @@
 // DeepSpeed configs translated into ZeroRT's JSON: realistic ZeRO-2 and ZeRO-3 configs key by
 // key, DeepSpeed's defaults (Adam is AdamW without weight decay, clipping at 1.0, stage 0),
 // Hugging Face's "auto", the notes for keys that only tune DeepSpeed, and one error naming
-// every unsupported key.
+// every unsupported key; a refused value named by the DeepSpeed key it was written under.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -13,6 +13,7 @@
 
 #include "runtime/deepspeed_config.h"
 #include "tests/status_matchers.h"
+#include "zero/config.h"
 
 namespace zero::runtime {
 namespace {
@@ -325,6 +326,26 @@ TEST(DeepSpeedConfig, GuardIsZeroRtsOwnSection) {
   EXPECT_THAT(Error(R"({"zero_optimization": {"ignore_unused_parameters": true}, "guard": {"on_unused": "zero"}})"),
               HasSubstr("keep one"));
   EXPECT_THAT(Error(R"({"zero_optimization": {"stage": 1}, "guard": 1})"), HasSubstr("guard: 1 is not an object"));
+}
+
+// A value ZeroRT's parser refuses is named by the key the user wrote, not only the one it was
+// copied to.
+TEST(DeepSpeedConfig, RefusedValuesNameTheDeepSpeedKey) {
+  const std::pair<const char*, const char*> cases[] = {
+      {R"({"zero_optimization": {"stage": "3"}})", R"(DeepSpeed key "zero_optimization.stage" (ZeroRT's "stage"))"},
+      {R"({"gradient_clipping": "1.0"})", R"(DeepSpeed key "gradient_clipping" (ZeroRT's "clip_grad_norm"))"},
+      {R"({"zero_optimization": {"reduce_bucket_size": -5}})",
+       R"(DeepSpeed key "zero_optimization.reduce_bucket_size" (ZeroRT's "buckets.reduce_bucket_elems"))"},
+      {R"({"optimizer": {"type": "Adam", "params": {"betas": [0.9, 1.5]}}})",
+       R"(DeepSpeed key "optimizer.params.betas[1]" (ZeroRT's "optimizer.betas[1]"))"},
+  };
+  for (const auto& [text, named] : cases) {
+    EXPECT_THAT(Config::FromJson(text), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(named))) << text;
+    EXPECT_THAT(NormalizeConfigJson(text), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(named))) << text;
+  }
+  EXPECT_EQ(NameDeepSpeedKeys(R"(config key "guard.timeout_s": bad)", {{"stage", "zero_optimization.stage"}}),
+            R"(config key "guard.timeout_s": bad)")
+      << "a key of no DeepSpeed origin stays as it was";
 }
 
 TEST(DeepSpeedConfig, NotesAreAppendedOnlyOnSuccess) {
