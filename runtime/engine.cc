@@ -119,6 +119,19 @@ Status EngineImpl::RequireHealthyGroup(const char* call) const {
       "checkpoint"));
 }
 
+Status EngineImpl::RequireFinishableIteration(const char* call) const {
+  if (lost_iteration_.ok()) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      call, ": iteration ", iteration_, " failed where it could no longer finish (", lost_iteration_.message(),
+      "), so no iteration can follow on this engine: destroy it and resume from the last checkpoint in a new "
+      "one, after changing what that message names"));
+}
+
+Status EngineImpl::LoseIteration(Status cause) {
+  if (lost_iteration_.ok()) lost_iteration_ = cause;
+  return cause;
+}
+
 Status EngineImpl::SetStream(void* cuda_stream) {
   if (phase_ == Phase::kBackward) return RequirePhase(Phase::kIdle, "SetStream");
   return ops_->SetStream(cuda_stream);

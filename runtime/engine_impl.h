@@ -134,6 +134,11 @@ class EngineImpl final : public Engine {
   // OK while the communicator's group works; once it broke, `call` fails with its first error
   // (the engine's state may differ from its peers', so nothing may go on).
   Status RequireHealthyGroup(const char* call) const;
+  // OK unless an iteration failed where it could no longer finish (lost_iteration_): then
+  // `call`, which would start or continue one, fails naming why.
+  Status RequireFinishableIteration(const char* call) const;
+  // Records `cause` as the reason iterations cannot go on (the first one wins) and returns it.
+  Status LoseIteration(Status cause);
   Status CheckParamId(ParamId id, const char* call) const;
   // What GetFullState and SetFullState (`call`) share: a healthy group, between micro-batches,
   // a non-null `buffer`, a trainable param and a moment the optimizer keeps; returns the
@@ -268,6 +273,10 @@ class EngineImpl final : public Engine {
   std::unique_ptr<OptimizerState> optimizer_;
 
   Phase phase_ = Phase::kRegistering;
+  // Not OK once a micro-batch failed half done (its buckets partly launched, a bucket holding
+  // the buffer the next one needs): neither it nor a later one can finish, so BeginIteration,
+  // the gradient calls, EndBackward, Step, ClipGradNorm and DropGradients refuse with it.
+  Status lost_iteration_ = absl::OkStatus();
   int micro_batch_ = 0;        // micro-batches completed since the last Step
   int64_t iteration_ = 0;      // micro-batches begun in total
   int64_t step_ = 0;           // optimizer steps taken

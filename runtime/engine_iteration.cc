@@ -9,6 +9,7 @@ namespace zero::runtime {
 
 Status EngineImpl::BeginIteration() {
   ZERO_RETURN_IF_ERROR(RequireHealthyGroup("BeginIteration"));
+  ZERO_RETURN_IF_ERROR(RequireFinishableIteration("BeginIteration"));
   if (phase_ == Phase::kBackward) {
     std::vector<std::string> waiting;
     for (size_t b = 0; b < pending_.size(); ++b) {
@@ -51,6 +52,7 @@ Status EngineImpl::BeginIteration() {
 
 Status EngineImpl::CheckGradientCall(ParamId id, const char* call) const {
   ZERO_RETURN_IF_ERROR(RequireHealthyGroup(call));
+  ZERO_RETURN_IF_ERROR(RequireFinishableIteration(call));
   ZERO_RETURN_IF_ERROR(RequirePhase(Phase::kBackward, call));
   ZERO_RETURN_IF_ERROR(CheckParamId(id, call));
   if (specs_[id].requires_grad) return absl::OkStatus();
@@ -74,7 +76,9 @@ Status EngineImpl::PrepareGradWrite(ParamId id, const char* call, bool lend) {
 
 Status EngineImpl::WaitForGradBuffer(int bucket, int arriving) {
   while (grads_->NeedsBufferWait(bucket)) {
-    if (scheduler_->in_flight() == 0) return BufferPoolExhausted(arriving);
+    // Nothing in flight to free a buffer, and buckets launch in a fixed order: the bucket
+    // waiting can never have one, and neither can its iteration finish.
+    if (scheduler_->in_flight() == 0) return LoseIteration(BufferPoolExhausted(arriving));
     ZERO_RETURN_IF_ERROR(scheduler_->WaitOldest(config_.guard.timeout_s));  // its Finish frees a buffer
     ++counters_.pool_waits;
   }
@@ -215,19 +219,22 @@ Status EngineImpl::BucketReady(int bucket) {
 
 Status EngineImpl::EndBackward() {
   ZERO_RETURN_IF_ERROR(RequireHealthyGroup("EndBackward"));
+  ZERO_RETURN_IF_ERROR(RequireFinishableIteration("EndBackward"));
   ZERO_RETURN_IF_ERROR(RequirePhase(Phase::kBackward, "EndBackward"));
   std::vector<int> to_complete;
   ZERO_RETURN_IF_ERROR(guard_->AtEndBackward(comm_.rank(), &to_complete));
   phase_ = Phase::kIdle;  // launches from here on count as after EndBackward
+  // From here a failure leaves the micro-batch half reduced: no iteration can follow.
   for (int param : to_complete) --pending_[plan_->placement(param).bucket];
   for (const partition::Bucket& b : plan_->buckets()) {
     if (handed_[b.index] || pending_[b.index] > 0) continue;
     handed_[b.index] = 1;
-    ZERO_RETURN_IF_ERROR(BucketReady(b.index));
+    if (Status ready = BucketReady(b.index); !ready.ok()) return LoseIteration(ready);
   }
   Status waited = scheduler_->WaitAll(config_.guard.timeout_s);
   if (!waited.ok()) {
-    return Status(waited.code(), absl::StrCat("EndBackward (iteration ", iteration_, "): ", waited.message()));
+    return LoseIteration(
+        Status(waited.code(), absl::StrCat("EndBackward (iteration ", iteration_, "): ", waited.message())));
   }
   params_->EndOfMicroBatch();
   ++micro_batch_;

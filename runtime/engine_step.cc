@@ -12,6 +12,7 @@ namespace zero::runtime {
 
 StatusOr<StepInfo> EngineImpl::Step() {
   ZERO_RETURN_IF_ERROR(RequireHealthyGroup("Step"));
+  ZERO_RETURN_IF_ERROR(RequireFinishableIteration("Step"));
   ZERO_RETURN_IF_ERROR(RequirePhase(Phase::kIdle, "Step"));
   if (micro_batch_ != config_.gradient_accumulation_steps) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -112,6 +113,7 @@ StatusOr<StepInfo> EngineImpl::Step() {
 
 Status EngineImpl::DropGradients() {
   ZERO_RETURN_IF_ERROR(RequireHealthyGroup("DropGradients"));
+  ZERO_RETURN_IF_ERROR(RequireFinishableIteration("DropGradients"));
   ZERO_RETURN_IF_ERROR(RequirePhase(Phase::kIdle, "DropGradients"));
   if (micro_batch_ == 0) return absl::OkStatus();
   // As a step skipped on overflow, but for the loss scaler and the step count.
@@ -166,6 +168,7 @@ Status EngineImpl::RequireCompletedSum(const char* call) {
 
 StatusOr<float> EngineImpl::ClipGradNorm(float max_norm) {
   ZERO_RETURN_IF_ERROR(RequireHealthyGroup("ClipGradNorm"));
+  ZERO_RETURN_IF_ERROR(RequireFinishableIteration("ClipGradNorm"));
   ZERO_RETURN_IF_ERROR(RequirePhase(Phase::kIdle, "ClipGradNorm"));
   if (micro_batch_ != config_.gradient_accumulation_steps) {
     return absl::FailedPreconditionError(absl::StrCat(

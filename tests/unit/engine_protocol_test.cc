@@ -138,6 +138,32 @@ TEST(EngineProtocol, AnExhaustedBufferPoolDoesNotBlameTheGradientArrivingNow) {
   EXPECT_THAT(e->AccumulateGrad(1, kGrad.data()),
               StatusIs(absl::StatusCode::kResourceExhausted,
                        ::testing::AllOf(HasSubstr("far from backward order"), Not(HasSubstr("\"late\"")))));
+  // No call can finish that iteration (the bucket holding the buffer launches after the one
+  // that needs it), nor start another: each says so, instead of an error about unused params
+  // or an unfinished iteration.
+  const auto lost = StatusIs(absl::StatusCode::kFailedPrecondition,
+                             ::testing::AllOf(HasSubstr("could no longer finish"), HasSubstr("far from backward order")));
+  EXPECT_THAT(e->AccumulateGrad(1, kGrad.data()), lost);
+  EXPECT_THAT(e->EndBackward(), lost);
+  EXPECT_THAT(e->BeginIteration(), lost);
+  EXPECT_THAT(e->Step(), lost);
+  EXPECT_THAT(e->DropGradients(), lost);
+}
+
+// Under guard.on_unused = "zero" the same pool fails inside EndBackward (the param that got
+// no gradient completes its bucket there): the micro-batch is half reduced, so a new one is
+// refused rather than started beside it.
+TEST(EngineProtocol, AnEndBackwardThatFailedHalfDoneLetsNoIterationFollow) {
+  Config config = ToyConfig(2);
+  config.guard.on_unused = UnusedPolicy::kZero;
+  auto group = comm::CreateLocalGroup(1);
+  auto e = OneBufferEngine(*(*group)[0], config, {"early", "late"});  // late's launches first
+  ASSERT_NE(e, nullptr);
+  ASSERT_THAT(e->AccumulateGrad(0, kGrad.data()), IsOk());  // takes the only buffer
+  EXPECT_THAT(e->EndBackward(), StatusIs(absl::StatusCode::kResourceExhausted));
+  EXPECT_THAT(e->BeginIteration(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("could no longer finish")));
+  EXPECT_THAT(e->Step(), StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("could no longer finish")));
 }
 
 // Stage 3 keeps a param registered without a unit gathered on every rank: Finalize warns when
