@@ -133,7 +133,29 @@ Status EngineImpl::HoldSeriesLock(const std::string& root) {
   return absl::OkStatus();
 }
 
-Status EngineImpl::SaveCheckpoint(const std::string& target) { return SaveCheckpointAs(target, 0); }
+Status EngineImpl::AgreeOnCheckpointDir(const std::string& dir) {
+  if (comm_.size() == 1) return absl::OkStatus();
+  uint64_t fingerprint = 14695981039346656037ull;  // FNV-1a of the path
+  for (unsigned char c : dir) fingerprint = (fingerprint ^ c) * 1099511628211ull;
+  std::vector<uint64_t> all(static_cast<size_t>(comm_.size()));
+  ZERO_RETURN_IF_ERROR(host_.AllGather(&fingerprint, all.data(), 1, DType::kInt64));
+  std::vector<int> others;
+  for (int r = 0; r < comm_.size(); ++r) {
+    if (all[r] != fingerprint) others.push_back(r);
+  }
+  if (others.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "SaveCheckpoint: the ranks name different directories: this rank (", comm_.rank(), ") saves into \"", dir,
+      "\", rank(s) ", absl::StrJoin(others, ", "), " into another; every rank passes the same directory (a path on "
+      "a file system every rank shares). Nothing was written"));
+}
+
+Status EngineImpl::SaveCheckpoint(const std::string& target) {
+  if (target.empty()) return absl::InvalidArgumentError("SaveCheckpoint: the directory is \"\"; name one");
+  ZERO_RETURN_IF_ERROR(RequireHealthyGroup("SaveCheckpoint"));
+  ZERO_RETURN_IF_ERROR(AgreeOnCheckpointDir(TrimmedDir(target)));
+  return SaveCheckpointAs(target, 0);
+}
 
 Status EngineImpl::SaveCheckpointAs(const std::string& target, int64_t series_seq) {
   ZERO_RETURN_IF_ERROR(RequireHealthyGroup("SaveCheckpoint"));
@@ -169,8 +191,14 @@ Status EngineImpl::SaveCheckpointAs(const std::string& target, int64_t series_se
   }
   ZERO_RETURN_IF_ERROR(AgreeOnOutcome(created, "SaveCheckpoint"));
   uint64_t index_checksum = 0;
+  // A save that fails from here leaves no DIR.partial behind (rank 0 made it, and removes it).
+  auto discard_partial = [&](Status failed) {
+    std::error_code error;
+    if (comm_.rank() == 0) std::filesystem::remove_all(partial, error);
+    return failed;
+  };
   Status written = WriteRankFile(RankFilePath(partial, comm_.rank(), comm_.size()), &index_checksum);
-  ZERO_RETURN_IF_ERROR(AgreeOnOutcome(written, "SaveCheckpoint"));
+  if (Status agreed = AgreeOnOutcome(written, "SaveCheckpoint"); !agreed.ok()) return discard_partial(agreed);
   // meta.json names each rank file by its index checksum: a file of another save is refused.
   std::vector<uint64_t> rank_files(static_cast<size_t>(comm_.size()));
   written = host_.AllGather(&index_checksum, rank_files.data(), 1, DType::kInt64);
@@ -200,7 +228,7 @@ Status EngineImpl::SaveCheckpointAs(const std::string& target, int64_t series_se
     }
   }
   // Every rank's file is durable: rank 0 makes the whole directory visible at once.
-  ZERO_RETURN_IF_ERROR(AgreeOnOutcome(written, "SaveCheckpoint"));
+  if (Status agreed = AgreeOnOutcome(written, "SaveCheckpoint"); !agreed.ok()) return discard_partial(agreed);
   Status published = comm_.rank() == 0 ? PublishDirectory(partial, dir) : absl::OkStatus();
   // Nobody reads the checkpoint before it is in place.
   return AgreeOnOutcome(published, "SaveCheckpoint");
@@ -215,6 +243,8 @@ Status EngineImpl::SaveCheckpoint(const std::string& root_dir, const std::string
                                                    "\"latest\", not ending in .partial)"));
   }
   const std::string root = TrimmedDir(root_dir);
+  ZERO_RETURN_IF_ERROR(RequireHealthyGroup("SaveCheckpoint"));
+  ZERO_RETURN_IF_ERROR(AgreeOnCheckpointDir(root + "/" + tag));
   Status created;
   if (comm_.rank() == 0) {
     std::error_code error;

@@ -197,6 +197,9 @@ class EngineImpl final : public Engine {
   // holds the lock of dir's parent while it saves, unless it holds it already (a series root
   // it saved into: series_locks_).
   Status SaveCheckpointAs(const std::string& dir, int64_t series_seq);
+  // Collective, before a save creates anything: kInvalidArgument on every rank when the ranks
+  // name different checkpoint directories (`dir` as this rank names it).
+  Status AgreeOnCheckpointDir(const std::string& dir);
   // Rank 0: locks `dir` for a save into it (checkpoint_files.h), waiting for another job's save
   // up to half of guard.timeout_s (0: forever), so that the ranks waiting for rank 0 in the
   // next collective hear why instead of timing out; warns where the file system cannot lock.

@@ -290,6 +290,9 @@ def check_zero_ckpt():
         resharded = os.path.join(root, "three")
         made = run([tool, "reshard", ckpt, "--world", "3", "--out", resharded])
         files = sorted(os.listdir(resharded)) if made.returncode == 0 else []
+        check(refused("zero-ckpt", ["reshard", ckpt, "--world", "2", "--out", resharded],
+                      "holds a checkpoint already") and sorted(os.listdir(resharded)) == files,
+              "zero-ckpt reshard --out naming an existing checkpoint is refused and leaves it as it was")
         more = ["--steps", "9", "--resume", "--ranks", "3"] + flags[2:]
         a, b = train(more + ["--checkpoint_dir", resharded]), train(more + ["--checkpoint_dir", ckpt])
         check(files == ["meta.json", "rank-0-of-3.bin", "rank-1-of-3.bin", "rank-2-of-3.bin"]

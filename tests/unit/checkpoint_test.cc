@@ -482,18 +482,27 @@ TEST(CheckpointMisuse, BinaryUserDataAndAFifoAreErrorsNotACrashOrAHang) {
 // Ranks whose checkpoint paths are different directories (node-local storage; here rank 1's
 // path holds a stale DIR.partial, so its own write succeeds): rank 0 does not find rank 1's
 // file, and nothing is published, where it published a checkpoint without that file.
-TEST(CheckpointMisuse, ASaveWhoseRankFilesAreNotAllInOneDirectoryPublishesNothing) {
+// Ranks naming different directories (each its node's own, or a typo on one) are refused on
+// every rank, naming it, before anything is written: no rank file lands where no checkpoint
+// will be, and no DIR.partial is left. Both save calls (a directory, a series root and tag).
+TEST(CheckpointMisuse, RanksNamingDifferentDirectoriesAreRefusedBeforeAnythingIsWritten) {
   const std::string root = testing::ScratchDir("zerort-ckpt-local");
-  std::filesystem::create_directories(root + "/node1/ckpt.partial");
   const std::vector<Status> statuses = RunOnRanks(2, [&](int rank, comm::Communicator& c) -> Status {
     ZERO_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, ToyEngineAfterOneStep(c));
-    return engine->SaveCheckpoint(root + (rank == 0 ? "/node0/ckpt" : "/node1/ckpt"));
+    const std::string node = root + (rank == 0 ? "/node0" : "/node1");
+    const Status named = engine->SaveCheckpoint(node + "/ckpt");
+    if (named.ok()) return absl::InternalError("saved into two directories");
+    const Status tagged = engine->SaveCheckpoint(node, "step-1");
+    if (tagged.code() != named.code()) return tagged;
+    return named;
   });
-  EXPECT_THAT(statuses[0], StatusIs(absl::StatusCode::kDataLoss,
-                                    AllOf(HasSubstr("rank-1-of-2.bin"), HasSubstr("one directory that all of them share"))));
-  EXPECT_THAT(statuses[1], StatusIs(absl::StatusCode::kAborted, HasSubstr("rank 0 failed")));
-  EXPECT_FALSE(std::filesystem::exists(root + "/node0/ckpt"));
-  EXPECT_FALSE(std::filesystem::exists(root + "/node1/ckpt"));
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_THAT(statuses[rank], StatusIs(absl::StatusCode::kInvalidArgument,
+                                         AllOf(HasSubstr("the ranks name different directories"),
+                                               HasSubstr(absl::StrCat("rank(s) ", 1 - rank)))));
+  }
+  EXPECT_FALSE(std::filesystem::exists(root + "/node0")) << "nothing written, not even a series root";
+  EXPECT_FALSE(std::filesystem::exists(root + "/node1"));
   std::filesystem::remove_all(root);
 }
 

@@ -22,6 +22,10 @@ Status Verify(const std::string& dir);
 /// (writing there would damage the input), comparing absolute paths with symlinks resolved.
 Status OutputOutsideCheckpoint(const std::string& checkpoint_dir, const std::string& out);
 
+/// kInvalidArgument when `out` would replace what the checkpoint series rooted at `dir` needs
+/// to resume (its `latest`, its lock, one of its checkpoints) or write inside one of them.
+Status OutputOutsideSeries(const std::string& dir, const std::string& out);
+
 /// Writes the full params (fp32 masters, as `dtype`: fp32 or bf16) into a safetensors file
 /// keyed by param name: trainable params, and frozen ones where the checkpoint saved them
 /// (checkpoint.save_frozen).

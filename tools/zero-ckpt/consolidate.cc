@@ -35,9 +35,8 @@ Status OutputOutsideCheckpoint(const std::string& checkpoint_dir, const std::str
   return absl::OkStatus();
 }
 
-// `out` must not replace what a series root `dir` (a directory of step-N checkpoints, given in
-// place of one of them) needs: its `latest` file, its lock, or a checkpoint in it (or write into
-// one). A new file beside them, or in another directory under the root, is fine.
+// A series root `dir` is a directory of step-N checkpoints, given in place of one of them. A new
+// file beside them, or in another directory under the root, is fine.
 Status OutputOutsideSeries(const std::string& dir, const std::string& out) {
   std::error_code root_error, output_error;
   const std::filesystem::path root = std::filesystem::weakly_canonical(dir, root_error);

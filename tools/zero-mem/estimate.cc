@@ -7,14 +7,16 @@ namespace zero::tools {
 
 StatusOr<StateBytes> BytesPerParam(const std::string& precision, const std::string& optimizer,
                                    const std::string& grad_dtype) {
-  // Moment bytes: Adam/AdamW keep m and v, SGD (momentum) and Lion one buffer.
+  // Moment bytes: Adam/AdamW and LAMB keep m and v, SGD (momentum) and Lion one buffer (LAMB's
+  // update before its trust ratio, as large as one moment of the shard, counts as workspace).
   double moments;
-  if (optimizer == "adam" || optimizer == "adamw") {
+  if (optimizer == "adam" || optimizer == "adamw" || optimizer == "lamb") {
     moments = 8;
   } else if (optimizer == "sgd" || optimizer == "lion") {
     moments = 4;
   } else {
-    return absl::InvalidArgumentError(absl::StrCat("--optimizer ", optimizer, ": expected adamw, adam, sgd or lion"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--optimizer ", optimizer, ": expected adamw, adam, lamb, sgd or lion"));
   }
   StateBytes bytes;
   if (precision == "mixed") {

@@ -42,7 +42,7 @@ ABSL_FLAG(std::string, preset, "", "estimate: zero-paper (7.5B), gpt2-xl (1.56B)
 ABSL_FLAG(double, largest_layer, 0, "estimate: parameters of the largest layer (DeepSpeed's ZeRO-3 figure); default 1% of Ψ");
 ABSL_FLAG(std::string, ranks, "", "rank counts, comma-separated (estimate default 64; measure default 1,2,4)");
 ABSL_FLAG(std::string, precision, "mixed", "mixed (16-bit params + fp32 master; gradients: --grad_dtype) or fp32");
-ABSL_FLAG(std::string, optimizer, "adamw", "adamw, adam, sgd (momentum) or lion");
+ABSL_FLAG(std::string, optimizer, "adamw", "adamw, adam, lamb, sgd (momentum) or lion");
 ABSL_FLAG(std::string, grad_dtype, "",
           "gradient dtype (precision.grad): bf16 (--precision mixed; the default there, the ZeRO paper's "
           "2 bytes) or fp32 (4 bytes: gradients accumulated and reduced in fp32)");
@@ -105,6 +105,13 @@ Status RunGnuplot(const std::string& script, const std::string& path) {
   return absl::UnavailableError(absl::StrCat("gnuplot could not draw ", path, ": ", absl::StripAsciiWhitespace(said)));
 }
 
+// --plot names a file gnuplot draws: .png or .svg (any other name would get PNG data).
+Status CheckPlotPath() {
+  const std::string path = absl::GetFlag(FLAGS_plot);
+  if (path.empty() || absl::EndsWith(path, ".png") || absl::EndsWith(path, ".svg")) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("--plot ", path, ": name a .png or .svg file"));
+}
+
 // Rows of (ranks, per-stage bytes) drawn as one line per stage; `measured` adds points.
 Status Plot(const std::string& path, const std::vector<int>& ranks, const std::vector<std::vector<double>>& bytes,
             const std::vector<std::vector<double>>& measured, const std::string& title) {
@@ -145,6 +152,7 @@ Status Plot(const std::string& path, const std::vector<int>& ranks, const std::v
 }
 
 Status Estimate() {
+  ZERO_RETURN_IF_ERROR(CheckPlotPath());
   const std::map<std::string, double> presets = {
       {"zero-paper", 7.5e9}, {"gpt2-xl", 1.558e9}, {"llama-7b", 6.738e9}, {"llama-70b", 68.98e9}};
   double params = absl::GetFlag(FLAGS_params);
@@ -158,8 +166,8 @@ Status Estimate() {
     params = it->second;
   }
   if (params == 0) return absl::InvalidArgumentError("give --params Ψ (e.g. 7.5e9) or --preset");
-  if (!(params > 0 && params <= 1e15)) {
-    return absl::InvalidArgumentError(absl::StrCat("--params ", params, ": allowed: > 0 and ≤ 1e15"));
+  if (!(params >= 1 && params <= 1e15)) {
+    return absl::InvalidArgumentError(absl::StrCat("--params ", params, ": allowed: ≥ 1 and ≤ 1e15"));
   }
   const double frozen_fraction = absl::GetFlag(FLAGS_frozen_fraction);
   if (!(frozen_fraction >= 0 && frozen_fraction < 1)) {
@@ -239,6 +247,7 @@ Status CheckModelFlags(const MeasureOptions& o) {
 }
 
 Status Measure() {
+  ZERO_RETURN_IF_ERROR(CheckPlotPath());
   MeasureOptions o;
   o.layers = absl::GetFlag(FLAGS_layers);
   o.width = absl::GetFlag(FLAGS_width);

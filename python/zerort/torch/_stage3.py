@@ -168,7 +168,9 @@ _LOAD_WAYS = ("load inside `with zerort.torch.gathered(params, modifier_rank=0):
 # What hinted() says of a failed gather or release.
 _GATHERS = ("a stage-3 gather (each module's forward and backward)",
             "; evaluate on every rank (each rank its own batch), or read full values with "
-            "engine.state_dict(). A module that runs other submodules on each rank (a "
+            "engine.state_dict(). A generation loop makes as many forwards on every rank "
+            "(Hugging Face's generate(..., synced_gpus=True) goes on until every rank is "
+            "done). A module that runs other submodules on each rank (a "
             "mixture of experts routing each rank's tokens to other experts) must gather "
             "them all at once: make it a leaf before initialize(), "
             "zerort.torch.set_z3_leaf_modules(model, [MoEBlockClass]). So must a module "
