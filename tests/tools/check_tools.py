@@ -457,6 +457,14 @@ def check_flags():
     check(refused("zero-mem", ["measure", "--layers", "1000000000", "--width", "1"], "--layers 1000000000", "10000"),
           "zero-mem measure --layers 1e9 --width 1 is refused instead of running for hours")
     check(refused("zero-mem", ["estimate", "--params", "-5"], "--params -5"), "zero-mem estimate --params -5 is refused")
+    check(refused("zero-mem", ["estimate", "--params", "0.5"], "--params 0.5"),
+          "zero-mem estimate --params 0.5 (less than one param) is refused")
+    check(refused("zero-mem", ["estimate", "--params", "1e9", "--plot", "memory.pdf"], ".png or .svg"),
+          "zero-mem --plot memory.pdf is refused (it wrote PNG data under that name)")
+    lamb = subprocess.run([os.path.join(BIN, "zero-mem"), "estimate", "--params", "1e9", "--optimizer", "lamb"],
+                          capture_output=True, text=True, timeout=60)
+    check(lamb.returncode == 0 and "optimizer K = 12" in lamb.stdout,
+          "zero-mem estimate --optimizer lamb (zero-train offers it) counts m and v beside the master")
     check(refused("zero-mem", ["estimate", "--preset", "llama-7b", "--params", "1e9"], "both give"),
           "zero-mem estimate --preset with --params is refused (the preset won silently)")
     check(refused("zero-mem", ["estimate", "--params", "1e9", "--layers=4"], "--layers", "measure"),
