@@ -133,27 +133,21 @@ Status EngineImpl::HoldSeriesLock(const std::string& root) {
   return absl::OkStatus();
 }
 
-Status EngineImpl::AgreeOnCheckpointDir(const std::string& dir) {
-  if (comm_.size() == 1) return absl::OkStatus();
-  uint64_t fingerprint = 14695981039346656037ull;  // FNV-1a of the path
-  for (unsigned char c : dir) fingerprint = (fingerprint ^ c) * 1099511628211ull;
-  std::vector<uint64_t> all(static_cast<size_t>(comm_.size()));
-  ZERO_RETURN_IF_ERROR(host_.AllGather(&fingerprint, all.data(), 1, DType::kInt64));
-  std::vector<int> others;
-  for (int r = 0; r < comm_.size(); ++r) {
-    if (all[r] != fingerprint) others.push_back(r);
-  }
-  if (others.empty()) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(
-      "SaveCheckpoint: the ranks name different directories: this rank (", comm_.rank(), ") saves into \"", dir,
-      "\", rank(s) ", absl::StrJoin(others, ", "), " into another; every rank passes the same directory (a path on "
-      "a file system every rank shares). Nothing was written"));
+namespace {
+
+// Before a save creates anything, the ranks compare the directory (`dir` as this rank names
+// it): a rank saving elsewhere would leave its file where no checkpoint will be.
+std::string DirectoryAgreement(const std::string& dir) {
+  return absl::StrCat("SaveCheckpoint into \"", dir, "\" (the directory; a path on a file system every rank shares)");
 }
+
+}  // namespace
 
 Status EngineImpl::SaveCheckpoint(const std::string& target) {
   if (target.empty()) return absl::InvalidArgumentError("SaveCheckpoint: the directory is \"\"; name one");
   ZERO_RETURN_IF_ERROR(RequireHealthyGroup("SaveCheckpoint"));
-  ZERO_RETURN_IF_ERROR(AgreeOnCheckpointDir(TrimmedDir(target)));
+  const std::string dir = TrimmedDir(target);
+  ZERO_RETURN_IF_ERROR(AgreeOnBytes(dir.data(), static_cast<int64_t>(dir.size()), DirectoryAgreement(dir)));
   return SaveCheckpointAs(target, 0);
 }
 
@@ -244,7 +238,8 @@ Status EngineImpl::SaveCheckpoint(const std::string& root_dir, const std::string
   }
   const std::string root = TrimmedDir(root_dir);
   ZERO_RETURN_IF_ERROR(RequireHealthyGroup("SaveCheckpoint"));
-  ZERO_RETURN_IF_ERROR(AgreeOnCheckpointDir(root + "/" + tag));
+  const std::string dir = root + "/" + tag;
+  ZERO_RETURN_IF_ERROR(AgreeOnBytes(dir.data(), static_cast<int64_t>(dir.size()), DirectoryAgreement(dir)));
   Status created;
   if (comm_.rank() == 0) {
     std::error_code error;

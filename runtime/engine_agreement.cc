@@ -1,5 +1,6 @@
 // Cross-rank agreement: the registry at Finalize, each bucket's collective under
-// guard.consistency_check, and bucket descriptions for error messages.
+// guard.consistency_check, values every rank must pass alike, and bucket descriptions for
+// error messages.
 #include <algorithm>
 #include <cstring>
 #include <string>
@@ -9,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "runtime/engine_impl.h"
+#include "runtime/replica_hash.h"
 
 namespace zero::runtime {
 namespace {
@@ -198,6 +200,21 @@ Status EngineImpl::CollectiveSettingsError() {
 // rank gets the same gathered values and so takes the same path: the stages, or the first
 // differing index (from all hashes) and each rank's param there (one fixed-size all-gather),
 // so that any rank's message tells both sides.
+Status EngineImpl::AgreeOnBytes(const void* data, int64_t bytes, const std::string& what) {
+  if (comm_.size() == 1) return absl::OkStatus();
+  ZERO_ASSIGN_OR_RETURN(uint64_t hash, ReplicaHasher(*ops_, allocator_).Hash(data, bytes));
+  std::vector<uint64_t> all(static_cast<size_t>(comm_.size()));
+  ZERO_RETURN_IF_ERROR(host_.AllGather(&hash, all.data(), 1, DType::kInt64));
+  std::vector<int> others;
+  for (int r = 0; r < comm_.size(); ++r) {
+    if (all[r] != hash) others.push_back(r);
+  }
+  if (others.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(what, ": the ranks pass different ", "values: rank(s) ",
+                                                 absl::StrJoin(others, ", "), " differ from this rank (",
+                                                 comm_.rank(), "); every rank passes the same. Nothing was changed"));
+}
+
 Status EngineImpl::CheckRegistryAgrees() {
   const int world = comm_.size(), rank = comm_.rank();
   std::vector<uint64_t> hashes;

@@ -85,11 +85,14 @@ Status EngineImpl::SetFullState(ParamId id, ParamState state, const float* value
         "SetFullState: SGD's momentum buffer of ", ParamLabel(param),
         " exists from its first optimizer step on (that step starts it from the gradient); set it after that step"));
   }
+  // Each rank keeps its part of the values: ranks passing different ones would leave parts
+  // that fit no single value (moments no later check compares).
+  const int64_t numel = plan_->placement(param).numel;
+  ZERO_RETURN_IF_ERROR(AgreeOnBytes(values, numel * 4, absl::StrCat("SetFullState of ", ParamLabel(param))));
   if (state == ParamState::kWeights) {
     // The model copy first, as SetParam sets it (rounded to the param's dtype); the exact fp32
     // master of the rank's part after it.
     const DType dtype = specs_[param].dtype;
-    const int64_t numel = plan_->placement(param).numel;
     std::vector<char> rounded(static_cast<size_t>(numel) * DTypeSize(dtype));
     kernels::NarrowCpu(rounded.data(), values, numel, dtype);
     replicas_synced_ = false;  // the next iteration compares (and repairs) the replicas again

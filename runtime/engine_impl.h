@@ -151,6 +151,9 @@ class EngineImpl final : public Engine {
   Status ParamComplete(int param);
   // Every rank registered the same params in the same way; else names the first difference.
   Status CheckRegistryAgrees();
+  // Collective: kInvalidArgument on every rank, "`what`: the ranks pass different ...", when
+  // the `bytes` bytes at `data` (host memory) differ between ranks (compared by hash).
+  Status AgreeOnBytes(const void* data, int64_t bytes, const std::string& what);
   // The error when the ranks' config values that shape collectives differ (the first key).
   Status CollectiveSettingsError();
   // Before a bucket's collective (guard.consistency_check): all ranks are at the same
@@ -197,9 +200,6 @@ class EngineImpl final : public Engine {
   // holds the lock of dir's parent while it saves, unless it holds it already (a series root
   // it saved into: series_locks_).
   Status SaveCheckpointAs(const std::string& dir, int64_t series_seq);
-  // Collective, before a save creates anything: kInvalidArgument on every rank when the ranks
-  // name different checkpoint directories (`dir` as this rank names it).
-  Status AgreeOnCheckpointDir(const std::string& dir);
   // Rank 0: locks `dir` for a save into it (checkpoint_files.h), waiting for another job's save
   // up to half of guard.timeout_s (0: forever), so that the ranks waiting for rank 0 in the
   // next collective hear why instead of timing out; warns where the file system cannot lock.

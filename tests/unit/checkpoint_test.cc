@@ -498,8 +498,9 @@ TEST(CheckpointMisuse, RanksNamingDifferentDirectoriesAreRefusedBeforeAnythingIs
   });
   for (int rank = 0; rank < 2; ++rank) {
     EXPECT_THAT(statuses[rank], StatusIs(absl::StatusCode::kInvalidArgument,
-                                         AllOf(HasSubstr("the ranks name different directories"),
-                                               HasSubstr(absl::StrCat("rank(s) ", 1 - rank)))));
+                                         AllOf(HasSubstr("SaveCheckpoint into"),
+                                               HasSubstr("the ranks pass different values"),
+                                               HasSubstr(absl::StrCat("rank(s) ", 1 - rank, " differ")))));
   }
   EXPECT_FALSE(std::filesystem::exists(root + "/node0")) << "nothing written, not even a series root";
   EXPECT_FALSE(std::filesystem::exists(root + "/node1"));

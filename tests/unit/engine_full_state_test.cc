@@ -201,6 +201,30 @@ TEST_P(EngineFullState, SetParamOfTheParamsOwnValuesKeepsItsMaster) {
   });
 }
 
+// Every rank passes the same values and keeps its part: ranks passing different ones are
+// refused on every rank (each would keep a part of another value) and nothing changes.
+TEST(EngineFullStateRefusals, RanksPassingDifferentValuesChangeNothing) {
+  const Config config = FullStateConfig(2);
+  RunOnRanks(2, [&](int r, comm::Communicator& comm) {
+    auto created = Engine::Create(config, comm);
+    ASSERT_THAT(created, IsOk());
+    Engine& engine = **created;
+    ASSERT_THAT(testing::RegisterTwoParams(engine, kNumel), IsOk());
+    ASSERT_THAT(testing::RunWindow(engine, kNumel, 2, 1, r, kMicroBatches, kLossScale), IsOk());
+    ASSERT_THAT(engine.Step(), IsOk());
+    std::vector<float> before(kNumel[0]), after(kNumel[0]);
+    ASSERT_THAT(engine.GetFullState(0, ParamState::kFirstMoment, before.data()), IsOk());
+    std::vector<float> values = SetValues(1);
+    values[kNumel[0] - 1] += static_cast<float>(r);  // rank 1's last element differs
+    EXPECT_THAT(engine.SetFullState(0, ParamState::kFirstMoment, values.data()),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         ::testing::AllOf(::testing::HasSubstr("the ranks pass different values"),
+                                          ::testing::HasSubstr(r == 0 ? "rank(s) 1" : "rank(s) 0"))));
+    ASSERT_THAT(engine.GetFullState(0, ParamState::kFirstMoment, after.data()), IsOk());
+    EXPECT_EQ(after, before) << "nothing changed";
+  });
+}
+
 // SGD with momentum (one moment buffer), one micro-batch per step.
 Config SgdConfig(int stage) {
   Config config = FullStateConfig(stage);
