@@ -69,7 +69,8 @@ std::string Gb(double bytes) {
   const double gb = bytes / 1e9;
   if (gb >= 10) return absl::StrFormat("%.1f GB", gb);
   if (gb >= 1) return absl::StrFormat("%.2f GB", gb);
-  return absl::StrFormat("%.1f MB", bytes / 1e6);
+  if (bytes >= 1e6) return absl::StrFormat("%.1f MB", bytes / 1e6);
+  return absl::StrFormat("%.1f kB", bytes / 1e3);  // a small model's, not "0.0 MB"
 }
 
 StatusOr<std::vector<int>> RankList(const std::string& fallback, int most) {
