@@ -54,10 +54,6 @@ class CpuDeviceOps final : public DeviceOps {
     kernels::NarrowCpu(out, in, numel, dtype);
     return absl::OkStatus();
   }
-  Status RefreshMaster(float* master, const void* param, int64_t numel, DType dtype) override {
-    kernels::RefreshMasterCpu(master, param, numel, dtype);
-    return absl::OkStatus();
-  }
 
   Status AdamStep(const kernels::AdamHyper& h, kernels::SegmentTypes types,
                   absl::Span<const kernels::Segment> segments) override {

@@ -74,8 +74,6 @@ class DeviceOps {
   virtual Status Widen(float* out, const void* in, int64_t numel, DType dtype) = 0;
   /// out[i] = in[i] rounded to `dtype` (nearest even).
   virtual Status Narrow(void* out, const float* in, int64_t numel, DType dtype) = 0;
-  /// master[i] = float(param[i]) except where master[i] already rounds to param[i] (kept).
-  virtual Status RefreshMaster(float* master, const void* param, int64_t numel, DType dtype) = 0;
 
   /// The fused optimizer passes of kernels/segments.h over device-resident segments.
   virtual Status AdamStep(const kernels::AdamHyper& hyper, kernels::SegmentTypes types,

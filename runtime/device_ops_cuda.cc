@@ -63,9 +63,6 @@ class CudaDeviceOps final : public DeviceOps {
   Status Narrow(void* out, const float* in, int64_t numel, DType dtype) override {
     return kernels::NarrowFromFloatCuda(out, in, numel, dtype, stream_);
   }
-  Status RefreshMaster(float* master, const void* param, int64_t numel, DType dtype) override {
-    return kernels::RefreshMasterCuda(master, param, numel, dtype, stream_);
-  }
 
   Status AdamStep(const kernels::AdamHyper& h, kernels::SegmentTypes types,
                   absl::Span<const kernels::Segment> segments) override {

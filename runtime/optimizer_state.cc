@@ -131,7 +131,7 @@ Status OptimizerState::RefreshMaster(int param) {
   Status status = absl::OkStatus();
   ForOwnedPart(param, [&](const OwnedRange& r, int64_t begin, int64_t end) {
     const int64_t at = begin - r.begin;
-    status.Update(ops_.RefreshMaster(r.master + at, r.params + at * element, end - begin, b.dtype));
+    status.Update(ops_.Widen(r.master + at, r.params + at * element, end - begin, b.dtype));
   });
   return status;
 }

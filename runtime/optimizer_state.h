@@ -42,8 +42,7 @@ class OptimizerState {
                                                           base::Allocator& allocator, DeviceOps& ops,
                                                           SumOverRanks sum_over_ranks);
 
-  /// The params' current values of `param`'s owned part into the fp32 master, except where
-  /// the master already rounds to them (kernels::RefreshMasterCpu).
+  /// Copies the params' current values of `param`'s owned part into the fp32 master.
   Status RefreshMaster(int param);
   /// Sum of squares of the rank's shard of the gradients (sum over ranks for the global value)
   /// into `*sq_norm`, on the ops' device (DeviceOps::SquaredNormOnDevice): not finite when an

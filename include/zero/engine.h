@@ -179,11 +179,8 @@ class Engine {
   /// a non-null stream on device "cpu".
   virtual Status SetStream(void* cuda_stream) = 0;
 
-  /// Copies a full initial value (the param's dtype; host or device memory) into the param and
-  /// into the fp32 master copy of the rank's part. A bf16/fp16 param's master is kept where it
-  /// already rounds to the value given, so setting the values the param has (a write-back of
-  /// unchanged params) keeps the master's precision below the param's. After Finalize, before or
-  /// between steps.
+  /// Copies a full initial value (the param's dtype; host or device memory) into the param; resets
+  /// the fp32 master copy of the rank's part. After Finalize, before or between steps.
   virtual Status SetParam(ParamId id, const void* values) = 0;
   /// Copies the param's full current value into `out` (host or device memory, the param's
   /// dtype). At stage 3 a

@@ -190,8 +190,7 @@ ZERO_API zero_status zero_add_param_alias(zero_engine* engine, int64_t id, const
 ZERO_API zero_status zero_finalize(zero_engine* engine);
 /** Device "cuda": the cudaStream_t the trainer computes on (NULL: the legacy default stream). */
 ZERO_API zero_status zero_set_stream(zero_engine* engine, void* cuda_stream);
-/** Copies a full value (host memory, the param's dtype) into the param and its fp32 master
- *  (kept where it already rounds to the value: see Engine::SetParam). */
+/** Copies a full value (host memory, the param's dtype) into the param. */
 ZERO_API zero_status zero_set_param(zero_engine* engine, int64_t id, const void* host_src);
 /** Copies the param's full value out (collective at stage 3). */
 ZERO_API zero_status zero_get_param(zero_engine* engine, int64_t id, void* host_dst);

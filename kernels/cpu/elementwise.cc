@@ -137,23 +137,4 @@ void NarrowCpu(void* out, const float* in, int64_t numel, DType dtype) {
   }
 }
 
-void RefreshMasterCpu(float* master, const void* param, int64_t numel, DType dtype) {
-  const uint16_t* bits = static_cast<const uint16_t*>(param);
-  switch (dtype) {
-    case DType::kFP32: std::memcpy(master, param, static_cast<size_t>(numel) * 4); break;
-    case DType::kBF16:
-      for (int64_t i = 0; i < numel; ++i) {
-        if (FloatToBf16(master[i]) != bits[i]) master[i] = Bf16ToFloat(bits[i]);
-      }
-      break;
-    case DType::kFP16:
-      for (int64_t i = 0; i < numel; ++i) {
-        if (FloatToHalf(master[i]) != bits[i]) master[i] = HalfToFloat(bits[i]);
-      }
-      break;
-    case DType::kInt64:
-    case DType::kUInt8: break;  // not param types (elementwise.h)
-  }
-}
-
 }  // namespace zero::kernels

@@ -1,9 +1,8 @@
 // Host element-wise operations, shared by the communicators (their reductions) and the
 // engine's CPU device ops: combine several arrays (sum or maximum: fp32, bf16 and fp16
 // accumulated in fp32 and rounded once, int64 and uint8 exact), add one into another (also a
-// bf16/fp16 one into an fp32 one), widen fp32/bf16/fp16 to fp32, narrow fp32 to them,
-// refresh a master copy from its param (the integer types, which no param has, are left
-// untouched by Widen, Narrow, RefreshMaster and AddIntoFloat).
+// bf16/fp16 one into an fp32 one), widen fp32/bf16/fp16 to fp32, narrow fp32 to them (the
+// integer types, which no param has, are left untouched by Widen, Narrow and AddIntoFloat).
 // The CUDA counterparts are in kernels/cuda/casts_cuda.h; both round to nearest even, once.
 #ifndef ZERO_KERNELS_CPU_ELEMENTWISE_H_
 #define ZERO_KERNELS_CPU_ELEMENTWISE_H_
@@ -32,11 +31,6 @@ void AddIntoFloatCpu(float* accumulator, const void* addend, int64_t numel, DTyp
 void WidenCpu(float* out, const void* in, int64_t numel, DType dtype);
 /// out[i] = in[i] rounded to `dtype` (nearest even).
 void NarrowCpu(void* out, const float* in, int64_t numel, DType dtype);
-/// The fp32 master copy of a param given new values: master[i] = float(param[i]), except
-/// where master[i] rounded to `dtype` already is param[i] (compared bit for bit): such a
-/// master is kept, with its bits below the param's precision, so a param set to the values
-/// it has leaves its master as it was.
-void RefreshMasterCpu(float* master, const void* param, int64_t numel, DType dtype);
 
 }  // namespace zero::kernels
 

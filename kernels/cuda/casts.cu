@@ -24,24 +24,6 @@ __global__ void NarrowKernel(void* out, const float* in, int64_t n) {
   }
 }
 
-// Whether `master` rounded to T is, bit for bit, the element `param[i]`.
-__device__ inline bool RoundsTo(F32, float master, const void* param, int64_t i) {
-  return __float_as_uint(master) == static_cast<const unsigned*>(param)[i];
-}
-__device__ inline bool RoundsTo(Bf16, float master, const void* param, int64_t i) {
-  return __bfloat16_as_ushort(__float2bfloat16_rn(master)) == static_cast<const unsigned short*>(param)[i];
-}
-__device__ inline bool RoundsTo(Half, float master, const void* param, int64_t i) {
-  return __half_as_ushort(__float2half_rn(master)) == static_cast<const unsigned short*>(param)[i];
-}
-
-template <typename T>
-__global__ void RefreshMasterKernel(float* master, const void* param, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
-    if (!RoundsTo(T{}, master[i], param, i)) master[i] = Load(T{}, param, i);
-  }
-}
-
 template <typename T>
 __global__ void AddIntoKernel(void* accumulator, const void* addend, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
@@ -114,15 +96,6 @@ Status NarrowFromFloatCuda(void* out, const float* in, int64_t n, DType dtype, C
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   return cuda::WithTag(dtype, [&](auto tag) {
     cuda::NarrowKernel<decltype(tag)><<<cuda::GridFor(n), cuda::kThreads, 0, s>>>(out, in, n);
-  });
-}
-
-Status RefreshMasterCuda(float* master, const void* param, int64_t n, DType dtype, CudaStream stream) {
-  ZERO_RETURN_IF_ERROR(cuda::CheckArguments("RefreshMasterCuda", master, param, n));
-  if (n == 0) return absl::OkStatus();
-  const cudaStream_t s = static_cast<cudaStream_t>(stream);
-  return cuda::WithTag(dtype, [&](auto tag) {
-    cuda::RefreshMasterKernel<decltype(tag)><<<cuda::GridFor(n), cuda::kThreads, 0, s>>>(master, param, n);
   });
 }
 

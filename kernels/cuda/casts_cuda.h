@@ -1,6 +1,5 @@
 // Element-wise conversions and sums on CUDA device memory that the engine needs besides the
-// optimizer steps: fp32 master copies from bf16/fp16 params and back (a master refreshed
-// from its param where they disagree), adding one gradient
+// optimizer steps: fp32 master copies from bf16/fp16 params and back, adding one gradient
 // buffer into another, and adding a param-dtype gradient into an fp32 one. The host
 // counterparts are kernels/cpu/elementwise.h; the results are bit-identical to them (round to
 // nearest even, one rounding).
@@ -20,10 +19,6 @@ Status WidenToFloatCuda(float* out, const void* in, int64_t numel, DType dtype, 
 
 /// out[i] = in[i] rounded to `dtype` (round to nearest even; a copy for fp32).
 Status NarrowFromFloatCuda(void* out, const float* in, int64_t numel, DType dtype, CudaStream stream);
-
-/// master[i] = float(param[i]) except where master[i] rounded to `dtype` already is param[i]
-/// (bit for bit; that master is kept), as RefreshMasterCpu.
-Status RefreshMasterCuda(float* master, const void* param, int64_t numel, DType dtype, CudaStream stream);
 
 /// accumulator[i] = round(float(accumulator[i]) + float(addend[i])) in `dtype`.
 Status AddIntoCuda(void* accumulator, const void* addend, int64_t numel, DType dtype, CudaStream stream);

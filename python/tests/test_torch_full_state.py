@@ -332,11 +332,11 @@ def test_sgd_momentum_is_set_from_the_params_first_step_on():
     engine.close()
 
 
-@pytest.mark.parametrize("stage", [2, 3])
+@pytest.mark.parametrize("stage", [0, 2, 3])
 def test_a_modifier_block_keeps_the_masters_of_bf16_params_it_left_unchanged(stage):
-    """gathered(modifier_rank=0) writes back every param of the block; a bf16 param it did
-    not change keeps the fp32 master its steps left (bits below bf16's included), a
-    changed one takes the written values."""
+    """gathered(modifier_rank=0) sets the params the block changed; a bf16 param it left as
+    it was keeps the fp32 master its steps left (bits below bf16's included), a changed one
+    takes the written values (also at stage 0, where each rank holds every master)."""
     models = [TinyLM().to(torch.bfloat16) for _ in range(2)]
 
     def body(rank, comm):

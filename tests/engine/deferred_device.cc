@@ -59,10 +59,6 @@ Status DeferredDeviceOps::Narrow(void* out, const float* in, int64_t numel, DTyp
   return Queue([=] { return cpu_->Narrow(out, in, numel, dtype); });
 }
 
-Status DeferredDeviceOps::RefreshMaster(float* master, const void* param, int64_t numel, DType dtype) {
-  return Queue([=] { return cpu_->RefreshMaster(master, param, numel, dtype); });
-}
-
 Status DeferredDeviceOps::WriteSquares(kernels::SegmentTypes types, const std::vector<kernels::Segment>& segments,
                                        double* partials) {
   // One partial per chunk of each non-empty segment, in order (kernels::LaunchBlocks of them),

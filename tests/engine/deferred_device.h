@@ -44,7 +44,6 @@ class DeferredDeviceOps final : public runtime::DeviceOps {
   Status AddIntoFloat(float* accumulator, const void* addend, int64_t numel, DType addend_dtype) override;
   Status Widen(float* out, const void* in, int64_t numel, DType dtype) override;
   Status Narrow(void* out, const float* in, int64_t numel, DType dtype) override;
-  Status RefreshMaster(float* master, const void* param, int64_t numel, DType dtype) override;
   Status AdamStep(const kernels::AdamHyper& hyper, kernels::SegmentTypes types,
                   absl::Span<const kernels::Segment> segments) override;
   Status SgdStep(const kernels::SgdHyper& hyper, kernels::SegmentTypes types,

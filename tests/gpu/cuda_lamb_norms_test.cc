@@ -5,7 +5,6 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
-#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -256,44 +255,6 @@ TEST(CudaCasts, AddIntoFloatMatchesFloat64Reference) {
         }
         for (int64_t i = 0; i < offset; ++i) ASSERT_TRUE(std::isnan(accumulator[i])) << "before the span";
         for (int64_t i = 0; i < kGuard; ++i) ASSERT_TRUE(std::isnan(accumulator[offset + n + i])) << "past the end";
-      }
-    }
-  }
-}
-
-// RefreshMasterCuda against the same cases as RefreshMasterCpu (kernel_test_util.h): a master
-// that rounds to its param kept bit for bit, every other replaced by the param widened; odd
-// sizes, a misaligned start, poisoned masters around the span left alone.
-TEST(CudaCasts, RefreshMasterKeepsMastersThatRoundToTheParam) {
-  if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";
-  constexpr int64_t kGuard = 5;
-  std::mt19937_64 rng(29);
-  for (DType dtype : {DType::kFP32, DType::kBF16, DType::kFP16}) {
-    for (int64_t n : OddSizes()) {
-      for (int64_t offset : {0, 1}) {
-        const testing::RefreshMasterCase c = testing::MakeRefreshMasterCase(n, dtype, rng);
-        std::vector<float> master(offset + n + kGuard, NAN), param32(offset + n);
-        std::vector<uint16_t> param16(offset + n);
-        std::copy(c.master.begin(), c.master.end(), master.begin() + offset);
-        std::copy(c.param16.begin(), c.param16.end(), param16.begin() + offset);
-        std::copy(c.param32.begin(), c.param32.end(), param32.begin() + offset);
-        float* device_master = ToDevice(master);
-        float* device_param32 = ToDevice(param32);
-        uint16_t* device_param16 = ToDevice(param16);
-        const void* param = dtype == DType::kFP32 ? static_cast<const void*>(device_param32 + offset)
-                                                  : static_cast<const void*>(device_param16 + offset);
-        ASSERT_THAT(RefreshMasterCuda(device_master + offset, param, n, dtype, nullptr), IsOk());
-        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-        ToHost(master, device_master);
-        cudaFree(device_master); cudaFree(device_param32); cudaFree(device_param16);
-        for (int64_t i = 0; i < n; ++i) {
-          const float got = master[offset + i];
-          const bool same = std::isnan(c.want[i]) ? std::isnan(got) : std::memcmp(&got, &c.want[i], 4) == 0;
-          ASSERT_TRUE(same) << DTypeName(dtype) << " n " << n << " offset " << offset << " at " << i << ": "
-                            << got << " vs " << c.want[i];
-        }
-        for (int64_t i = 0; i < offset; ++i) ASSERT_TRUE(std::isnan(master[i])) << "before the span";
-        for (int64_t i = 0; i < kGuard; ++i) ASSERT_TRUE(std::isnan(master[offset + n + i])) << "past the end";
       }
     }
   }

@@ -2,11 +2,9 @@
 // conversions of zero/dtype.h, over random bit patterns and every special class (subnormals,
 // overflow to Inf, ties, Inf, NaN). LAMB's apply pass with a zero update is an identity on the
 // fp32 weights, so the low-precision copy it writes is exactly the conversion under test. And
-// the widening add of a bf16/fp16 gradient into an fp32 one against float64; the refresh of a
-// master copy from its param.
+// the widening add of a bf16/fp16 gradient into an fp32 one against float64.
 #include <gtest/gtest.h>
 
-#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -106,38 +104,6 @@ TEST(CpuAddIntoFloat, WidenedSumMatchesFloat64Reference) {
         }
         for (int64_t i = 0; i < offset; ++i) ASSERT_TRUE(std::isnan(accumulator[i])) << "before the span";
         for (int64_t i = 0; i < kGuard; ++i) ASSERT_TRUE(std::isnan(accumulator[offset + n + i])) << "past the end";
-      }
-    }
-  }
-}
-
-// RefreshMasterCpu keeps a master that rounds to its param (bits below the param's precision
-// included) and replaces every other by the param widened: fresh random masters, each kind of
-// param (kernel_test_util.h), odd sizes, an aligned and a misaligned start, the masters
-// around the span poisoned and left alone.
-TEST(CpuRefreshMaster, KeepsMastersThatRoundToTheParamAndReplacesTheOthers) {
-  constexpr int64_t kGuard = 5;
-  std::mt19937_64 rng(13);
-  for (DType dtype : {DType::kFP32, DType::kBF16, DType::kFP16}) {
-    for (int64_t n : testing::OddSizes()) {
-      for (int64_t offset : {0, 1}) {
-        const testing::RefreshMasterCase c = testing::MakeRefreshMasterCase(n, dtype, rng);
-        std::vector<float> master(offset + n + kGuard, NAN);
-        std::copy(c.master.begin(), c.master.end(), master.begin() + offset);
-        std::vector<uint16_t> param16(offset + n);
-        std::vector<float> param32(offset + n);
-        std::copy(c.param16.begin(), c.param16.end(), param16.begin() + offset);
-        std::copy(c.param32.begin(), c.param32.end(), param32.begin() + offset);
-        const void* param = dtype == DType::kFP32 ? static_cast<const void*>(param32.data() + offset)
-                                                  : static_cast<const void*>(param16.data() + offset);
-        RefreshMasterCpu(master.data() + offset, param, n, dtype);
-        for (int64_t i = 0; i < n; ++i) {
-          ASSERT_EQ(0, std::memcmp(&master[offset + i], &c.want[i], 4))
-              << DTypeName(dtype) << " n " << n << " offset " << offset << " at " << i << ": "
-              << master[offset + i] << " vs " << c.want[i];
-        }
-        for (int64_t i = 0; i < offset; ++i) ASSERT_TRUE(std::isnan(master[i])) << "before the span";
-        for (int64_t i = 0; i < kGuard; ++i) ASSERT_TRUE(std::isnan(master[offset + n + i])) << "past the end";
       }
     }
   }

@@ -1,8 +1,7 @@
 // GetFullState: a param's full fp32 master weights, AdamW moments and reduced gradient on
 // every rank, at every stage and world size, against a float64 AdamW written here; SetFullState
 // of the weights and moments between steps, read back exactly and trained on as the float64
-// AdamW given the same values; SetParam of a bf16 param's own values keeping its master; and
-// the calls each refuses.
+// AdamW given the same values; and the calls each refuses.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -14,7 +13,6 @@
 #include "tests/engine/run_on_ranks.h"
 #include "tests/status_matchers.h"
 #include "zero/communicator.h"
-#include "zero/dtype.h"
 #include "zero/engine.h"
 
 namespace zero {
@@ -147,57 +145,6 @@ TEST_P(EngineFullState, SetWeightsAndMomentsAreReadBackAndTrainedOn) {
       ASSERT_THAT(engine.GetFullState(p, ParamState::kWeights, got.data()), IsOk());
       ExpectNear(got, mine[p].w, 1e-5, "weights trained after the set");
     }
-  });
-}
-
-// A bf16 param after a step has a master with bits below bf16's. SetParam of the values the
-// param has (a write-back of an unchanged param, as gathered(modifier_rank=...) does) keeps
-// that master bit for bit; a value changed replaces its own element only.
-TEST_P(EngineFullState, SetParamOfTheParamsOwnValuesKeepsItsMaster) {
-  const auto [stage, world] = GetParam();
-  const Config config = FullStateConfig(stage);
-  const int64_t n = kNumel[0];
-  auto to_bf16 = [](const std::vector<float>& values) {
-    std::vector<uint16_t> bits;
-    for (float x : values) bits.push_back(FloatToBf16(x));
-    return bits;
-  };
-  RunOnRanks(world, [&](int r, comm::Communicator& comm) {
-    auto created = Engine::Create(config, comm);
-    ASSERT_THAT(created, IsOk());
-    Engine& engine = **created;
-    ASSERT_THAT(engine.RegisterParam({"w", {n}, DType::kBF16, true, 0, 0}), IsOk());
-    ASSERT_THAT(engine.Finalize(), IsOk());
-    ASSERT_THAT(engine.SetParam(0, to_bf16(InitialValues(0, n)).data()), IsOk());
-    for (int micro = 0; micro < kMicroBatches; ++micro) {
-      ASSERT_THAT(engine.BeginIteration(), IsOk());
-      if (stage == 3) {
-        ASSERT_THAT(engine.Gather(0), IsOk());
-      }
-      ASSERT_THAT(engine.AccumulateGrad(0, to_bf16(testing::MicroGradient(0, n, 1, micro, r)).data()), IsOk());
-      if (stage == 3) {
-        ASSERT_THAT(engine.Release(0), IsOk());
-      }
-      ASSERT_THAT(engine.EndBackward(), IsOk());
-    }
-    ASSERT_THAT(engine.Step(), IsOk());
-    std::vector<float> master(n, std::nanf("")), after(n, std::nanf(""));
-    std::vector<uint16_t> param(n, 0xffff);
-    ASSERT_THAT(engine.GetFullState(0, ParamState::kWeights, master.data()), IsOk());
-    ASSERT_THAT(engine.GetParam(0, param.data()), IsOk());
-    int64_t finer_than_bf16 = 0;
-    for (int64_t i = 0; i < n; ++i) finer_than_bf16 += Bf16ToFloat(FloatToBf16(master[i])) != master[i];
-    ASSERT_GT(finer_than_bf16, n / 2) << "the step must leave bits below bf16's in the master";
-
-    ASSERT_THAT(engine.SetParam(0, param.data()), IsOk());
-    ASSERT_THAT(engine.GetFullState(0, ParamState::kWeights, after.data()), IsOk());
-    EXPECT_EQ(after, master) << "the param's own values kept the master";
-
-    param[5] = FloatToBf16(Bf16ToFloat(param[5]) + 0.25f);
-    ASSERT_THAT(engine.SetParam(0, param.data()), IsOk());
-    ASSERT_THAT(engine.GetFullState(0, ParamState::kWeights, after.data()), IsOk());
-    master[5] = Bf16ToFloat(param[5]);
-    EXPECT_EQ(after, master) << "only the changed element took the new value";
   });
 }
 

@@ -124,34 +124,4 @@ LambExpected LambReference(const kernels::LambHyper& h, const SegmentStorage& in
   return out;
 }
 
-RefreshMasterCase MakeRefreshMasterCase(int64_t numel, DType dtype, std::mt19937_64& rng) {
-  std::uniform_real_distribution<double> unit(-1.0, 1.0);
-  std::uniform_int_distribution<int> binade(-20, 15);
-  auto random_value = [&] { return static_cast<float>(std::ldexp(unit(rng), binade(rng))); };
-  auto widen = [dtype](uint16_t b) { return dtype == DType::kBF16 ? Bf16ToFloat(b) : HalfToFloat(b); };
-  RefreshMasterCase c;
-  for (int64_t i = 0; i < numel; ++i) {
-    float master = random_value();
-    if (dtype == DType::kFP32) {
-      c.master.push_back(master);
-      c.param32.push_back(random_value());
-      c.want.push_back(c.param32.back());
-      continue;
-    }
-    const uint16_t rounded = ToLowPrecision(master, dtype);
-    uint16_t param = rounded;  // i % 6 == 0: a master with bits below the param's, kept
-    switch (i % 6) {
-      case 1: param = static_cast<uint16_t>(rounded + 1); break;  // the next value up in magnitude
-      case 2: param = ToLowPrecision(random_value(), dtype); break;
-      case 3: master = widen(rounded); break;  // exactly the param: kept
-      case 4: master = -0.0f, param = 0; break;  // the sign differs: +0 replaces it
-      case 5: param = i % 12 == 5 ? 0x7fc0 : rounded; break;  // a NaN param (bf16 and fp16)
-    }
-    c.master.push_back(master);
-    c.param16.push_back(param);
-    c.want.push_back(ToLowPrecision(master, dtype) == param ? master : widen(param));
-  }
-  return c;
-}
-
 }  // namespace zero::testing

@@ -60,17 +60,6 @@ struct LambExpected {
 };
 LambExpected LambReference(const kernels::LambHyper& h, const SegmentStorage& init, DType grad_type);
 
-/// Inputs of a master-copy refresh (RefreshMasterCpu / RefreshMasterCuda) and its answer.
-struct RefreshMasterCase {
-  std::vector<float> master;           // fresh random masters of every binade 2^-20..2^15
-  std::vector<uint16_t> param16;       // bf16/fp16 params: the master rounded (kept), a
-                                       // neighbour of it, an unrelated value, -0 for +0, NaN
-  std::vector<float> param32;          // fp32 params (the master is replaced by them)
-  std::vector<float> want;             // the master afterwards
-};
-/// `numel` elements of `dtype`, each kind of param above among them.
-RefreshMasterCase MakeRefreshMasterCase(int64_t numel, DType dtype, std::mt19937_64& rng);
-
 /// Sizes every kernel test covers: one element, a ragged few, and a large odd count that goes
 /// multi-threaded and ends in a partial vector and a partial chunk.
 inline const std::vector<int64_t>& OddSizes() {

@@ -13,8 +13,9 @@ need its values elsewhere:
   `with zerort.torch.gathered(params, modifier_rank=None):` has every param's full values
   (collective: every rank enters and leaves it). With `modifier_rank` = r, rank r's values
   when the block ends are broadcast and set as every rank's (the engine's shards, and the
-  optimizer's master copy; a bf16/fp16 param the block left as it was keeps its master,
-  which already rounds to it), as DeepSpeed's GatheredParameters(modifier_rank=r). Writes
+  optimizer's master copy; a param whose values the block left as they were is not set
+  again, so a bf16/fp16 param keeps the bits its master holds below the param's), as
+  DeepSpeed's GatheredParameters(modifier_rank=r). Writes
   are applied only when the block ends without an exception on every rank (where one rank's
   block raised, the others raise AbortedError; what a block wrote in place stays where it
   went: at stages 0-2 the views are the engine's memory), and only outside a micro-batch
@@ -23,6 +24,8 @@ need its values elsewhere:
 Below stage 3 every param has its values; the block only applies `modifier_rank`'s writes.
 """
 import contextlib
+import ctypes
+import hashlib
 import weakref
 
 import torch
@@ -75,6 +78,14 @@ def driver_of(param):
         return None
     engine = entry[1]()
     return engine if engine is not None and not engine.closed else None
+
+
+def _fingerprint(param):
+    """A hash of `param`'s bytes, read through a copy (a numpy view would pin the storage,
+    which stage 3 resizes when it releases the unit)."""
+    data = param.detach().contiguous().cpu()
+    raw = ctypes.string_at(data.data_ptr(), data.numel() * data.element_size())
+    return hashlib.blake2b(raw, digest_size=16).digest()
 
 
 @contextlib.contextmanager
@@ -131,6 +142,8 @@ class GatheredMethods:
         if self._units is not None:
             self._units.hold(units)
         try:
+            entered = ([_fingerprint(p) if pid is not None else None
+                        for p, pid in zip(params, pids)] if modifier_rank is not None else [])
             failed = True
             try:
                 yield params
@@ -146,7 +159,7 @@ class GatheredMethods:
                             "raised (its error says why), so no rank's writes were applied",
                             errors.AbortedError.status)
                 elif modifier_rank is not None:
-                    self._write_from(modifier_rank, params, pids)
+                    self._write_from(modifier_rank, params, pids, entered)
         finally:
             if self._units is not None:
                 self._units.unhold(units)
@@ -155,9 +168,15 @@ class GatheredMethods:
         """Whether `flag` is true on any rank (collective)."""
         return bool(self.all_reduce(torch.tensor([float(flag)]), "max").item())
 
-    def _write_from(self, rank, params, pids):
-        """Rank `rank`'s values of `params` on every rank, in the model and the engine."""
-        for param, pid in zip(params, pids):
+    def _write_from(self, rank, params, pids, entered):
+        """Rank `rank`'s values of `params` on every rank, in the model and the engine; a
+        param whose values are those it had when the block began (`entered`, fingerprints)
+        is not set again: its master keeps what the steps put below the param's precision."""
+        for param, pid, before in zip(params, pids, entered):
             broadcast_tensor(param.data, self._comm, rank, self._timeout)
-            if pid is not None:
+            if pid is None:
+                continue
+            if _fingerprint(param) != before:
                 self._set_from(param, self._records[pid])
+            elif self._records[pid].version is not None:
+                self._records[pid].version = param._version  # unchanged: no write to take
