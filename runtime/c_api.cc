@@ -249,6 +249,11 @@ zero_status zero_drop_gradients(zero_engine* engine) try {
   return Report(engine->engine->DropGradients());
 } ZERO_C_CATCH("zero_drop_gradients")
 
+zero_status zero_abandon_micro_batch(zero_engine* engine) try {
+  ZERO_C_REQUIRE(engine, "zero_abandon_micro_batch");
+  return Report(engine->engine->AbandonMicroBatch());
+} ZERO_C_CATCH("zero_abandon_micro_batch")
+
 zero_status zero_step(zero_engine* engine, zero_step_info* info) try {
   ZERO_C_REQUIRE(engine, "zero_step");
   auto step = engine->engine->Step();

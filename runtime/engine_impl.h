@@ -75,6 +75,7 @@ class EngineImpl final : public Engine {
   Status AccumulateGrad(ParamId id, const void* grad, Placement placement) override;
   StatusOr<bool> LendGrad(ParamId id, const void* grad, Placement placement) override;
   Status EndBackward() override;
+  Status AbandonMicroBatch() override;
   StatusOr<StepInfo> Step() override;
   Status DropGradients() override;
   StatusOr<float> LastGradNorm() override;
@@ -149,6 +150,9 @@ class EngineImpl final : public Engine {
   std::string ParamLabel(int param) const { return guard_->Label(param); }
   // A param became complete: its bucket may launch once all its params are.
   Status ParamComplete(int param);
+  // EndBackward's work after its checks; with `abandon`, params without a gradient count as
+  // zeros whatever guard.on_unused says (AbandonMicroBatch).
+  Status FinishBackward(bool abandon);
   // Every rank registered the same params in the same way; else names the first difference.
   Status CheckRegistryAgrees();
   // Collective: kInvalidArgument on every rank, "`what`: the ranks pass different ...", when

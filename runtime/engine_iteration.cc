@@ -221,8 +221,22 @@ Status EngineImpl::EndBackward() {
   ZERO_RETURN_IF_ERROR(RequireHealthyGroup("EndBackward"));
   ZERO_RETURN_IF_ERROR(RequireFinishableIteration("EndBackward"));
   ZERO_RETURN_IF_ERROR(RequirePhase(Phase::kBackward, "EndBackward"));
+  return FinishBackward(/*abandon=*/false);
+}
+
+Status EngineImpl::AbandonMicroBatch() {
+  ZERO_RETURN_IF_ERROR(RequireHealthyGroup("AbandonMicroBatch"));
+  ZERO_RETURN_IF_ERROR(RequireFinishableIteration("AbandonMicroBatch"));
+  if (phase_ == Phase::kBackward) {
+    ZERO_RETURN_IF_ERROR(FinishBackward(/*abandon=*/true));
+    ZERO_LOG(logger_, kInfo) << "iteration " << iteration_ << " abandoned: its missing gradients counted as zeros";
+  }
+  return DropGradients();
+}
+
+Status EngineImpl::FinishBackward(bool abandon) {
   std::vector<int> to_complete;
-  ZERO_RETURN_IF_ERROR(guard_->AtEndBackward(comm_.rank(), &to_complete));
+  ZERO_RETURN_IF_ERROR(guard_->AtEndBackward(comm_.rank(), &to_complete, abandon));
   phase_ = Phase::kIdle;  // launches from here on count as after EndBackward
   // From here a failure leaves the micro-batch half reduced: no iteration can follow.
   for (int param : to_complete) --pending_[plan_->placement(param).bucket];

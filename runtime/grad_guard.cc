@@ -81,8 +81,16 @@ Status GradGuard::Arrive(int param, bool bucket_launched, bool* complete) {
   return absl::OkStatus();
 }
 
-Status GradGuard::AtEndBackward(int rank, std::vector<int>* to_complete) {
+Status GradGuard::AtEndBackward(int rank, std::vector<int>* to_complete, bool abandon) {
   to_complete->clear();
+  if (abandon) {  // an unfinished graph: no count learned from it, nothing reported
+    for (size_t p = 0; p < names_.size(); ++p) {
+      if (bucket_of_[p] < 0 || complete_[p]) continue;
+      complete_[p] = 1;
+      to_complete->push_back(static_cast<int>(p));
+    }
+    return absl::OkStatus();
+  }
   std::vector<std::string> unused, partial;
   int unused_count = 0;
   for (size_t p = 0; p < names_.size(); ++p) {

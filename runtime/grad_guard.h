@@ -46,8 +46,9 @@ class GradGuard {
 
   /// At EndBackward: checks counts and unused params per the policies. On success `*to_complete`
   /// lists params the engine must now treat as complete (all params after a learning
-  /// micro-batch; the unused ones under on_unused = zero). `rank` is for messages.
-  Status AtEndBackward(int rank, std::vector<int>* to_complete);
+  /// micro-batch; the unused ones under on_unused = zero). `rank` is for messages. With
+  /// `abandon` (a backward that did not finish), every param not complete becomes so, unchecked.
+  Status AtEndBackward(int rank, std::vector<int>* to_complete, bool abandon = false);
 
   /// Whether `param` got a gradient on this rank in any micro-batch since the last step.
   bool UsedThisStep(int param) const { return used_in_step_[param] != 0; }

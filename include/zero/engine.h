@@ -306,6 +306,12 @@ class Engine {
   /// kFailedPrecondition inside a micro-batch (call EndBackward first). No-op with nothing
   /// to drop.
   virtual Status DropGradients() = 0;
+  /// A micro-batch whose backward did not finish (an exception the trainer caught, skipping
+  /// the batch): ends it, the gradients that did not arrive counting as zeros, then
+  /// DropGradients. Collective: every rank skips that micro-batch, each with this call or,
+  /// where its backward finished, with EndBackward then DropGradients. Between micro-batches
+  /// it is DropGradients.
+  virtual Status AbandonMicroBatch() = 0;
   /// The global gradient norm of the last Step (StepInfo::grad_norm), read from the device
   /// when Step left it there (Config::sync_grad_norm false: one wait for the device, then
   /// kept). kFailedPrecondition before the first Step.

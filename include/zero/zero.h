@@ -243,6 +243,10 @@ ZERO_API zero_status zero_step(zero_engine* engine, zero_step_info* info);
 /** Drops the gradients of the micro-batches ended since the last step (the trainer skips
  *  it); collective. See Engine::DropGradients. */
 ZERO_API zero_status zero_drop_gradients(zero_engine* engine);
+/** A micro-batch whose backward did not finish (the trainer skips the batch): ends it, the
+ *  missing gradients counting as zeros, then zero_drop_gradients; collective. See
+ *  Engine::AbandonMicroBatch. */
+ZERO_API zero_status zero_abandon_micro_batch(zero_engine* engine);
 /** The last step's global gradient norm, read from the device when the step left it there
  *  ("sync_grad_norm": false; one wait for the device). ZERO_FAILED_PRECONDITION before a step. */
 ZERO_API zero_status zero_last_grad_norm(zero_engine* engine, float* norm);

@@ -750,3 +750,45 @@ def test_a_caught_exception_from_backward_is_named_at_the_step():
         engine.step()
     engine.close()
     comm.close()
+
+
+def _bad_backward(model, rows):
+    """A backward that raises after the head's gradients were handed over."""
+    tokens, targets = rows
+    x = model.embed(tokens)
+    for block in model.blocks:
+        x = block(_RaisesInBackward.apply(x) if block is model.blocks[-1] else x)
+    logits = model.head(x)
+    with pytest.raises(RuntimeError, match="failed"):
+        F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)).backward()
+
+
+@pytest.mark.parametrize("after", ["zero_grad", "step_then_zero_grad"])
+@pytest.mark.parametrize("stage", [0, 2, 3])
+def test_a_batch_whose_backward_raised_is_skipped_by_zero_grad(stage, after):
+    """The way out the step's error names: every rank skips the batch whose backward raised
+    with optimizer.zero_grad() (after the refused step() or instead of it), and training
+    goes on as if the batch never came (it stuck before: every later step() was refused)."""
+    world = 2
+    models = [TinyLM() for _ in range(2 * world)]
+
+    def body(rank, comm):
+        results = []
+        for skipped, model in ((True, models[rank]), (False, models[world + rank])):
+            engine = zerort.torch.initialize(model, {"stage": stage, "optimizer": OPTIMIZER},
+                                             comm)
+            if skipped:
+                _bad_backward(model, batch(2 + rank))
+                if after == "step_then_zero_grad":
+                    with pytest.raises(zerort.UnusedParametersError, match="raised before"):
+                        engine.step()
+                engine.optimizer.zero_grad()
+            for step in range(2):
+                loss_of(model, *batch(4 * step + rank)).backward()
+                engine.step()
+            results.append(engine.state_dict())
+            engine.close()
+        return results
+
+    for skipped, clean in run_ranks(world, body):
+        assert_close(skipped, clean)

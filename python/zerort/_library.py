@@ -123,6 +123,7 @@ _PROTOTYPES = {
     "zero_end_backward": ([ctypes.c_void_p], ctypes.c_int),
     "zero_step": ([ctypes.c_void_p, ctypes.POINTER(StepInfo)], ctypes.c_int),
     "zero_drop_gradients": ([ctypes.c_void_p], ctypes.c_int),
+    "zero_abandon_micro_batch": ([ctypes.c_void_p], ctypes.c_int),
     "zero_gather": ([ctypes.c_void_p, ctypes.c_int], ctypes.c_int),
     "zero_gathered_place": ([ctypes.c_void_p, ctypes.c_int64, ctypes.POINTER(ctypes.c_int),
                              _c_int64_p, _c_int64_p, ctypes.POINTER(ctypes.c_int)],

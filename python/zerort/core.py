@@ -646,6 +646,11 @@ class Engine:
         the next micro-batch starts a new step."""
         _check(library().zero_drop_gradients(self._handle), "zero_drop_gradients")
 
+    def abandon_micro_batch(self):
+        """Ends a micro-batch whose backward did not finish (missing gradients as zeros)
+        and drops the step's gradients (collective; Engine::AbandonMicroBatch)."""
+        _check(library().zero_abandon_micro_batch(self._handle), "zero_abandon_micro_batch")
+
     def gather(self, unit):
         """Stage 3: makes a unit's full params available."""
         self._check_lent(library().zero_gather(self._handle, unit), "zero_gather")

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "tests/engine/run_on_ranks.h"
 #include "tests/engine/toy_trainer.h"
 #include "tests/status_matchers.h"
 #include "zero/communicator.h"
@@ -164,6 +165,46 @@ TEST(EngineProtocol, AnEndBackwardThatFailedHalfDoneLetsNoIterationFollow) {
   EXPECT_THAT(e->BeginIteration(),
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("could no longer finish")));
   EXPECT_THAT(e->Step(), StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("could no longer finish")));
+}
+
+// A micro-batch whose backward stopped halfway (the trainer caught an exception) is
+// abandoned: its missing gradients count as zeros whatever guard.on_unused says, the step's
+// gradients are dropped, and the next step is as if that micro-batch never came. At every
+// stage, on two ranks that both skip it.
+TEST(EngineProtocol, AnAbandonedMicroBatchLeavesNothingBehind) {
+  for (int stage : {0, 1, 2, 3}) {
+    std::vector<std::vector<float>> trained(2);
+    for (const bool abandon : {true, false}) {
+      const auto statuses = testing::RunOnRanks(2, [&](int rank, comm::Communicator& comm) -> Status {
+        auto e = OneBufferEngine(comm, ToyConfig(stage), {"a", "b"});
+        if (e == nullptr) return absl::InternalError("no engine");
+        auto hand_over = [&](int p, float scale) -> Status {
+          std::vector<float> g(128);
+          for (int i = 0; i < 128; ++i) g[i] = scale * static_cast<float>((i + 7 * p + rank) % 5 - 2);
+          return e->AccumulateGrad(p, g.data());  // no units: gathered on every rank at stage 3
+        };
+        if (abandon) {
+          ZERO_RETURN_IF_ERROR(hand_over(1, 100.0f));  // "a" never comes: the backward raised
+          ZERO_RETURN_IF_ERROR(e->AbandonMicroBatch());
+          ZERO_RETURN_IF_ERROR(e->BeginIteration());
+        }
+        ZERO_RETURN_IF_ERROR(hand_over(1, 1.0f));
+        ZERO_RETURN_IF_ERROR(hand_over(0, 1.0f));
+        ZERO_RETURN_IF_ERROR(e->EndBackward());
+        ZERO_RETURN_IF_ERROR(e->Step().status());
+        if (rank == 0) {
+          trained[abandon ? 0 : 1].resize(256);
+          for (int p = 0; p < 2; ++p) ZERO_RETURN_IF_ERROR(e->GetParam(p, trained[abandon ? 0 : 1].data() + 128 * p));
+        } else {
+          std::vector<float> ignored(128);
+          for (int p = 0; p < 2; ++p) ZERO_RETURN_IF_ERROR(e->GetParam(p, ignored.data()));
+        }
+        return absl::OkStatus();
+      });
+      for (const Status& s : statuses) ASSERT_THAT(s, IsOk()) << "stage " << stage;
+    }
+    EXPECT_EQ(trained[0], trained[1]) << "stage " << stage;
+  }
 }
 
 // Stage 3 keeps a param registered without a unit gathered on every rank: Finalize warns when

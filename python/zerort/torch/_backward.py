@@ -172,6 +172,12 @@ class BackwardPasses:
         """The pass that gave `pid` its first gradient in this micro-batch (None: none)."""
         return self._first.get(pid)
 
+    def abandon(self):
+        """The micro-batch is dropped after a backward that raised: its pass, its pending
+        error and its arrivals are forgotten."""
+        self._error = None
+        self.reset()
+
     def reset(self):
         """The micro-batch ended (raises an error still pending)."""
         self.current = 0

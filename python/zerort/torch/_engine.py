@@ -716,13 +716,36 @@ class TorchEngine(DeepSpeedAPI, _checkpoint.CheckpointMethods, _gathered.Gathere
         this discriminator), ends that micro-batch and drops every gradient the engine holds
         for the next optimizer step (core.Engine.drop_gradients; collective). Otherwise
         nothing: after step(), the engine already holds only the window's accumulation."""
-        if not self._handed_since_step_call and not self._window_ended:
+        if self._passes.open:  # a backward that raised and was caught: never to end
+            self._abandon_micro_batch()
+        elif not self._handed_since_step_call and not self._window_ended:
             return
-        self._end_micro_batch()
-        self._engine.drop_gradients()
+        else:
+            self._end_micro_batch()
+            self._engine.drop_gradients()
         self._micro_batches = 0
         self._lent_grads.clear()
         self._dropped_by_zero_grad = True  # a step() with nothing since is told why
+
+    def _abandon_micro_batch(self):
+        """optimizer.zero_grad() after a backward that raised (_backward.INTERRUPTED_HINT):
+        the gradients it queued are never handed over, its pass and error are forgotten,
+        and the engine ends the micro-batch with the missing gradients as zeros and drops
+        the step's (core.Engine.abandon_micro_batch; collective: the peers skip the batch
+        too, each with its own zero_grad())."""
+        self._queue.clear()
+        self._passes.abandon()
+        self._handed_since_step_call = self._window_ended = False
+        self._ran_forward = self._graph_forward = False
+        for _, param in self._empty:
+            param.grad = None
+        if self._units is not None:
+            self._units.release_all()
+        if self._unused is not None:
+            self._unused.micro_batch_ended()
+        self._engine.abandon_micro_batch()  # between micro-batches: drop_gradients
+        self._in_micro_batch = False
+        self._forget_writes()
 
     def all_reduce(self, tensor, op="sum"):
         """Reduces `tensor` over every rank of the engine's communicator, in place, and
