@@ -133,21 +133,18 @@ Status EngineImpl::HoldSeriesLock(const std::string& root) {
   return absl::OkStatus();
 }
 
-namespace {
-
-// Before a save creates anything, the ranks compare the directory (`dir` as this rank names
-// it): a rank saving elsewhere would leave its file where no checkpoint will be.
-std::string DirectoryAgreement(const std::string& dir) {
-  return absl::StrCat("SaveCheckpoint into \"", dir, "\" (the directory; a path on a file system every rank shares)");
+Status EngineImpl::AgreeOnCheckpointDir(const std::string& dir) {
+  std::error_code error;
+  std::string absolute = std::filesystem::weakly_canonical(std::filesystem::absolute(dir, error), error).string();
+  if (error || dir.empty()) absolute = dir;  // compared as written
+  return AgreeOnBytes(absolute.data(), static_cast<int64_t>(absolute.size()),
+                      absl::StrCat("SaveCheckpoint into \"", dir,
+                                   "\" (the directory; a path on a file system every rank shares)"));
 }
 
-}  // namespace
-
 Status EngineImpl::SaveCheckpoint(const std::string& target) {
-  if (target.empty()) return absl::InvalidArgumentError("SaveCheckpoint: the directory is \"\"; name one");
   ZERO_RETURN_IF_ERROR(RequireHealthyGroup("SaveCheckpoint"));
-  const std::string dir = TrimmedDir(target);
-  ZERO_RETURN_IF_ERROR(AgreeOnBytes(dir.data(), static_cast<int64_t>(dir.size()), DirectoryAgreement(dir)));
+  ZERO_RETURN_IF_ERROR(AgreeOnCheckpointDir(TrimmedDir(target)));
   return SaveCheckpointAs(target, 0);
 }
 
@@ -229,6 +226,9 @@ Status EngineImpl::SaveCheckpointAs(const std::string& target, int64_t series_se
 }
 
 Status EngineImpl::SaveCheckpoint(const std::string& root_dir, const std::string& tag) {
+  ZERO_RETURN_IF_ERROR(RequireHealthyGroup("SaveCheckpoint"));
+  const std::string root = TrimmedDir(root_dir);
+  ZERO_RETURN_IF_ERROR(AgreeOnCheckpointDir(root + "/" + tag));  // before a refusal of one rank's tag
   const bool printable = std::all_of(tag.begin(), tag.end(), [](char c) { return c >= 0x20 && c != 0x7f; });
   if (tag.empty() || !printable || tag.find('/') != std::string::npos || tag == "." || tag == ".." ||
       tag == "latest" || tag.size() > 200 || (tag.size() > 8 && tag.compare(tag.size() - 8, 8, ".partial") == 0)) {
@@ -236,10 +236,6 @@ Status EngineImpl::SaveCheckpoint(const std::string& root_dir, const std::string
                                                    "\" must be a plain file name (printable, no '/', not "
                                                    "\"latest\", not ending in .partial)"));
   }
-  const std::string root = TrimmedDir(root_dir);
-  ZERO_RETURN_IF_ERROR(RequireHealthyGroup("SaveCheckpoint"));
-  const std::string dir = root + "/" + tag;
-  ZERO_RETURN_IF_ERROR(AgreeOnBytes(dir.data(), static_cast<int64_t>(dir.size()), DirectoryAgreement(dir)));
   Status created;
   if (comm_.rank() == 0) {
     std::error_code error;
@@ -447,6 +443,7 @@ StatusOr<EngineImpl::CheckpointShard> EngineImpl::ReadCheckpointShard(const std:
 
 Status EngineImpl::LoadCheckpoint(const std::string& target) {
   ZERO_RETURN_IF_ERROR(RequireHealthyGroup("LoadCheckpoint"));
+  ZERO_RETURN_IF_ERROR(RequireFinishableIteration("LoadCheckpoint"));  // a load would not make it so
   ZERO_RETURN_IF_ERROR(RequirePhase(Phase::kIdle, "LoadCheckpoint"));
   if (micro_batch_ != 0) return absl::FailedPreconditionError("LoadCheckpoint: micro-batches are pending");
   if (target.empty()) return absl::InvalidArgumentError("LoadCheckpoint: the directory is \"\"; name one");

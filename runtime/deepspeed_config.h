@@ -21,6 +21,9 @@ namespace zero::runtime {
 /// otherwise make it one. A translation is never a DeepSpeed config.
 bool IsDeepSpeedConfig(const nlohmann::json& config);
 
+/// ZeroRT key -> the DeepSpeed key its value was copied from (TranslateDeepSpeedConfig).
+using KeyOrigins = std::map<std::string, std::string>;
+
 /// ZeroRT's JSON for DeepSpeed config `config`, with DeepSpeed's defaults written out where they
 /// change the numbers (stage 0, clipping at 1.0, Adam as AdamW with weight decay 0, gradients in
 /// the model's dtype, bf16 steps skipped on Inf/NaN). Values are copied as written: ZeroRT's
@@ -30,8 +33,7 @@ bool IsDeepSpeedConfig(const nlohmann::json& config);
 /// in one kInvalidArgument: "DeepSpeed config: N keys are not supported:" and then one
 /// "<dotted.key>: <what to do>" line each. `origins` (may be null) receives, for each ZeroRT
 /// key a DeepSpeed key's value was copied to, that DeepSpeed key ("stage" from
-/// "zero_optimization.stage").
-using KeyOrigins = std::map<std::string, std::string>;
+/// "zero_optimization.stage"; values derived from several keys, as the precision, have none).
 StatusOr<nlohmann::json> TranslateDeepSpeedConfig(const nlohmann::json& config,
                                                   std::vector<std::string>* notes, KeyOrigins* origins = nullptr);
 

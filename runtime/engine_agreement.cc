@@ -195,11 +195,6 @@ Status EngineImpl::CollectiveSettingsError() {
       "mismatch, or a rank waiting for its peers until guard.timeout_s): every rank must use the same config"));
 }
 
-// One all-gather of (param count, registry hash, stage, step settings' hash, collective
-// settings' hash) when the ranks agree. Otherwise every
-// rank gets the same gathered values and so takes the same path: the stages, or the first
-// differing index (from all hashes) and each rank's param there (one fixed-size all-gather),
-// so that any rank's message tells both sides.
 Status EngineImpl::AgreeOnBytes(const void* data, int64_t bytes, const std::string& what) {
   if (comm_.size() == 1) return absl::OkStatus();
   ZERO_ASSIGN_OR_RETURN(uint64_t hash, ReplicaHasher(*ops_, allocator_).Hash(data, bytes));
@@ -215,6 +210,11 @@ Status EngineImpl::AgreeOnBytes(const void* data, int64_t bytes, const std::stri
                                                  comm_.rank(), "); every rank passes the same. Nothing was changed"));
 }
 
+// One all-gather of (param count, registry hash, stage, step settings' hash, collective
+// settings' hash) when the ranks agree. Otherwise every
+// rank gets the same gathered values and so takes the same path: the stages, or the first
+// differing index (from all hashes) and each rank's param there (one fixed-size all-gather),
+// so that any rank's message tells both sides.
 Status EngineImpl::CheckRegistryAgrees() {
   const int world = comm_.size(), rank = comm_.rank();
   std::vector<uint64_t> hashes;

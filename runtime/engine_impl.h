@@ -204,6 +204,10 @@ class EngineImpl final : public Engine {
   // holds the lock of dir's parent while it saves, unless it holds it already (a series root
   // it saved into: series_locks_).
   Status SaveCheckpointAs(const std::string& dir, int64_t series_seq);
+  // Collective, before a save checks or creates anything: kInvalidArgument on every rank when
+  // the ranks name different directories (`dir` as this rank names it, compared as an
+  // absolute path with links resolved: "ckpt" and "./ckpt" are one).
+  Status AgreeOnCheckpointDir(const std::string& dir);
   // Rank 0: locks `dir` for a save into it (checkpoint_files.h), waiting for another job's save
   // up to half of guard.timeout_s (0: forever), so that the ranks waiting for rank 0 in the
   // next collective hear why instead of timing out; warns where the file system cannot lock.
@@ -282,7 +286,8 @@ class EngineImpl final : public Engine {
   Phase phase_ = Phase::kRegistering;
   // Not OK once a micro-batch failed half done (its buckets partly launched, a bucket holding
   // the buffer the next one needs): neither it nor a later one can finish, so BeginIteration,
-  // the gradient calls, EndBackward, Step, ClipGradNorm and DropGradients refuse with it.
+  // the gradient calls, EndBackward, Step, ClipGradNorm, DropGradients, AbandonMicroBatch and
+  // LoadCheckpoint refuse with it.
   Status lost_iteration_ = absl::OkStatus();
   int micro_batch_ = 0;        // micro-batches completed since the last Step
   int64_t iteration_ = 0;      // micro-batches begun in total

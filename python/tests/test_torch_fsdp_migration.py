@@ -137,6 +137,8 @@ def test_torch_clip_grad_norm_refuses_part_of_an_engine_and_leaves_other_models_
     loss_of(plain, *rows(0, 0, 0)).backward()
     with pytest.raises(zerort.InvalidArgumentError, match="have a .grad of their own"):
         torch.nn.utils.clip_grad_norm_(list(model.parameters()) + list(plain.parameters()), 0.1)
+    with pytest.raises(zerort.InvalidArgumentError, match="max_norm=0"):
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.0)
     want = torch.linalg.vector_norm(
         torch.stack([torch.linalg.vector_norm(p.grad) for p in plain.parameters()
                      if p.grad is not None]))

@@ -485,6 +485,7 @@ TEST(CheckpointMisuse, BinaryUserDataAndAFifoAreErrorsNotACrashOrAHang) {
 // Ranks naming different directories (each its node's own, or a typo on one) are refused on
 // every rank, naming it, before anything is written: no rank file lands where no checkpoint
 // will be, and no DIR.partial is left. Both save calls (a directory, a series root and tag).
+// One directory spelled two ways ("x" and "./x/") saves.
 TEST(CheckpointMisuse, RanksNamingDifferentDirectoriesAreRefusedBeforeAnythingIsWritten) {
   const std::string root = testing::ScratchDir("zerort-ckpt-local");
   const std::vector<Status> statuses = RunOnRanks(2, [&](int rank, comm::Communicator& c) -> Status {
@@ -494,7 +495,9 @@ TEST(CheckpointMisuse, RanksNamingDifferentDirectoriesAreRefusedBeforeAnythingIs
     if (named.ok()) return absl::InternalError("saved into two directories");
     const Status tagged = engine->SaveCheckpoint(node, "step-1");
     if (tagged.code() != named.code()) return tagged;
-    return named;
+    // One directory spelled two ways is one directory.
+    const Status same = engine->SaveCheckpoint(root + (rank == 0 ? "/same" : "/./same//"), "step-1");
+    return same.ok() ? named : same;
   });
   for (int rank = 0; rank < 2; ++rank) {
     EXPECT_THAT(statuses[rank], StatusIs(absl::StatusCode::kInvalidArgument,
@@ -504,6 +507,7 @@ TEST(CheckpointMisuse, RanksNamingDifferentDirectoriesAreRefusedBeforeAnythingIs
   }
   EXPECT_FALSE(std::filesystem::exists(root + "/node0")) << "nothing written, not even a series root";
   EXPECT_FALSE(std::filesystem::exists(root + "/node1"));
+  EXPECT_TRUE(std::filesystem::exists(root + "/same/step-1/meta.json"));
   std::filesystem::remove_all(root);
 }
 

@@ -149,6 +149,8 @@ TEST(EngineProtocol, AnExhaustedBufferPoolDoesNotBlameTheGradientArrivingNow) {
   EXPECT_THAT(e->BeginIteration(), lost);
   EXPECT_THAT(e->Step(), lost);
   EXPECT_THAT(e->DropGradients(), lost);
+  EXPECT_THAT(e->AbandonMicroBatch(), lost);
+  EXPECT_THAT(e->LoadCheckpoint("/nonexistent"), lost);
 }
 
 // Under guard.on_unused = "zero" the same pool fails inside EndBackward (the param that got

@@ -63,7 +63,7 @@ Status Consolidate(const std::string& dir, const std::string& out, DType dtype) 
   ZERO_RETURN_IF_ERROR(OutputOutsideCheckpoint(reader->dir(), out));
   ZERO_RETURN_IF_ERROR(OutputOutsideSeries(dir, out));
   // One checkpoint of a series, named itself: its series is the directory around it.
-  ZERO_RETURN_IF_ERROR(OutputOutsideSeries(std::filesystem::path(reader->dir()).parent_path().string(), out));
+  ZERO_RETURN_IF_ERROR(OutputOutsideSeries(std::filesystem::absolute(reader->dir()).parent_path().string(), out));
   std::error_code error;
   if (std::filesystem::is_directory(out, error)) {
     return absl::InvalidArgumentError(absl::StrCat("--out ", out, " is a directory; name the file to write (e.g. ",

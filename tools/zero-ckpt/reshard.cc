@@ -17,7 +17,7 @@ Status Reshard(const std::string& dir, int world, const std::string& out) {
   ZERO_RETURN_IF_ERROR(OutputOutsideCheckpoint(reader->dir(), out));
   ZERO_RETURN_IF_ERROR(OutputOutsideSeries(dir, out));
   // One checkpoint of a series, named itself: its series is the directory around it.
-  ZERO_RETURN_IF_ERROR(OutputOutsideSeries(std::filesystem::path(reader->dir()).parent_path().string(), out));
+  ZERO_RETURN_IF_ERROR(OutputOutsideSeries(std::filesystem::absolute(reader->dir()).parent_path().string(), out));
   std::error_code error;
   if (std::filesystem::exists(std::filesystem::path(out) / "meta.json", error)) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -1,3 +1,5 @@
+// The trainer-flag comparison of zero-train (flag_agreement.h): one all-gather of every
+// flag as a number, then the first flag that differs named with each rank's value.
 #include "flag_agreement.h"
 
 #include "absl/strings/str_cat.h"

@@ -673,8 +673,9 @@ class TorchEngine(DeepSpeedAPI, _checkpoint.CheckpointMethods, _gathered.Gathere
         try:
             info = self._engine.step()
         except errors.FailedPreconditionError:
-            # Refused before it changed anything (the ranks' group settings differ): the
-            # window stays ended, so the next step() steps it and zero_grad() drops it.
+            # Refused before it changed anything (the ranks' group settings differ, or an
+            # iteration could no longer finish, which every later call says): the window
+            # stays ended, so the next step() steps it and zero_grad() drops it.
             self._engine_steps -= 1
             self._window_ended = True
             raise

@@ -172,7 +172,9 @@ class _Patch:
                 for cls, original in self.originals.items():
                     cls.__init__ = original
                 self.originals.clear()
-                nn.Module.apply = self.original_apply
+                # Unless another library wrapped it since (its wrapper then stays).
+                if getattr(nn.Module.apply, "__wrapped__", None) is self.original_apply:
+                    nn.Module.apply = self.original_apply
 
 
 _PATCH = _Patch()
@@ -182,9 +184,11 @@ _PATCH = _Patch()
 def init_context(comm=None, timeout_s=600.0):
     """Modules built inside the block keep only this rank's slice of their float params
     (see the module's docstring). Collective: every rank builds the same modules in the
-    same order. `comm`: the communicator the engine will use; None means the launcher's
-    ranks, as initialize(comm=None) takes them (default_communicator())."""
-    if comm is None:
+    same order. `comm`: the ranks the engine will use; None means the launcher's ranks, as
+    initialize(comm=None) takes them (a communicator of the block's own, closed as it ends:
+    initialize() makes its own)."""
+    owned = comm is None
+    if owned:
         comm = default_communicator()
     if getattr(comm, "closed", False):
         raise errors.InvalidArgumentError(
@@ -194,9 +198,11 @@ def init_context(comm=None, timeout_s=600.0):
     try:
         yield
     except BaseException:
-        _PATCH.leave(shard=False)
+        _PATCH.leave(shard=False)  # the peers may not be here: nothing collective, comm kept
         raise
     _PATCH.leave(shard=True)
+    if owned:
+        comm.close()
 
 
 def is_sharded(param):

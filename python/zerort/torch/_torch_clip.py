@@ -10,9 +10,12 @@ total L2 norm of the gradient the next step applies (collective: every rank call
 the window's last backward), and that step clipped to max_norm. The params passed must hold
 every param the engine steps (model.parameters(), with or without its frozen ones): the
 engine clips all of them by one norm, as a call over the whole model does. A subset, params
-of two engines, or the engine's params next to others that have a gradient, are refused
-naming the fix. A name bound before zerort.torch was imported (`from torch.nn.utils import
-clip_grad_norm_` first) keeps PyTorch's call.
+of two engines, the engine's params next to others that have a gradient, and max_norm 0
+(PyTorch's zeroes the gradients, the engine's reads the norm) are refused naming the fix.
+With error_if_nonfinite, a norm that is not finite raises after the engine read it and set
+the next step's clipping (PyTorch's raises before touching anything). A name bound before
+zerort.torch was imported (`from torch.nn.utils import clip_grad_norm_` first) keeps
+PyTorch's call.
 """
 import functools
 import math
@@ -39,6 +42,12 @@ def _clip_through_engines(original):
                 "torch.nn.utils.clip_grad_norm_: the params belong to several ZeroRT engines; "
                 "call each engine's clip_grad_norm_(max_norm)", errors.InvalidArgumentError.status)
         engine = next(iter(engines.values()))
+        if float(max_norm) == 0.0:
+            raise errors.InvalidArgumentError(
+                "torch.nn.utils.clip_grad_norm_(..., max_norm=0) zeroes every gradient in "
+                "PyTorch, while the ZeroRT engine's 0 means no clipping: pass float('inf') to "
+                "read the norm without clipping, or a max_norm > 0",
+                errors.InvalidArgumentError.status)
         _check_covers_the_engine(engine, params)
         norm = engine.clip_grad_norm_(max_norm, norm_type)
         error_if_nonfinite = kwargs.get("error_if_nonfinite", args[0] if args else False)

@@ -8,7 +8,6 @@ import torch
 from ... import errors
 from .._gathered import gathered, register_external_parameter
 from .._init_context import init_context
-from .._torch_communicator import default_communicator
 
 __all__ = ["GatheredParameters", "Init", "register_external_parameter"]
 
@@ -48,7 +47,7 @@ def _zero_init(module=None, data_parallel_group=None, mem_efficient_linear=True,
                 "on the device)", errors.UnimplementedError.status)
     if not enabled:
         return contextlib.nullcontext()
-    return init_context(default_communicator() if comm is None else comm)
+    return init_context(comm)
 
 
 # DeepSpeed's names (a class in DeepSpeed, hence the capitals).
