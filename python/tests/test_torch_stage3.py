@@ -483,6 +483,29 @@ def test_init_context_without_comm_takes_the_launchers_ranks():
     engine.close()
 
 
+def test_a_rank_whose_loss_skips_the_model_is_told_how_to_run_its_backward():
+    """At stage 3 a rank whose loss does not depend on the model's outputs (no targets in
+    its batch) makes none of the backward's gathers: the collective mismatch it meets names
+    that, and the fix (outputs.sum() * 0), on that rank and its peer."""
+    models = [LoraLM() for _ in range(2)]
+
+    def body(rank, comm):
+        model = models[rank]
+        engine = zerort.torch.initialize(model, dict(CONFIG, guard={"timeout_s": 30,
+                                                                    "on_unused": "zero"}), comm)
+        tokens, targets = batch(0)
+        loss = loss_of(model, tokens, targets)
+        if rank == 1:
+            loss = torch.zeros((), requires_grad=True) * 0.0
+        with pytest.raises(zerort.InvalidArgumentError, match=r"outputs.sum\(\) \* 0"):
+            loss.backward()
+            engine.step()
+        with pytest.raises(zerort.InvalidArgumentError, match="group is broken"):
+            engine.close()  # its gathers of the whole params are collectives too
+
+    run_ranks(2, body)
+
+
 class Twice(nn.Module):
     """A frozen module whose output is its own next input: f(f(x))."""
 

@@ -34,6 +34,14 @@ UNUSED_HINT = (
     "(set guard.on_unused = \"zero\"), or a param that is not used at all (freeze it).")
 
 
+NO_BACKWARD_AT_STAGE3_HINT = (
+    "\nThis rank's step() came after a forward whose backward did not run through the "
+    "model's outputs (a loss that does not depend on them: a rank with no targets in its "
+    "batch), while its peers' backwards gather each module's params: at stage 3 every rank "
+    "runs the backward through the model. Make such a rank's loss depend on the outputs "
+    "(loss = outputs.sum() * 0), which trains nothing and makes the same gathers.")
+
+
 INTERRUPTED_HINT = (
     "\nA backward on this rank raised before it finished (an exception from loss.backward() "
     "that the trainer caught and went on from): autograd stopped with only part of the "

@@ -654,6 +654,12 @@ class TorchEngine(DeepSpeedAPI, _checkpoint.CheckpointMethods, _gathered.Gathere
             hint = (_backward.frozen_after_initialize_hint(frozen) if frozen
                     else _backward.UNUSED_HINT)
             raise errors.UnusedParametersError(error.message + hint, error.status) from None
+        except errors.InvalidArgumentError as error:
+            if (self._units is None or " mismatch: " not in error.message or handed
+                    or self._passes.current != 0 or not ran_forward):
+                raise
+            raise type(error)(error.message + _backward.NO_BACKWARD_AT_STAGE3_HINT,
+                              error.status) from None
         self._in_micro_batch = False
         self._forget_writes()
         self._passes.reset()
