@@ -137,6 +137,7 @@ Status EngineImpl::AgreeOnCheckpointDir(const std::string& dir) {
   std::error_code error;
   std::string absolute = std::filesystem::weakly_canonical(std::filesystem::absolute(dir, error), error).string();
   if (error || dir.empty()) absolute = dir;  // compared as written
+  absolute = TrimmedDir(absolute);  // "ckpt/." of a directory not made yet canonicalises to "…/ckpt/"
   return AgreeOnBytes(absolute.data(), static_cast<int64_t>(absolute.size()),
                       absl::StrCat("SaveCheckpoint into \"", dir,
                                    "\" (the directory; a path on a file system every rank shares)"));

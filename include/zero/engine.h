@@ -309,8 +309,10 @@ class Engine {
   /// A micro-batch whose backward did not finish (an exception the trainer caught, skipping
   /// the batch): ends it, the gradients that did not arrive counting as zeros, then
   /// DropGradients. Collective: every rank skips that micro-batch, each with this call or,
-  /// where its backward finished, with EndBackward then DropGradients. Between micro-batches
-  /// it is DropGradients.
+  /// where its backward finished, with EndBackward then DropGradients. At stage 3 the
+  /// backward's gathers are collectives too: a backward that stopped halfway on one rank
+  /// while its peers' went on leaves their gathers unmatched, so there every rank's backward
+  /// must stop (or none). Between micro-batches it is DropGradients.
   virtual Status AbandonMicroBatch() = 0;
   /// The global gradient norm of the last Step (StepInfo::grad_norm), read from the device
   /// when Step left it there (Config::sync_grad_norm false: one wait for the device, then

@@ -362,3 +362,54 @@ def test_a_modifier_block_keeps_the_masters_of_bf16_params_it_left_unchanged(sta
         assert any(not torch.equal(m, m.bfloat16().float()) for m in masters)
         for before, now, changed in zip(masters, after, is_head):
             assert torch.equal(now, written if changed else before)
+
+
+@pytest.mark.parametrize("stage", [0, 2])
+def test_a_modifier_block_takes_writes_made_before_it_and_decides_alike_on_every_rank(stage):
+    """A write made before the block (head.zero_() between steps, not yet taken) is set by
+    it even when the block changes nothing; a replica that drifted on one rank (a write on
+    rank 1 only) is set on every rank from rank 0's values, never on some ranks only (which
+    split the ranks' collectives)."""
+    models = [TinyLM().to(torch.bfloat16) for _ in range(2)]
+
+    def body(rank, comm):
+        model = models[rank]
+        engine = zerort.torch.initialize(model, {"stage": stage, "optimizer": {
+            "type": "adamw", "lr": 1e-3}, "guard": {"timeout_s": 30}}, comm)
+        loss_of(model, *batch(rank)).float().backward()
+        engine.step()
+        head, bias = model.head.weight, model.head.bias
+        with torch.no_grad():
+            head.zero_()
+            if rank == 1:
+                bias.add_(1.0)
+        with zerort.torch.gathered([head, bias], modifier_rank=0):
+            pass
+        loss_of(model, *batch(2)).float().backward()
+        engine.step()
+        masters = [zerort.torch.safe_get_full_fp32_param(p) for p in (head, bias)]
+        engine.close()
+        return masters
+
+    (head0, bias0), (head1, bias1) = run_ranks(2, body)
+    assert head0.abs().max() < 0.01 and torch.equal(head0, head1)
+    assert torch.equal(bias0, bias1)
+
+
+def test_a_set_one_rank_refuses_is_refused_on_every_rank_at_once():
+    """A value of the wrong shape on rank 1 alone: both ranks raise at once (rank 0 saying
+    another rank refused), instead of rank 0 waiting for rank 1 in the engine's comparison."""
+    models = [TinyLM() for _ in range(2)]
+
+    def body(rank, comm):
+        model = models[rank]
+        engine = zerort.torch.initialize(model, {"stage": 2, "optimizer": OPTIMIZER,
+                                                 "guard": {"timeout_s": 300}}, comm)
+        head = model.head.weight
+        value = torch.zeros(head.shape[0], head.shape[1] + rank)
+        with pytest.raises(zerort.InvalidArgumentError,
+                           match="shape" if rank == 1 else "refused on another rank"):
+            zerort.torch.safe_set_full_fp32_param(head, value)
+        engine.close()
+
+    run_ranks(2, body)

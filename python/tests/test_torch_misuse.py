@@ -792,3 +792,55 @@ def test_a_batch_whose_backward_raised_is_skipped_by_zero_grad(stage, after):
 
     for skipped, clean in run_ranks(world, body):
         assert_close(skipped, clean)
+
+
+class _RaisesAtOutput(nn.Module):
+    """TinyLM whose output's backward raises when `bad` (before any param gradient)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lm = TinyLM()
+        self.bad = False
+
+    def forward(self, tokens):
+        out = self.lm(tokens)
+        return _RaisesInBackward.apply(out) if self.bad else out
+
+
+@pytest.mark.parametrize("stage", [0, 3])
+def test_a_batch_whose_backward_raised_on_one_rank_before_any_gradient_is_skipped(stage):
+    """Rank 0's backward raises before any gradient reached the engine, rank 1's completes;
+    both skip the batch with zero_grad() after a first step: rank 0 ends the micro-batch
+    too (its missing gradients as zeros), so the ranks make the same reductions, and
+    training equals a run that never saw the batch."""
+    world = 2
+    models = [_RaisesAtOutput() for _ in range(2 * world)]
+
+    def lm_loss(model, tokens, targets):
+        logits = model(tokens)
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+    def body(rank, comm):
+        results = []
+        for skipped, model in ((True, models[rank]), (False, models[world + rank])):
+            engine = zerort.torch.initialize(model, {"stage": stage, "optimizer": OPTIMIZER,
+                                                     "guard": {"timeout_s": 30}}, comm)
+            lm_loss(model, *batch(50 + rank)).backward()
+            engine.step()
+            if skipped:
+                model.bad = rank == 0
+                try:
+                    lm_loss(model, *batch(2 + rank)).backward()
+                except RuntimeError:
+                    assert rank == 0
+                model.bad = False
+                engine.optimizer.zero_grad()
+            for step in range(2):
+                lm_loss(model, *batch(4 * step + rank)).backward()
+                engine.step()
+            results.append(engine.state_dict())
+            engine.close()
+        return results
+
+    for skipped, clean in run_ranks(world, body):
+        assert_close(skipped, clean)

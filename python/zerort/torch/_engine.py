@@ -656,7 +656,8 @@ class TorchEngine(DeepSpeedAPI, _checkpoint.CheckpointMethods, _gathered.Gathere
             raise errors.UnusedParametersError(error.message + hint, error.status) from None
         except errors.InvalidArgumentError as error:
             if (self._units is None or " mismatch: " not in error.message or handed
-                    or self._passes.current != 0 or not ran_forward):
+                    or "group is broken" in error.message or self._passes.current != 0
+                    or not ran_forward):
                 raise
             raise type(error)(error.message + _backward.NO_BACKWARD_AT_STAGE3_HINT,
                               error.status) from None
@@ -742,6 +743,10 @@ class TorchEngine(DeepSpeedAPI, _checkpoint.CheckpointMethods, _gathered.Gathere
         too, each with its own zero_grad())."""
         self._queue.clear()
         self._passes.abandon()
+        if not self._window_ended:
+            # No gradient may have reached the engine yet (the backward raised before the
+            # first): the micro-batch is begun so that ending it makes the peers' reductions.
+            self._begin_micro_batch()
         self._handed_since_step_call = self._window_ended = False
         self._ran_forward = self._graph_forward = False
         for _, param in self._empty:
@@ -750,7 +755,7 @@ class TorchEngine(DeepSpeedAPI, _checkpoint.CheckpointMethods, _gathered.Gathere
             self._units.release_all()
         if self._unused is not None:
             self._unused.micro_batch_ended()
-        self._engine.abandon_micro_batch()  # between micro-batches: drop_gradients
+        self._engine.abandon_micro_batch()
         self._in_micro_batch = False
         self._forget_writes()
 

@@ -80,14 +80,17 @@ class FullStateMethods:
         if pid is None:
             return
         shape = tuple(self._records[pid].shape)
-        if tuple(value.shape) != shape:
-            raise errors.InvalidArgumentError(
-                f"zerort.torch: {what} \"{self._names[pid]}\": the value's shape "
-                f"{tuple(value.shape)} is not the param's {shape}",
-                errors.InvalidArgumentError.status)
+        wrong_shape = tuple(value.shape) != shape
         # Refused on every rank when any rank must refuse: the engine's call compares the
         # ranks' values, so a rank refusing alone would leave its peers waiting there.
-        if self._any_rank(self._handed_since_step_call or self._graph_forward):
+        mid_window = self._handed_since_step_call or self._graph_forward
+        if self._any_rank(wrong_shape or mid_window) and not mid_window:
+            raise errors.InvalidArgumentError(
+                f"zerort.torch: {what} \"{self._names[pid]}\": the value's shape "
+                f"{tuple(value.shape)} is not the param's {shape}" if wrong_shape else
+                f"zerort.torch: {what} \"{self._names[pid]}\": refused on another rank "
+                "(its error says why); nothing was set", errors.InvalidArgumentError.status)
+        if mid_window:
             raise errors.FailedPreconditionError(
                 f"zerort.torch: {what} is done after a micro-batch's step() (or before any "
                 "forward), not between a forward with gradients and its step(): that "

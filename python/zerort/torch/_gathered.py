@@ -142,8 +142,8 @@ class GatheredMethods:
         if self._units is not None:
             self._units.hold(units)
         try:
-            entered = ([_fingerprint(p) if pid is not None else None
-                        for p, pid in zip(params, pids)] if modifier_rank is not None else [])
+            entered = ([self._entry_state(p, pid) for p, pid in zip(params, pids)]
+                       if modifier_rank is not None else [])
             failed = True
             try:
                 yield params
@@ -168,15 +168,30 @@ class GatheredMethods:
         """Whether `flag` is true on any rank (collective)."""
         return bool(self.all_reduce(torch.tensor([float(flag)]), "max").item())
 
+    def _entry_state(self, param, pid):
+        """At a modifier block's entry: `param`'s fingerprint and whether a write of the
+        trainer's is still to be taken into the engine (None for a param it does not drive)."""
+        if pid is None:
+            return None
+        record = self._records[pid]
+        pending = record.version is not None and param._version != record.version
+        return _fingerprint(param), pending
+
     def _write_from(self, rank, params, pids, entered):
-        """Rank `rank`'s values of `params` on every rank, in the model and the engine; a
-        param whose values are those it had when the block began (`entered`, fingerprints)
-        is not set again: its master keeps what the steps put below the param's precision."""
-        for param, pid, before in zip(params, pids, entered):
+        """Rank `rank`'s values of `params` on every rank, in the model and the engine. A
+        param is set where any rank finds it changed since the block's entry (`entered`) or
+        holding a write still to be taken: one decision for every rank. The others are not
+        set again, so their masters keep what the steps put below the param's precision."""
+        for param in params:
             broadcast_tensor(param.data, self._comm, rank, self._timeout)
+        changed = torch.tensor(
+            [float(state is not None and (state[1] or _fingerprint(p) != state[0]))
+             for p, state in zip(params, entered)] or [0.0])
+        self.all_reduce(changed, "max")
+        for param, pid, flag in zip(params, pids, changed.tolist()):
             if pid is None:
                 continue
-            if _fingerprint(param) != before:
+            if flag:
                 self._set_from(param, self._records[pid])
             elif self._records[pid].version is not None:
-                self._records[pid].version = param._version  # unchanged: no write to take
+                self._records[pid].version = param._version  # unchanged everywhere
