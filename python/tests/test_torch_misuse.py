@@ -763,35 +763,45 @@ def _bad_backward(model, rows):
         F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)).backward()
 
 
+def _skipping_equals_never_seeing(stage, models, lm_loss, skip, warm_up=False):
+    """Two ranks train models[rank] with a batch skipped (`skip(model, engine, rank)`) and
+    models[2 + rank] without it, the same two steps after (and one before with `warm_up`):
+    the results must be equal."""
+    def body(rank, comm):
+        results = []
+        for skipped, model in ((True, models[rank]), (False, models[2 + rank])):
+            engine = zerort.torch.initialize(model, {"stage": stage, "optimizer": OPTIMIZER,
+                                                     "guard": {"timeout_s": 30}}, comm)
+            if warm_up:
+                lm_loss(model, *batch(50 + rank)).backward()
+                engine.step()
+            if skipped:
+                skip(model, engine, rank)
+            for step in range(2):
+                lm_loss(model, *batch(4 * step + rank)).backward()
+                engine.step()
+            results.append(engine.state_dict())
+            engine.close()
+        return results
+
+    for skipped, clean in run_ranks(2, body):
+        assert_close(skipped, clean)
+
+
 @pytest.mark.parametrize("after", ["zero_grad", "step_then_zero_grad"])
 @pytest.mark.parametrize("stage", [0, 2, 3])
 def test_a_batch_whose_backward_raised_is_skipped_by_zero_grad(stage, after):
     """The way out the step's error names: every rank skips the batch whose backward raised
     with optimizer.zero_grad() (after the refused step() or instead of it), and training
     goes on as if the batch never came (it stuck before: every later step() was refused)."""
-    world = 2
-    models = [TinyLM() for _ in range(2 * world)]
-
-    def body(rank, comm):
-        results = []
-        for skipped, model in ((True, models[rank]), (False, models[world + rank])):
-            engine = zerort.torch.initialize(model, {"stage": stage, "optimizer": OPTIMIZER},
-                                             comm)
-            if skipped:
-                _bad_backward(model, batch(2 + rank))
-                if after == "step_then_zero_grad":
-                    with pytest.raises(zerort.UnusedParametersError, match="raised before"):
-                        engine.step()
-                engine.optimizer.zero_grad()
-            for step in range(2):
-                loss_of(model, *batch(4 * step + rank)).backward()
+    def skip(model, engine, rank):
+        _bad_backward(model, batch(2 + rank))
+        if after == "step_then_zero_grad":
+            with pytest.raises(zerort.UnusedParametersError, match="raised before"):
                 engine.step()
-            results.append(engine.state_dict())
-            engine.close()
-        return results
+        engine.optimizer.zero_grad()
 
-    for skipped, clean in run_ranks(world, body):
-        assert_close(skipped, clean)
+    _skipping_equals_never_seeing(stage, [TinyLM() for _ in range(4)], loss_of, skip)
 
 
 class _RaisesAtOutput(nn.Module):
@@ -813,34 +823,18 @@ def test_a_batch_whose_backward_raised_on_one_rank_before_any_gradient_is_skippe
     both skip the batch with zero_grad() after a first step: rank 0 ends the micro-batch
     too (its missing gradients as zeros), so the ranks make the same reductions, and
     training equals a run that never saw the batch."""
-    world = 2
-    models = [_RaisesAtOutput() for _ in range(2 * world)]
-
     def lm_loss(model, tokens, targets):
         logits = model(tokens)
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
-    def body(rank, comm):
-        results = []
-        for skipped, model in ((True, models[rank]), (False, models[world + rank])):
-            engine = zerort.torch.initialize(model, {"stage": stage, "optimizer": OPTIMIZER,
-                                                     "guard": {"timeout_s": 30}}, comm)
-            lm_loss(model, *batch(50 + rank)).backward()
-            engine.step()
-            if skipped:
-                model.bad = rank == 0
-                try:
-                    lm_loss(model, *batch(2 + rank)).backward()
-                except RuntimeError:
-                    assert rank == 0
-                model.bad = False
-                engine.optimizer.zero_grad()
-            for step in range(2):
-                lm_loss(model, *batch(4 * step + rank)).backward()
-                engine.step()
-            results.append(engine.state_dict())
-            engine.close()
-        return results
+    def skip(model, engine, rank):
+        model.bad = rank == 0
+        try:
+            lm_loss(model, *batch(2 + rank)).backward()
+        except RuntimeError:
+            assert rank == 0
+        model.bad = False
+        engine.optimizer.zero_grad()
 
-    for skipped, clean in run_ranks(world, body):
-        assert_close(skipped, clean)
+    _skipping_equals_never_seeing(stage, [_RaisesAtOutput() for _ in range(4)], lm_loss, skip,
+                                  warm_up=True)
