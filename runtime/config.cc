@@ -439,18 +439,11 @@ OptimizerHyper OptimizerConfig::Group(int group) const {
 StatusOr<std::string> NormalizeConfigJson(std::string_view text) {
   const Json json = Json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
   std::string normalized(text);
+  ZERO_RETURN_IF_ERROR(Config::FromJson(text).status());  // a DeepSpeed key named as written
   if (!json.is_discarded() && runtime::IsDeepSpeedConfig(json)) {
-    runtime::KeyOrigins origins;
-    ZERO_ASSIGN_OR_RETURN(const Json translated, runtime::TranslateDeepSpeedConfig(json, nullptr, &origins));
+    ZERO_ASSIGN_OR_RETURN(const Json translated, runtime::TranslateDeepSpeedConfig(json, nullptr));
     normalized = translated.dump();
-    const Status parsed = Config::FromJson(normalized).status();
-    if (!parsed.ok()) {
-      return Status(parsed.code(), absl::StrCat("DeepSpeed config, as translated: ",
-                                                runtime::NameDeepSpeedKeys(std::string(parsed.message()), origins)));
-    }
-    return normalized;
   }
-  ZERO_RETURN_IF_ERROR(Config::FromJson(normalized).status());
   return normalized;
 }
 

@@ -205,7 +205,7 @@ Status EngineImpl::AgreeOnBytes(const void* data, int64_t bytes, const std::stri
     if (all[r] != hash) others.push_back(r);
   }
   if (others.empty()) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(what, ": the ranks pass different ", "values: rank(s) ",
+  return absl::InvalidArgumentError(absl::StrCat(what, ": the ranks pass different values: rank(s) ",
                                                  absl::StrJoin(others, ", "), " differ from this rank (",
                                                  comm_.rank(), "); every rank passes the same. Nothing was changed"));
 }

@@ -83,14 +83,19 @@ Status GradGuard::Arrive(int param, bool bucket_launched, bool* complete) {
 
 Status GradGuard::AtEndBackward(int rank, std::vector<int>* to_complete, bool abandon) {
   to_complete->clear();
-  if (abandon) {  // an unfinished graph: no count learned from it, nothing reported
-    for (size_t p = 0; p < names_.size(); ++p) {
-      if (bucket_of_[p] < 0 || complete_[p]) continue;
-      complete_[p] = 1;
-      to_complete->push_back(static_cast<int>(p));
-    }
-    return absl::OkStatus();
+  if (!abandon) ZERO_RETURN_IF_ERROR(CheckAtEndBackward(rank));
+  for (size_t p = 0; p < names_.size(); ++p) {
+    if (bucket_of_[p] < 0 || complete_[p]) continue;
+    // Learned where it arrived (an unused param, under on_unused = zero, is learned later);
+    // an abandoned (unfinished) graph teaches nothing.
+    if (!abandon && LearnsAtEnd(static_cast<int>(p)) && count_[p] > 0) expected_[p] = count_[p];
+    complete_[p] = 1;
+    to_complete->push_back(static_cast<int>(p));
   }
+  return absl::OkStatus();
+}
+
+Status GradGuard::CheckAtEndBackward(int rank) const {
   std::vector<std::string> unused, partial;
   int unused_count = 0;
   for (size_t p = 0; p < names_.size(); ++p) {
@@ -114,13 +119,6 @@ Status GradGuard::AtEndBackward(int rank, std::vector<int>* to_complete, bool ab
         "registered but never used. Fixes: call GradReady for them (a zero gradient), mark them "
         "requires_grad = false if they are never trained, or set guard.on_unused = \"zero\" (ranks that "
         "skip a param contribute zeros; a param no rank used is left untouched by the step)"));
-  }
-  for (size_t p = 0; p < names_.size(); ++p) {
-    if (bucket_of_[p] < 0 || complete_[p]) continue;
-    // Learned where it arrived (an unused param, under on_unused = zero, is learned later).
-    if (LearnsAtEnd(static_cast<int>(p)) && count_[p] > 0) expected_[p] = count_[p];
-    complete_[p] = 1;
-    to_complete->push_back(static_cast<int>(p));
   }
   return absl::OkStatus();
 }

@@ -71,6 +71,9 @@ class GradGuard {
   // Whether `param`'s arrivals this micro-batch complete it only at EndBackward, which learns
   // their count: under the count policy, until a micro-batch gave it gradients.
   bool LearnsAtEnd(int param) const;
+  // AtEndBackward's checks of a finished graph: counts below those learned, unused params
+  // under on_unused = "error".
+  Status CheckAtEndBackward(int rank) const;
 
   static constexpr int kNotLearned = -1;
 

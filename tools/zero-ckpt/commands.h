@@ -18,13 +18,11 @@ Status Inspect(const std::string& dir);
 /// saved param exactly; prints one line. OK only if the checkpoint is complete and intact.
 Status Verify(const std::string& dir);
 
-/// kInvalidArgument when `out` is the checkpoint directory `checkpoint_dir` or inside it
-/// (writing there would damage the input), comparing absolute paths with symlinks resolved.
-Status OutputOutsideCheckpoint(const std::string& checkpoint_dir, const std::string& out);
-
-/// kInvalidArgument when `out` would replace what the checkpoint series rooted at `dir` needs
-/// to resume (its `latest`, its lock, one of its checkpoints) or write inside one of them.
-Status OutputOutsideSeries(const std::string& dir, const std::string& out);
+/// kInvalidArgument when writing `out` would damage the input: the checkpoint directory
+/// `checkpoint_dir` that `dir` (a checkpoint, or a series root) names, or what the series
+/// needs to resume (its `latest`, its lock, one of its checkpoints), whether `dir` is the
+/// series root or one checkpoint of it. Absolute paths, symlinks resolved.
+Status OutputOutsideInput(const std::string& dir, const std::string& checkpoint_dir, const std::string& out);
 
 /// Writes the full params (fp32 masters, as `dtype`: fp32 or bf16) into a safetensors file
 /// keyed by param name: trainable params, and frozen ones where the checkpoint saved them

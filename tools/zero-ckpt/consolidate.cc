@@ -20,7 +20,9 @@
 #include "zero/checkpoint.h"
 
 namespace zero::tools {
+namespace {
 
+// `out` is the checkpoint directory or inside it (writing there would damage the input).
 Status OutputOutsideCheckpoint(const std::string& checkpoint_dir, const std::string& out) {
   std::error_code error;
   const std::filesystem::path input = std::filesystem::weakly_canonical(checkpoint_dir, error);
@@ -35,8 +37,9 @@ Status OutputOutsideCheckpoint(const std::string& checkpoint_dir, const std::str
   return absl::OkStatus();
 }
 
-// A series root `dir` is a directory of step-N checkpoints, given in place of one of them. A new
-// file beside them, or in another directory under the root, is fine.
+// `out` would replace what the series root `dir` (a directory of step-N checkpoints) needs:
+// its `latest`, its lock, a checkpoint in it, or would write into one. A new file beside
+// them, or in another directory under the root, is fine.
 Status OutputOutsideSeries(const std::string& dir, const std::string& out) {
   std::error_code root_error, output_error;
   const std::filesystem::path root = std::filesystem::weakly_canonical(dir, root_error);
@@ -55,15 +58,21 @@ Status OutputOutsideSeries(const std::string& dir, const std::string& out) {
                                                  " needs to resume: choose another name or a path outside"));
 }
 
+}  // namespace
+
+Status OutputOutsideInput(const std::string& dir, const std::string& checkpoint_dir, const std::string& out) {
+  ZERO_RETURN_IF_ERROR(OutputOutsideCheckpoint(checkpoint_dir, out));
+  ZERO_RETURN_IF_ERROR(OutputOutsideSeries(dir, out));
+  // One checkpoint of a series, named itself: its series is the directory around it.
+  return OutputOutsideSeries(std::filesystem::absolute(checkpoint_dir).parent_path().string(), out);
+}
+
 Status Consolidate(const std::string& dir, const std::string& out, DType dtype) {
   if (dtype != DType::kFP32 && dtype != DType::kBF16) {
     return absl::InvalidArgumentError(absl::StrCat("--dtype ", DTypeName(dtype), ": consolidate writes fp32 or bf16"));
   }
   ZERO_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader, CheckpointReader::Open(dir));
-  ZERO_RETURN_IF_ERROR(OutputOutsideCheckpoint(reader->dir(), out));
-  ZERO_RETURN_IF_ERROR(OutputOutsideSeries(dir, out));
-  // One checkpoint of a series, named itself: its series is the directory around it.
-  ZERO_RETURN_IF_ERROR(OutputOutsideSeries(std::filesystem::absolute(reader->dir()).parent_path().string(), out));
+  ZERO_RETURN_IF_ERROR(OutputOutsideInput(dir, reader->dir(), out));
   std::error_code error;
   if (std::filesystem::is_directory(out, error)) {
     return absl::InvalidArgumentError(absl::StrCat("--out ", out, " is a directory; name the file to write (e.g. ",

@@ -14,10 +14,7 @@ namespace zero::tools {
 Status Reshard(const std::string& dir, int world, const std::string& out) {
   if (world < 1 || world > 4096) return absl::InvalidArgumentError(absl::StrCat("--world ", world, ": 1 to 4096"));
   ZERO_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader, CheckpointReader::Open(dir));
-  ZERO_RETURN_IF_ERROR(OutputOutsideCheckpoint(reader->dir(), out));
-  ZERO_RETURN_IF_ERROR(OutputOutsideSeries(dir, out));
-  // One checkpoint of a series, named itself: its series is the directory around it.
-  ZERO_RETURN_IF_ERROR(OutputOutsideSeries(std::filesystem::absolute(reader->dir()).parent_path().string(), out));
+  ZERO_RETURN_IF_ERROR(OutputOutsideInput(dir, reader->dir(), out));
   std::error_code error;
   if (std::filesystem::exists(std::filesystem::path(out) / "meta.json", error)) {
     return absl::InvalidArgumentError(absl::StrCat(

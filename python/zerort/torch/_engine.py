@@ -633,13 +633,7 @@ class TorchEngine(DeepSpeedAPI, _checkpoint.CheckpointMethods, _gathered.Gathere
             self._check_loss_was_scaled()
         arrived = self._in_micro_batch
         self._check_model("step()")
-        for _, param in self._empty:
-            param.grad = None  # zero-element params train as no-ops
-        if self._units is not None:
-            self._units.release_all()
-        self._begin_micro_batch()  # no gradient arrived: let the engine say which
-        if self._unused is not None:
-            self._unused.micro_batch_ended()
+        self._before_the_engine_ends_micro_batch()
         try:
             self._engine.end_backward()
         except errors.UnusedParametersError as error:
@@ -669,6 +663,19 @@ class TorchEngine(DeepSpeedAPI, _checkpoint.CheckpointMethods, _gathered.Gathere
             return False
         self._micro_batches = 0
         return True
+
+    def _before_the_engine_ends_micro_batch(self):
+        """What ending a micro-batch does here before the engine's call: zero-element params
+        keep no .grad (they train as no-ops), stage-3 units are released, the micro-batch is
+        begun in the engine when no gradient reached it (so that it says which are missing,
+        or ends it with its peers), the reach tracker is told."""
+        for _, param in self._empty:
+            param.grad = None
+        if self._units is not None:
+            self._units.release_all()
+        self._begin_micro_batch()
+        if self._unused is not None:
+            self._unused.micro_batch_ended()
 
     def _optimizer_step(self):
         """The optimizer step proper: param_groups' changes to the engine, step, the
@@ -743,18 +750,11 @@ class TorchEngine(DeepSpeedAPI, _checkpoint.CheckpointMethods, _gathered.Gathere
         too, each with its own zero_grad())."""
         self._queue.clear()
         self._passes.abandon()
-        if not self._window_ended:
-            # No gradient may have reached the engine yet (the backward raised before the
-            # first): the micro-batch is begun so that ending it makes the peers' reductions.
-            self._begin_micro_batch()
-        self._handed_since_step_call = self._window_ended = False
-        self._ran_forward = self._graph_forward = False
-        for _, param in self._empty:
-            param.grad = None
-        if self._units is not None:
-            self._units.release_all()
-        if self._unused is not None:
-            self._unused.micro_batch_ended()
+        self._handed_since_step_call = self._ran_forward = self._graph_forward = False
+        if self._window_ended:  # the engine is between micro-batches: abandoning drops
+            self._window_ended = False
+        else:
+            self._before_the_engine_ends_micro_batch()
         self._engine.abandon_micro_batch()
         self._in_micro_batch = False
         self._forget_writes()

@@ -81,21 +81,21 @@ class FullStateMethods:
             return
         shape = tuple(self._records[pid].shape)
         wrong_shape = tuple(value.shape) != shape
+        mid_window = self._handed_since_step_call or self._graph_forward
         # Refused on every rank when any rank must refuse: the engine's call compares the
         # ranks' values, so a rank refusing alone would leave its peers waiting there.
-        mid_window = self._handed_since_step_call or self._graph_forward
-        if self._any_rank(wrong_shape or mid_window) and not mid_window:
+        if self._any_rank(wrong_shape or mid_window):
+            if mid_window and not wrong_shape:
+                raise errors.FailedPreconditionError(
+                    f"zerort.torch: {what} is done after a micro-batch's step() (or before any "
+                    "forward), not between a forward with gradients and its step(): that "
+                    "micro-batch's gradient would mix the old and the new values",
+                    errors.FailedPreconditionError.status)
             raise errors.InvalidArgumentError(
                 f"zerort.torch: {what} \"{self._names[pid]}\": the value's shape "
                 f"{tuple(value.shape)} is not the param's {shape}" if wrong_shape else
                 f"zerort.torch: {what} \"{self._names[pid]}\": refused on another rank "
                 "(its error says why); nothing was set", errors.InvalidArgumentError.status)
-        if mid_window:
-            raise errors.FailedPreconditionError(
-                f"zerort.torch: {what} is done after a micro-batch's step() (or before any "
-                "forward), not between a forward with gradients and its step(): that "
-                "micro-batch's gradient would mix the old and the new values (on this rank or "
-                "another)", errors.FailedPreconditionError.status)
         if self._versioned and self._between_steps():
             self._take_written_params()  # the script's own writes first; this one after them
         values = value.detach().to("cpu", torch.float32).contiguous()
