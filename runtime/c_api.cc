@@ -424,7 +424,7 @@ zero_status zero_engine_counters_sized(const zero_engine* engine, zero_engine_co
   const zero_engine_counters_t all = {c.reductions_launched, c.reductions_before_end_backward, c.pool_waits,
                                       c.gathers_prefetched,  c.gathers_on_demand,              c.trace_invalidations,
                                       c.checkpoint_bytes_read, c.grad_bytes_copied,            c.host_waits,
-                                      c.gather_allocations,    c.releases_kept};
+                                      c.gather_allocations,    c.releases_kept,                c.pool_buffers_added};
   std::memcpy(out, &all, std::min(size, sizeof all));
   return ZERO_OK;
 } ZERO_C_CATCH("zero_engine_counters_sized")

@@ -520,7 +520,8 @@ StatusOr<Config> Config::FromJson(std::string_view text) {
       {"reduce_bucket_elems", Number(&c.buckets.reduce_bucket_elems, kBucketElems)},
       {"first_bucket_elems", Number(&c.buckets.first_bucket_elems, kBucketElems)},
       {"last_bucket_elems", Number(&c.buckets.last_bucket_elems, kLastBucketElems)},
-      {"overlap", Bool(&c.buckets.overlap)}, {"pool_buffers", Number(&c.buckets.pool_buffers, kPoolBuffers)}};
+      {"overlap", Bool(&c.buckets.overlap)}, {"pool_buffers", Number(&c.buckets.pool_buffers, kPoolBuffers)},
+      {"grow_pool", Bool(&c.buckets.grow_pool)}};
   const std::map<std::string, Handler> stage3 = {
       {"prefetch_elems", Number(&c.stage3.prefetch_elems, kPrefetchElems)},
       {"max_live_elems", Number(&c.stage3.max_live_elems, kMaxLiveElems)},

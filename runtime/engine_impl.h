@@ -170,10 +170,13 @@ class EngineImpl final : public Engine {
   // Stage 2-3: waits for reductions in flight until `bucket` can have a gradient buffer
   // (for the gradient of param `arriving`; -1: none, the bucket completes without it).
   Status WaitForGradBuffer(int bucket, int arriving = -1);
-  // The error when every pool buffer is held and nothing is in flight to free one: names the
-  // bucket that holds the launches back and its params that have had no gradient (but
-  // `arriving`, whose gradient is being written).
-  Status BufferPoolExhausted(int arriving) const;
+  // Every pool buffer is held and nothing is in flight to free one: adds a buffer to the pool
+  // (buckets.grow_pool; logged the first time), or loses the iteration saying why.
+  Status GrowGradBufferPool(int arriving);
+  // Why the pool ran short, for GrowGradBufferPool's log line and error: names the bucket
+  // that holds the launches back and its params that have had no gradient (but `arriving`,
+  // whose gradient is being written); ends in a clause the caller completes with its advice.
+  std::string PoolShortfall(int arriving) const;
   // Before a gradient is written for `id` (GradBuffer, AccumulateGrad, named by `call`): the
   // call is valid now, the guard allows the write, and its bucket has a buffer (unless `lend`:
   // a gradient to be lent that the store keeps without one, GradStore::LendsWithoutBuffer).

@@ -77,18 +77,47 @@ Status EngineImpl::PrepareGradWrite(ParamId id, const char* call, bool lend) {
 Status EngineImpl::WaitForGradBuffer(int bucket, int arriving) {
   while (grads_->NeedsBufferWait(bucket)) {
     // Nothing in flight to free a buffer, and buckets launch in a fixed order: the bucket
-    // waiting can never have one, and neither can its iteration finish.
-    if (scheduler_->in_flight() == 0) return LoseIteration(BufferPoolExhausted(arriving));
+    // waiting can never have one unless the pool grows.
+    if (scheduler_->in_flight() == 0) {
+      ZERO_RETURN_IF_ERROR(GrowGradBufferPool(arriving));
+      continue;
+    }
     ZERO_RETURN_IF_ERROR(scheduler_->WaitOldest(config_.guard.timeout_s));  // its Finish frees a buffer
     ++counters_.pool_waits;
   }
   return absl::OkStatus();
 }
 
-Status EngineImpl::BufferPoolExhausted(int arriving) const {
-  std::string message = absl::StrCat("gradient buffers exhausted: all ", grads_->pool_buffers(),
-                                     " bucket buffers (buckets.pool_buffers) are held by buckets still being filled "
-                                     "or waiting to launch, so none can be freed.");
+Status EngineImpl::GrowGradBufferPool(int arriving) {
+  const int buffers = grads_->pool_buffers();
+  const std::string held = absl::StrCat("all ", buffers, " gradient bucket buffers are held by buckets still being "
+                                        "filled or waiting to launch, and no reduction in flight will free one. ");
+  if (!config_.buckets.grow_pool) {
+    return LoseIteration(absl::ResourceExhaustedError(absl::StrCat(
+        "gradient buffers exhausted (buckets.grow_pool = false): ", held, PoolShortfall(arriving),
+        " raise buckets.pool_buffers or buckets.reduce_bucket_elems, or set buckets.grow_pool = true")));
+  }
+  if (Status added = grads_->AddPoolBuffer(); !added.ok()) {
+    return LoseIteration(absl::ResourceExhaustedError(absl::StrCat(
+        "gradient buffers exhausted: ", held, "Adding one failed: ", added.message(), ". ", PoolShortfall(arriving),
+        " raise buckets.reduce_bucket_elems (fewer, larger buckets) or give the job more memory")));
+  }
+  ++counters_.pool_buffers_added;
+  if (counters_.pool_buffers_added > 1) {
+    ZERO_LOG(logger_, kDetail) << "iteration " << iteration_ << ": added a gradient bucket buffer (now "
+                               << buffers + 1 << ")";
+    return absl::OkStatus();
+  }
+  ZERO_LOG(logger_, kWarn) << "iteration " << iteration_ << ": " << held << "Added one (now " << buffers + 1
+                           << "; buckets.pool_buffers = " << config_.buckets.pool_buffers
+                           << "), kept for later steps. " << PoolShortfall(arriving)
+                           << " raise buckets.pool_buffers or buckets.reduce_bucket_elems to stop the pool growing "
+                              "(up to one buffer per bucket); buckets.grow_pool = false makes this an error. Later "
+                              "additions are counted (pool_buffers_added), not logged.";
+  return absl::OkStatus();
+}
+
+std::string EngineImpl::PoolShortfall(int arriving) const {
   const int blocking = scheduler_->next_to_launch();
   std::vector<std::string> missing;  // the blocking bucket's params that have had no gradient
   if (blocking < static_cast<int>(plan_->buckets().size())) {
@@ -98,6 +127,7 @@ Status EngineImpl::BufferPoolExhausted(int arriving) const {
       }
     }
   }
+  if (missing.empty()) return "Gradients are arriving far from backward order:";
   const bool marks_unused = config_.guard.on_unused == UnusedPolicy::kZero;
   // Under guard.on_unused = "zero", a param that gets no gradient holds its bucket until
   // EndBackward unless the trainer says so as soon as it knows.
@@ -107,24 +137,17 @@ Status EngineImpl::BufferPoolExhausted(int arriving) const {
                      "where the autograd graph tells: not behind a custom autograd.Function such as reentrant "
                      "checkpointing)."
                    : "";
-  if (missing.empty()) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        message, " Gradients are arriving far from backward order; raise buckets.pool_buffers or "
-                 "buckets.reduce_bucket_elems"));
-  }
   const size_t shown = std::min<size_t>(missing.size(), 4);
-  return absl::ResourceExhaustedError(absl::StrCat(
-      message, " Buckets launch in one fixed order on every rank, and bucket ", blocking,
+  return absl::StrCat(
+      "Buckets launch in one fixed order on every rank, and bucket ", blocking,
       ", next in it, still waits for params that have had no gradient in this backward: ",
       absl::StrJoin(missing.begin(), missing.begin() + static_cast<std::ptrdiff_t>(shown), ", "),
-      missing.size() > shown ? absl::StrCat(" and ", missing.size() - shown, " more") : "",
-      ".", declare_absent,
+      missing.size() > shown ? absl::StrCat(" and ", missing.size() - shown, " more") : "", ".", declare_absent,
       marks_unused ? " If"
                    : " If the forward does not use them (a module or branch left out), set guard.on_unused = "
                      "\"zero\" (DeepSpeed: zero_optimization.ignore_unused_parameters = true), or freeze them "
                      "before initialize; if",
-      " their gradients come later in this backward, raise buckets.pool_buffers or "
-      "buckets.reduce_bucket_elems"));
+      " their gradients come later in this backward,");
 }
 
 Status EngineImpl::GradReady(ParamId id) {

@@ -237,10 +237,30 @@ class FullGradStore final : public GradStore {
 class ShardedGradStore final : public GradStore {
  public:
   ShardedGradStore(const partition::PartitionPlan& plan, comm::Communicator& comm, DeviceOps& ops,
-                   base::Buffer shard, std::vector<base::Buffer> pool)
-      : plan_(plan), comm_(comm), ops_(ops), shard_(std::move(shard)), pool_(std::move(pool)),
-        holder_(plan.buckets().size(), -1), shard_is_zero_(plan.buckets().size(), true), slots_(plan) {
+                   base::Allocator allocator, base::Buffer shard, std::vector<base::Buffer> pool)
+      : plan_(plan), comm_(comm), ops_(ops), allocator_(std::move(allocator)), shard_(std::move(shard)),
+        pool_(std::move(pool)), holder_(plan.buckets().size(), -1), shard_is_zero_(plan.buckets().size(), true),
+        slots_(plan) {
     for (int i = static_cast<int>(pool_.size()) - 1; i >= 0; --i) free_.push_back(i);
+    for (const Bucket& b : plan_.buckets()) {
+      if (!b.trainable) continue;
+      ++trainable_buckets_;
+      largest_bucket_bytes_ = std::max(largest_bucket_bytes_, b.grad_bytes());
+    }
+  }
+
+  int trainable_buckets() const { return trainable_buckets_; }
+
+  Status AddPoolBuffer() override {
+    if (static_cast<int>(pool_.size()) >= trainable_buckets_) {
+      return absl::FailedPreconditionError(absl::StrCat("the gradient buffer pool already holds one buffer per "
+                                                        "trainable bucket (", trainable_buckets_, ")"));
+    }
+    ZERO_ASSIGN_OR_RETURN(base::Buffer buffer, allocator_.Allocate(largest_bucket_bytes_, MemoryCategory::kCommBuffers,
+                                                                   ops_.placement()));
+    pool_.push_back(std::move(buffer));
+    free_.push_back(static_cast<int>(pool_.size()) - 1);
+    return absl::OkStatus();
   }
 
   StatusOr<void*> View(int param) override {
@@ -401,6 +421,9 @@ class ShardedGradStore final : public GradStore {
   const partition::PartitionPlan& plan_;
   comm::Communicator& comm_;
   DeviceOps& ops_;
+  base::Allocator allocator_;  // for buffers added to the pool (AddPoolBuffer)
+  int trainable_buckets_ = 0;
+  int64_t largest_bucket_bytes_ = 0;  // every pool buffer holds the largest bucket
   base::Buffer shard_;  // one gradient shard of every trainable bucket (Bucket::grad_shard_offset)
   std::vector<base::Buffer> pool_;
   std::vector<int> holder_;  // pool buffer index per bucket this micro-batch, or -1
@@ -423,23 +446,15 @@ StatusOr<std::unique_ptr<GradStore>> GradStore::Create(int stage,
     store.reset(new FullGradStore(plan, comm, ops, std::move(buffer)));
     return store;
   }
-  int64_t largest_bucket = 0;
-  int trainable = 0;
-  for (const Bucket& b : plan.buckets()) {
-    if (!b.trainable) continue;
-    ++trainable;
-    largest_bucket = std::max(largest_bucket, b.grad_bytes());
-  }
   ZERO_ASSIGN_OR_RETURN(base::Buffer shard,
                         allocator.Allocate(plan.grad_shards_bytes(), MemoryCategory::kGrads, ops.placement()));
-  std::vector<base::Buffer> pool;
-  for (int i = 0; i < std::min(pool_buffers, trainable); ++i) {
-    ZERO_ASSIGN_OR_RETURN(base::Buffer buffer, allocator.Allocate(largest_bucket, MemoryCategory::kCommBuffers,
-                                                                  ops.placement()));
-    pool.push_back(std::move(buffer));
-  }
   ZERO_RETURN_IF_ERROR(ops.Zero(shard.data(), shard.bytes()));
-  store.reset(new ShardedGradStore(plan, comm, ops, std::move(shard), std::move(pool)));
+  auto sharded = std::make_unique<ShardedGradStore>(plan, comm, ops, allocator, std::move(shard),
+                                                    std::vector<base::Buffer>());
+  while (sharded->pool_buffers() < std::min(pool_buffers, sharded->trainable_buckets())) {
+    ZERO_RETURN_IF_ERROR(sharded->AddPoolBuffer());
+  }
+  store = std::move(sharded);
   return store;
 }
 

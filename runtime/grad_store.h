@@ -7,7 +7,8 @@
 //            go into buffers from a bounded pool and are reduce-scattered: the step's first
 //            micro-batch straight into the shard, later ones in place, their chunk then added.
 //            A buffer returns to the pool in its reduction's Finish; when none is free, the
-//            engine waits for the oldest reduction in flight (NeedsBufferWait).
+//            engine waits for the oldest reduction in flight (NeedsBufferWait), or, with none
+//            in flight, adds a buffer to the pool (AddPoolBuffer).
 //
 // Every gradient is held, reduced and handed to the optimizer in its bucket's gradient dtype
 // (partition::Bucket::grad_dtype, laid out by the plan's gradient layout), which may be wider
@@ -51,6 +52,13 @@ class GradStore {
   virtual bool ReducesWithoutBuffer(int /*bucket*/) const { return false; }
   /// Bucket buffers in the pool (0 for a store without one).
   virtual int pool_buffers() const { return 0; }
+  /// Adds one free buffer to the pool, for when every buffer is held by a bucket still being
+  /// filled and no reduction in flight will free one. kFailedPrecondition for a store without
+  /// a pool or one that already has a buffer per trainable bucket; kResourceExhausted when
+  /// the memory is not available.
+  virtual Status AddPoolBuffer() {
+    return absl::FailedPreconditionError("this gradient store has no buffer pool to grow");
+  }
   /// Where this micro-batch's gradient of `param` is added (its bucket's gradient dtype),
   /// holding what was accumulated so far (zeros at first).
   virtual StatusOr<void*> View(int param) = 0;

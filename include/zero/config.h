@@ -8,7 +8,8 @@
 //                   "warmup_num_steps": 100, "warmup_type": "linear"}},
 //     "precision": {"param": "fp32", "grad": "fp32", "reduce": "fp32", "master_weights": true},
 //     "buckets": {"reduce_bucket_elems": 4000000, "first_bucket_elems": 1000000,
-//                 "last_bucket_elems": 1000000, "overlap": true, "pool_buffers": 4},
+//                 "last_bucket_elems": 1000000, "overlap": true, "pool_buffers": 4,
+//                 "grow_pool": true},
 //     "stage3": {"prefetch_elems": 50000000, "max_live_elems": 1000000000,
 //                "persistence_threshold": 100000, "max_reuse_elems": 1000000000},
 //     "gradient_accumulation_steps": 1, "clip_grad_norm": 0.0, "sync_grad_norm": true,
@@ -137,6 +138,14 @@ struct BucketConfig {
   bool overlap = true;    ///< launch a bucket's reduction as soon as it is ready
   int pool_buffers = 4;   ///< stage 2: bucket buffers being filled or in flight at once (≥ 1)
                           ///< (without overlap: one per bucket, whatever this says)
+  /// Stages 2-3: when every pool buffer is held by buckets still being filled and no
+  /// reduction is in flight to free one (gradients arriving far from backward order, or a
+  /// param whose gradient comes late holding its bucket back), allocate one more, up to one
+  /// per bucket, logged once and counted (EngineCounters::pool_buffers_added), as DeepSpeed
+  /// and DDP reduce in any arrival order. false: that micro-batch fails with
+  /// kResourceExhausted naming the params its next bucket waits for, and the pool never
+  /// exceeds pool_buffers.
+  bool grow_pool = true;
 };
 
 struct Stage3Config {

@@ -114,6 +114,9 @@ struct EngineCounters {
   /// gather order gathers it again within stage3.max_reuse_elems: its next Gather then runs no
   /// all-gather (a forward's units, which backward gathers again).
   int64_t releases_kept = 0;
+  /// stages 2-3: gradient buffers added to the pool beyond buckets.pool_buffers because every
+  /// buffer was held by a bucket still being filled and none was in flight (buckets.grow_pool)
+  int64_t pool_buffers_added = 0;
 };
 
 /// One of a trainable param's full fp32 values that Engine::GetFullState copies out.

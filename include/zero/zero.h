@@ -320,6 +320,7 @@ typedef struct {
   int64_t reductions_launched, reductions_before_end_backward, pool_waits;
   int64_t gathers_prefetched, gathers_on_demand, trace_invalidations, checkpoint_bytes_read;
   int64_t grad_bytes_copied, host_waits, gather_allocations, releases_kept;
+  int64_t pool_buffers_added;
 } zero_engine_counters_t;
 /** Fills the first `size` bytes of `*out` (whole fields): pass sizeof(zero_engine_counters_t),
  *  so that a program built against an older header, whose struct is shorter, gets the fields

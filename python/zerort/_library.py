@@ -30,7 +30,7 @@ class EngineCounters(ctypes.Structure):
         "reductions_launched", "reductions_before_end_backward", "pool_waits",
         "gathers_prefetched", "gathers_on_demand", "trace_invalidations",
         "checkpoint_bytes_read", "grad_bytes_copied", "host_waits", "gather_allocations",
-        "releases_kept")]
+        "releases_kept", "pool_buffers_added")]
 
 
 class MemoryStats(ctypes.Structure):

@@ -163,7 +163,7 @@ TEST(ConfigJson, AcceptsTheEdgesOfEveryRange) {
       "optimizer": {"lr": 1e6, "betas": [0, 0.99999994], "eps": 1, "weight_decay": 1e6,
                     "momentum": 1, "dampening": 0},
       "buckets": {"reduce_bucket_elems": 1e15, "first_bucket_elems": 1, "last_bucket_elems": 0,
-                  "pool_buffers": 2147483647},
+                  "pool_buffers": 2147483647, "grow_pool": false},
       "stage3": {"prefetch_elems": 0, "max_live_elems": 1e15, "persistence_threshold": 0,
                  "max_reuse_elems": 0},
       "gradient_accumulation_steps": 2147483647, "clip_grad_norm": 3.4028234e38,
@@ -173,6 +173,7 @@ TEST(ConfigJson, AcceptsTheEdgesOfEveryRange) {
   EXPECT_EQ(config->stage, 3);
   EXPECT_EQ(config->buckets.reduce_bucket_elems, int64_t{1'000'000'000'000'000});
   EXPECT_EQ(config->buckets.last_bucket_elems, 0);
+  EXPECT_FALSE(config->buckets.grow_pool);
   EXPECT_EQ(config->stage3.max_reuse_elems, 0);
   EXPECT_FLOAT_EQ(config->optimizer.beta2, 0.99999994f);
   EXPECT_DOUBLE_EQ(config->guard.timeout_s, 604800);

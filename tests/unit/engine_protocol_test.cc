@@ -1,6 +1,7 @@
 // The engine's protocol: calls out of order are clear errors that lose nothing; SetStream is for
-// CUDA engines and outside iterations; an exhausted gradient-buffer pool names what it waits for;
-// stage 3 warns about params registered without a unit.
+// CUDA engines and outside iterations; a gradient-buffer pool that runs short grows, or (with
+// buckets.grow_pool false) names what it waits for; stage 3 warns about params registered
+// without a unit.
 #include <gtest/gtest.h>
 
 #include <vector>
@@ -81,12 +82,12 @@ TEST(EngineProtocol, SetStreamIsForCudaEnginesAndOutsideIterations) {
   EXPECT_THAT(e.SetStream(nullptr), StatusIs(absl::StatusCode::kFailedPrecondition));
 }
 
-// An engine of one rank whose buckets each hold one of `names` (128 elements each; the last
-// registered launches first) and whose pool has one gradient buffer, in its first iteration.
-std::unique_ptr<Engine> OneBufferEngine(comm::Communicator& comm, Config config,
-                                        const std::vector<std::string>& names) {
+// An engine whose buckets each hold one of `names` (128 elements each; the last registered
+// launches first) and whose pool has `pool_buffers` gradient buffers, in its first iteration.
+std::unique_ptr<Engine> SmallPoolEngine(comm::Communicator& comm, Config config, const std::vector<std::string>& names,
+                                        int pool_buffers) {
   config.buckets.first_bucket_elems = config.buckets.reduce_bucket_elems = 128;
-  config.buckets.pool_buffers = 1;
+  config.buckets.pool_buffers = pool_buffers;
   auto engine = Engine::Create(config, comm);
   EXPECT_THAT(engine, IsOk());
   if (!engine.ok()) return nullptr;
@@ -96,7 +97,79 @@ std::unique_ptr<Engine> OneBufferEngine(comm::Communicator& comm, Config config,
   return *std::move(engine);
 }
 
+std::unique_ptr<Engine> OneBufferEngine(comm::Communicator& comm, Config config,
+                                        const std::vector<std::string>& names) {
+  return SmallPoolEngine(comm, std::move(config), names, 1);
+}
+
+// ToyConfig(stage) whose pool never grows: a pool that runs short fails the micro-batch.
+Config FixedPoolConfig(int stage) {
+  Config config = ToyConfig(stage);
+  config.buckets.grow_pool = false;
+  return config;
+}
+
 const std::vector<float> kGrad(128, 0.5f);
+
+// Gradients in registration order, the reverse of the launch order: each one takes a buffer
+// for a bucket that cannot launch before the later ones, so a pool of one runs short with
+// nothing in flight. It grows (once per missing buffer, in the first step only) and trains
+// exactly as a pool large enough from the start, at stages 2 and 3 on 3 ranks.
+TEST(EngineProtocol, AShortBufferPoolGrowsAndTrainsAsALargeOne) {
+  for (int stage : {2, 3}) {
+    std::vector<std::vector<float>> trained(2, std::vector<float>(3 * 128));
+    std::vector<int64_t> added(2);
+    for (int pool : {1, 3}) {
+      const auto statuses = testing::RunOnRanks(3, [&](int rank, comm::Communicator& comm) -> Status {
+        auto e = SmallPoolEngine(comm, ToyConfig(stage), {"a", "b", "c"}, pool);
+        if (e == nullptr) return absl::InternalError("no engine");
+        for (int step = 0; step < 3; ++step) {
+          if (step > 0) ZERO_RETURN_IF_ERROR(e->BeginIteration());
+          for (int p = 0; p < 3; ++p) {  // "a" first: its bucket launches last
+            std::vector<float> g(128);
+            for (int i = 0; i < 128; ++i) g[i] = static_cast<float>((i + 5 * p + 3 * rank + step) % 7 - 3);
+            ZERO_RETURN_IF_ERROR(e->AccumulateGrad(p, g.data()));
+          }
+          ZERO_RETURN_IF_ERROR(e->EndBackward());
+          ZERO_RETURN_IF_ERROR(e->Step().status());
+          if (step == 0 && rank == 0) added[pool == 1 ? 0 : 1] = e->counters().pool_buffers_added;
+        }
+        if (rank == 0) {
+          EXPECT_EQ(e->counters().pool_buffers_added, added[pool == 1 ? 0 : 1]) << "later steps";
+        }
+        std::vector<float> values(3 * 128);
+        for (int p = 0; p < 3; ++p) ZERO_RETURN_IF_ERROR(e->GetParam(p, values.data() + 128 * p));
+        if (rank == 0) trained[pool == 1 ? 0 : 1] = values;
+        return absl::OkStatus();
+      });
+      for (const Status& s : statuses) ASSERT_THAT(s, IsOk()) << "stage " << stage << ", pool " << pool;
+    }
+    EXPECT_EQ(added[0], 2) << "stage " << stage;
+    EXPECT_EQ(added[1], 0) << "stage " << stage;
+    EXPECT_EQ(trained[0], trained[1]) << "stage " << stage;
+  }
+}
+
+// The first addition is logged once, naming the bucket that holds the launches back and its
+// param that has had no gradient; under guard.on_unused = "zero" such a param (no rank's
+// forward used it) completes at EndBackward and the step trains the others.
+TEST(EngineProtocol, AGrownPoolIsLoggedOnceNamingWhatTheLaunchesWaitFor) {
+  Config config = ToyConfig(2);
+  config.guard.on_unused = UnusedPolicy::kZero;
+  auto group = comm::CreateLocalGroup(1);
+  auto e = OneBufferEngine(*(*group)[0], config, {"used0", "used1", "pooler.weight"});
+  ASSERT_NE(e, nullptr);
+  ::testing::internal::CaptureStderr();
+  ASSERT_THAT(e->AccumulateGrad(1, kGrad.data()), IsOk());
+  ASSERT_THAT(e->AccumulateGrad(0, kGrad.data()), IsOk());
+  ASSERT_THAT(e->EndBackward(), IsOk());
+  const std::string logged = ::testing::internal::GetCapturedStderr();
+  EXPECT_THAT(logged, ::testing::AllOf(HasSubstr("Added one (now 2; buckets.pool_buffers = 1)"),
+                                       HasSubstr("\"pooler.weight\" (index 2)"), HasSubstr("GradAbsent(id)")));
+  EXPECT_EQ(logged.find("Added one"), logged.rfind("Added one")) << logged;
+  EXPECT_EQ(e->counters().pool_buffers_added, 2);  // for "used0", then for "pooler.weight"'s zeros
+  ASSERT_THAT(e->Step(), IsOk());
+}
 
 // Buckets launch in one order; a bucket first in it whose params get no gradient (a module
 // the forward left out) holds every later one back, with its buffer, until none is left. The
@@ -104,7 +177,7 @@ const std::vector<float> kGrad(128, 0.5f);
 // order".
 TEST(EngineProtocol, AnExhaustedBufferPoolNamesTheParamsItsFirstBucketWaitsFor) {
   auto group = comm::CreateLocalGroup(1);
-  auto e = OneBufferEngine(*(*group)[0], ToyConfig(2), {"used0", "used1", "pooler.weight"});
+  auto e = OneBufferEngine(*(*group)[0], FixedPoolConfig(2), {"used0", "used1", "pooler.weight"});
   ASSERT_NE(e, nullptr);
   ASSERT_THAT(e->AccumulateGrad(1, kGrad.data()), IsOk());
   EXPECT_THAT(e->AccumulateGrad(0, kGrad.data()),
@@ -116,7 +189,7 @@ TEST(EngineProtocol, AnExhaustedBufferPoolNamesTheParamsItsFirstBucketWaitsFor) 
 // The same pool with guard.on_unused = "zero" already set: the error does not suggest it, and
 // names GradAbsent, which frees the bucket of a param the trainer knows gets no gradient.
 TEST(EngineProtocol, AnExhaustedBufferPoolUnderOnUnusedZeroSaysWhereItMarks) {
-  Config config = ToyConfig(2);
+  Config config = FixedPoolConfig(2);
   config.guard.on_unused = UnusedPolicy::kZero;
   auto group = comm::CreateLocalGroup(1);
   auto e = OneBufferEngine(*(*group)[0], config, {"used0", "used1", "pooler.weight"});
@@ -133,7 +206,7 @@ TEST(EngineProtocol, AnExhaustedBufferPoolUnderOnUnusedZeroSaysWhereItMarks) {
 // written is not among those that "had no gradient"; the gradients came far from backward order.
 TEST(EngineProtocol, AnExhaustedBufferPoolDoesNotBlameTheGradientArrivingNow) {
   auto group = comm::CreateLocalGroup(1);
-  auto e = OneBufferEngine(*(*group)[0], ToyConfig(2), {"early", "late"});  // late's launches first
+  auto e = OneBufferEngine(*(*group)[0], FixedPoolConfig(2), {"early", "late"});  // late's launches first
   ASSERT_NE(e, nullptr);
   ASSERT_THAT(e->AccumulateGrad(0, kGrad.data()), IsOk());
   EXPECT_THAT(e->AccumulateGrad(1, kGrad.data()),
@@ -157,7 +230,7 @@ TEST(EngineProtocol, AnExhaustedBufferPoolDoesNotBlameTheGradientArrivingNow) {
 // no gradient completes its bucket there): the micro-batch is half reduced, so a new one is
 // refused rather than started beside it.
 TEST(EngineProtocol, AnEndBackwardThatFailedHalfDoneLetsNoIterationFollow) {
-  Config config = ToyConfig(2);
+  Config config = FixedPoolConfig(2);
   config.guard.on_unused = UnusedPolicy::kZero;
   auto group = comm::CreateLocalGroup(1);
   auto e = OneBufferEngine(*(*group)[0], config, {"early", "late"});  // late's launches first
