@@ -306,7 +306,15 @@ class EngineImpl final : public Engine {
   base::Buffer step_scalars_;
   std::optional<float> last_grad_norm_;  // the last Step's norm, once on the host
   bool grad_norm_on_device_ = false;     // the last Step left its norm in step_scalars_ only
-  std::optional<float> step_clip_;       // ClipGradNorm's max_norm for the next Step
+  // ClipGradNorm's decision for the next Step: its max_norm, and the norm, overflow and
+  // gradient scale (in step_scalars_) it decided, which Step takes instead of summing the
+  // same gradients again (nothing can change them between the two).
+  struct DecidedClip {
+    float max_norm = 0.0f;
+    float grad_norm = 0.0f;
+    bool overflow = false;
+  };
+  std::optional<DecidedClip> step_clip_;
   Status diverged_;  // set once guard.consistency_check found ranks apart; later checks fail fast
   bool replicas_synced_ = false;   // SyncReplicas ran
   std::string user_data_;  // trainer state saved in and loaded from checkpoints

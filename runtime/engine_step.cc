@@ -33,11 +33,15 @@ StatusOr<StepInfo> EngineImpl::Step() {
   float* scalars = step_scalars_.as<float>();
   ZERO_RETURN_IF_ERROR(grads_->ZeroUnreduced());
   const double divisor = static_cast<double>(comm_.size()) * loss_scaler_.scale();
-  const float clip = step_clip_.value_or(config_.clip_grad_norm);
-  const bool norm_after_step = clip <= 0.0f && !ReadsNormOnHost() && optimizer_->squares_in_step();
+  const std::optional<DecidedClip> decided = step_clip_;
+  const float clip = decided ? decided->max_norm : config_.clip_grad_norm;
+  const bool norm_after_step = !decided && clip <= 0.0f && !ReadsNormOnHost() && optimizer_->squares_in_step();
   StepInfo info;
   bool overflow = false;
-  if (!norm_after_step) {
+  if (decided) {  // ClipGradNorm summed these gradients and left the scale in step_scalars_
+    last_grad_norm_ = info.grad_norm = decided->grad_norm;
+    overflow = decided->overflow;
+  } else if (!norm_after_step) {
     ZERO_RETURN_IF_ERROR(optimizer_->GradSquaredNorm(scalars + kSqNorm));
     ZERO_ASSIGN_OR_RETURN(overflow, DecideGradNorm(divisor, clip, &info));
   }
@@ -206,11 +210,11 @@ StatusOr<float> EngineImpl::ClipGradNorm(float max_norm) {
   const double divisor = static_cast<double>(comm_.size()) * loss_scaler_.scale();
   ZERO_RETURN_IF_ERROR(
       ops_->DecideClip(scalars + kSqNorm, divisor, clip, scalars + kGradNorm, scalars + kGradScale));
-  float norm = 0.0f;
-  ZERO_RETURN_IF_ERROR(ops_->Copy(&norm, scalars + kGradNorm, sizeof norm));
+  float host[kStepScalars];
+  ZERO_RETURN_IF_ERROR(ops_->Copy(host, scalars, sizeof host));
   ZERO_RETURN_IF_ERROR(RequireCompletedSum("ClipGradNorm"));
-  step_clip_ = clip;
-  return norm;
+  step_clip_ = DecidedClip{clip, host[kGradNorm], !std::isfinite(host[kSqNorm])};
+  return host[kGradNorm];
 }
 
 StatusOr<float> EngineImpl::LastGradNorm() {

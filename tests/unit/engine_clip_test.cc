@@ -2,7 +2,8 @@
 // of the averaged, unscaled gradient, and that one step clipped to its max_norm, against a
 // float64 AdamW, at every stage and world size; later steps clip to the config's value again.
 // And what it refuses: ranks passing different max_norms, a call before the window's last
-// EndBackward, a max_norm that is not a finite number >= 0.
+// EndBackward, a max_norm that is not a finite number >= 0. The step after it takes its norm
+// instead of summing the gradients again.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -13,6 +14,7 @@
 
 #include "runtime/engine_impl.h"
 #include "tests/engine/accumulation_window.h"
+#include "tests/engine/counting_communicator.h"
 #include "tests/engine/deferred_device.h"
 #include "tests/engine/reference_adamw.h"
 #include "tests/engine/run_on_ranks.h"
@@ -124,6 +126,45 @@ TEST_P(EngineClip, TheNormBeforeTheStepAndThatStepClippedToMaxNorm) {
 
 INSTANTIATE_TEST_SUITE_P(StagesAndWorlds, EngineClip,
                          ::testing::Combine(::testing::Values(0, 1, 2, 3), ::testing::Values(1, 2, 3)));
+
+// ClipGradNorm decides the norm and the gradient scale for the next Step, which takes them
+// instead of summing the same gradients again: a step clipped through the call launches the
+// max_norm's agreement and one sum of squares, one collective more than a step the config
+// clips, and trains the same bits.
+TEST(EngineClipThenStep, TheStepTakesTheNormInsteadOfSummingAgain) {
+  constexpr int kWorld = 2;
+  double smallest = std::numeric_limits<double>::infinity();
+  for (int step = 1; step <= kSteps; ++step) smallest = std::min(smallest, Norm(StepGradients(step, kWorld)));
+  const float clip = static_cast<float>(0.5 * smallest);
+  for (int stage : {0, 2, 3}) {
+    std::vector<float> trained[2];
+    int collectives_in_steps[2] = {0, 0};
+    for (const bool through_call : {false, true}) {
+      RunOnRanks(kWorld, [&](int r, comm::Communicator& comm) {
+        testing::CountingCommunicator counting(comm);
+        std::unique_ptr<Engine> engine = MakeEngine(ClipConfig(stage, through_call ? 0.0f : clip), counting);
+        ASSERT_NE(engine, nullptr);
+        for (int step = 1; step <= kSteps; ++step) {
+          RunWindow(*engine, stage, step, r);
+          const int before = counting.collectives();
+          if (through_call) {
+            ASSERT_THAT(engine->ClipGradNorm(clip), IsOk());
+          }
+          ASSERT_THAT(engine->Step(), IsOk());
+          if (r == 0) {
+            collectives_in_steps[through_call] += counting.collectives() - before;
+          }
+        }
+        std::vector<float> values(kNumel[0] + kNumel[1]);
+        ASSERT_THAT(engine->GetParam(0, values.data()), IsOk());
+        ASSERT_THAT(engine->GetParam(1, values.data() + kNumel[0]), IsOk());
+        if (r == 0) trained[through_call] = values;
+      });
+    }
+    EXPECT_EQ(collectives_in_steps[1], collectives_in_steps[0] + kSteps) << "stage " << stage;
+    EXPECT_EQ(trained[0], trained[1]) << "stage " << stage;
+  }
+}
 
 TEST(EngineClipRefusals, RanksThatPassDifferentMaxNormsAreRefusedAndMayRetry) {
   for (int stage : {0, 2, 3}) {
