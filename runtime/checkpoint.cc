@@ -365,7 +365,9 @@ StatusOr<std::vector<int>> EngineImpl::MatchCheckpointParams(const CheckpointMet
         "the same groups, listed in the same order (ParamSpec::group; model_parameters in zerort.torch), as the "
         "run that saved it"));
   }
-  if (meta.moments != optimizer_->state_count()) {
+  // SGD built without momentum adds its buffer to load one (LoadCheckpoint).
+  const bool adds_momentum = config_.optimizer.type == OptimizerType::kSgd && meta.moments == 1;
+  if (meta.moments != optimizer_->state_count() && !adds_momentum) {
     return absl::InvalidArgumentError(absl::StrCat("checkpoint was written by optimizer \"", meta.optimizer,
                                                    "\" with ", meta.moments, " moment buffer(s); this engine's \"",
                                                    OptimizerTypeName(config_.optimizer.type), "\" keeps ",
@@ -456,6 +458,10 @@ Status EngineImpl::LoadCheckpoint(const std::string& target) {
   if (dir.ok()) meta = ReadCheckpointMeta(*dir);
   if (meta.ok()) registered = MatchCheckpointParams(*meta);
   Status read = !dir.ok() ? dir.status() : !meta.ok() ? meta.status() : registered.status();
+  // SGD built without momentum: a run that turned it on later saved its buffer, read into the
+  // one added here (if the load fails it stays, as zeros that no step reads before a param's
+  // first step with momentum, which starts it from the gradient).
+  if (read.ok() && meta->moments == 1) read = optimizer_->AddMomentumBuffer();
   if (read.ok()) {
     shard = ReadCheckpointShard(*dir, *meta, *registered);
     read = shard.status();

@@ -57,6 +57,7 @@ Status EngineImpl::SetGroupHyper(int group, const OptimizerHyper& hyper) {
         absl::StrCat("SetGroupHyper: group ", group, " does not exist; groups are 0 to ", num_groups() - 1));
   }
   ZERO_RETURN_IF_ERROR(ValidateOptimizerHyper(hyper, absl::StrCat("SetGroupHyper: group ", group)));
+  if (hyper.momentum != 0.0f) ZERO_RETURN_IF_ERROR(optimizer_->AddMomentumBuffer());  // SGD built without
   groups_[group] = hyper;
   return absl::OkStatus();
 }

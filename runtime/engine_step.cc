@@ -88,12 +88,15 @@ StatusOr<StepInfo> EngineImpl::Step() {
   guard_->EndStep();
   loss_scaler_.Update(false);
   // Each param counts the steps that updated it, for bias correction (as PyTorch's optimizers
-  // keep a step per param): one that no rank used keeps its count.
+  // keep a step per param): one that no rank used keeps its count. SGD counts only the steps
+  // that update its momentum buffer: the first of them starts the buffer from the gradient,
+  // as PyTorch's creates it at the first step with momentum, also when that comes late.
+  const bool sgd = config_.optimizer.type == OptimizerType::kSgd;
   size_t next_untouched = 0;
   for (size_t p = 0; p < specs_.size(); ++p) {
     if (next_untouched < untouched.size() && untouched[next_untouched].first == static_cast<int>(p)) {
       ++next_untouched;
-    } else if (specs_[p].requires_grad) {
+    } else if (specs_[p].requires_grad && (!sgd || groups_[specs_[p].group].momentum != 0.0f)) {
       ++param_steps_[p];
     }
   }

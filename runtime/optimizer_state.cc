@@ -25,8 +25,14 @@ Hyper AdamFamilyHyper(const OptimizerHyper& o, int64_t step, const kernels::Step
   return h;
 }
 
+// SGD keeps its momentum buffer only where some group starts with momentum; one turned on
+// later adds it then (AddMomentumBuffer).
 bool NeedsState0(const OptimizerConfig& o) {
-  return o.type != OptimizerType::kSgd || o.momentum != 0.0f;
+  if (o.type != OptimizerType::kSgd || o.momentum != 0.0f) return true;
+  for (size_t g = 0; g < o.param_groups.size(); ++g) {
+    if (o.Group(static_cast<int>(g)).momentum != 0.0f) return true;
+  }
+  return false;
 }
 bool NeedsState1(const OptimizerConfig& o) {
   return o.type == OptimizerType::kAdam || o.type == OptimizerType::kAdamW || o.type == OptimizerType::kLamb;
@@ -37,7 +43,7 @@ bool NeedsState1(const OptimizerConfig& o) {
 StatusOr<std::unique_ptr<OptimizerState>> OptimizerState::Create(
     const Config& config, const partition::PartitionPlan& plan, int rank, const OwnedParams& params,
     GradStore& grads, base::Allocator& allocator, DeviceOps& ops, SumOverRanks sum_over_ranks) {
-  std::unique_ptr<OptimizerState> s(new OptimizerState(config, plan, grads, ops));
+  std::unique_ptr<OptimizerState> s(new OptimizerState(config, plan, grads, ops, allocator));
   s->sum_over_ranks_ = std::move(sum_over_ranks);
   int64_t state_numel = 0, master_numel = 0;
   for (const partition::Bucket& b : plan.buckets()) {
@@ -77,11 +83,12 @@ StatusOr<std::unique_ptr<OptimizerState>> OptimizerState::Create(
     state_offset += r.numel;
     // The gradient dtype follows from the param dtype (partition::GradientDType): one per batch.
     auto [it, fresh] = batch_of.emplace(std::make_pair(b.group, static_cast<int>(b.dtype)), s->batches_.size());
-    if (fresh) s->batches_.push_back({b.group, {b.dtype, b.grad_dtype}, {}, {}, {}});
-    s->batches_[it->second].segments.push_back(segment);
+    if (fresh) s->batches_.push_back({b.group, {b.dtype, b.grad_dtype}, {}, {}, {}, {}});
     Batch& batch = s->batches_[it->second];
+    batch.segments.push_back(segment);
+    batch.segment_state_begins.push_back(r.state_begin);
     s->CutPerParam(r, segment, [&](int param, const kernels::Segment& fragment, int64_t at) {
-      batch.fragments.push_back({param, fragment, r.begin + at - plan.placement(param).offset});
+      batch.fragments.push_back({param, fragment, r.begin + at - plan.placement(param).offset, r.state_begin + at});
     });
     // Each rank's norm covers its shard only, also at stage 0 where it owns the whole bucket.
     const int64_t shard_begin = rank * b.shard_numel - r.begin;
@@ -358,6 +365,20 @@ void OptimizerState::CutPerParam(const OwnedRange& r, const kernels::Segment& wh
       fn(param, seg, at);
     });
   }
+}
+
+Status OptimizerState::AddMomentumBuffer() {
+  if (config_.optimizer.type != OptimizerType::kSgd || state0_.bytes() > 0) return absl::OkStatus();
+  int64_t state_numel = 0;
+  for (const OwnedRange& r : ranges_) state_numel += r.numel;
+  ZERO_ASSIGN_OR_RETURN(state0_, allocator_.Allocate(state_numel * 4, MemoryCategory::kOptimizer, ops_.placement()));
+  ZERO_RETURN_IF_ERROR(ops_.Zero(state0_.data(), state0_.bytes()));
+  float* base = state0_.as<float>();
+  for (Batch& batch : batches_) {
+    for (size_t i = 0; i < batch.segments.size(); ++i) batch.segments[i].state0 = base + batch.segment_state_begins[i];
+    for (Fragment& f : batch.fragments) f.segment.state0 = base + f.state_begin;
+  }
+  return absl::OkStatus();
 }
 
 Status OptimizerState::LambStep(const std::vector<OptimizerHyper>& groups, const std::vector<int64_t>& param_steps,

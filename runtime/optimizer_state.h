@@ -89,6 +89,10 @@ class OptimizerState {
   /// Writes back parts from ReadOwned (same begin and numel), and the bf16/fp16 model copy
   /// rounded from them.
   Status WriteOwned(int param, const std::vector<OwnedPart>& parts);
+  /// SGD built without momentum (no group had any) keeps no momentum buffer: allocates it,
+  /// zeroed, for a group whose momentum is turned on later. Nothing to do for other
+  /// optimizers or once it exists.
+  Status AddMomentumBuffer();
   /// Number of moment buffers the optimizer keeps (0, 1 or 2).
   int state_count() const { return (state0_.bytes() > 0 ? 1 : 0) + (state1_.bytes() > 0 ? 1 : 0); }
 
@@ -114,11 +118,13 @@ class OptimizerState {
     int param;
     kernels::Segment segment;
     int64_t param_begin;  // the fragment's first element within the param
+    int64_t state_begin;  // the fragment's first element within state0_/state1_
   };
   struct Batch {  // one kernel launch: segments of one group and dtype
     int group;
     kernels::SegmentTypes types;
     std::vector<kernels::Segment> segments;
+    std::vector<int64_t> segment_state_begins;  // each segment's first element within state0_/state1_
     // The same elements cut per param (padding left out), for steps whose params' counts differ.
     std::vector<Fragment> fragments;
     // The gradient of the rank's shard of each bucket (at stage 0 a sub-range of the owned
@@ -146,13 +152,15 @@ class OptimizerState {
   // Rewrites the bf16/fp16 model copy of `param`'s owned part from the fp32 master.
   Status RoundModelCopy(int param);
 
-  OptimizerState(const Config& config, const partition::PartitionPlan& plan, GradStore& grads, DeviceOps& ops)
-      : config_(config), plan_(plan), grads_(grads), ops_(ops) {}
+  OptimizerState(const Config& config, const partition::PartitionPlan& plan, GradStore& grads, DeviceOps& ops,
+                 base::Allocator allocator)
+      : config_(config), plan_(plan), grads_(grads), ops_(ops), allocator_(std::move(allocator)) {}
 
   const Config config_;
   const partition::PartitionPlan& plan_;
   GradStore& grads_;
   DeviceOps& ops_;
+  base::Allocator allocator_;  // for a momentum buffer added later (AddMomentumBuffer)
   std::vector<OwnedRange> ranges_;
   std::vector<Batch> batches_;
   base::Buffer master_, state0_, state1_;

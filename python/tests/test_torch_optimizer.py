@@ -284,6 +284,60 @@ def test_one_cycle_lr_cycles_lr_and_beta1_as_in_pytorch():
         assert_lrs_close(lrs, want_lrs)
 
 
+def sgd_groups(model, momentum):
+    """param_groups() for SGD: the weights' group with `momentum`, the others without."""
+    groups = param_groups(model)
+    groups[0]["momentum"] = momentum
+    return groups
+
+
+def sgd_one_cycle(optimizer):
+    """OneCycleLR cycles SGD's momentum between 0.85 and 0.95 (cycle_momentum)."""
+    return torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=0.05, total_steps=STEPS,
+                                               pct_start=0.3)
+
+
+@pytest.mark.parametrize("stage", [0, 2, 3])
+@pytest.mark.parametrize("scheduled", [False, True])
+def test_sgd_momentum_of_a_group_or_turned_on_later_matches_pytorch(stage, scheduled):
+    """SGD whose own momentum is 0: a param group with momentum (model_parameters), or
+    OneCycleLR turning it on for every group after initialize, trains as torch.optim.SGD
+    (each step failed: the engine kept no momentum buffer). Dampening 0.1 shows each
+    buffer starting from the gradient at its first step with momentum, as torch's."""
+    momentum = 0.0 if scheduled else 0.9
+    model = TinyLM()
+    optimizer = torch.optim.SGD(sgd_groups(model, momentum), lr=0.05, dampening=0.1)
+    scheduler = sgd_one_cycle(optimizer) if scheduled else None
+    for step in range(STEPS):
+        optimizer.zero_grad()
+        loss_of(model, *batch(step)).backward()
+        optimizer.step()
+        if scheduler is not None:
+            scheduler.step()
+    want = trained(model)
+    models = [TinyLM() for _ in range(2)]
+    config = config_for(stage, optimizer={"type": "sgd", "lr": 0.05, "momentum": 0.0,
+                                          "dampening": 0.1, "weight_decay": 0.0})
+
+    def body(rank, comm):
+        model = models[rank]
+        engine = zerort.torch.initialize(model, config, comm,
+                                         model_parameters=sgd_groups(model, momentum))
+        scheduler = sgd_one_cycle(engine.optimizer) if scheduled else None
+        rows = slice(BATCH * rank // 2, BATCH * (rank + 1) // 2)
+        for step in range(STEPS):
+            tokens, targets = batch(step)
+            loss_of(model, tokens[rows], targets[rows]).backward()
+            engine.step()
+            if scheduler is not None:
+                scheduler.step()
+        engine.close()
+        return trained(model)
+
+    for got in run_ranks(2, body):
+        assert_close(got, want)
+
+
 def test_sequential_lr_with_cosine_annealing():
     def sequential(optimizer):
         lr_scheduler = torch.optim.lr_scheduler
