@@ -56,7 +56,9 @@ Status EngineImpl::SetGroupHyper(int group, const OptimizerHyper& hyper) {
     return absl::InvalidArgumentError(
         absl::StrCat("SetGroupHyper: group ", group, " does not exist; groups are 0 to ", num_groups() - 1));
   }
-  ZERO_RETURN_IF_ERROR(ValidateOptimizerHyper(hyper, absl::StrCat("SetGroupHyper: group ", group)));
+  if (Status valid = ValidateOptimizerHyper(hyper, absl::StrCat("optimizer.param_groups[", group, "]")); !valid.ok()) {
+    return Status(valid.code(), absl::StrCat("SetGroupHyper: ", valid.message(), "; nothing changed"));
+  }
   if (hyper.momentum != 0.0f) ZERO_RETURN_IF_ERROR(optimizer_->AddMomentumBuffer());  // SGD built without
   groups_[group] = hyper;
   return absl::OkStatus();

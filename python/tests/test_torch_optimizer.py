@@ -211,6 +211,65 @@ def test_a_step_made_by_torchs_grad_scaler_is_refused_and_changes_nothing():
     comm.close()
 
 
+def test_a_refused_group_value_steps_once_put_right():
+    """An lr schedule run past its end gave a negative lr: the step is refused naming the
+    group, and once the value is put right the same step() goes through (every later call
+    said "call Step() first", also step() itself)."""
+    comms = [zerort.local_group(1)[0] for _ in range(2)]
+    models = [TinyLM(), TinyLM()]
+    engines = [zerort.torch.initialize(m, config_for(2), c) for m, c in zip(models, comms)]
+    for engine, model in zip(engines, models):
+        loss_of(model, *batch(0)).backward()
+    engines[0].optimizer.param_groups[0]["lr"] = -0.01
+    with pytest.raises(zerort.InvalidArgumentError) as raised:
+        engines[0].step()
+    assert "param_groups[0]" in str(raised.value) and "-0.01" in str(raised.value)
+    engines[0].optimizer.param_groups[0]["lr"] = engines[1].optimizer.param_groups[0]["lr"]
+    for engine in engines:
+        engine.step()
+    assert_close(trained(models[0]), trained(models[1]))
+    for engine, comm in zip(engines, comms):
+        engine.close()
+        comm.close()
+
+
+def test_torch_options_that_change_the_step_are_refused_by_load_state_dict_and_step():
+    """A torch AdamW state dict with amsgrad=True (or a hand edit to maximize=True) was
+    taken and shown in param_groups while the engine went on without it."""
+    comm = zerort.local_group(1)[0]
+    model = TinyLM()
+    engine = zerort.torch.initialize(model, config_for(2), comm)
+    plain = TinyLM()
+    state = torch.optim.AdamW(plain.parameters(), lr=0.003, amsgrad=True).state_dict()
+    lr = engine.optimizer.param_groups[0]["lr"]
+    with pytest.raises(zerort.UnimplementedError, match="amsgrad=True"):
+        engine.optimizer.load_state_dict(state)
+    assert engine.optimizer.param_groups[0]["lr"] == lr  # nothing loaded
+    engine.optimizer.param_groups[0]["maximize"] = True
+    loss_of(model, *batch(0)).backward()
+    with pytest.raises(zerort.UnimplementedError, match="maximize=True"):
+        engine.step()
+    del engine.optimizer.param_groups[0]["maximize"]
+    engine.step()
+    engine.close()
+    comm.close()
+
+
+def test_setting_the_loss_scale_by_hand_is_refused():
+    """engine.loss_scale = 1.0 under a static scale of 128 scaled the loss by 1 while the
+    step divided by 128: updates 128 times too small, silently."""
+    comm = zerort.local_group(1)[0]
+    engine = zerort.torch.initialize(TinyLM(), config_for(
+        2, loss_scale={"mode": "static", "initial_power": 7}), comm)
+    assert engine.loss_scale == 128.0
+    engine.loss_scale = 128.0  # its own value: nothing changes
+    with pytest.raises(zerort.FailedPreconditionError, match="loss_scale.mode"):
+        engine.loss_scale = 1.0
+    assert engine.loss_scale == 128.0
+    engine.close()
+    comm.close()
+
+
 def test_sgd_groups_show_momentum_dampening_and_nesterov():
     comm = zerort.local_group(1)[0]
     config = {"stage": 1, "optimizer": {"type": "sgd", "lr": 0.1, "momentum": 0.9,

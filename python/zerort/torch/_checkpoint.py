@@ -481,6 +481,6 @@ class CheckpointMethods:
                    "its position is not restored"), stacklevel=2)
         # The engine's: a checkpoint's dynamic scale reaches only an engine that scales
         # dynamically (a static or no loss scale stays what this config says).
-        self.loss_scale = self._engine.loss_scale
+        self._loss_scale = self._engine.loss_scale
         self.optimizer.pull()
         return loaded_path, client_state

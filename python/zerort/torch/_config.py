@@ -126,6 +126,19 @@ TORCH_OPTIONS = ("amsgrad", "maximize", "foreach", "fused", "capturable", "diffe
                   "decoupled_weight_decay")
 
 
+def refuse_step_changing_options(group, what):
+    """An UnimplementedError when param group `group` (PyTorch's format; `what` names it)
+    turns on one of PyTorch's options that would change the step: amsgrad, maximize,
+    decoupled_weight_decay."""
+    for option in ("amsgrad", "maximize", "decoupled_weight_decay"):
+        if group.get(option):
+            raise errors.UnimplementedError(
+                f"zerort.torch: {what} sets {option}=True, which ZeroRT's optimizers do not "
+                "do per group" + (" (the config's optimizer.type picks adam or adamw)"
+                                  if option == "decoupled_weight_decay" else ""),
+                errors.UnimplementedError.status)
+
+
 def group_extras(group, index):
     """The keys of param group `group` (PyTorch's format) that are no hyperparameter of
     ZeroRT's: the trainer's own (a group's "name", timm's "lr_scale"), kept in
@@ -133,14 +146,7 @@ def group_extras(group, index):
     the step (amsgrad, maximize, decoupled_weight_decay) are an UnimplementedError naming
     them; those that only pick
     PyTorch's implementation (foreach, fused, ...) are dropped."""
-    for option in ("amsgrad", "maximize", "decoupled_weight_decay"):
-        if group.get(option):
-            raise errors.UnimplementedError(
-                f"zerort.torch: model_parameters group {index} sets {option}=True, which "
-                "ZeroRT's optimizers do not do per group" + (
-                    " (the config's optimizer.type picks adam or adamw)"
-                    if option == "decoupled_weight_decay" else ""),
-                errors.UnimplementedError.status)
+    refuse_step_changing_options(group, f"model_parameters group {index}")
     return {key: value for key, value in group.items()
             if key not in GROUP_KEYS and key not in TORCH_OPTIONS and key != "params"}
 

@@ -544,7 +544,15 @@ class TorchEngine(DeepSpeedAPI, _checkpoint.CheckpointMethods, _gathered.Gathere
 
     @loss_scale.setter
     def loss_scale(self, value):
-        self._loss_scale = value
+        if value == self._loss_scale:
+            return
+        raise errors.FailedPreconditionError(
+            f"zerort.torch: engine.loss_scale is the engine's ({self._loss_scale:g}), which "
+            f"divides the gradients by it at the step; setting it to {value} would scale the "
+            "loss by one value and divide by another. Set the scale in the config: "
+            "loss_scale.mode \"static\" with loss_scale.initial_power (DeepSpeed: "
+            "fp16.loss_scale), or \"dynamic\", which grows it and backs off on overflow",
+            errors.FailedPreconditionError.status)
 
     def _check_loss_was_scaled(self):
         """Warns once when a micro-batch's gradients arrived under a loss scale that nobody
@@ -680,7 +688,13 @@ class TorchEngine(DeepSpeedAPI, _checkpoint.CheckpointMethods, _gathered.Gathere
     def _optimizer_step(self):
         """The optimizer step proper: param_groups' changes to the engine, step, the
         engine's lrs back (engine.optimizer.step calls it)."""
-        self.optimizer.push()
+        try:
+            self.optimizer.push()
+        except errors.ZeroError:
+            # A value the engine refused (out of range): nothing stepped, and the window stays
+            # ended, so a step() after the value is put right steps it.
+            self._window_ended = True
+            raise
         # Counted before the step: one that fails has still replaced the norm on the device.
         # Never reset (global_steps is a checkpoint's after a load).
         self._engine_steps += 1
@@ -701,10 +715,10 @@ class TorchEngine(DeepSpeedAPI, _checkpoint.CheckpointMethods, _gathered.Gathere
                 self.global_steps += 1
                 self.skipped_steps += 1
                 self._step_applied = False
-                self.loss_scale = self._engine.loss_scale
+                self._loss_scale = self._engine.loss_scale
             raise
         self._lent_grads.clear()
-        self.loss_scale = info["loss_scale"]
+        self._loss_scale = info["loss_scale"]
         self.global_steps += 1
         self.skipped_steps += bool(info["skipped"])
         pending = self._norm_on_device and math.isnan(info["grad_norm"])

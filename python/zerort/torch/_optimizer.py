@@ -215,6 +215,9 @@ class ZeroOptimizer(torch.optim.Optimizer):
 
     def load_state_dict(self, state_dict):
         """See the class docstring (the param groups only; warns once)."""
+        for index, group in enumerate(state_dict.get("param_groups", ())):
+            _config.refuse_step_changing_options(
+                group, f"the state dict's param group {index} (load_state_dict; nothing loaded)")
         self._warn_no_moments("load_state_dict()")
         super().load_state_dict(state_dict)
 
@@ -241,11 +244,20 @@ class ZeroOptimizer(torch.optim.Optimizer):
         """Pushes the param groups' values that differ from the engine's (between steps)."""
         self._check_groups()
         for index, group in enumerate(self.param_groups):
+            _config.refuse_step_changing_options(group, f"engine.optimizer.param_groups[{index}]")
             fields = _engine_fields(group, self._keys)
             known = self._known[index]
             if all(known[name] == value for name, value in fields.items()):
                 continue
-            self._engine.engine.set_group_hyper(index, fields)
+            try:
+                self._engine.engine.set_group_hyper(index, fields)
+            except errors.InvalidArgumentError as error:
+                raise errors.InvalidArgumentError(
+                    f"zerort.torch: engine.optimizer.param_groups[{index}] holds a value the "
+                    f"engine refuses ({error.message}). Nothing was stepped: put the value "
+                    "right and call step() again, or zero_grad() to drop this step's "
+                    "gradients. (An lr schedule run past its last step can turn negative.)",
+                    error.status) from None
             self._known[index] = self._engine.engine.group_hyper(index)
 
     def pull(self):
