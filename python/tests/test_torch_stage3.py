@@ -193,6 +193,36 @@ def test_an_undeclared_tied_layer_is_found_as_it_reads_the_embedding():
             prefetched, invalidations)
 
 
+class ListHeldHead(nn.Module):
+    """Reads another module's weight held in a Python list: no attribute read to see."""
+
+    def __init__(self, weight):
+        super().__init__()
+        self.weights = [weight]
+
+    def forward(self, hidden):
+        return F.linear(hidden, self.weights[0])
+
+
+def test_a_param_read_through_a_list_warns_at_the_first_step_its_nan_reaches(recwarn):
+    """The read finds the released unit's placeholder (NaN) and the model trains to NaN;
+    nothing said why. The step that applies the NaN gradient warns, naming the cause and
+    register_external_parameter, once."""
+    torch.manual_seed(0)
+    embed, middle = nn.Linear(4, 4, bias=False), nn.Linear(4, 4)
+    model = nn.Sequential(embed, nn.Tanh(), middle, ListHeldHead(embed.weight))
+    comm = zerort.local_group(1)[0]
+    engine = zerort.torch.initialize(model, {"stage": 3, "stage3": {"persistence_threshold": 0},
+                                             "optimizer": {"type": "sgd", "lr": 0.1}}, comm)
+    for _ in range(2):
+        model(torch.randn(2, 4)).sum().backward()
+        engine.step()
+    warned = [str(w.message) for w in recwarn if "register_external_parameter" in str(w.message)]
+    assert len(warned) == 1 and "norm is nan" in warned[0], warned
+    engine.close()
+    comm.close()
+
+
 def test_gathered_reads_full_values_and_writes_from_the_modifier_rank():
     world = 3
     models = [LoraLM() for _ in range(world)]

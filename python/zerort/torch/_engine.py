@@ -78,6 +78,7 @@ class TorchEngine(DeepSpeedAPI, _checkpoint.CheckpointMethods, _gathered.Gathere
         # gradients of a loss nobody scaled are divided by it all the same (_end_micro_batch).
         self._loss_scale_read = False
         self._warned_unscaled = False
+        self._warned_nan_norm = False
         self.global_steps = 0  # optimizer steps, skipped ones included (as DeepSpeed's)
         self.skipped_steps = 0  # of which the loss scaler skipped (DeepSpeed's)
         self._last_info = None
@@ -554,6 +555,23 @@ class TorchEngine(DeepSpeedAPI, _checkpoint.CheckpointMethods, _gathered.Gathere
             "fp16.loss_scale), or \"dynamic\", which grows it and backs off on overflow",
             errors.FailedPreconditionError.status)
 
+    def _warn_about_a_nan_norm(self, norm):
+        """Stage 3: warns once when a step applied a gradient whose norm is not finite,
+        naming the cause that this stage adds: a param read in forward while its unit is
+        released reads its placeholder, NaN."""
+        if math.isfinite(norm) or self._warned_nan_norm:
+            return
+        self._warned_nan_norm = True
+        warnings.warn(
+            f"zerort.torch: step {self.global_steps} applied a gradient whose norm is "
+            f"{norm}. At stage 3 a param read in forward by another way than through its "
+            "own module (held in a Python list or a dict, a tensor kept from an earlier "
+            "step) reads NaN while its unit is released: declare it with "
+            "zerort.torch.register_external_parameter(module, param) for the module that "
+            "reads it (DeepSpeed: deepspeed.zero.register_external_parameter). Without a "
+            "loss scale a step applies what it is given, as PyTorch's optimizers do.",
+            UserWarning, stacklevel=4)
+
     def _check_loss_was_scaled(self):
         """Warns once when a micro-batch's gradients arrived under a loss scale that nobody
         read (a static one: never read): a `loss.backward()` with loss scaling on, whose
@@ -726,6 +744,8 @@ class TorchEngine(DeepSpeedAPI, _checkpoint.CheckpointMethods, _gathered.Gathere
                                    self._engine.last_grad_norm, lambda: self._engine_steps)
         self._last_info = info
         self._step_applied = not info["skipped"]
+        if self._units is not None and not pending and not info["skipped"]:
+            self._warn_about_a_nan_norm(info["grad_norm"])
         if self._config_schedule is not None:  # only it moves a group inside a step
             self.optimizer.pull()
         if self._step_applied and self._driven_scheduler is not None:
