@@ -505,6 +505,45 @@ def test_init_context_runs_a_post_init_over_the_sharded_modules():
                 assert (value - 1.0).abs().max() < 0.1, name
 
 
+def test_a_block_inside_another_changes_nothing():
+    """A composite model's from_pretrained builds its parts each under its own zero.Init
+    inside the outer one (it was refused): the inner block shards nothing of its own, and
+    the model is built as in one block."""
+    def body(rank, comm):
+        with zerort.torch.init_context(comm):
+            with zerort.torch.init_context(comm):
+                inner = LoraLM()
+            with zerort.torch.init_context():
+                outer = LoraLM()
+        with zerort.torch.init_context(comm):
+            with pytest.raises(zerort.InvalidArgumentError, match="same ranks"):
+                with zerort.torch.init_context(zerort.local_group(1)[0]):
+                    pass
+        return storage_bytes(inner), storage_bytes(outer)
+
+    model_bytes = sum(p.numel() * p.element_size() for p in LoraLM().parameters())
+    for built in run_ranks(2, body):
+        assert max(built) < 0.01 * model_bytes, built
+
+
+def test_a_write_between_the_block_and_initialize_is_refused_on_every_rank():
+    """nn.init.constant_ after the block reached the placeholder, read back as written and
+    was lost at initialize(): it is refused there, naming the param, on the rank that wrote
+    and on its peer."""
+    def body(rank, comm):
+        with zerort.torch.init_context(comm):
+            model = LoraLM()
+        if rank == 0:
+            torch.nn.init.constant_(model.embed.weight, 0.5)
+        with pytest.raises(zerort.FailedPreconditionError) as raised:
+            zerort.torch.initialize(model, CONFIG, comm)
+        return str(raised.value)
+
+    messages = run_ranks(2, body)
+    assert '"embed.weight"' in messages[0] and "gathered(params, modifier_rank=0)" in messages[0]
+    assert "on another rank" in messages[1]
+
+
 def test_init_context_without_comm_takes_the_launchers_ranks():
     with zerort.torch.init_context():
         model = LoraLM()

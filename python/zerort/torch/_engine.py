@@ -113,6 +113,7 @@ class TorchEngine(DeepSpeedAPI, _checkpoint.CheckpointMethods, _gathered.Gathere
         self._engine.on_close(self._detacher, weak=False)
         if self._stream is not None:
             self._engine.set_stream(self._stream.cuda_stream)
+        _init_context.refuse_lost_writes(module, comm, self._timeout)
         sharded = [p for p in module.parameters() if _init_context.is_sharded(p)]
         if self.stage < 3:  # stages 0-2 keep the params whole on every rank
             with torch.no_grad():

@@ -8,8 +8,9 @@ Inside the block, when a module's __init__ returns (the outermost one, after its
 own initialisation ran), the float params of its submodules are sharded: each is broadcast
 from rank 0 (so every rank builds the same model, as if one rank had built it), this rank
 keeps its contiguous 1/N slice of the flattened values, and the param's values are replaced
-by a placeholder of its shape and dtype that takes no memory (reads give NaN; in-place writes
-raise). A module's own params wait for its parent's __init__ to return
+by a placeholder of its shape and dtype that takes no memory (reads give NaN; copy_ raises,
+and a write that PyTorch lets through, fill_ or nn.init.constant_, is refused by
+initialize(), naming the param). A module's own params wait for its parent's __init__ to return
 (or for the block to end), because a parent may still initialise its children's params in
 its own __init__ (PEFT's LoRA layer initialises its adapters' weights after building them).
 A rank thus holds at any moment the slices so far plus the params of the module being
@@ -26,9 +27,13 @@ and gives fn each module's own params whole: a sharded module's are put together
 before fn(module) and sharded again after it from rank 0's values, so the init_weights of
 every rank agree and no rank holds more than one module's params at once.
 
+A block inside another on the same thread (a composite model's from_pretrained building its
+parts, each under its own zero.Init) changes nothing: the outer one shards.
+
 Limits: other code that writes into a grandchild's params from the top-level __init__ (a
 loop over self.modules() rather than apply()) finds them sharded (PyTorch raises on writing
-the placeholder; an out-of-place assignment, param.data = ..., is lost): initialise inside
+the placeholder, or initialize() refuses the write; an out-of-place assignment, param.data =
+..., is lost): initialise inside
 each module's own __init__ or its parent's, through apply(), or build the model outside the
 block. A cast or move of the model between the block and initialize() (model.half(),
 .to(...)) makes full-size NaN tensors of the placeholders: give initialize() the model as the
@@ -42,12 +47,14 @@ import torch
 from torch import nn
 
 from .. import errors
+from ._collective import all_reduce
 from ._device import broadcast_tensor
 from ._params import FLOAT_DTYPES, placeholder
 from ._torch_communicator import default_communicator
 
 _SHARD = "_zerort_init_shard"
 _DEPTH = "_zerort_init_depth"
+_VERSION = "_zerort_init_version"  # a sharded param's version counter when it was sharded
 
 
 def _subclasses(cls):
@@ -75,6 +82,7 @@ def _shard_params(params, comm, timeout):
             begin, end = _bounds(param.numel(), comm.rank, comm.size)
             setattr(param, _SHARD, param.detach().reshape(-1)[begin:end].clone())
             param.data = placeholder(param)
+            setattr(param, _VERSION, param._version)
 
 
 def _apply_with_whole_params(module, fn, block):
@@ -138,11 +146,18 @@ class _Patch:
         __init__.__wrapped__ = original
         return __init__
 
+    def outer_block(self, comm):
+        """The block this thread is inside already, or None. A nested block must name the
+        outer one's communicator or none (InvalidArgumentError)."""
+        block = getattr(self.active, "block", None)
+        if block is not None and comm is not None and comm is not block[0]:
+            raise errors.InvalidArgumentError(
+                "zerort.torch.init_context: a block inside another must shard over the same "
+                "ranks: give it the outer block's communicator, or none",
+                errors.InvalidArgumentError.status)
+        return block
+
     def enter(self, block):
-        if getattr(self.active, "block", None) is not None:
-            raise errors.FailedPreconditionError(
-                "zerort.torch.init_context: this thread is inside a block already",
-                errors.FailedPreconditionError.status)
         with self.lock:
             if self.users == 0:
                 for cls in _subclasses(nn.Module):
@@ -187,6 +202,10 @@ def init_context(comm=None, timeout_s=600.0):
     same order. `comm`: the ranks the engine will use; None means the launcher's ranks, as
     initialize(comm=None) takes them (a communicator of the block's own, closed as it ends:
     initialize() makes its own)."""
+    outer = _PATCH.outer_block(comm)
+    if outer is not None:  # nested (a composite model's from_pretrained): the outer one shards
+        yield
+        return
     owned = comm is None
     if owned:
         comm = default_communicator()
@@ -203,6 +222,32 @@ def init_context(comm=None, timeout_s=600.0):
     _PATCH.leave(shard=True)
     if owned:
         comm.close()
+
+
+def refuse_lost_writes(module, comm, timeout):
+    """initialize(): a FailedPreconditionError on every rank when some rank wrote in place
+    into a sharded param of `module` after its block sharded it (nn.init.constant_, fill_ on
+    its placeholder are taken and would be lost). Collective where the module has sharded
+    params (on every rank alike: the block is collective)."""
+    sharded = [(name, p) for name, p in module.named_parameters() if is_sharded(p)]
+    if not sharded:
+        return
+    written = [name for name, p in sharded if p._version != getattr(p, _VERSION, p._version)]
+    anywhere = all_reduce(torch.tensor([float(len(written))]), "max", comm, timeout)
+    if anywhere.item() == 0:
+        return
+    where = "on another rank"
+    if written:
+        where = f'"{written[0]}"' + (f" and {len(written) - 1} more" if len(written) > 1 else "")
+    raise errors.FailedPreconditionError(
+        "zerort.torch.initialize: a param that init_context sharded was written in place "
+        "after its block sharded it (" + where + "; "
+        "nn.init.*_ or fill_ between the block and initialize()): it holds only a slice on "
+        "each rank, so the write reached a placeholder and would be lost. Initialise params "
+        "inside the block (in the module's __init__ or through model.apply(fn)), or after "
+        "initialize() inside zerort.torch.gathered(params, modifier_rank=0) (DeepSpeed: "
+        "GatheredParameters), which also loads a pretrained state dict",
+        errors.FailedPreconditionError.status)
 
 
 def is_sharded(param):
