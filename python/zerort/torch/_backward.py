@@ -26,12 +26,13 @@ from torch.autograd import Variable
 from .. import errors
 
 UNUSED_HINT = (
-    "\nIn PyTorch the usual cause is torch.utils.checkpoint.checkpoint(..., use_reentrant=True) "
-    "around a block whose inputs do not require grad (frozen embeddings, the LoRA case): the "
-    "reentrant implementation then computes no gradient for any param inside the block, "
-    "silently. Fix: pass use_reentrant=False, or make the block's input require grad "
-    "(x.requires_grad_()). Other causes: a branch of the model that did not run on this rank "
-    "(set guard.on_unused = \"zero\"), or a param that is not used at all (freeze it).")
+    "\nIn PyTorch the causes are: a module or branch the forward did not run on this rank "
+    "(set guard.on_unused = \"zero\"; DeepSpeed: zero_optimization.ignore_unused_parameters "
+    "= true, DDP: find_unused_parameters=True); a param the model never uses (freeze it, "
+    "requires_grad_(False), before initialize()); or torch.utils.checkpoint.checkpoint(..., "
+    "use_reentrant=True) around a block whose inputs do not require grad (frozen embeddings, "
+    "the LoRA case), which computes no gradient for any param inside the block, silently: "
+    "pass use_reentrant=False, or make the block's input require grad (x.requires_grad_()).")
 
 
 NO_BACKWARD_AT_STAGE3_HINT = (
