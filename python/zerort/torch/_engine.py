@@ -866,6 +866,31 @@ class TorchEngine(DeepSpeedAPI, _checkpoint.CheckpointMethods, _gathered.Gathere
             result[name] = torch.empty(param.shape, dtype=param.dtype, device=param.device)
         return result
 
+    def destroy(self):
+        """DeepSpeed's name for close()."""
+        self.close()
+
+    def empty_partition_cache(self):
+        """DeepSpeed's: frees every stage-3 unit still gathered (after an eval pass or
+        generation); the next forward gathers what it needs. Between micro-batches only
+        (FailedPreconditionError inside one); nothing to do below stage 3."""
+        if self._units is None:
+            return
+        if self._in_micro_batch or self._passes.open:
+            raise errors.FailedPreconditionError(
+                "zerort.torch: empty_partition_cache() inside a micro-batch would free units "
+                "its backward gathers; call it after step() (or before the next forward)",
+                errors.FailedPreconditionError.status)
+        self._units.release_all()
+
+    def __getattr__(self, name):
+        """As DeepSpeed's engine, a public attribute the engine does not have is the
+        module's (engine.generate(...), engine.config of a Hugging Face model)."""
+        module = self.__dict__.get("module")
+        if module is None or name.startswith("_"):
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        return getattr(module, name)
+
     def close(self):
         """Frees the engine; the model keeps its params' last values (its own copies) and
         trains no more. Stage 3: collective (every rank calls it), as the full values are

@@ -54,7 +54,7 @@ from .._torch_communicator import default_communicator
 from .._torch_distributed import init_torch_distributed
 from . import utils, zero
 
-__all__ = ["init_distributed", "initialize", "utils", "zero"]
+__all__ = ["add_config_arguments", "init_distributed", "initialize", "utils", "zero"]
 
 # The client optimizers ZeroRT steps itself: the class, ZeroRT's type, DeepSpeed's type with
 # the params that make it that optimizer, and the group keys that carry over.
@@ -65,6 +65,24 @@ _CLIENT_OPTIMIZERS = (  # AdamW first: newer PyTorch makes it a subclass of Adam
     (torch.optim.Adam, "adam", "Adam", {"adam_w_mode": False}, _ADAM_KEYS),
     (torch.optim.SGD, "sgd", "SGD", {}, _SGD_KEYS),
 )
+
+
+def add_config_arguments(parser):
+    """deepspeed.add_config_arguments: adds DeepSpeed's command-line arguments to an
+    argparse parser (--deepspeed, --deepspeed_config, and the deprecated --deepscale,
+    --deepscale_config) and returns it; initialize(args=args) reads args.deepspeed_config."""
+    group = parser.add_argument_group("DeepSpeed", "DeepSpeed configurations")
+    group.add_argument("--deepspeed", default=False, action="store_true",
+                       help="Enable DeepSpeed (helper flag for user code, no impact on DeepSpeed "
+                            "backend)")
+    group.add_argument("--deepspeed_config", default=None, type=str,
+                       help="DeepSpeed json configuration file.")
+    group.add_argument("--deepscale", default=False, action="store_true",
+                       help="Deprecated enable DeepSpeed (helper flag for user code, no impact "
+                            "on DeepSpeed backend)")
+    group.add_argument("--deepscale_config", default=None, type=str,
+                       help="Deprecated DeepSpeed json configuration file.")
+    return parser
 
 
 def initialize(args=None, model=None, optimizer=None, model_parameters=None,
