@@ -254,6 +254,26 @@ def test_gathered_reads_full_values_and_writes_from_the_modifier_rank():
         assert torch.equal(stated, written)  # frozen: the step leaves it as written
 
 
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_a_write_in_a_block_without_modifier_rank_warns_naming_the_param(stage, recwarn):
+    """FSDP's summon_full_params writes back; gathered() without modifier_rank, as
+    DeepSpeed's GatheredParameters, applies no write: at stage 3 it was gone silently."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))
+    comm = zerort.local_group(1)[0]
+    engine = zerort.torch.initialize(model, {"stage": stage, "optimizer": SGD,
+                                             "stage3": {"persistence_threshold": 0}}, comm)
+    with zerort.torch.gathered(list(model.parameters())):
+        pass  # a read: no warning
+    with zerort.torch.gathered(list(model.parameters())):
+        with torch.no_grad():
+            model[1].weight.fill_(3.0)
+    warned = [str(w.message) for w in recwarn if "modifier_rank" in str(w.message)]
+    assert len(warned) == 1 and '"1.weight"' in warned[0], warned
+    engine.close()
+    comm.close()
+
 @pytest.mark.parametrize("stage", [2, 3])
 def test_a_modifier_block_that_raises_on_one_rank_raises_on_every_rank(stage):
     """No rank's values are broadcast, and the ranks whose block ended well raise too,

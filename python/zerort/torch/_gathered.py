@@ -26,6 +26,7 @@ Below stage 3 every param has its values; the block only applies `modifier_rank`
 import contextlib
 import ctypes
 import hashlib
+import warnings
 import weakref
 
 import torch
@@ -144,10 +145,13 @@ class GatheredMethods:
         try:
             entered = ([self._entry_state(p, pid) for p, pid in zip(params, pids)]
                        if modifier_rank is not None else [])
+            versions = [p._version for p in params]
             failed = True
             try:
                 yield params
                 failed = False
+                if modifier_rank is None:
+                    self._warn_about_dropped_writes(params, pids, versions)
             finally:
                 # Every rank learns whether any rank's block raised: then no rank writes
                 # (a rank that skipped the broadcasts would leave its peers waiting), and the
@@ -163,6 +167,23 @@ class GatheredMethods:
         finally:
             if self._units is not None:
                 self._units.unhold(units)
+
+    def _warn_about_dropped_writes(self, params, pids, versions):
+        """Warns when the block wrote into one of `params` in place without a
+        modifier_rank: the engine applies no such write (as DeepSpeed's GatheredParameters;
+        FSDP's summon_full_params writes back)."""
+        written = [self._records[pid].name if pid is not None else "(unregistered)"
+                   for p, pid, version in zip(params, pids, versions) if p._version != version]
+        if not written:
+            return
+        warnings.warn(
+            f"zerort.torch: gathered() without modifier_rank: param \"{written[0]}\""
+            + (f" and {len(written) - 1} more" if len(written) > 1 else "") + " written in "
+            "the block on this rank; the engine applies no such write (at stage 3 it is gone "
+            "when the block ends; below it, whether it lasts depends on the stage and dtype). "
+            "To keep writes, pass modifier_rank=r: rank r's values become every rank's "
+            "(DeepSpeed's GatheredParameters(modifier_rank=r); FSDP's summon_full_params "
+            "writes back by default).", UserWarning, stacklevel=4)
 
     def _any_rank(self, flag):
         """Whether `flag` is true on any rank (collective)."""
