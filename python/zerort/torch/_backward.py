@@ -107,9 +107,9 @@ def second_backward_error(name, first_pass, this_pass, accumulation_steps):
         "micro-batch past it); several losses of one forward: one backward of their sum. "
         "A backward that must not train this model's params at all (a GAN's generator "
         "loss through its discriminator) hands them gradients all the same: call "
-        "optimizer.zero_grad() before their own backward (it drops gradients no step() followed), or freeze them "
-        "for that backward (requires_grad_(False), then True again), which also saves the "
-        "work.",
+        "optimizer.zero_grad() before their own backward (it drops gradients no step() "
+        "followed), or freeze them for that backward (requires_grad_(False), then True "
+        "again), which also saves the work.",
         errors.DuplicateGradientError.status)
 
 
