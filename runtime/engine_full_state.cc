@@ -79,11 +79,12 @@ Status EngineImpl::SetFullState(ParamId id, ParamState state, const float* value
         "SetFullState: the gradient of ", ParamLabel(param), " is not set: it comes from backward"));
   }
   if (moment == 1 && config_.optimizer.type == OptimizerType::kSgd && param_steps_[param] == 0) {
-    // SGD's first step starts the buffer from the gradient (as PyTorch's, which has no
-    // buffer before it): a value set now would be dropped there.
+    // SGD's first step with momentum starts the buffer from the gradient (as PyTorch's,
+    // which has no buffer before it): a value set now would be dropped there.
     return absl::FailedPreconditionError(absl::StrCat(
         "SetFullState: SGD's momentum buffer of ", ParamLabel(param),
-        " exists from its first optimizer step on (that step starts it from the gradient); set it after that step"));
+        " exists from its first optimizer step with momentum on (that step starts it from the gradient); set it after "
+        "that step"));
   }
   // Each rank keeps its part of the values: ranks passing different ones would leave parts
   // that fit no single value (moments no later check compares).

@@ -399,7 +399,8 @@ class Engine {
   /// does not exist). With a scheduler, its lr is the schedule's for the next step.
   virtual StatusOr<OptimizerHyper> GroupHyper(int group) const = 0;
   /// Sets group `group`'s hyperparameters for the following steps: kernel arguments, nothing
-  /// is recomputed. Outside BeginIteration … EndBackward (Step reads them); the config's ranges apply
+  /// is recomputed (but SGD built without momentum allocates its momentum buffer when a
+  /// group's momentum turns nonzero: kResourceExhausted without the memory). Outside BeginIteration … EndBackward (Step reads them); the config's ranges apply
   /// (kInvalidArgument naming the field). Every rank must set the same values: Step refuses
   /// settings that differ between ranks where its host reads the step's values anyway (on
   /// the CPU always; on a GPU with sync_grad_norm or a loss scale). A scheduler

@@ -263,8 +263,9 @@ def test_zero_init_builds_the_model_sharded_as_init_context():
 def test_a_scripts_argument_parser_the_modules_attributes_and_deepspeeds_engine_calls():
     """deepspeed.add_config_arguments(parser) gives args that initialize(args=...) reads; the
     engine passes an attribute it does not have to the module (engine.generate, as
-    DeepSpeed's); destroy() closes it; empty_partition_cache() frees the gathered stage-3
-    units between steps (refused inside a micro-batch) and the next step trains on."""
+    DeepSpeed's; a method returning the module returns the engine); destroy() closes it;
+    empty_partition_cache() is refused inside a micro-batch or a gathered() block, and the
+    next step trains on after it."""
     parser = deepspeed.add_config_arguments(argparse.ArgumentParser())
     args = parser.parse_args(["--deepspeed", "--deepspeed_config", "ds.json"])
     assert args.deepspeed and args.deepspeed_config == "ds.json" and not args.deepscale
@@ -274,7 +275,8 @@ def test_a_scripts_argument_parser_the_modules_attributes_and_deepspeeds_engine_
     config = dict(DS_CONFIG, zero_optimization={"stage": 3,
                                                 "stage3_param_persistence_threshold": 0})
     engine, _, _, _ = deepspeed.initialize(model=model, config=config, comm=comm)
-    assert engine.name_tag == "tiny" and engine.logits == model.logits
+    assert engine.name_tag == "tiny" and engine.train() is engine  # the module's, returning it
+    assert torch.equal(engine.logits(batch(0)[0]), model.logits(batch(0)[0]))
     with pytest.raises(AttributeError, match="no_such_attribute"):
         engine.no_such_attribute
     loss = loss_of(model, *batch(0))
@@ -282,8 +284,9 @@ def test_a_scripts_argument_parser_the_modules_attributes_and_deepspeeds_engine_
         engine.empty_partition_cache()
     engine.backward(loss)
     engine.step()
-    with torch.no_grad():
-        model(batch(1)[0])  # an eval pass leaves units gathered
+    with zerort.torch.gathered(list(model.parameters())):
+        with pytest.raises(zerort.FailedPreconditionError, match="gathered"):
+            engine.empty_partition_cache()
     engine.empty_partition_cache()
     engine.backward(loss_of(model, *batch(1)))
     engine.step()

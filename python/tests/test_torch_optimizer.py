@@ -224,6 +224,9 @@ def test_a_refused_group_value_steps_once_put_right():
     with pytest.raises(zerort.InvalidArgumentError) as raised:
         engines[0].step()
     assert "param_groups[0]" in str(raised.value) and "-0.01" in str(raised.value)
+    engines[0].optimizer.param_groups[0]["lr"] = None  # not even a number
+    with pytest.raises(TypeError):
+        engines[0].step()
     engines[0].optimizer.param_groups[0]["lr"] = engines[1].optimizer.param_groups[0]["lr"]
     for engine in engines:
         engine.step()
@@ -251,6 +254,11 @@ def test_torch_options_that_change_the_step_are_refused_by_load_state_dict_and_s
         engine.step()
     del engine.optimizer.param_groups[0]["maximize"]
     engine.step()
+    # Newer PyTorch's AdamW is Adam(decoupled_weight_decay=True): an AdamW engine takes it.
+    state = engine.optimizer.state_dict()
+    for group in state["param_groups"]:
+        group["decoupled_weight_decay"] = True
+    engine.optimizer.load_state_dict(state)
     engine.close()
     comm.close()
 

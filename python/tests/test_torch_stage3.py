@@ -555,13 +555,15 @@ def test_a_write_between_the_block_and_initialize_is_refused_on_every_rank():
             model = LoraLM()
         if rank == 0:
             torch.nn.init.constant_(model.embed.weight, 0.5)
+        else:
+            model.blocks[0].base.weight.data.fill_(0.5)  # through .data: no version moves
         with pytest.raises(zerort.FailedPreconditionError) as raised:
             zerort.torch.initialize(model, CONFIG, comm)
         return str(raised.value)
 
     messages = run_ranks(2, body)
     assert '"embed.weight"' in messages[0] and "gathered(params, modifier_rank=0)" in messages[0]
-    assert "on another rank" in messages[1]
+    assert '"blocks.0.base.weight"' in messages[1]
 
 
 def test_init_context_without_comm_takes_the_launchers_ranks():

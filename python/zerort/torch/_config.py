@@ -126,11 +126,14 @@ TORCH_OPTIONS = ("amsgrad", "maximize", "foreach", "fused", "capturable", "diffe
                   "decoupled_weight_decay")
 
 
-def refuse_step_changing_options(group, what):
+def refuse_step_changing_options(group, what, adamw=False):
     """An UnimplementedError when param group `group` (PyTorch's format; `what` names it)
     turns on one of PyTorch's options that would change the step: amsgrad, maximize,
-    decoupled_weight_decay."""
+    decoupled_weight_decay (but where the engine is `adamw`: newer PyTorch's AdamW is Adam
+    with it)."""
     for option in ("amsgrad", "maximize", "decoupled_weight_decay"):
+        if option == "decoupled_weight_decay" and adamw:
+            continue
         if group.get(option):
             raise errors.UnimplementedError(
                 f"zerort.torch: {what} sets {option}=True, which ZeroRT's optimizers do not "

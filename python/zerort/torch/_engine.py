@@ -709,9 +709,10 @@ class TorchEngine(DeepSpeedAPI, _checkpoint.CheckpointMethods, _gathered.Gathere
         engine's lrs back (engine.optimizer.step calls it)."""
         try:
             self.optimizer.push()
-        except errors.ZeroError:
-            # A value the engine refused (out of range): nothing stepped, and the window stays
-            # ended, so a step() after the value is put right steps it.
+        except Exception:
+            # A value the engine refused (out of range) or could not read (None, a key
+            # deleted): nothing stepped, and the window stays ended, so a step() after the
+            # value is put right steps it, and zero_grad() drops it.
             self._window_ended = True
             raise
         # Counted before the step: one that fails has still replaced the norm on the device.
@@ -871,25 +872,38 @@ class TorchEngine(DeepSpeedAPI, _checkpoint.CheckpointMethods, _gathered.Gathere
         self.close()
 
     def empty_partition_cache(self):
-        """DeepSpeed's: frees every stage-3 unit still gathered (after an eval pass or
-        generation); the next forward gathers what it needs. Between micro-batches only
-        (FailedPreconditionError inside one); nothing to do below stage 3."""
+        """DeepSpeed's: releases every stage-3 unit this package still holds gathered (a
+        forward that raised, a module whose backward never came); the next forward gathers
+        what it needs. Buffers the engine keeps for reuse within stage3.prefetch_elems stay
+        (memory_stats()["gathered"]). Between micro-batches and outside gathered() blocks
+        only (FailedPreconditionError otherwise); nothing to do below stage 3."""
         if self._units is None:
             return
-        if self._in_micro_batch or self._passes.open:
+        if self._in_micro_batch or self._passes.open or self._units.holding():
             raise errors.FailedPreconditionError(
-                "zerort.torch: empty_partition_cache() inside a micro-batch would free units "
-                "its backward gathers; call it after step() (or before the next forward)",
-                errors.FailedPreconditionError.status)
+                "zerort.torch: empty_partition_cache() inside a micro-batch or a gathered() "
+                "block would release units in use; call it after step() (or before the next "
+                "forward), outside gathered()", errors.FailedPreconditionError.status)
         self._units.release_all()
 
     def __getattr__(self, name):
         """As DeepSpeed's engine, a public attribute the engine does not have is the
-        module's (engine.generate(...), engine.config of a Hugging Face model)."""
+        module's (engine.generate(...), a model's own methods and attributes); a method of
+        the module that returns the module (engine.to(...), engine.half()) returns the
+        engine, so `engine = engine.to(device)` keeps it."""
         module = self.__dict__.get("module")
-        if module is None or name.startswith("_"):
-            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-        return getattr(module, name)
+        missing = AttributeError(f"{type(self).__name__!r} object (nor its module) has no "
+                                 f"attribute {name!r}")
+        if module is None or name.startswith("_") or not hasattr(module, name):
+            raise missing
+        value = getattr(module, name)
+        if not callable(value) or isinstance(value, torch.nn.Module):
+            return value
+
+        def method(*args, **kwargs):
+            result = value(*args, **kwargs)
+            return self if result is module else result
+        return method
 
     def close(self):
         """Frees the engine; the model keeps its params' last values (its own copies) and

@@ -41,6 +41,7 @@ block built it (a bf16/fp16 config casts the slices there). Classes defined insi
 the block are not covered. Non-float params, 0-dim ones and buffers are not sharded.
 """
 import contextlib
+import math
 import threading
 
 import torch
@@ -227,12 +228,14 @@ def init_context(comm=None, timeout_s=600.0):
 def refuse_lost_writes(module, comm, timeout):
     """initialize(): a FailedPreconditionError on every rank when some rank wrote in place
     into a sharded param of `module` after its block sharded it (nn.init.constant_, fill_ on
-    its placeholder are taken and would be lost). Collective where the module has sharded
-    params (on every rank alike: the block is collective)."""
+    its placeholder are taken and would be lost; through .data too, which moves no version
+    counter: the placeholder's one element is then no longer NaN). Collective where the
+    module has sharded params (on every rank alike: the block is collective)."""
     sharded = [(name, p) for name, p in module.named_parameters() if is_sharded(p)]
     if not sharded:
         return
-    written = [name for name, p in sharded if p._version != getattr(p, _VERSION, p._version)]
+    written = [name for name, p in sharded if p._version != getattr(p, _VERSION, p._version)
+               or not math.isnan(p.data.reshape(-1)[0].item())]  # p.data: no version moves
     anywhere = all_reduce(torch.tensor([float(len(written))]), "max", comm, timeout)
     if anywhere.item() == 0:
         return

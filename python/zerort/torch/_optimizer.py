@@ -134,6 +134,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
         self._warned_no_moments = False
         core_engine = engine.engine
         self._keys = _SGD_KEYS if _config.optimizer_type(config) == "sgd" else _ADAM_KEYS
+        self._adamw = _config.optimizer_type(config) == "adamw"
         optimizer = config.get("optimizer", {})
         overrides = param_groups.overrides or []
         count = core_engine.num_groups
@@ -217,7 +218,8 @@ class ZeroOptimizer(torch.optim.Optimizer):
         """See the class docstring (the param groups only; warns once)."""
         for index, group in enumerate(state_dict.get("param_groups", ())):
             _config.refuse_step_changing_options(
-                group, f"the state dict's param group {index} (load_state_dict; nothing loaded)")
+                group, f"the state dict's param group {index} (load_state_dict; nothing loaded)",
+                self._adamw)
         self._warn_no_moments("load_state_dict()")
         super().load_state_dict(state_dict)
 
@@ -244,7 +246,8 @@ class ZeroOptimizer(torch.optim.Optimizer):
         """Pushes the param groups' values that differ from the engine's (between steps)."""
         self._check_groups()
         for index, group in enumerate(self.param_groups):
-            _config.refuse_step_changing_options(group, f"engine.optimizer.param_groups[{index}]")
+            _config.refuse_step_changing_options(group, f"engine.optimizer.param_groups[{index}]",
+                                                 self._adamw)
             fields = _engine_fields(group, self._keys)
             known = self._known[index]
             if all(known[name] == value for name, value in fields.items()):

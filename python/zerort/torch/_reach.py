@@ -4,7 +4,8 @@ A bucket is reduced once every param in it has handed over its gradient. Under
 on_unused = "zero" a param that gets none (an idle expert of a mixture of experts, a branch
 this rank skipped) completes only at end_backward, so every bucket holding one waits, with
 its gradient buffer, until backward ends; with many such buckets the pool of buffers
-(buckets.pool_buffers) runs out mid-backward (ResourceExhaustedError). As DDP's
+(buckets.pool_buffers) runs short mid-backward and grows (buckets.grow_pool) toward one
+buffer per bucket. As DDP's
 find_unused_parameters: when a root forward ends, the autograd graph of its outputs is
 walked to the AccumulateGrad nodes it reaches; a registered param that no forward of the
 micro-batch reached is marked absent (zero_grad_absent: it contributes zeros)

@@ -481,6 +481,10 @@ class UnitGathering:
         """The sharded units of the params `pids` (sorted)."""
         return sorted({self._records[pid].unit for pid in pids} - self._persistent)
 
+    def holding(self):
+        """Whether a forward or a gathered() block holds some unit now."""
+        return any(count > 0 for count in self._holds.values())
+
     def hold(self, units):
         """Gathers `units` and keeps them until unhold(): a module's forward, a gathered()
         block; a module nested inside does not release them when its own forward ends."""

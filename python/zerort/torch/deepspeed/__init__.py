@@ -70,7 +70,8 @@ _CLIENT_OPTIMIZERS = (  # AdamW first: newer PyTorch makes it a subclass of Adam
 def add_config_arguments(parser):
     """deepspeed.add_config_arguments: adds DeepSpeed's command-line arguments to an
     argparse parser (--deepspeed, --deepspeed_config, and the deprecated --deepscale,
-    --deepscale_config) and returns it; initialize(args=args) reads args.deepspeed_config."""
+    --deepscale_config) and returns it; initialize(args=args) reads args.deepspeed_config
+    (or args.deepscale_config)."""
     group = parser.add_argument_group("DeepSpeed", "DeepSpeed configurations")
     group.add_argument("--deepspeed", default=False, action="store_true",
                        help="Enable DeepSpeed (helper flag for user code, no impact on DeepSpeed "
@@ -150,7 +151,10 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None,
 
 def _one_config(args, config, config_params):
     """The config given once, by `config`, `config_params` or `args.deepspeed_config`."""
-    from_args = getattr(args, "deepspeed_config", None) if args is not None else None
+    from_args = None
+    if args is not None:  # DeepSpeed reads the deprecated --deepscale_config where it is set
+        from_args = getattr(args, "deepspeed_config", None) or getattr(args, "deepscale_config",
+                                                                       None)
     given = [(name, value) for name, value in (("config", config),
                                                 ("config_params", config_params),
                                                 ("args.deepspeed_config", from_args))
