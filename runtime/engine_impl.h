@@ -306,11 +306,10 @@ class EngineImpl final : public Engine {
   base::Buffer step_scalars_;
   std::optional<float> last_grad_norm_;  // the last Step's norm, once on the host
   bool grad_norm_on_device_ = false;     // the last Step left its norm in step_scalars_ only
-  // ClipGradNorm's decision for the next Step: its max_norm, and the norm, overflow and
-  // gradient scale (in step_scalars_) it decided, which Step takes instead of summing the
-  // same gradients again (nothing can change them between the two).
+  // ClipGradNorm's decision for the next Step: the norm and overflow it found, with the
+  // gradient scale it left in step_scalars_, which Step takes instead of summing the same
+  // gradients again (nothing can change them between the two).
   struct DecidedClip {
-    float max_norm = 0.0f;
     float grad_norm = 0.0f;
     bool overflow = false;
   };

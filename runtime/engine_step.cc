@@ -34,7 +34,7 @@ StatusOr<StepInfo> EngineImpl::Step() {
   ZERO_RETURN_IF_ERROR(grads_->ZeroUnreduced());
   const double divisor = static_cast<double>(comm_.size()) * loss_scaler_.scale();
   const std::optional<DecidedClip> decided = step_clip_;
-  const float clip = decided ? decided->max_norm : config_.clip_grad_norm;
+  const float clip = config_.clip_grad_norm;  // unless ClipGradNorm decided this step's
   const bool norm_after_step = !decided && clip <= 0.0f && !ReadsNormOnHost() && optimizer_->squares_in_step();
   StepInfo info;
   bool overflow = false;
@@ -216,7 +216,7 @@ StatusOr<float> EngineImpl::ClipGradNorm(float max_norm) {
   float host[kStepScalars];
   ZERO_RETURN_IF_ERROR(ops_->Copy(host, scalars, sizeof host));
   ZERO_RETURN_IF_ERROR(RequireCompletedSum("ClipGradNorm"));
-  step_clip_ = DecidedClip{clip, host[kGradNorm], !std::isfinite(host[kSqNorm])};
+  step_clip_ = DecidedClip{host[kGradNorm], !std::isfinite(host[kSqNorm])};
   return host[kGradNorm];
 }
 
