@@ -293,3 +293,26 @@ def test_a_scripts_argument_parser_the_modules_attributes_and_deepspeeds_engine_
     engine.destroy()
     assert engine.closed
     comm.close()
+
+
+def test_deepspeed_comm_answers_ranks_from_the_launcher_and_is_torch_distributed(monkeypatch):
+    """`import deepspeed.comm as dist` becomes `from zerort.torch.deepspeed import comm as
+    dist`: get_rank(), get_world_size() and get_local_rank() answer from the launcher before
+    any group is set up (0 of 1 for a process started alone); the collectives are
+    torch.distributed's; a name neither has is named."""
+    from zerort.torch.deepspeed import comm as dist
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "OMPI_COMM_WORLD_RANK",
+                 "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "PMI_RANK", "PMI_SIZE",
+                 "PMIX_RANK", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID",
+                 "MPI_LOCALRANKID", "MV2_COMM_WORLD_LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    assert not dist.is_initialized()
+    assert (dist.get_rank(), dist.get_world_size(), dist.get_local_rank()) == (0, 1, 0)
+    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "5")
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "7")
+    monkeypatch.setenv("OMPI_COMM_WORLD_LOCAL_RANK", "1")
+    assert (dist.get_rank(), dist.get_world_size(), dist.get_local_rank()) == (5, 7, 1)
+    assert deepspeed.comm is dist and deepspeed.init_distributed is dist.init_distributed
+    assert dist.all_reduce is torch.distributed.all_reduce and dist.ReduceOp.SUM is not None
+    with pytest.raises(AttributeError, match="log_summary"):
+        dist.log_summary()

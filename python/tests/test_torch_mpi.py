@@ -161,6 +161,34 @@ def test_init_distributed_gives_torch_distributed_the_mpi_ranks():
         torch.distributed.destroy_process_group()
 
 
+def test_deepspeed_initialize_sets_torch_distributed_up_over_the_mpi_ranks():
+    """deepspeed.initialize() with the launcher's ranks under mpirun sets torch.distributed's
+    default group up, as DeepSpeed's does: the script's deepspeed.comm (and torch.distributed)
+    calls see the engine's ranks; dist_init_required=False leaves it alone."""
+    from zerort.torch import deepspeed
+    from zerort.torch.deepspeed import comm as dist
+    config = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 2},
+              "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}}
+    world = int(os.environ["OMPI_COMM_WORLD_SIZE"])
+    rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
+    assert (dist.get_rank(), dist.get_world_size()) == (rank, world)  # the launcher's
+    engine, *_ = deepspeed.initialize(model=TinyLM(), config=config, dist_init_required=False)
+    assert not dist.is_initialized()
+    engine.close()
+    engine, *_ = deepspeed.initialize(model=TinyLM(), config=config)
+    try:
+        assert dist.is_initialized() and torch.distributed.is_initialized()
+        assert (dist.get_rank(), dist.get_world_size()) == (engine.rank, engine.world_size)
+        assert (engine.rank, engine.world_size) == (rank, world)
+        loss = torch.tensor([float(rank + 1)])
+        dist.all_reduce(loss, op=dist.ReduceOp.SUM)
+        assert loss.item() == world * (world + 1) / 2
+        dist.barrier()
+    finally:
+        engine.close()
+        torch.distributed.destroy_process_group()
+
+
 def test_frozen_state_of_another_shape_on_one_rank_is_named():
     """A buffer whose shape differs on rank 1 (and 2): every rank raises, naming the buffer
     with both shapes, instead of broadcasting rank 0's bytes into it."""

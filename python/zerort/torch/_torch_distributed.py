@@ -68,7 +68,7 @@ def _rank_zero_address(port):
     return host, port
 
 
-def _local_rank():
+def launcher_local_rank():
     """This process's rank on its host as the launcher says it (OpenMPI, MPICH/Hydra, Slurm,
     MVAPICH), or None."""
     for name in ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID",
@@ -116,7 +116,7 @@ def init_torch_distributed(comm=None, backend=None, port=29500,
     finally:
         if own:
             comm.close()
-    local_rank = _local_rank()
+    local_rank = launcher_local_rank()
     for name, value in (("RANK", rank), ("WORLD_SIZE", world), ("MASTER_ADDR", host),
                         ("MASTER_PORT", chosen), ("LOCAL_RANK", local_rank)):
         if value is not None:

@@ -21,14 +21,17 @@ What DeepSpeed takes, ZeroRT takes the same way:
 - `training_data`: a torch Dataset, returned as a DataLoader of the config's
   train_micro_batch_size_per_gpu over this rank's share (a DistributedSampler, as DeepSpeed's
   loader), with `collate_fn`;
-- `dist_init_required` is accepted and has nothing to do: ZeroRT takes its ranks itself (under
-  mpirun each process is its MPI rank; under torchrun torch.distributed is initialised from
-  the launcher's environment). `mpu` (model parallelism) is not supported.
+- `dist_init_required`: as DeepSpeed's, None or True sets torch.distributed's default group
+  up over the engine's ranks when it is not (init_distributed()), for the script's own
+  torch.distributed and deepspeed.comm calls; False leaves it. `mpu` (model parallelism) is
+  not supported.
 `comm`, which DeepSpeed has not, picks the ranks as in zerort.torch.initialize (None: the
-launcher's: torch.distributed's under torchrun, else this process's MPI rank).
+launcher's: torch.distributed's under torchrun, else this process's MPI rank); with a
+communicator given, torch.distributed is left alone (its ranks may be threads of one process).
 
 `deepspeed.init_distributed()` sets torch.distributed's default group up over the same
-ranks, for the script's own torch.distributed calls (_torch_distributed.py).
+ranks on its own (_torch_distributed.py), and `deepspeed.comm` (comm.py) is DeepSpeed's comm
+module over torch.distributed.
 
 The script's other DeepSpeed calls keep their names: `deepspeed.zero.Init` (init_context;
 `comm` as initialize's), `deepspeed.zero.GatheredParameters`
@@ -42,19 +45,17 @@ load_state_dict_from_zero_checkpoint (_consolidated.py). `zero` and `utils` are 
 this package, so imports keep their shape too:
 `from zerort.torch.deepspeed.zero import GatheredParameters`.
 """
-import datetime
-
 import torch
 
 from ... import core, errors
 from .._config import TORCH_OPTIONS
-from .._deepspeed_api import refuse_unless_default
 from .._engine import TorchEngine
 from .._torch_communicator import default_communicator
 from .._torch_distributed import init_torch_distributed
 from . import utils, zero
+from .comm import init_distributed
 
-__all__ = ["add_config_arguments", "init_distributed", "initialize", "utils", "zero"]
+__all__ = ["add_config_arguments", "comm", "init_distributed", "initialize", "utils", "zero"]
 
 # The client optimizers ZeroRT steps itself: the class, ZeroRT's type, DeepSpeed's type with
 # the params that make it that optimizer, and the group keys that carry over.
@@ -92,7 +93,6 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None,
     """(engine, engine.optimizer, a DataLoader of `training_data` or None, the lr scheduler or
     None), as deepspeed.initialize returns them; see the module's comment for each argument.
     """
-    del dist_init_required  # nothing to initialize: see the module's comment
     if model is None:
         raise errors.InvalidArgumentError("zerort.torch.deepspeed.initialize: model is required")
     if mpu is not None:
@@ -138,6 +138,8 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None,
                 f"builds a scheduler from an optimizer, not a {type(lr_scheduler).__name__}")
     if comm is None:
         comm = default_communicator(raw)
+        if dist_init_required is not False and torch.distributed.is_available():
+            init_torch_distributed(comm, port=0)  # DeepSpeed's default: for the script's calls
     engine = TorchEngine(model, raw, comm, model_parameters=model_parameters)
     if lr_scheduler is not None and hasattr(lr_scheduler, "optimizer"):
         engine.drive_lr_scheduler(_rebound(lr_scheduler, engine.optimizer))
@@ -247,23 +249,3 @@ def _data_loader(engine, dataset, collate_fn, raw):
     return torch.utils.data.DataLoader(dataset, batch_size=micro, sampler=sampler,
                                        collate_fn=collate_fn,
                                        drop_last=bool(raw.get("dataloader_drop_last", False)))
-
-
-def init_distributed(dist_backend=None, auto_mpi_discovery=True, distributed_port=29500,
-                     verbose=True, timeout=datetime.timedelta(minutes=30), init_method=None,
-                     dist_init_required=None, config=None, rank=-1, world_size=-1, comm=None):
-    """deepspeed.init_distributed: torch.distributed's default group over ZeroRT's ranks
-    (`comm`, None: under torchrun the launcher's environment, else this process's MPI rank),
-    so the script's own torch.distributed calls work under mpirun too
-    (_torch_distributed.py). Nothing when torch.distributed is set up already, or when
-    dist_init_required is False. `init_method`, `rank` and `world_size` (a group of other
-    ranks) are named as unsupported: the group's ranks are the launcher's."""
-    del auto_mpi_discovery, verbose, config  # the launcher is where the ranks come from
-    refuse_unless_default("deepspeed.init_distributed", {
-        "init_method": init_method, "rank": rank, "world_size": world_size}, {
-        "init_method": (None, "the group's ranks are the launcher's (mpirun's or torchrun's)"),
-        "rank": (-1, "the group's ranks are the launcher's (mpirun's or torchrun's)"),
-        "world_size": (-1, "the group's ranks are the launcher's (mpirun's or torchrun's)")})
-    if dist_init_required is False:
-        return
-    init_torch_distributed(comm, dist_backend, distributed_port, timeout)
