@@ -310,6 +310,11 @@ zero_status zero_release_until_backward(zero_engine* engine, int unit) try {
   return Report(engine->engine->ReleaseUntilBackward(unit));
 } ZERO_C_CATCH("zero_release_until_backward")
 
+zero_status zero_release_cached_units(zero_engine* engine) try {
+  ZERO_C_REQUIRE(engine, "zero_release_cached_units");
+  return Report(engine->engine->ReleaseCachedUnits());
+} ZERO_C_CATCH("zero_release_cached_units")
+
 zero_status zero_gathered_place(const zero_engine* engine, int64_t id, int* unit, int64_t* offset_bytes,
                                 int64_t* unit_bytes, int* persistent) try {
   ZERO_C_REQUIRE(engine, "zero_gathered_place");

@@ -356,6 +356,12 @@ Status EngineImpl::ReleaseUntilBackward(int unit) {
   return params_->Release(unit, /*may_keep=*/true);
 }
 
+Status EngineImpl::ReleaseCachedUnits() {
+  ZERO_RETURN_IF_ERROR(RequireHealthyGroup("ReleaseCachedUnits"));
+  if (phase_ == Phase::kRegistering) return RequirePhase(Phase::kIdle, "ReleaseCachedUnits");
+  return params_->ReleaseUnheld();
+}
+
 StatusOr<GatheredPlace> EngineImpl::GatheredPlaceOf(ParamId id) const {
   if (phase_ == Phase::kRegistering) return RequirePhase(Phase::kIdle, "GatheredPlaceOf");
   ZERO_RETURN_IF_ERROR(CheckParamId(id, "GatheredPlaceOf"));

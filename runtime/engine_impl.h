@@ -64,6 +64,7 @@ class EngineImpl final : public Engine {
   Status Gather(int unit) override;
   Status Release(int unit) override;
   Status ReleaseUntilBackward(int unit) override;
+  Status ReleaseCachedUnits() override;
   StatusOr<GatheredPlace> GatheredPlaceOf(ParamId id) const override;
   Status LendGatheredMemory(GatheredMemoryLender lender) override;
   Status SyncReplicas() override;

@@ -67,6 +67,8 @@ class ParamStore {
   /// trainer wrote no param), keeping it gathered when the recorded order gathers it again
   /// soon. A no-op at stages 0-2 and for persistent units.
   virtual Status Release(int unit, bool may_keep) = 0;
+  /// Engine::ReleaseCachedUnits: frees the gathered units nobody holds and the spare buffers.
+  virtual Status ReleaseUnheld() { return absl::OkStatus(); }
   /// Stage 3: where `param`'s values sit in its unit's gathered memory.
   virtual StatusOr<GatheredPlace> Place(int param) const = 0;
   /// Stage 3: gathered units in memory `lender` lends from now on (Engine::LendGatheredMemory).

@@ -95,6 +95,12 @@ class ShardedParams final : public ParamStore {
   Status Gather(int unit) override;
   Status Release(int unit, bool may_keep) override;
 
+  Status ReleaseUnheld() override {
+    const Status dropped = DropPrefetched();
+    spares_.clear();
+    return dropped;
+  }
+
   StatusOr<GatheredPlace> Place(int param) const override {
     const Bucket& b = plan_.buckets()[plan_.placement(param).bucket];
     GatheredPlace place;

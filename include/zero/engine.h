@@ -229,6 +229,14 @@ class Engine {
   /// first, the one gathered again last first. The trainer must not write into the unit's ParamData views until it
   /// gathers it again (SetParam and Step keep a kept unit right).
   virtual Status ReleaseUntilBackward(int unit) = 0;
+  /// Stage 3: frees every gathered unit the trainer does not hold: units prefetched for
+  /// gathers still to come (after their all-gathers end), units ReleaseUntilBackward kept, and
+  /// the buffers Release kept for reuse, as DeepSpeed's empty_partition_cache (before an eval
+  /// or a generation pass that needs the memory, or at the end of training). Units gathered and
+  /// not released stay. Later gathers of the freed units gather on demand, so every rank calls
+  /// it at the same point of its calls (ranks whose gathers then differ fail naming both
+  /// units). A no-op at stages 0-2.
+  virtual Status ReleaseCachedUnits() = 0;
 
   /// Stage 3: where `id`'s values sit in its unit's gathered memory (GatheredPlace). After
   /// Finalize; kFailedPrecondition below stage 3.

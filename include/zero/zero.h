@@ -280,6 +280,10 @@ ZERO_API zero_status zero_release(zero_engine* engine, int unit);
  *  stays gathered for that backward (Engine::ReleaseUntilBackward); write nothing into its
  *  views until the next zero_gather of it. zero_release always frees. */
 ZERO_API zero_status zero_release_until_backward(zero_engine* engine, int unit);
+/** Stage 3: frees every gathered unit the trainer does not hold (prefetched, kept for
+ *  backward, buffers kept for reuse), as DeepSpeed's empty_partition_cache; every rank calls it
+ *  at the same point (Engine::ReleaseCachedUnits). ZERO_OK at stages 0-2. */
+ZERO_API zero_status zero_release_cached_units(zero_engine* engine);
 /** Stage 3: where param `id`'s values sit in its unit's gathered memory: the unit, the byte
  *  offset, the unit's gathered bytes, and whether the unit is persistent (held by the engine,
  *  never lent). ZERO_FAILED_PRECONDITION below stage 3. */

@@ -264,8 +264,8 @@ def test_a_scripts_argument_parser_the_modules_attributes_and_deepspeeds_engine_
     """deepspeed.add_config_arguments(parser) gives args that initialize(args=...) reads; the
     engine passes an attribute it does not have to the module (engine.generate, as
     DeepSpeed's; a method returning the module returns the engine); destroy() closes it;
-    empty_partition_cache() is refused inside a micro-batch or a gathered() block, and the
-    next step trains on after it."""
+    empty_partition_cache() is refused inside a micro-batch or a gathered() block, frees what
+    an eval forward left gathered, and the next step trains on after it."""
     parser = deepspeed.add_config_arguments(argparse.ArgumentParser())
     args = parser.parse_args(["--deepspeed", "--deepspeed_config", "ds.json"])
     assert args.deepspeed and args.deepspeed_config == "ds.json" and not args.deepscale
@@ -288,6 +288,11 @@ def test_a_scripts_argument_parser_the_modules_attributes_and_deepspeeds_engine_
         with pytest.raises(zerort.FailedPreconditionError, match="gathered"):
             engine.empty_partition_cache()
     engine.empty_partition_cache()
+    with torch.no_grad():  # an eval forward: the engine prefetched the backward's units
+        loss_of(model, *batch(2))
+    assert engine.memory_stats()["gathered"][0] > 0
+    engine.empty_partition_cache()
+    assert engine.memory_stats()["gathered"][0] == 0
     engine.backward(loss_of(model, *batch(1)))
     engine.step()
     engine.destroy()

@@ -132,6 +132,7 @@ _PROTOTYPES = {
                                   ctypes.c_int),
     "zero_release": ([ctypes.c_void_p, ctypes.c_int], ctypes.c_int),
     "zero_release_until_backward": ([ctypes.c_void_p, ctypes.c_int], ctypes.c_int),
+    "zero_release_cached_units": ([ctypes.c_void_p], ctypes.c_int),
     "zero_save_checkpoint": ([ctypes.c_void_p, ctypes.c_char_p], ctypes.c_int),
     "zero_save_checkpoint_tagged": ([ctypes.c_void_p, ctypes.c_char_p, ctypes.c_char_p],
                                     ctypes.c_int),

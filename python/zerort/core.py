@@ -742,6 +742,12 @@ class Engine:
         _check(library().zero_release_until_backward(self._handle, unit),
                "zero_release_until_backward")
 
+    def release_cached_units(self):
+        """Stage 3: frees every gathered unit nobody holds (prefetched, kept for backward,
+        buffers kept for reuse), as DeepSpeed's empty_partition_cache; every rank calls it at
+        the same point. Nothing at stages 0-2."""
+        _check(library().zero_release_cached_units(self._handle), "zero_release_cached_units")
+
     def save_checkpoint(self, directory, tag=None):
         """Saves this rank's part of a checkpoint (every rank calls it). With a tag: into
         directory/tag, then directory/latest names it and only the newest

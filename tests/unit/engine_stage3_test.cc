@@ -1,6 +1,6 @@
 // Stage 3 on in-process ranks: memory against the table with a bounded gathered window,
 // prefetch along the recorded order, a changed control flow that drops the trace and stays
-// correct, and views of params whose unit is not gathered.
+// correct, views of params whose unit is not gathered, and releasing the cached units.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -400,6 +400,91 @@ TEST(EngineStage3, RanksReleasingAUnitAtDifferentPointsOfABackwardGatherTheSame)
     return absl::OkStatus();
   });
   for (const Status& s : results) EXPECT_THAT(s, IsOk());
+}
+
+// ReleaseCachedUnits (DeepSpeed's empty_partition_cache) frees what an eval pass leaves
+// gathered (the forward prefetches the backward that never comes; a plain step leaves the
+// buffers Release keeps for reuse) while a unit the trainer holds stays gathered with valid
+// views, on 3 ranks; the training after it equals a run without it, bit for bit. A no-op at
+// stage 2.
+TEST(EngineStage3, ReleasingCachedUnitsFreesWhatAnEvalPassLeftGatheredAndTrainsTheSame) {
+  constexpr int kWorld = 3, kUnits = 4, kSteps = 4;
+  constexpr int64_t kElems = 700;
+  struct Run {
+    int64_t gathered_after_eval = 0, gathered_after_release = 0, gathered_while_held = 0;
+    std::vector<std::vector<float>> params;
+  };
+  auto train = [&](bool release_cached) {
+    std::vector<Run> runs(kWorld);
+    const std::vector<Status> results = RunOnRanks(kWorld, [&](int r, comm::Communicator& comm) -> Status {
+      Config config = ToyConfig(3);
+      config.stage3.persistence_threshold = 0;
+      ZERO_ASSIGN_OR_RETURN(auto e, Engine::Create(config, comm));
+      for (int u = 0; u < kUnits; ++u) {
+        ZERO_RETURN_IF_ERROR(e->RegisterParam({"p" + std::to_string(u), {kElems}, DType::kFP32, true, 0, u}).status());
+      }
+      ZERO_RETURN_IF_ERROR(e->Finalize());
+      std::vector<float> grad(kElems);
+      auto eval_forward = [&]() -> Status {
+        for (int u = 0; u < kUnits; ++u) {
+          ZERO_RETURN_IF_ERROR(e->Gather(u));
+          ZERO_RETURN_IF_ERROR(e->Release(u));
+        }
+        return absl::OkStatus();
+      };
+      for (int step = 0; step < kSteps; ++step) {
+        for (int u = 0; u < kUnits; ++u) {  // forward, its backward to follow
+          ZERO_RETURN_IF_ERROR(e->Gather(u));
+          ZERO_RETURN_IF_ERROR(e->ReleaseUntilBackward(u));
+        }
+        ZERO_RETURN_IF_ERROR(e->BeginIteration());
+        for (int u = kUnits - 1; u >= 0; --u) {  // backward
+          ZERO_RETURN_IF_ERROR(e->Gather(u));
+          for (int64_t i = 0; i < kElems; ++i) grad[i] = std::sin(0.01f * (i + 1) * (u + 1) + step + r);
+          ZERO_RETURN_IF_ERROR(e->AccumulateGrad(u, grad.data()));
+          ZERO_RETURN_IF_ERROR(e->Release(u));
+        }
+        ZERO_RETURN_IF_ERROR(e->EndBackward());
+        ZERO_RETURN_IF_ERROR(e->Step().status());
+        ZERO_RETURN_IF_ERROR(eval_forward());
+        if (step == 1) runs[r].gathered_after_eval = e->GetMemoryStats().Current(MemoryCategory::kGathered);
+        if (!release_cached) continue;
+        ZERO_RETURN_IF_ERROR(e->ReleaseCachedUnits());
+        if (step == 1) runs[r].gathered_after_release = e->GetMemoryStats().Current(MemoryCategory::kGathered);
+        if (step != 2) continue;
+        ZERO_RETURN_IF_ERROR(e->Gather(0));  // a unit held across the call stays gathered
+        ZERO_RETURN_IF_ERROR(eval_forward());
+        ZERO_RETURN_IF_ERROR(e->ReleaseCachedUnits());
+        runs[r].gathered_while_held = e->GetMemoryStats().Current(MemoryCategory::kGathered);
+        ZERO_ASSIGN_OR_RETURN(void* view, e->ParamData(0));
+        std::vector<float> held(kElems), full(kElems);
+        std::copy_n(static_cast<const float*>(view), kElems, held.begin());
+        ZERO_RETURN_IF_ERROR(e->Release(0));
+        ZERO_RETURN_IF_ERROR(e->GetParam(0, full.data()));
+        if (held != full) return absl::InternalError("the held unit's view lost its values");
+      }
+      runs[r].params.resize(kUnits, std::vector<float>(kElems));
+      for (int u = 0; u < kUnits; ++u) ZERO_RETURN_IF_ERROR(e->GetParam(u, runs[r].params[u].data()));
+      return absl::OkStatus();
+    });
+    EXPECT_THAT(results, ::testing::Each(IsOk()));
+    return runs;
+  };
+  const std::vector<Run> released = train(true), kept = train(false);
+  if (HasFailure()) return;
+  const int64_t unit_bytes = 768 * 4;  // 700 elements padded to a multiple of 3 × 128
+  for (int r = 0; r < kWorld; ++r) {
+    EXPECT_GT(released[r].gathered_after_eval, 0) << "the eval pass left nothing gathered to free";
+    EXPECT_EQ(released[r].gathered_after_release, 0) << "rank " << r;
+    EXPECT_EQ(released[r].gathered_while_held, unit_bytes) << "rank " << r << ": only the held unit stays";
+    EXPECT_EQ(released[r].params, kept[r].params) << "rank " << r << " trained differently";
+  }
+  auto group = comm::CreateLocalGroup(1);
+  auto stage2 = Engine::Create(ToyConfig(2), *(*group)[0]);
+  ASSERT_THAT(stage2, IsOk());
+  ASSERT_THAT((*stage2)->RegisterParam({"w", {kElems}, DType::kFP32, true}), IsOk());
+  ASSERT_THAT((*stage2)->Finalize(), IsOk());
+  EXPECT_THAT((*stage2)->ReleaseCachedUnits(), IsOk());
 }
 
 }  // namespace

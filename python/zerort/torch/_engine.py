@@ -872,11 +872,14 @@ class TorchEngine(DeepSpeedAPI, _checkpoint.CheckpointMethods, _gathered.Gathere
         self.close()
 
     def empty_partition_cache(self):
-        """DeepSpeed's: releases every stage-3 unit this package still holds gathered (a
-        forward that raised, a module whose backward never came); the next forward gathers
-        what it needs. Buffers the engine keeps for reuse within stage3.prefetch_elems stay
-        (memory_stats()["gathered"]). Between micro-batches and outside gathered() blocks
-        only (FailedPreconditionError otherwise); nothing to do below stage 3."""
+        """DeepSpeed's: frees every stage-3 unit left gathered, before an eval or generation
+        pass that needs the memory or at the end of training: those this package still
+        holds (a forward that raised, a module whose backward never came) and those the
+        engine prefetched or kept for gathers still to come (an eval forward's prefetch of
+        the backward that never came); on a GPU, PyTorch's cached blocks go back to the
+        device too (torch.cuda.empty_cache(), as DeepSpeed's). The next forward gathers what
+        it needs. Every rank calls it at the same point, between micro-batches and outside
+        gathered() blocks (FailedPreconditionError otherwise); nothing to do below stage 3."""
         if self._units is None:
             return
         if self._in_micro_batch or self._passes.open or self._units.holding():
@@ -885,6 +888,10 @@ class TorchEngine(DeepSpeedAPI, _checkpoint.CheckpointMethods, _gathered.Gathere
                 "block would release units in use; call it after step() (or before the next "
                 "forward), outside gathered()", errors.FailedPreconditionError.status)
         self._units.release_all()
+        with every_rank_calls("empty_partition_cache()"):
+            self._engine.release_cached_units()
+        if self._torch_device.type == "cuda":
+            torch.cuda.empty_cache()
 
     def __getattr__(self, name):
         """As DeepSpeed's engine, a public attribute the engine does not have is the
