@@ -1,7 +1,8 @@
 /* The C ABI's lending calls as a C trainer makes them, on one in-process rank:
  * zero_lend_grad (the step reads the gradient where it is; SGD with lr 1 moves each param by
  * exactly minus its gradient), and at stage 3 zero_gathered_place with
- * zero_lend_gathered_memory (a gather writes into the trainer's memory, given back at release).
+ * zero_lend_gathered_memory (a gather writes into the trainer's memory, given back at release,
+ * or at zero_release_cached_units for a unit kept for a backward).
  * Exits 0 when every check holds, 1 naming the first that does not. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -117,12 +118,19 @@ static void LentGatheredMemory(zero_comm* comm) {
     CHECK_OK(zero_end_backward(engine));
     CHECK_OK(zero_step(engine, &info));
   }
+  /* A unit kept for a backward that never comes (an eval forward) goes back at
+   * zero_release_cached_units, as DeepSpeed's empty_partition_cache frees it. */
+  CHECK_OK(zero_gather(engine, 0));
+  CHECK_OK(zero_release_until_backward(engine, 0));
+  CHECK(lender.give_backs == 4, "kept for backward: %d give-backs", lender.give_backs);
+  CHECK_OK(zero_release_cached_units(engine));
+  CHECK(lender.give_backs == 5, "released cached units: %d give-backs", lender.give_backs);
   CHECK(zero_release_until_backward(engine, 0) == ZERO_FAILED_PRECONDITION, "a unit not gathered: %s",
         zero_last_error());
   /* Destroying the engine while a unit is gathered gives nothing back: the memory is ours. */
   CHECK_OK(zero_gather(engine, 0));
   zero_engine_destroy(engine);
-  CHECK(lender.give_backs == 4 && lender.memory[0] != NULL, "given back at destruction");
+  CHECK(lender.give_backs == 5 && lender.memory[0] != NULL, "given back at destruction");
   free(lender.memory[0]);
 }
 
