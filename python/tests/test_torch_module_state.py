@@ -239,3 +239,72 @@ def test_zero_ckpt_consolidate_writes_a_tied_param_under_every_name(stage, tmp_p
         assert torch.equal(consolidated[name], state[name].float()), name
     missing, unexpected = plain.load_state_dict(consolidated, strict=False)
     assert not unexpected and all("weight" not in name and "bias" not in name for name in missing)
+
+
+def pretrained_state():
+    """A state dict of Tied with other values than Tied() builds: params, running
+    statistics, and the frozen projection."""
+    model = Tied()
+    generator = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(0.25 * torch.randn(param.shape, generator=generator))
+        model.norm.running_mean.uniform_(-1, 1, generator=generator)
+        model.norm.running_var.uniform_(0.5, 2, generator=generator)
+    return model.state_dict()
+
+
+@pytest.mark.parametrize("stage", [0, 2, 3])
+def test_load_module_state_dict_loads_a_pretrained_model_into_the_engine(stage):
+    """engine.load_module_state_dict(state_dict) on 3 ranks: every name (tied, frozen,
+    buffers, extra state) holds the loaded values, and training goes on exactly as from a
+    model built with them (the fp32 masters took them); DeepSpeed's {"module": ...} form;
+    missing and unexpected keys as PyTorch's strict and non-strict load name them; at stage 3
+    model.load_state_dict() names the way."""
+    world, pretrained = 3, pretrained_state()
+    config = {"stage": stage, "optimizer": OPTIMIZER, "stage3": {"persistence_threshold": 0},
+              "guard": {"timeout_s": 30}}
+    loaded_models = [Tied() for _ in range(world)]
+    built_models = [Tied() for _ in range(world)]
+    for model in built_models:
+        model.load_state_dict(pretrained)
+
+    def loaded(rank, comm):
+        model = loaded_models[rank]
+        engine = zerort.torch.initialize(model, config, comm)
+        keys = engine.load_module_state_dict({"module": pretrained} if rank else pretrained)
+        assert keys.missing_keys == [] and keys.unexpected_keys == []
+        state = engine.module_state_dict()
+        assert model.loaded_extra_state == {"amax": 3.0}
+        partial = {name: value for name, value in pretrained.items() if name != "norm.bias"}
+        partial["extra.weight"] = torch.zeros(2)
+        with pytest.raises(RuntimeError) as raised:
+            engine.load_module_state_dict(partial)
+        assert all(part in str(raised.value) for part in (
+            'Unexpected key(s) in state_dict: "extra.weight"',
+            'Missing key(s) in state_dict: "norm.bias"')), str(raised.value)
+        keys = engine.load_module_state_dict(partial, strict=False)
+        assert (keys.missing_keys, keys.unexpected_keys) == (["norm.bias"], ["extra.weight"])
+        if stage == 3:
+            with pytest.raises(zerort.FailedPreconditionError, match="load_module_state_dict"):
+                model.load_state_dict(pretrained)
+        train_steps(model, engine, 2, rank, first=1)
+        result = engine.module_state_dict()
+        engine.close()
+        return state, result
+
+    def built(rank, comm):
+        model = built_models[rank]
+        engine = zerort.torch.initialize(model, config, comm)
+        train_steps(model, engine, 2, rank, first=1)
+        result = engine.module_state_dict()
+        engine.close()
+        return result
+
+    reference = run_ranks(world, built)
+    for rank, (state, result) in enumerate(run_ranks(world, loaded)):
+        for name, value in pretrained.items():
+            assert name == "_extra_state" or torch.equal(state[name], value), (rank, name)
+        for name, value in reference[rank].items():
+            if isinstance(value, torch.Tensor):
+                assert torch.equal(result[name], value), (rank, name)

@@ -201,6 +201,62 @@ class CheckpointMethods:
             "`with zerort.torch.gathered(list(model.parameters())):` with model.state_dict().",
             errors.FailedPreconditionError.status)
 
+    def load_module_state_dict(self, checkpoint, strict=True, custom_load_fn=None,
+                               fetch_z3_params=False):
+        """Loads a full state dict (a pretrained model's, module_state_dict()'s, a file of
+        model.state_dict()) into the model, as model.load_state_dict(checkpoint, strict)
+        would, at every stage: one module at a time, inside gathered(its own params,
+        modifier_rank=0), so at stage 3 no rank holds more than one module's params whole
+        (a frozen LoRA base too), and the engine takes the values (fp32 masters, moments
+        kept). `checkpoint` is the state dict, or DeepSpeed's checkpoint dict holding it
+        under "module". Collective: every rank calls it with the same state dict (rank 0's
+        param values are the ones loaded; each rank loads its own buffers), between steps.
+        Returns PyTorch's (missing_keys, unexpected_keys); with `strict`, either raises on
+        every rank, as PyTorch's, after the keys that match are loaded. DeepSpeed's
+        `fetch_z3_params` is accepted (gathering is what this does); `custom_load_fn` is
+        named as unsupported."""
+        refuse_unless_default("load_module_state_dict", {"custom_load_fn": custom_load_fn}, {
+            "custom_load_fn": (None, "load the module's params with the state dict itself")})
+        del fetch_z3_params  # every module's params are gathered, one module at a time
+        self._check_model("load_module_state_dict()")
+        state_dict = checkpoint
+        if isinstance(checkpoint, dict) and isinstance(checkpoint.get("module"), dict):
+            state_dict = checkpoint["module"]  # DeepSpeed's checkpoint dict
+        metadata = getattr(state_dict, "_metadata", None)
+        missing, unexpected, messages = [], [], []
+        if self._units is not None:
+            self._units.refuse_state_dict = False  # the model's pre-hook: loaded gathered here
+        try:
+            with every_rank_calls("load_module_state_dict()"):
+                self._load_module(self.module, state_dict, "", metadata,
+                                  (missing, unexpected, messages))
+        finally:
+            if self._units is not None:
+                self._units.refuse_state_dict = True
+        if strict:
+            messages[:0] = (["Unexpected key(s) in state_dict: " + ", ".join(
+                f'"{key}"' for key in unexpected)] if unexpected else []) + (
+                ["Missing key(s) in state_dict: " + ", ".join(
+                    f'"{key}"' for key in missing)] if missing else [])
+        if messages:
+            raise RuntimeError(f"Error(s) in loading state_dict for "
+                               f"{type(self.module).__name__}:\n\t" + "\n\t".join(messages))
+        return torch.nn.modules.module._IncompatibleKeys(missing, unexpected)
+
+    def _load_module(self, module, state_dict, prefix, metadata, found):
+        """load_module_state_dict() for `module` (its own params gathered) and its subtree;
+        `found`: PyTorch's (missing keys, unexpected keys, error messages) lists."""
+        local_metadata = {} if metadata is None else metadata.get(prefix[:-1], {})
+        own = [param for param in module._parameters.values() if param is not None]
+        with self.gathered(own, modifier_rank=0) if own else contextlib.nullcontext():
+            module._load_from_state_dict(state_dict, prefix, local_metadata, True, *found)
+        for name, child in module._modules.items():
+            if child is not None:
+                self._load_module(child, state_dict, prefix + name + ".", metadata, found)
+        keys = torch.nn.modules.module._IncompatibleKeys(*found[:2])
+        for hook in getattr(module, "_load_state_dict_post_hooks", {}).values():
+            hook(module, keys)
+
     def _zero3_consolidated_16bit_state_dict(self, exclude_frozen_parameters=False):
         """DeepSpeed's name for module_state_dict(), which Accelerate calls."""
         return self.module_state_dict(exclude_frozen_parameters)

@@ -160,8 +160,9 @@ _SAVE_WAYS = ("a file saved from it would not load. Use engine.module_state_dict
               "loadable by model.load_state_dict()) or engine.save_16bit_model(dir), or "
               "engine.save_checkpoint() to resume; or read inside `with "
               "zerort.torch.gathered(params):`")
-_LOAD_WAYS = ("load inside `with zerort.torch.gathered(params, modifier_rank=0):` (every rank "
-              "enters it; rank 0's values reach every rank), or resume with "
+_LOAD_WAYS = ("load it with engine.load_module_state_dict(state_dict) (every rank calls it; one "
+              "module gathered at a time, rank 0's values reach every rank), or inside `with "
+              "zerort.torch.gathered(params, modifier_rank=0):`, or resume with "
               "engine.load_checkpoint()")
 
 
@@ -282,7 +283,8 @@ class UnitGathering:
         self.handles.append(watch(module, [param for param, _ in sharded], self._read_released))
         # model.state_dict() and load_state_dict() between uses: an error naming the way,
         # not a file that cannot be loaded or a write into an empty storage.
-        # (refuse_state_dict False: engine.module_state_dict(), which replaces them)
+        # (refuse_state_dict False: engine.module_state_dict() and load_module_state_dict(),
+        # which replace them)
         self.refuse_state_dict = True
         self.handles.append(module._register_state_dict_hook(EngineHook(
             lambda _module, state_dict, prefix, _metadata: self._refuse_released_in(
@@ -292,7 +294,7 @@ class UnitGathering:
             lambda *args: self._refuse_released_in(
                 {name: self._param_named(name[len(args[1]):]) for name in args[0]
                  if name.startswith(args[1])}, "", "model.load_state_dict() would write",
-                _LOAD_WAYS))))
+                _LOAD_WAYS) if self.refuse_state_dict else None)))
         # Torch stream the engine's work follows (device "cuda"), set by the engine: memory
         # lent on another stream is kept for it until its work there is done.
         self.engine_stream = None
