@@ -96,8 +96,8 @@ _torch_distributed.py (torch.distributed's default group over ZeroRT's ranks),
 _torch_communicator.py (ZeroRT's collectives over torch.distributed, under torchrun),
 _full_state.py (safe_get_full_* and safe_set_full_*: a param's full fp32 state),
 _torch_clip.py (torch.nn.utils.clip_grad_norm_ over an engine's params), deepspeed/
-(deepspeed.initialize's signature, deepspeed.init_distributed, deepspeed.zero and
-deepspeed.utils).
+(deepspeed.initialize's signature, deepspeed.init_distributed, deepspeed.comm,
+deepspeed.zero and deepspeed.utils).
 
 Every failure is a zerort exception carrying the status and the library's message
 (zerort.errors): DuplicateGradientError, UnusedParametersError, DeadlineExceededError, ...
