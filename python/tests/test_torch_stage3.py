@@ -566,6 +566,29 @@ def test_a_write_between_the_block_and_initialize_is_refused_on_every_rank():
     assert '"blocks.0.base.weight"' in messages[1]
 
 
+def test_a_pretrained_state_dict_loads_after_initialize_and_is_refused_before():
+    """model.load_state_dict() between the block and initialize() would write placeholders
+    (PyTorch's "more than one element of the written-to tensor" per param): refused, naming
+    the param and engine.load_module_state_dict, which loads it after initialize()."""
+    pretrained = LoraLM().state_dict()
+
+    def body(rank, comm):
+        with zerort.torch.init_context(comm):
+            model = LoraLM()
+        with pytest.raises(zerort.FailedPreconditionError) as raised:
+            model.load_state_dict(pretrained)
+        assert '"embed.weight"' in str(raised.value), str(raised.value)
+        assert "load_module_state_dict" in str(raised.value)
+        engine = zerort.torch.initialize(model, CONFIG, comm)
+        engine.load_module_state_dict(pretrained)
+        state = engine.module_state_dict()
+        engine.close()
+        return state
+
+    for state in run_ranks(2, body):
+        assert all(torch.equal(state[name], value) for name, value in pretrained.items())
+
+
 def test_init_context_without_comm_takes_the_launchers_ranks():
     with zerort.torch.init_context():
         model = LoraLM()

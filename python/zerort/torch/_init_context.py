@@ -30,6 +30,10 @@ every rank agree and no rank holds more than one module's params at once.
 A block inside another on the same thread (a composite model's from_pretrained building its
 parts, each under its own zero.Init) changes nothing: the outer one shards.
 
+Between the block and initialize(), model.load_state_dict() of a state dict that names a
+sharded param is refused (a load_state_dict pre-hook of each module built in the block):
+pretrained weights load after initialize() with engine.load_module_state_dict().
+
 Limits: other code that writes into a grandchild's params from the top-level __init__ (a
 loop over self.modules() rather than apply()) finds them sharded (PyTorch raises on writing
 the placeholder, or initialize() refuses the write; an out-of-place assignment, param.data =
@@ -84,6 +88,19 @@ def _shard_params(params, comm, timeout):
             setattr(param, _SHARD, param.detach().reshape(-1)[begin:end].clone())
             param.data = placeholder(param)
             setattr(param, _VERSION, param._version)
+
+
+def _refuse_sharded_load(module, state_dict, prefix, *_):
+    """A load_state_dict pre-hook of the modules a block built: a load that would write a
+    param the block sharded (its placeholder) is refused, naming the way."""
+    for name, param in module._parameters.items():
+        if param is not None and prefix + name in state_dict and is_sharded(param):
+            raise errors.FailedPreconditionError(
+                f"zerort.torch: load_state_dict() would write \"{prefix + name}\", a param "
+                "init_context sharded: until initialize() it holds only this rank's slice. "
+                "Load after initialize() with engine.load_module_state_dict(state_dict) "
+                "(every rank calls it; one module gathered at a time), or build the model "
+                "outside the block", errors.FailedPreconditionError.status)
 
 
 def _apply_with_whole_params(module, fn, block):
@@ -142,6 +159,8 @@ class _Patch:
                 del module.__dict__[_DEPTH]
                 comm, timeout, built = block
                 built.append(module)
+                module._register_load_state_dict_pre_hook(_refuse_sharded_load,
+                                                          with_module=True)
                 for child in module.children():
                     _shard_params(child.parameters(), comm, timeout)
         __init__.__wrapped__ = original
@@ -248,8 +267,9 @@ def refuse_lost_writes(module, comm, timeout):
         "nn.init.*_ or fill_ between the block and initialize()): it holds only a slice on "
         "each rank, so the write reached a placeholder and would be lost. Initialise params "
         "inside the block (in the module's __init__ or through model.apply(fn)), or after "
-        "initialize() inside zerort.torch.gathered(params, modifier_rank=0) (DeepSpeed: "
-        "GatheredParameters), which also loads a pretrained state dict",
+        "initialize(): a pretrained state dict with engine.load_module_state_dict(state_dict), "
+        "other writes inside zerort.torch.gathered(params, modifier_rank=0) (DeepSpeed: "
+        "GatheredParameters)",
         errors.FailedPreconditionError.status)
 
 
