@@ -159,6 +159,23 @@ std::string NearestKey(const std::string& key, const Table& table) {
   return nearest.empty() ? "" : "; did you mean \"" + nearest + "\"?";
 }
 
+/// Where a key of ZeroRT's own config, found in a config read as DeepSpeed's (the two mixed),
+/// goes in DeepSpeed's form; "" for any other key.
+std::string ZeroRtKeyInDeepSpeedForm(const std::string& key) {
+  static const std::map<std::string, std::string> kForms = {
+      {"stage", "zero_optimization.stage"},
+      {"precision", "bf16.enabled, fp16.enabled and data_types.grad_accum_dtype"},
+      {"buckets", "zero_optimization.reduce_bucket_size and allgather_bucket_size"},
+      {"stage3", "zero_optimization.stage3_* (stage3_prefetch_bucket_size, stage3_param_persistence_threshold, ...)"},
+      {"clip_grad_norm", "gradient_clipping"},
+      {"loss_scale", "fp16.loss_scale, initial_scale_power, loss_scale_window, min_loss_scale"},
+      {"batch", "train_batch_size and train_micro_batch_size_per_gpu"}};
+  const auto form = kForms.find(key);
+  if (form == kForms.end()) return "";
+  return "ZeroRT's own key in a config read as DeepSpeed's (it has DeepSpeed's keys): write it as " + form->second +
+         ", or give ZeroRT's keys alone (removing it would drop its value)";
+}
+
 /// Walks `object`'s keys through `table`. A key outside the table, or outside `allowed` when
 /// given (the keys that `owner`, e.g. "Lion", takes), is unsupported.
 void Walk(const Json& object, const std::string& prefix, const Table& table, Translation& t,
@@ -169,7 +186,10 @@ void Walk(const Json& object, const std::string& prefix, const Table& table, Tra
   for (auto it = object.begin(); it != object.end(); ++it) {
     const std::string key = prefix.empty() ? it.key() : prefix + "." + it.key();
     auto handler = table.find(it.key());
-    if (handler == table.end()) {
+    const std::string zerort_form = prefix.empty() ? ZeroRtKeyInDeepSpeedForm(it.key()) : "";
+    if (handler == table.end() && !zerort_form.empty()) {
+      t.Unsupported(key, zerort_form);
+    } else if (handler == table.end()) {
       t.Unsupported(key, "not a DeepSpeed key that ZeroRT supports; remove it" + NearestKey(it.key(), table));
     } else if (allowed != nullptr && allowed->count(it.key()) == 0) {
       t.Unsupported(key, owner + " takes no " + it.key() + "; remove it");
@@ -411,7 +431,12 @@ const Types::value_type* Typed(Translation& t, const std::string& section, const
   for (auto it = value.begin(); it != value.end(); ++it) {
     const std::string key = section + "." + it.key();
     if (it.key() == "params") Walk(*it, key, params, t, &type->second.second, name.get<std::string>());
-    else if (it.key() != "type") t.Unsupported(key, "not a DeepSpeed key that ZeroRT supports; remove it");
+    else if (it.key() != "type" && params.count(it.key()) != 0) {
+      t.Unsupported(key, "DeepSpeed takes the optimizer's settings inside its \"params\": write it as " + section +
+                             ".params." + it.key());
+    } else if (it.key() != "type") {
+      t.Unsupported(key, "not a DeepSpeed key that ZeroRT supports; remove it");
+    }
   }
   return &*type;
 }

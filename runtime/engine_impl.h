@@ -288,6 +288,9 @@ class EngineImpl final : public Engine {
   std::unique_ptr<OptimizerState> optimizer_;
 
   Phase phase_ = Phase::kRegistering;
+  // Why the iteration's last EndBackward was refused with the micro-batch left open (the guard's
+  // unused params), for the next BeginIteration's message; empty otherwise.
+  std::string refused_end_backward_;
   // Not OK once a micro-batch failed half done (its buckets partly launched, a bucket holding
   // the buffer the next one needs): neither it nor a later one can finish, so BeginIteration,
   // the gradient calls, EndBackward, Step, ClipGradNorm, DropGradients, AbandonMicroBatch and

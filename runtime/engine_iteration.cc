@@ -21,6 +21,14 @@ Status EngineImpl::BeginIteration() {
       waiting.push_back(absl::StrCat("bucket ", b, " (still waiting for ", absl::StrJoin(missing, ", "),
                                      pending_[b] > 8 ? ", …" : "", ")"));
     }
+    if (!refused_end_backward_.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "BeginIteration: iteration ", iteration_, " has not finished — its EndBackward() was refused (",
+          refused_end_backward_, "). Pending reductions: ",
+          waiting.empty() ? "none (all buckets were ready)" : absl::StrJoin(waiting, "; "),
+          ". Give the missing gradients (or mark them absent) and call EndBackward() again, or "
+          "AbandonMicroBatch() to drop the micro-batch."));
+    }
     return absl::FailedPreconditionError(absl::StrCat(
         "BeginIteration: iteration ", iteration_, " has not finished — EndBackward() was not "
         "called. Pending reductions: ", waiting.empty() ? "none (all buckets were ready)" : absl::StrJoin(waiting, "; "),
@@ -259,7 +267,12 @@ Status EngineImpl::AbandonMicroBatch() {
 
 Status EngineImpl::FinishBackward(bool abandon) {
   std::vector<int> to_complete;
-  ZERO_RETURN_IF_ERROR(guard_->AtEndBackward(comm_.rank(), &to_complete, abandon));
+  if (Status guarded = guard_->AtEndBackward(comm_.rank(), &to_complete, abandon); !guarded.ok()) {
+    const absl::string_view message = guarded.message();
+    refused_end_backward_ = std::string(message.substr(0, std::min<size_t>(message.find('\n'), 200)));
+    return guarded;
+  }
+  refused_end_backward_.clear();
   phase_ = Phase::kIdle;  // launches from here on count as after EndBackward
   // From here a failure leaves the micro-batch half reduced: no iteration can follow.
   for (int param : to_complete) --pending_[plan_->placement(param).bucket];

@@ -309,8 +309,10 @@ class LocalCommunicator final : public Communicator {
 }  // namespace
 
 StatusOr<std::vector<std::unique_ptr<Communicator>>> CreateLocalGroup(int size) {
-  if (size < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("local group size ", size, " must be ≥ 1"));
+  if (size < 1 || size > kMaxLocalGroupSize) {
+    return absl::InvalidArgumentError(absl::StrCat("local group size ", size, " must be 1 to ", kMaxLocalGroupSize,
+                                                   " (in-process ranks are threads of one process; more ranks run as "
+                                                   "processes under mpirun)"));
   }
   auto group = std::make_shared<Group>(size);
   std::vector<std::unique_ptr<Communicator>> communicators;

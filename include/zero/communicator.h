@@ -181,7 +181,10 @@ class Communicator {
 /// A Work that is already complete with `status` (e.g. a launch that failed validation).
 WorkPtr CompletedWork(Status status);
 
-/// Creates the `size` (≥ 1) communicators of one in-process group (backend "local": N ranks
+/// The most ranks one in-process group takes (CreateLocalGroup): each is a thread of the process.
+inline constexpr int kMaxLocalGroupSize = 4096;
+
+/// Creates the `size` (1 to kMaxLocalGroupSize) communicators of one in-process group (backend "local": N ranks
 /// as threads of one process); element r is rank r. Each is used by one thread; the group
 /// lives as long as any of its communicators. Deterministic: reductions are taken in rank
 /// order 0..N-1 and rounded once, so a reduce-scatter and an all-reduce of the same data give

@@ -89,7 +89,7 @@ ZERO_API const char* zero_last_error(void);
 /** "ZeroRT 0.1.0 (cuda: …, mpi: …, cpu isa: …)". */
 ZERO_API const char* zero_version(void);
 
-/** Creates `world` in-process ranks; comms[r] is rank r (use each from one thread). */
+/** Creates `world` (1 to 4096) in-process ranks; comms[r] is rank r (use each from one thread). */
 ZERO_API zero_status zero_comm_local_group(int world, zero_comm** comms);
 /** An MPI communicator over `*(MPI_Comm*)mpi_comm`, or MPI_COMM_WORLD when NULL. */
 ZERO_API zero_status zero_comm_mpi(const void* mpi_comm, zero_comm** out);

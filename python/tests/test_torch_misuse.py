@@ -841,3 +841,17 @@ def test_a_batch_whose_backward_raised_on_one_rank_before_any_gradient_is_skippe
 
     _skipping_equals_never_seeing(stage, [_RaisesAtOutput() for _ in range(4)], lm_loss, skip,
                                   warm_up=True)
+
+
+def test_an_unknown_dtype_in_the_core_api_is_named():
+    """zerort.Engine.register_param with a dtype the library has not: InvalidArgumentError
+    naming it and the dtypes there are (it was a bare KeyError)."""
+    comm = zerort.local_group(1)[0]
+    engine = zerort.Engine({"stage": 2}, comm)
+    try:
+        with pytest.raises(zerort.InvalidArgumentError, match="'fp64' is not one of fp32"):
+            engine.register_param("w", (4,), dtype="fp64")
+        assert engine.register_param("w", (4,), dtype="bf16") == 0
+    finally:
+        engine.close()
+        comm.close()

@@ -512,7 +512,11 @@ class Engine:
 
     def register_param(self, name, shape, dtype="fp32", requires_grad=True,
                        group=0, unit=-1):
-        """Registers a param; returns its id."""
+        """Registers a param; returns its id. `dtype`: "fp32", "bf16" or "fp16"."""
+        if dtype not in DTYPES:
+            raise errors.InvalidArgumentError(
+                f"registering {name}: dtype {dtype!r} is not one of {', '.join(DTYPES)}",
+                errors.InvalidArgumentError.status)
         dims = (ctypes.c_int64 * max(1, len(shape)))(*shape)
         pid = ctypes.c_int64()
         _check(library().zero_register_param(

@@ -213,6 +213,21 @@ TEST(DeepSpeedConfig, EveryUnsupportedKeyInOneError) {
               Not(HasSubstr("did you mean")));
 }
 
+// ZeroRT's own keys mixed into a DeepSpeed config name DeepSpeed's form instead of "remove it"
+// (which would drop the stage silently); an optimizer setting beside "type" names "params".
+TEST(DeepSpeedConfig, ZeroRtKeysAndMisplacedOptimizerSettingsNameDeepSpeedsForm) {
+  EXPECT_THAT(Error(R"({"stage": 2, "bf16": {"enabled": true}})"),
+              AllOf(HasSubstr("stage: ZeroRT's own key in a config read as DeepSpeed's"),
+                    HasSubstr("write it as zero_optimization.stage"), Not(HasSubstr("remove it"))));
+  EXPECT_THAT(Error(R"({"fp16": {"enabled": true}, "precision": {"grad": "fp32"}})"),
+              HasSubstr("write it as bf16.enabled, fp16.enabled and data_types.grad_accum_dtype"));
+  EXPECT_THAT(Error(R"({"zero_optimization": {"stage": 2}, "optimizer": {"type": "AdamW", "lr": 0.001}})"),
+              HasSubstr("optimizer.lr: DeepSpeed takes the optimizer's settings inside its \"params\": write it as "
+                        "optimizer.params.lr"));
+  EXPECT_THAT(Error(R"({"zero_optimization": {"stage": 2}, "optimizer": {"type": "AdamW", "lrr": 0.001}})"),
+              HasSubstr("optimizer.lrr: not a DeepSpeed key that ZeroRT supports; remove it"));
+}
+
 TEST(DeepSpeedConfig, KeysOfDeepSpeedWithoutAKnobHereAreNoted) {
   std::vector<std::string> notes;
   Translate(R"({"memory_breakdown": true, "sparse_gradients": false,
@@ -314,7 +329,7 @@ TEST(DeepSpeedConfig, DeviceIsZeroRtsOwnKey) {
   EXPECT_EQ(Translate(R"({"zero_optimization": {"stage": 1}, "device": "cuda"})")["device"], "cuda");
   EXPECT_FALSE(Translate(R"({"zero_optimization": {"stage": 1}})").contains("device"));
   EXPECT_THAT(Error(R"({"zero_optimization": {"stage": 1}, "buckets": {"overlap": false}})"),
-              HasSubstr("buckets: not a DeepSpeed key that ZeroRT supports; remove it"));
+              HasSubstr("buckets: ZeroRT's own key in a config read as DeepSpeed's"));
 }
 
 TEST(DeepSpeedConfig, GuardIsZeroRtsOwnSection) {

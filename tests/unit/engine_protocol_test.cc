@@ -16,6 +16,7 @@
 namespace zero {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::Not;
 using testing::IsOk;
@@ -62,6 +63,10 @@ TEST(EngineProtocol, CallsOutOfOrderAreClearErrorsAndLoseNothing) {
   const Status unused = e.EndBackward();
   EXPECT_TRUE(IsUnusedParameters(unused)) << unused;
   EXPECT_NE(unused.message().find("\"b\" (index 1)"), std::string::npos) << unused;
+  // The next BeginIteration says the EndBackward was refused, not that it was never called.
+  EXPECT_THAT(e.BeginIteration(), StatusIs(absl::StatusCode::kFailedPrecondition,
+                                           AllOf(HasSubstr("its EndBackward() was refused"),
+                                                 Not(HasSubstr("was not called")), HasSubstr("\"b\""))));
   // Recoverable: mark the missing param and finish.
   ASSERT_THAT(e.GradReady(b), IsOk());
   ASSERT_THAT(e.EndBackward(), IsOk());

@@ -212,6 +212,13 @@ TEST(LocalComm, OneRanksInvalidCallFailsTheCollectiveEverywhere) {
   EXPECT_THAT(CreateLocalGroup(0), StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
+// A group of more threads than a process should run is refused before anything is built (one
+// of 2^30 ranks grew memory until the kernel killed the process).
+TEST(LocalComm, AGroupLargerThanTheLimitIsRefusedAtOnce) {
+  EXPECT_THAT(CreateLocalGroup(1 << 30), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("1 to 4096")));
+  EXPECT_THAT(CreateLocalGroup(kMaxLocalGroupSize + 1), StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
 TEST(LocalComm, BroadcastRootOutOfRangeIsAnError) {
   const auto results = OnEveryRank(2, [](Communicator& comm) {
     float x = 0;

@@ -279,6 +279,7 @@ Status Measure() {
                 "comm_bufs", "gathered", "workspace", "measured", "formula", "extra");
   }
   std::vector<std::vector<double>> formula(ranks.size()), measured(ranks.size());
+  int failed = 0;
   for (size_t i = 0; i < ranks.size(); ++i) {
     for (int stage = 0; stage < 4; ++stage) {
       const double estimate = StageBytes(stage, trainable, ranks[i], b) + FrozenBytes(stage, frozen, ranks[i], b);
@@ -286,7 +287,10 @@ Status Measure() {
       auto stats = MeasureLocal(o, stage, ranks[i]);
       if (!stats.ok()) {
         measured[i].push_back(-1);
-        if (!csv) std::printf("%5d %5d  not measured: %s\n", stage, ranks[i], std::string(stats.status().message()).c_str());
+        ++failed;
+        // In a CSV the row is absent; the reason goes to stderr.
+        std::fprintf(csv ? stderr : stdout, "%5d %5d  not measured: %s\n", stage, ranks[i],
+                     std::string(stats.status().message()).c_str());
         continue;
       }
       const double total = static_cast<double>(stats->total_peak);
@@ -309,6 +313,11 @@ Status Measure() {
   if (!absl::GetFlag(FLAGS_plot).empty()) {
     ZERO_RETURN_IF_ERROR(Plot(absl::GetFlag(FLAGS_plot), ranks, formula, measured,
                               absl::StrFormat("model states per rank, %.3g params: formula and measured", params)));
+  }
+  if (failed > 0) {
+    return absl::AbortedError(absl::StrFormat(
+        "%d of %d measurements failed (the rows above say why; out of memory: a smaller model or fewer ranks)",
+        failed, 4 * static_cast<int>(ranks.size())));
   }
   return absl::OkStatus();
 }

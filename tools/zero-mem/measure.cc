@@ -4,6 +4,7 @@
 #include <string>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "zero/communicator.h"
 #include "zero/engine.h"
 
@@ -14,6 +15,7 @@ Status TrainRank(comm::Communicator& comm, const MeasureOptions& o, int stage, M
   Config config;
   config.stage = stage;
   config.optimizer.type = o.optimizer;
+  if (o.optimizer == OptimizerType::kSgd) config.optimizer.momentum = 0.9f;  // its buffer, as the formula counts
   config.precision.param = o.dtype;
   config.precision.grad = config.precision.reduce = o.grad_dtype;
   if (o.dtype == DType::kFP16) config.loss_scale.mode = LossScaleMode::kDynamic;
@@ -87,7 +89,19 @@ StatusOr<MemoryStats> MeasureLocal(const MeasureOptions& options, int stage, int
     threads.emplace_back([&, r] { results[r] = TrainRank(*group[r], options, stage, &stats[r]); });
   }
   for (auto& t : threads) t.join();
-  for (const Status& s : results) ZERO_RETURN_IF_ERROR(s);
+  // The cause, not its echo: a rank that failed by itself (out of memory) leaves its peers
+  // waiting for it until they time out or learn the group broke.
+  auto echo = [](const Status& s) {
+    return s.code() == absl::StatusCode::kDeadlineExceeded || s.code() == absl::StatusCode::kCancelled ||
+           s.code() == absl::StatusCode::kUnavailable;
+  };
+  for (int pass = 0; pass < 2; ++pass) {
+    for (int r = 0; r < ranks; ++r) {
+      if (!results[r].ok() && (pass == 1 || !echo(results[r]))) {
+        return Status(results[r].code(), absl::StrCat("rank ", r, ": ", results[r].message()));
+      }
+    }
+  }
   return stats[0];
 }
 
