@@ -21,18 +21,15 @@ Status EngineImpl::BeginIteration() {
       waiting.push_back(absl::StrCat("bucket ", b, " (still waiting for ", absl::StrJoin(missing, ", "),
                                      pending_[b] > 8 ? ", …" : "", ")"));
     }
-    if (!refused_end_backward_.empty()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "BeginIteration: iteration ", iteration_, " has not finished — its EndBackward() was refused (",
-          refused_end_backward_, "). Pending reductions: ",
-          waiting.empty() ? "none (all buckets were ready)" : absl::StrJoin(waiting, "; "),
-          ". Give the missing gradients (or mark them absent) and call EndBackward() again, or "
-          "AbandonMicroBatch() to drop the micro-batch."));
-    }
+    const bool refused = !refused_end_backward_.empty();
     return absl::FailedPreconditionError(absl::StrCat(
-        "BeginIteration: iteration ", iteration_, " has not finished — EndBackward() was not "
-        "called. Pending reductions: ", waiting.empty() ? "none (all buckets were ready)" : absl::StrJoin(waiting, "; "),
-        ". Call EndBackward() after every backward pass, also after skipping one."));
+        "BeginIteration: iteration ", iteration_, " has not finished — ",
+        refused ? absl::StrCat("its EndBackward() was refused (", refused_end_backward_, ")")
+                : "EndBackward() was not called",
+        ". Pending reductions: ", waiting.empty() ? "none (all buckets were ready)" : absl::StrJoin(waiting, "; "),
+        refused ? ". Give the missing gradients (or mark them absent) and call EndBackward() again, or "
+                  "AbandonMicroBatch() to drop the micro-batch."
+                : ". Call EndBackward() after every backward pass, also after skipping one."));
   }
   ZERO_RETURN_IF_ERROR(RequirePhase(Phase::kIdle, "BeginIteration"));
   if (micro_batch_ == config_.gradient_accumulation_steps) {
@@ -43,6 +40,7 @@ Status EngineImpl::BeginIteration() {
   ZERO_RETURN_IF_ERROR(SyncReplicasOnce());
   ZERO_RETURN_IF_ERROR(scheduler_->Reset());
   ++iteration_;
+  refused_end_backward_.clear();  // a dropped micro-batch's refusal is no longer this one's
   guard_->BeginMicroBatch(iteration_);
   for (const partition::Bucket& b : plan_->buckets()) {
     pending_[b.index] = b.trainable ? static_cast<int>(b.params.size()) : 0;

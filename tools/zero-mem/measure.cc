@@ -1,6 +1,7 @@
 // Training a layer stack with synthetic gradients and reading the engine's memory stats.
 #include "measure.h"
 
+#include <algorithm>
 #include <string>
 #include <thread>
 
@@ -91,18 +92,13 @@ StatusOr<MemoryStats> MeasureLocal(const MeasureOptions& options, int stage, int
   for (auto& t : threads) t.join();
   // The cause, not its echo: a rank that failed by itself (out of memory) leaves its peers
   // waiting for it until they time out or learn the group broke.
-  auto echo = [](const Status& s) {
-    return s.code() == absl::StatusCode::kDeadlineExceeded || s.code() == absl::StatusCode::kCancelled ||
-           s.code() == absl::StatusCode::kUnavailable;
-  };
-  for (int pass = 0; pass < 2; ++pass) {
-    for (int r = 0; r < ranks; ++r) {
-      if (!results[r].ok() && (pass == 1 || !echo(results[r]))) {
-        return Status(results[r].code(), absl::StrCat("rank ", r, ": ", results[r].message()));
-      }
-    }
-  }
-  return stats[0];
+  auto cause = std::find_if(results.begin(), results.end(), [](const Status& s) {
+    return !s.ok() && s.code() != absl::StatusCode::kDeadlineExceeded && s.code() != absl::StatusCode::kCancelled &&
+           s.code() != absl::StatusCode::kUnavailable;
+  });
+  if (cause == results.end()) cause = std::find_if(results.begin(), results.end(), [](const Status& s) { return !s.ok(); });
+  if (cause == results.end()) return stats[0];
+  return Status(cause->code(), absl::StrCat("rank ", cause - results.begin(), ": ", cause->message()));
 }
 
 }  // namespace zero::tools

@@ -233,11 +233,12 @@ class CheckpointMethods:
         finally:
             if self._units is not None:
                 self._units.refuse_state_dict = True
-        if strict:
-            messages[:0] = (["Unexpected key(s) in state_dict: " + ", ".join(
-                f'"{key}"' for key in unexpected)] if unexpected else []) + (
-                ["Missing key(s) in state_dict: " + ", ".join(
-                    f'"{key}"' for key in missing)] if missing else [])
+        if strict and missing:  # PyTorch's order: unexpected keys, missing keys, then the rest
+            messages.insert(0, "Missing key(s) in state_dict: "
+                            + ", ".join(f'"{key}"' for key in missing))
+        if strict and unexpected:
+            messages.insert(0, "Unexpected key(s) in state_dict: "
+                            + ", ".join(f'"{key}"' for key in unexpected))
         if messages:
             raise RuntimeError(f"Error(s) in loading state_dict for "
                                f"{type(self.module).__name__}:\n\t" + "\n\t".join(messages))
